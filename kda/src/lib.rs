@@ -1,0 +1,17 @@
+//! # kda: the KDA inter-chunk state recurrence on NVIDIA GPUs, in pure Rust
+//!
+//! (crate docs are completed in README.md and below once the launcher lands)
+#![warn(missing_docs)]
+
+mod error;
+pub mod inputs;
+pub mod io;
+mod plan;
+mod problem;
+pub mod reference;
+
+pub use error::KdaError;
+pub use plan::{Plan, SeqDesc};
+pub use problem::{rel_error, Dims, Outputs, Problem};
+pub use half::bf16;
+pub use kda_kernel::layout;

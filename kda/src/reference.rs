@@ -1,0 +1,1 @@
+//! reference (in progress)
