@@ -7,6 +7,7 @@ mod error;
 pub mod inputs;
 pub mod io;
 mod plan;
+pub mod ptx;
 mod problem;
 pub mod reference;
 
