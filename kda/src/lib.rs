@@ -4,6 +4,8 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod floor;
+pub mod gpu;
 pub mod inputs;
 pub mod io;
 mod plan;
@@ -12,6 +14,7 @@ mod problem;
 pub mod reference;
 
 pub use error::KdaError;
+pub use gpu::{DevicePlan, DeviceProblem, Kda, KdaInputs, KdaOutputs, Kernel};
 pub use plan::{Plan, SeqDesc};
 pub use problem::{rel_error, Dims, Outputs, Problem};
 pub use half::bf16;

@@ -1,0 +1,399 @@
+//! The GPU launcher: loads the embedded PTX through the CUDA driver (cudarc, loaded at run time)
+//! and launches the recurrence on the caller's stream after validating every argument.
+//!
+//! Layers: [`Kda`] owns the loaded module; [`DevicePlan`] is a [`Plan`] uploaded once; [`KdaInputs`]
+//! and [`KdaOutputs`] borrow the caller's device tensors. [`Kda::launch`] allocates nothing and never
+//! synchronises, so it can be captured in a CUDA graph.
+
+use crate::layout::baseline;
+use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use half::bf16;
+use std::sync::Arc;
+
+/// Device tensors must start at this many bytes: the alignment TMA tile loads need (and more than
+/// the baseline's 32-bit accesses need).
+pub const TENSOR_ALIGN: usize = 16;
+
+/// Which kernel a launch runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// The best kernel for the device.
+    Auto,
+    /// The portable baseline kernel (sm_80+).
+    Baseline,
+}
+
+/// A loaded kernel module on one device.
+pub struct Kda {
+    ctx: Arc<CudaContext>,
+    baseline: CudaFunction,
+    compute_capability: (i32, i32),
+}
+
+impl Kda {
+    /// Loads the kernels on `ctx`'s device: the sm_90a module on compute capability 9.x, the
+    /// portable sm_80 module on other devices of 8.0 or newer.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Self, KdaError> {
+        let compute_capability = ctx.compute_capability()?;
+        let ptx = match compute_capability {
+            (9, _) => ptx::SM90A,
+            (major, _) if major >= 8 => ptx::SM80,
+            _ => return Err(KdaError::UnsupportedDevice { compute_capability }),
+        };
+        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let baseline = module.load_function(ptx::BASELINE_KERNEL)?;
+        Ok(Self { ctx, baseline, compute_capability })
+    }
+
+    /// The context the kernels live in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Compute capability of the device.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The kernel [`Kernel::Auto`] resolves to on this device.
+    pub fn resolve(&self, kernel: Kernel) -> Kernel {
+        match kernel {
+            Kernel::Auto => Kernel::Baseline,
+            other => other,
+        }
+    }
+
+    /// Validates the arguments, then enqueues the recurrence on `stream`.
+    ///
+    /// No allocation, no host synchronisation: graph-capturable. Empty batches (no sequences)
+    /// enqueue nothing; zero-length sequences get `ht = h0` (or zeros).
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &DevicePlan,
+        heads: usize,
+        inputs: &KdaInputs<'_>,
+        outputs: &mut KdaOutputs<'_>,
+        kernel: Kernel,
+    ) -> Result<(), KdaError> {
+        let dims = Dims::new(&plan.plan, heads);
+        self.validate(stream, plan, &dims, inputs, outputs)?;
+        let items = dims.seqs * heads * baseline::COL_BLOCKS;
+        if items == 0 {
+            return Ok(());
+        }
+        let grid = u32::try_from(items).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
+            KdaError::Argument {
+                name: "heads",
+                reason: format!("N * H = {} work items exceed the grid limit", dims.seqs * heads),
+            }
+        })?;
+        let heads_u32 = u32::try_from(heads).map_err(|_| KdaError::Argument {
+            name: "heads",
+            reason: format!("{heads} does not fit in 32 bits"),
+        })?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (baseline::THREADS as u32, 1, 1),
+            shared_mem_bytes: baseline::SMEM_BYTES as u32,
+        };
+        let (k, _gk) = inputs.k.device_ptr(stream);
+        let (w, _gw) = inputs.w.device_ptr(stream);
+        let (u, _gu) = inputs.u.device_ptr(stream);
+        let (gk, _gg) = inputs.gk.device_ptr(stream);
+        let (h0, _g0) = match &inputs.h0 {
+            Some(t) => {
+                let (p, g) = t.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (h, _gh) = outputs.h.device_ptr_mut(stream);
+        let (v_new, _gv) = outputs.v_new.device_ptr_mut(stream);
+        let (ht, _gt) = match &mut outputs.ht {
+            Some(t) => {
+                let (p, g) = t.device_ptr_mut(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (seqs, _gs) = plan.descriptors.device_ptr(stream);
+        let func = match self.resolve(kernel) {
+            Kernel::Auto | Kernel::Baseline => &self.baseline,
+        };
+        let mut launch = stream.launch_builder(func);
+        launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
+        launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
+        // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
+        // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
+        // built from the same `Plan`; the grid, block and shared-memory sizes are the ones the
+        // kernel documents; outputs are `&mut` borrows, so they cannot alias the inputs.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn validate(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &DevicePlan,
+        dims: &Dims,
+        inputs: &KdaInputs<'_>,
+        outputs: &KdaOutputs<'_>,
+    ) -> Result<(), KdaError> {
+        if dims.heads == 0 {
+            return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
+        }
+        let ordinal = self.ctx.ordinal();
+        for (name, actual) in [("stream", stream.context().ordinal()), ("plan", plan.ordinal)] {
+            if actual != ordinal {
+                return Err(KdaError::WrongDevice { tensor: name, expected: ordinal, actual });
+            }
+        }
+        check(stream, dims, "k", &inputs.k)?;
+        check(stream, dims, "w", &inputs.w)?;
+        check(stream, dims, "u", &inputs.u)?;
+        check(stream, dims, "gk", &inputs.gk)?;
+        if let Some(h0) = &inputs.h0 {
+            check(stream, dims, "h0", h0)?;
+        }
+        check_mut(stream, dims, "h", &outputs.h)?;
+        check_mut(stream, dims, "v_new", &outputs.v_new)?;
+        if let Some(ht) = &outputs.ht {
+            check_mut(stream, dims, "ht", ht)?;
+        }
+        Ok(())
+    }
+}
+
+fn check<T>(
+    stream: &Arc<CudaStream>,
+    dims: &Dims,
+    name: &'static str,
+    t: &CudaView<'_, T>,
+) -> Result<(), KdaError> {
+    dims.check_len(name, t.len())?;
+    check_placement(name, t.device_ptr(stream).0, t.stream().context().ordinal(), stream)
+}
+
+fn check_mut<T>(
+    stream: &Arc<CudaStream>,
+    dims: &Dims,
+    name: &'static str,
+    t: &CudaViewMut<'_, T>,
+) -> Result<(), KdaError> {
+    dims.check_len(name, t.len())?;
+    check_placement(name, t.device_ptr(stream).0, t.stream().context().ordinal(), stream)
+}
+
+fn check_placement(
+    tensor: &'static str,
+    address: u64,
+    ordinal: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<(), KdaError> {
+    let expected = stream.context().ordinal();
+    if ordinal != expected {
+        return Err(KdaError::WrongDevice { tensor, expected, actual: ordinal });
+    }
+    if address % TENSOR_ALIGN as u64 != 0 {
+        return Err(KdaError::Alignment { tensor, required: TENSOR_ALIGN, address });
+    }
+    Ok(())
+}
+
+/// A [`Plan`] uploaded to the device once, reusable by every launch of the same batch layout.
+pub struct DevicePlan {
+    plan: Plan,
+    descriptors: CudaSlice<i64>,
+    ordinal: usize,
+}
+
+impl DevicePlan {
+    /// Uploads `plan`'s descriptor table on `stream` (asynchronously: the copy is ordered before
+    /// any launch on the same stream).
+    pub fn new(stream: &Arc<CudaStream>, plan: Plan) -> Result<Self, KdaError> {
+        // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
+        let mut table = plan.descriptors();
+        if table.is_empty() {
+            table.push(0);
+        }
+        let descriptors = stream.clone_htod(&table)?;
+        Ok(Self { plan, descriptors, ordinal: stream.context().ordinal() })
+    }
+
+    /// The host plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// The input tensors of a launch, borrowed from the caller (flat views in the contract's layouts).
+pub struct KdaInputs<'a> {
+    /// `[T, H, K]` bf16.
+    pub k: CudaView<'a, bf16>,
+    /// `[T, H, K]` bf16.
+    pub w: CudaView<'a, bf16>,
+    /// `[T, H, V]` bf16.
+    pub u: CudaView<'a, bf16>,
+    /// `[T, H, K]` f32.
+    pub gk: CudaView<'a, f32>,
+    /// `[N, H, K, V]` f32, or `None` for zero initial states.
+    pub h0: Option<CudaView<'a, f32>>,
+}
+
+/// The output tensors of a launch, borrowed mutably from the caller.
+pub struct KdaOutputs<'a> {
+    /// `[NT, H, K, V]` bf16.
+    pub h: CudaViewMut<'a, bf16>,
+    /// `[T, H, V]` bf16.
+    pub v_new: CudaViewMut<'a, bf16>,
+    /// `[N, H, K, V]` f32, or `None` to skip the final states.
+    pub ht: Option<CudaViewMut<'a, f32>>,
+}
+
+/// A [`Problem`] copied to the device with output buffers, for tools and tests that start from
+/// host data.
+pub struct DeviceProblem {
+    /// The uploaded plan.
+    pub plan: DevicePlan,
+    /// Heads `H`.
+    pub heads: usize,
+    /// `k` on the device.
+    pub k: CudaSlice<bf16>,
+    /// `w` on the device.
+    pub w: CudaSlice<bf16>,
+    /// `u` on the device.
+    pub u: CudaSlice<bf16>,
+    /// `gk` on the device.
+    pub gk: CudaSlice<f32>,
+    /// `h0` on the device.
+    pub h0: Option<CudaSlice<f32>>,
+    /// Output `h`.
+    pub h: CudaSlice<bf16>,
+    /// Output `v_new`.
+    pub v_new: CudaSlice<bf16>,
+    /// Output `ht`.
+    pub ht: CudaSlice<f32>,
+}
+
+impl DeviceProblem {
+    /// Uploads `p` and allocates zeroed outputs (a one-element buffer stands in for an empty one,
+    /// since the driver cannot allocate zero bytes; views passed to the launch are exact).
+    pub fn upload(stream: &Arc<CudaStream>, p: &Problem) -> Result<Self, KdaError> {
+        p.validate()?;
+        let d = p.dims();
+        let up_bf = |v: &[bf16]| stream.clone_htod(non_empty(v, bf16::ZERO).as_ref());
+        let up_f = |v: &[f32]| stream.clone_htod(non_empty(v, 0.0).as_ref());
+        Ok(Self {
+            plan: DevicePlan::new(stream, p.plan.clone())?,
+            heads: p.heads,
+            k: up_bf(&p.k)?,
+            w: up_bf(&p.w)?,
+            u: up_bf(&p.u)?,
+            gk: up_f(&p.gk)?,
+            h0: p.h0.as_deref().map(up_f).transpose()?,
+            h: stream.alloc_zeros(d.h_len().max(1))?,
+            v_new: stream.alloc_zeros(d.value_len().max(1))?,
+            ht: stream.alloc_zeros(d.state_len().max(1))?,
+        })
+    }
+
+    /// The sizes of the problem.
+    pub fn dims(&self) -> Dims {
+        Dims::new(self.plan.plan(), self.heads)
+    }
+
+    /// Launches `kernel` on the uploaded tensors.
+    pub fn launch(&mut self, kda: &Kda, stream: &Arc<CudaStream>, kernel: Kernel) -> Result<(), KdaError> {
+        let d = self.dims();
+        let inputs = KdaInputs {
+            k: self.k.slice(..d.key_len()),
+            w: self.w.slice(..d.key_len()),
+            u: self.u.slice(..d.value_len()),
+            gk: self.gk.slice(..d.key_len()),
+            h0: self.h0.as_ref().map(|h0| h0.slice(..d.state_len())),
+        };
+        let mut outputs = KdaOutputs {
+            h: self.h.slice_mut(..d.h_len()),
+            v_new: self.v_new.slice_mut(..d.value_len()),
+            ht: Some(self.ht.slice_mut(..d.state_len())),
+        };
+        kda.launch(stream, &self.plan, self.heads, &inputs, &mut outputs, kernel)
+    }
+
+    /// Fills the outputs with a bit pattern (e.g. NaN) so that a test can see every element written.
+    pub fn poison_outputs(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        let h = vec![bf16::NAN; self.h.len()];
+        let v = vec![bf16::NAN; self.v_new.len()];
+        let t = vec![f32::NAN; self.ht.len()];
+        stream.memcpy_htod(&h, &mut self.h)?;
+        stream.memcpy_htod(&v, &mut self.v_new)?;
+        stream.memcpy_htod(&t, &mut self.ht)?;
+        Ok(())
+    }
+
+    /// Copies the outputs back (synchronises `stream`).
+    pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Outputs, KdaError> {
+        let d = self.dims();
+        let mut h = stream.clone_dtoh(&self.h)?;
+        let mut v_new = stream.clone_dtoh(&self.v_new)?;
+        let mut ht = stream.clone_dtoh(&self.ht)?;
+        h.truncate(d.h_len());
+        v_new.truncate(d.value_len());
+        ht.truncate(d.state_len());
+        Ok(Outputs { h, v_new, ht })
+    }
+}
+
+fn non_empty<T: Copy>(v: &[T], fill: T) -> std::borrow::Cow<'_, [T]> {
+    if v.is_empty() { vec![fill].into() } else { v.into() }
+}
+
+/// Median device time in microseconds of `repeat` launches, each timed by its own pair of CUDA
+/// events (warm-up launches first; no synchronisation between the timed launches).
+pub fn median_us(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    repeat: usize,
+    mut launch: impl FnMut(usize) -> Result<(), KdaError>,
+) -> Result<f64, KdaError> {
+    if repeat == 0 {
+        return Err(KdaError::Argument { name: "repeat", reason: "must be at least 1".into() });
+    }
+    for i in 0..warmup {
+        launch(i)?;
+    }
+    let ctx = stream.context();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let events: Vec<_> = (0..=repeat).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+    events[0].record(stream)?;
+    for i in 0..repeat {
+        launch(warmup + i)?;
+        events[i + 1].record(stream)?;
+    }
+    events[repeat].synchronize()?;
+    let mut times = Vec::with_capacity(repeat);
+    for pair in events.windows(2) {
+        times.push(f64::from(pair[0].elapsed_ms(&pair[1])?) * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[repeat / 2])
+}
+
+/// Bytes each copy of [`copy_bandwidth`] moves one way: large enough to leave the L2 (50 MB on an
+/// H200) far behind.
+pub const COPY_BENCH_BYTES: usize = 1 << 30;
+
+/// Device-to-device copy bandwidth in bytes per second (read plus write), the median of `repeat`
+/// event-timed copies of [`COPY_BENCH_BYTES`].
+pub fn copy_bandwidth(stream: &Arc<CudaStream>, repeat: usize) -> Result<f64, KdaError> {
+    let src = stream.alloc_zeros::<u8>(COPY_BENCH_BYTES)?;
+    let mut dst = stream.alloc_zeros::<u8>(COPY_BENCH_BYTES)?;
+    let us = median_us(stream, 2, repeat, |_| Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
+    Ok(2.0 * COPY_BENCH_BYTES as f64 / (us * 1e-6))
+}
