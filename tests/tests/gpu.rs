@@ -1,0 +1,105 @@
+//! The GPU suite: every kernel against the f64 reference on the golden fixtures, every SPEC
+//! reference shape and proptest-generated ragged batches, with guarded and poisoned buffers.
+//!
+//! Run with `cargo test -p kda-tests --release --features gpu --test gpu` on a machine with an
+//! NVIDIA GPU (sm_80 or newer). Without a GPU every test here fails with the reason.
+#![cfg(feature = "gpu")]
+
+use kda::{inputs, io, reference, Kernel, Plan};
+use kda_tests::{assert_close, errors, run_guarded, Gpu};
+use proptest::prelude::*;
+use std::sync::Mutex;
+
+/// The largest error seen per output over a test, printed for bench/RESULTS.md.
+static WORST: Mutex<[f64; 3]> = Mutex::new([0.0; 3]);
+
+fn record(case: &str, errs: [f64; 3]) {
+    println!("{case}: rel err h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
+    let mut w = WORST.lock().unwrap();
+    for (a, b) in w.iter_mut().zip(errs) {
+        *a = a.max(b);
+    }
+    assert_close(case, errs);
+}
+
+fn kernels() -> [Kernel; 2] {
+    [Kernel::Auto, Kernel::Baseline]
+}
+
+#[test]
+fn golden_fixtures() {
+    let gpu = Gpu::open();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+    for name in ["tail_h2", "ragged_h3", "two_seq_no_h0"] {
+        let (p, golden) = io::read_problem(format!("{dir}/{name}.safetensors").as_ref()).unwrap();
+        let golden = golden.expect("fixture holds outputs");
+        let want = reference::reference(&p).unwrap();
+        for kernel in kernels() {
+            let out = run_guarded(&gpu, &p, kernel);
+            record(&format!("{name} {kernel:?} vs reference"), errors(&out, &want));
+            record(&format!("{name} {kernel:?} vs FLA"), errors(&out, &golden));
+        }
+    }
+}
+
+#[test]
+fn reference_shapes() {
+    let gpu = Gpu::open();
+    for (name, lengths) in inputs::reference_shapes() {
+        let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, 7);
+        let want = reference::reference(&p).unwrap();
+        for kernel in kernels() {
+            let out = run_guarded(&gpu, &p, kernel);
+            record(&format!("{name} {kernel:?}"), errors(&out, &want));
+        }
+    }
+    println!("reference shapes, worst: {:?}", WORST.lock().unwrap());
+}
+
+#[test]
+fn empty_and_degenerate_batches() {
+    let gpu = Gpu::open();
+    for lengths in [vec![], vec![0], vec![0, 0, 3], vec![1], vec![64], vec![65], vec![63, 0, 129]] {
+        for with_h0 in [true, false] {
+            let p = inputs::random_problem(Plan::from_lengths(&lengths), 2, with_h0, 11);
+            let want = reference::reference(&p).unwrap();
+            for kernel in kernels() {
+                let out = run_guarded(&gpu, &p, kernel);
+                record(&format!("{lengths:?} h0={with_h0} {kernel:?}"), errors(&out, &want));
+            }
+        }
+    }
+}
+
+/// Ragged layouts the planner and the tails must survive.
+fn ragged_lengths() -> impl Strategy<Value = Vec<usize>> {
+    let len = prop_oneof![
+        3 => 0usize..=200,
+        1 => Just(0usize),
+        1 => Just(1usize),
+        1 => (1usize..=4).prop_map(|m| m * 64),
+        1 => (1usize..=4).prop_map(|m| m * 64 + 1),
+        1 => (1usize..=4).prop_map(|m| m * 64 - 1),
+    ];
+    prop_oneof![
+        4 => prop::collection::vec(len, 1..8),
+        1 => (300usize..700, prop::collection::vec(1usize..4, 1..24))
+            .prop_map(|(big, tiny)| std::iter::once(big).chain(tiny).collect()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn ragged_batches(lengths in ragged_lengths(), heads in 1usize..=3, with_h0: bool, seed: u64) {
+        let gpu = GPU.get_or_init(Gpu::open);
+        let p = inputs::random_problem(Plan::from_lengths(&lengths), heads, with_h0, seed);
+        let want = reference::reference(&p).unwrap();
+        for kernel in kernels() {
+            let out = run_guarded(gpu, &p, kernel);
+            record(&format!("{lengths:?} H={heads} h0={with_h0} {kernel:?}"), errors(&out, &want));
+        }
+    }
+}
+
+static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
