@@ -9,7 +9,7 @@ use crate::layout::baseline;
 use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg,
+    DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use half::bf16;
@@ -154,54 +154,44 @@ impl Kda {
                 return Err(KdaError::WrongDevice { tensor: name, expected: ordinal, actual });
             }
         }
-        check(stream, dims, "k", &inputs.k)?;
-        check(stream, dims, "w", &inputs.w)?;
-        check(stream, dims, "u", &inputs.u)?;
-        check(stream, dims, "gk", &inputs.gk)?;
-        if let Some(h0) = &inputs.h0 {
-            check(stream, dims, "h0", h0)?;
-        }
-        check_mut(stream, dims, "h", &outputs.h)?;
-        check_mut(stream, dims, "v_new", &outputs.v_new)?;
-        if let Some(ht) = &outputs.ht {
-            check_mut(stream, dims, "ht", ht)?;
-        }
-        Ok(())
+        let args = [
+            Some(TensorArg::of("k", &inputs.k, stream)),
+            Some(TensorArg::of("w", &inputs.w, stream)),
+            Some(TensorArg::of("u", &inputs.u, stream)),
+            Some(TensorArg::of("gk", &inputs.gk, stream)),
+            inputs.h0.as_ref().map(|t| TensorArg::of("h0", t, stream)),
+            Some(TensorArg::of("h", &outputs.h, stream)),
+            Some(TensorArg::of("v_new", &outputs.v_new, stream)),
+            outputs.ht.as_ref().map(|t| TensorArg::of("ht", t, stream)),
+        ];
+        args.into_iter().flatten().try_for_each(|a| check_arg(dims, ordinal, a))
     }
 }
 
-fn check<T>(
-    stream: &Arc<CudaStream>,
-    dims: &Dims,
+/// What validation needs to know of one device tensor argument.
+#[derive(Clone, Copy, Debug)]
+struct TensorArg {
     name: &'static str,
-    t: &CudaView<'_, T>,
-) -> Result<(), KdaError> {
-    dims.check_len(name, t.len())?;
-    check_placement(name, t.device_ptr(stream).0, t.stream().context().ordinal(), stream)
-}
-
-fn check_mut<T>(
-    stream: &Arc<CudaStream>,
-    dims: &Dims,
-    name: &'static str,
-    t: &CudaViewMut<'_, T>,
-) -> Result<(), KdaError> {
-    dims.check_len(name, t.len())?;
-    check_placement(name, t.device_ptr(stream).0, t.stream().context().ordinal(), stream)
-}
-
-fn check_placement(
-    tensor: &'static str,
+    len: usize,
     address: u64,
     ordinal: usize,
-    stream: &Arc<CudaStream>,
-) -> Result<(), KdaError> {
-    let expected = stream.context().ordinal();
-    if ordinal != expected {
-        return Err(KdaError::WrongDevice { tensor, expected, actual: ordinal });
+}
+
+impl TensorArg {
+    fn of<T, S: DevicePtr<T>>(name: &'static str, t: &S, stream: &Arc<CudaStream>) -> Self {
+        let (address, _record) = t.device_ptr(stream);
+        Self { name, len: t.len(), address, ordinal: t.stream().context().ordinal() }
     }
-    if address % TENSOR_ALIGN as u64 != 0 {
-        return Err(KdaError::Alignment { tensor, required: TENSOR_ALIGN, address });
+}
+
+/// Checks one argument's length against its contract shape, its alignment and its device.
+fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(), KdaError> {
+    dims.check_len(arg.name, arg.len)?;
+    if arg.ordinal != ordinal {
+        return Err(KdaError::WrongDevice { tensor: arg.name, expected: ordinal, actual: arg.ordinal });
+    }
+    if arg.address % TENSOR_ALIGN as u64 != 0 {
+        return Err(KdaError::Alignment { tensor: arg.name, required: TENSOR_ALIGN, address: arg.address });
     }
     Ok(())
 }
@@ -396,4 +386,66 @@ pub fn copy_bandwidth(stream: &Arc<CudaStream>, repeat: usize) -> Result<f64, Kd
     let mut dst = stream.alloc_zeros::<u8>(COPY_BENCH_BYTES)?;
     let us = median_us(stream, 2, repeat, |_| Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
     Ok(2.0 * COPY_BENCH_BYTES as f64 / (us * 1e-6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims() -> Dims {
+        Dims::new(&Plan::from_lengths(&[200, 0, 65]), 2)
+    }
+
+    fn arg(name: &'static str, len: usize) -> TensorArg {
+        TensorArg { name, len, address: 0x7000_0000, ordinal: 0 }
+    }
+
+    #[test]
+    fn exact_lengths_pass() {
+        let d = dims();
+        for (name, len) in [("k", d.key_len()), ("gk", d.key_len()), ("u", d.value_len()), ("h", d.h_len()), ("ht", d.state_len())] {
+            check_arg(&d, 0, arg(name, len)).unwrap();
+        }
+    }
+
+    #[test]
+    fn every_tensor_reports_its_own_shape() {
+        let d = dims();
+        let cases = [
+            ("k", d.key_len(), "[T=265, H=2, K=128]"),
+            ("w", d.key_len(), "[T=265, H=2, K=128]"),
+            ("gk", d.key_len(), "[T=265, H=2, K=128]"),
+            ("u", d.value_len(), "[T=265, H=2, V=128]"),
+            ("v_new", d.value_len(), "[T=265, H=2, V=128]"),
+            ("h0", d.state_len(), "[N=3, H=2, K=128, V=128]"),
+            ("ht", d.state_len(), "[N=3, H=2, K=128, V=128]"),
+            ("h", d.h_len(), "[NT=6, H=2, K=128, V=128]"),
+        ];
+        for (name, len, shape) in cases {
+            for wrong in [len - 1, len + 1, 0] {
+                let err = check_arg(&d, 0, arg(name, wrong)).unwrap_err();
+                match &err {
+                    KdaError::Shape { tensor, expected, expected_len, actual } => {
+                        assert_eq!((*tensor, expected.as_str(), *expected_len), (name, shape, len));
+                        assert_eq!(actual, &format!("{wrong} elements"));
+                    }
+                    other => panic!("{name}: unexpected {other}"),
+                }
+                assert!(err.to_string().contains(name), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn misaligned_and_foreign_tensors_are_rejected() {
+        let d = dims();
+        let mut a = arg("u", d.value_len());
+        a.address += 2;
+        let err = check_arg(&d, 0, a).unwrap_err();
+        assert!(matches!(err, KdaError::Alignment { tensor: "u", required: TENSOR_ALIGN, .. }), "{err}");
+        let mut a = arg("w", d.key_len());
+        a.ordinal = 1;
+        let err = check_arg(&d, 0, a).unwrap_err();
+        assert!(matches!(err, KdaError::WrongDevice { tensor: "w", expected: 0, actual: 1 }), "{err}");
+    }
 }

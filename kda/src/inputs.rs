@@ -1,1 +1,178 @@
-//! inputs (in progress)
+//! Realistic random inputs (SPEC.md: never zeros) and the SPEC's reference shapes.
+//!
+//! Every tensor is drawn from a small counter-based generator seeded per (tensor, token), so a
+//! problem is a pure function of `(plan, heads, with_h0, seed)` whatever the thread count.
+
+use crate::{Plan, Problem};
+use half::bf16;
+use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
+use rayon::prelude::*;
+
+/// Heads of every SPEC reference shape.
+pub const REFERENCE_HEADS: usize = 64;
+
+/// Standard deviation of `w` (SPEC: about N(0, 0.05^2)).
+const W_STD: f64 = 0.05;
+/// Standard deviation of `u` (SPEC: about N(0, 0.5^2)).
+const U_STD: f64 = 0.5;
+/// Standard deviation of `h0` (SPEC: about N(0, 0.1^2)).
+const H0_STD: f64 = 0.1;
+/// Per-token log2 gates are uniform in `(-GATE_MAX, 0)`.
+const GATE_MAX: f64 = 0.2;
+
+/// The SPEC's reference shapes: name and sequence lengths (all with `REFERENCE_HEADS` heads).
+pub fn reference_shapes() -> Vec<(&'static str, Vec<usize>)> {
+    vec![
+        ("fixed_8192", vec![8192]),
+        ("mixed_6", vec![1300, 547, 2048, 963, 271, 3063]),
+        ("fixed_32k", vec![32768]),
+        ("many_short", vec![128; 64]),
+        ("tiny", vec![256]),
+    ]
+}
+
+/// SplitMix64: a tiny, well-mixed generator; one stream per (tensor, row).
+struct Rng(u64);
+
+impl Rng {
+    /// The stream of row `row` of tensor `tensor` under `seed`.
+    fn for_row(seed: u64, tensor: u64, row: u64) -> Self {
+        let mut r = Rng(seed ^ tensor.wrapping_mul(0xA076_1D64_78BD_642F));
+        r.0 ^= r.next_u64().wrapping_add(row.wrapping_mul(0xE703_7ED1_A0B4_28DB));
+        r
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `(0, 1]`.
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.uniform(), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (core::f64::consts::TAU * b).cos()
+    }
+}
+
+/// Tensor ids of the generator streams.
+const K_ID: u64 = 1;
+const W_ID: u64 = 2;
+const U_ID: u64 = 3;
+const G_ID: u64 = 4;
+const H0_ID: u64 = 5;
+
+/// Fills `out` (rows of `width`) with `f(rng)`, one generator stream per row.
+fn fill_rows<T: Send>(out: &mut [T], width: usize, seed: u64, id: u64, f: impl Fn(&mut Rng) -> T + Sync) {
+    out.par_chunks_mut(width).enumerate().for_each(|(row, dst)| {
+        let mut rng = Rng::for_row(seed, id, row as u64);
+        for x in dst {
+            *x = f(&mut rng);
+        }
+    });
+}
+
+/// A random problem in the SPEC's realistic distribution over `plan` with `heads` heads.
+///
+/// `k` rows are L2-normalised over K; `w ~ N(0, 0.05^2)`, `u ~ N(0, 0.5^2)`; `gk` is the
+/// cumulative sum, inside each 64-token chunk of each sequence, of per-token log2 gates uniform in
+/// (-0.2, 0); `h0 ~ N(0, 0.1^2)` when `with_h0`.
+pub fn random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Problem {
+    let t = plan.tokens();
+    let row = heads * K_DIM;
+    let mut k = vec![bf16::ZERO; t * row];
+    k.par_chunks_mut(K_DIM).enumerate().for_each(|(r, dst)| {
+        let mut rng = Rng::for_row(seed, K_ID, r as u64);
+        let x: Vec<f64> = (0..K_DIM).map(|_| rng.normal()).collect();
+        let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        for (d, v) in dst.iter_mut().zip(x) {
+            *d = bf16::from_f64(v / norm);
+        }
+    });
+    let mut w = vec![bf16::ZERO; t * row];
+    fill_rows(&mut w, row, seed, W_ID, |r| bf16::from_f64(W_STD * r.normal()));
+    let mut u = vec![bf16::ZERO; t * heads * V_DIM];
+    fill_rows(&mut u, heads * V_DIM, seed, U_ID, |r| bf16::from_f64(U_STD * r.normal()));
+
+    // Per-token gates, then the cumulative sum inside each chunk of each sequence.
+    let mut gk = vec![0f32; t * row];
+    fill_rows(&mut gk, row, seed, G_ID, |r| (-GATE_MAX * r.uniform()) as f32);
+    let mut chunks: Vec<&mut [f32]> = Vec::with_capacity(plan.chunks());
+    let mut rest = gk.as_mut_slice();
+    for s in plan.seqs() {
+        let (mut seq, tail) = rest.split_at_mut(s.len * row);
+        rest = tail;
+        while !seq.is_empty() {
+            let (c, tail) = seq.split_at_mut((CHUNK * row).min(seq.len()));
+            chunks.push(c);
+            seq = tail;
+        }
+    }
+    chunks.into_par_iter().for_each(|c| {
+        for r in 1..c.len() / row {
+            let (prev, cur) = c[(r - 1) * row..(r + 1) * row].split_at_mut(row);
+            for (x, p) in cur.iter_mut().zip(prev.iter()) {
+                *x += *p;
+            }
+        }
+    });
+
+    let h0 = with_h0.then(|| {
+        let mut h0 = vec![0f32; plan.num_seqs() * heads * K_DIM * V_DIM];
+        fill_rows(&mut h0, V_DIM, seed, H0_ID, |r| (H0_STD * r.normal()) as f32);
+        h0
+    });
+    Problem { plan, heads, k, w, u, gk, h0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_and_seed_dependent() {
+        let a = random_problem(Plan::from_lengths(&[70, 3]), 2, true, 9);
+        let b = random_problem(Plan::from_lengths(&[70, 3]), 2, true, 9);
+        let c = random_problem(Plan::from_lengths(&[70, 3]), 2, true, 10);
+        assert_eq!((&a.k, &a.gk, &a.h0), (&b.k, &b.gk, &b.h0));
+        assert_ne!(a.u, c.u);
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn distributions_match_the_spec() {
+        let p = random_problem(Plan::from_lengths(&[130, 64, 1]), 3, true, 1);
+        for row in p.k.chunks_exact(K_DIM) {
+            let n: f64 = row.iter().map(|x| x.to_f64().powi(2)).sum::<f64>().sqrt();
+            assert!((n - 1.0).abs() < 1e-2, "k row norm {n}");
+        }
+        let std = |x: &[f64]| (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64).sqrt();
+        let w: Vec<f64> = p.w.iter().map(|x| x.to_f64()).collect();
+        let u: Vec<f64> = p.u.iter().map(|x| x.to_f64()).collect();
+        assert!((std(&w) / W_STD - 1.0).abs() < 0.05);
+        assert!((std(&u) / U_STD - 1.0).abs() < 0.05);
+        assert!(p.gk.iter().all(|&g| g < 0.0 && g > -(GATE_MAX * CHUNK as f64) as f32));
+    }
+
+    #[test]
+    fn gates_restart_at_every_chunk_and_every_sequence() {
+        let heads = 2;
+        let row = heads * K_DIM;
+        let p = random_problem(Plan::from_lengths(&[130, 5]), heads, false, 2);
+        // The first row of each chunk is a single gate; later rows only decrease.
+        for start in [0usize, 64, 128, 130] {
+            assert!(p.gk[start * row..(start + 1) * row].iter().all(|&g| g > -GATE_MAX as f32));
+        }
+        for t in [1usize, 63, 65, 129, 131] {
+            let (prev, cur) = (&p.gk[(t - 1) * row..t * row], &p.gk[t * row..(t + 1) * row]);
+            assert!(cur.iter().zip(prev).all(|(c, p)| c < p), "token {t}");
+        }
+    }
+}

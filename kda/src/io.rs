@@ -1,1 +1,381 @@
-//! io (in progress)
+//! Problems and results as safetensors files, in the contract's layouts.
+//!
+//! An input file holds `k`, `w`, `u` (bf16), `gk` (f32), optionally `h0` (f32, `[N, H, K, V]`)
+//! and `cu_seqlens` (i32 or i64). Token tensors are `[T, H, D]`; a leading batch dimension is
+//! accepted: `[1, T, H, D]` with or without `cu_seqlens`, `[B, T, H, D]` only without (a dense
+//! batch of `B` equal sequences). Without `cu_seqlens` and without a batch dimension the file is
+//! one sequence. A file that also holds `h`, `v_new` and `ht` (as the golden fixtures do) returns
+//! them as the expected outputs.
+//!
+//! ```
+//! use kda::{inputs, io, reference, Plan};
+//! let dir = std::env::temp_dir().join(format!("kda-io-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let p = inputs::random_problem(Plan::from_lengths(&[3, 0, 70]), 2, true, 9);
+//! let out = reference::reference(&p).unwrap();
+//! io::write_problem(&dir.join("case.safetensors"), &p, Some(&out)).unwrap();
+//! let (back, expected) = io::read_problem(&dir.join("case.safetensors")).unwrap();
+//! assert_eq!(back.plan, p.plan);
+//! assert_eq!(expected.unwrap(), out);
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+
+use crate::{Dims, KdaError, Outputs, Plan, Problem};
+use half::bf16;
+use kda_kernel::layout::{K_DIM, V_DIM};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Reads a problem (and the expected outputs, when the file holds them) from `path`.
+pub fn read_problem(path: &Path) -> Result<(Problem, Option<Outputs>), KdaError> {
+    let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
+    parse_problem(&bytes, &path.display().to_string())
+}
+
+/// Parses a problem from the bytes of a safetensors file; `origin` names it in errors.
+pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outputs>), KdaError> {
+    let file = SafeTensors::deserialize(bytes)
+        .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
+    let k = require(&file, "k")?;
+    let (batch, tokens, heads) = token_dims("k", k.shape(), K_DIM)?;
+    let plan = match optional(&file, "cu_seqlens") {
+        Some(cu) => plan_from_cu_seqlens(&cu, batch, tokens)?,
+        None => Plan::dense(batch, tokens),
+    };
+    let lead: Vec<usize> = if k.shape().len() == 4 { vec![batch, tokens] } else { vec![tokens] };
+    let token_shape = |d: usize| [lead.as_slice(), &[heads, d]].concat();
+    let dims = Dims::new(&plan, heads);
+    let state_shape = dims.shape_of("ht");
+
+    let k = bf16_values("k", &k, &token_shape(K_DIM))?;
+    let w = bf16_values("w", &require(&file, "w")?, &token_shape(K_DIM))?;
+    let u = bf16_values("u", &require(&file, "u")?, &token_shape(V_DIM))?;
+    let gk = f32_values("gk", &require(&file, "gk")?, &token_shape(K_DIM))?;
+    let h0 = optional(&file, "h0").map(|t| f32_values("h0", &t, &state_shape)).transpose()?;
+    let problem = Problem { plan, heads, k, w, u, gk, h0 };
+
+    let expected = match (optional(&file, "h"), optional(&file, "v_new"), optional(&file, "ht")) {
+        (Some(h), Some(v_new), Some(ht)) => {
+            let h_shape = dims.shape_of("h");
+            // Producers that keep a batch dimension write `h` as `[1, NT, H, K, V]`.
+            let h_shape = if h.shape().len() == 5 { [&[1], h_shape.as_slice()].concat() } else { h_shape };
+            Some(Outputs {
+                h: bf16_values("h", &h, &h_shape)?,
+                v_new: bf16_values("v_new", &v_new, &token_shape(V_DIM))?,
+                ht: f32_values("ht", &ht, &state_shape)?,
+            })
+        }
+        _ => None,
+    };
+    Ok((problem, expected))
+}
+
+/// Writes `h`, `v_new` and `ht` of a problem of sizes `dims` to `path`.
+pub fn write_outputs(path: &Path, out: &Outputs, dims: &Dims) -> Result<(), KdaError> {
+    let mut file = TensorFile::default();
+    file.outputs(out, dims)?;
+    file.write(path)
+}
+
+/// Writes a problem's inputs (with `cu_seqlens` as i64), and its outputs when given, to `path`.
+pub fn write_problem(path: &Path, p: &Problem, out: Option<&Outputs>) -> Result<(), KdaError> {
+    p.validate()?;
+    let d = p.dims();
+    let mut file = TensorFile::default();
+    file.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
+    file.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
+    file.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
+    file.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
+    if let Some(h0) = &p.h0 {
+        file.push("h0", Dtype::F32, d.shape_of("h0"), f32_bytes(h0));
+    }
+    let cu = p.plan.cu_seqlens();
+    file.push("cu_seqlens", Dtype::I64, vec![cu.len()], cu.iter().flat_map(|c| c.to_le_bytes()).collect());
+    if let Some(out) = out {
+        file.outputs(out, &d)?;
+    }
+    file.write(path)
+}
+
+/// Tensors gathered for one file: name, dtype, shape and little-endian bytes.
+#[derive(Default)]
+struct TensorFile {
+    tensors: Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)>,
+}
+
+impl TensorFile {
+    fn push(&mut self, name: &'static str, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>) {
+        self.tensors.push((name, dtype, shape, bytes));
+    }
+
+    fn outputs(&mut self, out: &Outputs, d: &Dims) -> Result<(), KdaError> {
+        d.check_len("h", out.h.len())?;
+        d.check_len("v_new", out.v_new.len())?;
+        d.check_len("ht", out.ht.len())?;
+        self.push("h", Dtype::BF16, d.shape_of("h"), bf16_bytes(&out.h));
+        self.push("v_new", Dtype::BF16, d.shape_of("v_new"), bf16_bytes(&out.v_new));
+        self.push("ht", Dtype::F32, d.shape_of("ht"), f32_bytes(&out.ht));
+        Ok(())
+    }
+
+    fn write(&self, path: &Path) -> Result<(), KdaError> {
+        let origin = || path.display().to_string();
+        let views = self
+            .tensors
+            .iter()
+            .map(|(name, dtype, shape, bytes)| {
+                TensorView::new(*dtype, shape.clone(), bytes).map(|v| (*name, v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| KdaError::Safetensors { path: origin(), reason: e.to_string() })?;
+        let metadata = HashMap::from([("producer".to_string(), "kda".to_string())]);
+        safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => io_error(path, source),
+            other => KdaError::Safetensors { path: origin(), reason: other.to_string() },
+        })
+    }
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> KdaError {
+    KdaError::Io { path: path.display().to_string(), source }
+}
+
+fn require<'a>(file: &SafeTensors<'a>, tensor: &'static str) -> Result<TensorView<'a>, KdaError> {
+    optional(file, tensor).ok_or(KdaError::MissingTensor { tensor })
+}
+
+fn optional<'a>(file: &SafeTensors<'a>, tensor: &str) -> Option<TensorView<'a>> {
+    file.tensor(tensor).ok()
+}
+
+/// `(B, T, H)` of a token tensor `[T, H, d]` or `[B, T, H, d]` (B = 1 for the first form).
+fn token_dims(tensor: &'static str, shape: &[usize], d: usize) -> Result<(usize, usize, usize), KdaError> {
+    match *shape {
+        [t, h, last] if last == d => Ok((1, t, h)),
+        [b, t, h, last] if last == d => Ok((b, t, h)),
+        _ => Err(KdaError::Shape {
+            tensor,
+            expected: format!("[T, H, {d}] or [B, T, H, {d}]"),
+            expected_len: 0,
+            actual: format!("shape {shape:?}"),
+        }),
+    }
+}
+
+/// The plan of a `cu_seqlens` tensor, checked against the token count of `k`.
+fn plan_from_cu_seqlens(cu: &TensorView, batch: usize, tokens: usize) -> Result<Plan, KdaError> {
+    if batch != 1 {
+        return Err(KdaError::Argument {
+            name: "cu_seqlens",
+            reason: format!("a ragged batch needs k of shape [1, T, H, K] or [T, H, K], not batch {batch}"),
+        });
+    }
+    if cu.shape().len() != 1 {
+        return Err(KdaError::Shape {
+            tensor: "cu_seqlens",
+            expected: "[N + 1]".into(),
+            expected_len: 0,
+            actual: format!("shape {:?}", cu.shape()),
+        });
+    }
+    let values: Vec<i64> = match cu.dtype() {
+        Dtype::I32 => cu.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()).into()).collect(),
+        Dtype::I64 => cu.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
+        other => {
+            return Err(KdaError::Dtype { tensor: "cu_seqlens".into(), expected: "I32 or I64", actual: format!("{other:?}") })
+        }
+    };
+    let plan = Plan::from_cu_seqlens(&values)?;
+    if plan.tokens() != tokens {
+        return Err(KdaError::CuSeqlens {
+            index: values.len() - 1,
+            reason: format!("the last boundary is {}, but k holds T = {tokens} tokens", plan.tokens()),
+        });
+    }
+    Ok(plan)
+}
+
+/// Checks a tensor's dtype and exact shape; returns its bytes.
+fn checked<'a>(
+    tensor: &'static str,
+    view: &TensorView<'a>,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<&'a [u8], KdaError> {
+    if view.dtype() != dtype {
+        return Err(KdaError::Dtype { tensor: tensor.into(), expected: dtype_name(dtype), actual: format!("{:?}", view.dtype()) });
+    }
+    if view.shape() != shape {
+        return Err(KdaError::Shape {
+            tensor,
+            expected: format!("{shape:?}"),
+            expected_len: shape.iter().product(),
+            actual: format!("shape {:?}", view.shape()),
+        });
+    }
+    Ok(view.data())
+}
+
+fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::BF16 => "BF16",
+        Dtype::F32 => "F32",
+        _ => unreachable!("the contract only stores bf16 and f32 tensors"),
+    }
+}
+
+fn bf16_values(tensor: &'static str, view: &TensorView, shape: &[usize]) -> Result<Vec<bf16>, KdaError> {
+    let bytes = checked(tensor, view, Dtype::BF16, shape)?;
+    Ok(bytes.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))).collect())
+}
+
+fn f32_values(tensor: &'static str, view: &TensorView, shape: &[usize]) -> Result<Vec<f32>, KdaError> {
+    let bytes = checked(tensor, view, Dtype::F32, shape)?;
+    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+}
+
+fn bf16_bytes(values: &[bf16]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{inputs, reference};
+
+    /// A serialized file of `p` with `edit` applied to its tensor list.
+    fn bytes_with(p: &Problem, edit: impl FnOnce(&mut TensorFile)) -> Vec<u8> {
+        let d = p.dims();
+        let mut f = TensorFile::default();
+        f.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
+        f.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
+        f.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
+        f.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
+        let cu: Vec<u8> = p.plan.cu_seqlens().iter().flat_map(|&c| (c as i32).to_le_bytes()).collect();
+        f.push("cu_seqlens", Dtype::I32, vec![p.plan.num_seqs() + 1], cu);
+        edit(&mut f);
+        let views: Vec<_> = f
+            .tensors
+            .iter()
+            .map(|(n, dt, s, b)| (*n, TensorView::new(*dt, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    fn small() -> Problem {
+        inputs::random_problem(Plan::from_lengths(&[5, 0, 66]), 2, false, 21)
+    }
+
+    fn remove(f: &mut TensorFile, name: &str) {
+        f.tensors.retain(|t| t.0 != name);
+    }
+
+    #[test]
+    fn round_trip_keeps_every_value() {
+        let dir = std::env::temp_dir().join(format!("kda-io-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rt.safetensors");
+        let p = inputs::random_problem(Plan::from_lengths(&[1, 64, 0, 130]), 3, true, 2);
+        let out = reference::reference(&p).unwrap();
+        write_problem(&path, &p, Some(&out)).unwrap();
+        let (back, expected) = read_problem(&path).unwrap();
+        assert_eq!((back.plan, back.heads), (p.plan.clone(), p.heads));
+        assert_eq!((back.k, back.w, back.u), (p.k, p.w, p.u));
+        assert_eq!((back.gk, back.h0), (p.gk, p.h0));
+        assert_eq!(expected.unwrap(), out);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn i32_cu_seqlens_and_no_outputs_parse() {
+        let p = small();
+        let (back, expected) = parse_problem(&bytes_with(&p, |_| {}), "mem").unwrap();
+        assert_eq!(back.plan, p.plan);
+        assert!(back.h0.is_none() && expected.is_none());
+    }
+
+    #[test]
+    fn dense_batch_dimension_becomes_equal_sequences() {
+        let p = inputs::random_problem(Plan::dense(3, 70), 1, false, 4);
+        let bytes = bytes_with(&p, |f| {
+            remove(f, "cu_seqlens");
+            for t in &mut f.tensors {
+                t.2 = [&[3, 70], &t.2[1..]].concat();
+            }
+        });
+        let (back, _) = parse_problem(&bytes, "mem").unwrap();
+        assert_eq!(back.plan, Plan::dense(3, 70));
+        assert_eq!(back.k, p.k);
+    }
+
+    #[test]
+    fn missing_tensor_is_named() {
+        for name in ["k", "w", "u", "gk"] {
+            let err = parse_problem(&bytes_with(&small(), |f| remove(f, name)), "mem").unwrap_err();
+            assert!(matches!(err, KdaError::MissingTensor { tensor } if tensor == name), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn wrong_dtype_is_named() {
+        let p = small();
+        let bytes = bytes_with(&p, |f| {
+            remove(f, "gk");
+            f.push("gk", Dtype::BF16, p.dims().shape_of("gk"), bf16_bytes(&p.k));
+        });
+        let err = parse_problem(&bytes, "mem").unwrap_err();
+        assert!(matches!(&err, KdaError::Dtype { tensor, .. } if tensor == "gk"), "{err}");
+        assert!(err.to_string().contains("expected dtype F32, got BF16"), "{err}");
+    }
+
+    #[test]
+    fn wrong_head_dim_and_mismatched_shapes_are_named() {
+        let p = small();
+        let t = p.plan.tokens();
+        let bytes = bytes_with(&p, |f| f.tensors[0].2 = vec![t, 4, 64]);
+        let err = parse_problem(&bytes, "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Shape { tensor: "k", .. }), "{err}");
+
+        let bytes = bytes_with(&p, |f| f.tensors[1].2 = vec![t, 1, 256]);
+        let err = parse_problem(&bytes, "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Shape { tensor: "w", .. }), "{err}");
+
+        let bytes = bytes_with(&p, |f| f.push("h0", Dtype::F32, vec![1, 2, 128, 128], vec![0; 4 * 2 * 128 * 128]));
+        let err = parse_problem(&bytes, "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Shape { tensor: "h0", .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_cu_seqlens_are_reported() {
+        let p = small();
+        let with_cu = |cu: Vec<i64>| {
+            bytes_with(&p, move |f| {
+                remove(f, "cu_seqlens");
+                f.push("cu_seqlens", Dtype::I64, vec![cu.len()], cu.iter().flat_map(|c| c.to_le_bytes()).collect());
+            })
+        };
+        let short = parse_problem(&with_cu(vec![0, 5, 70]), "mem").unwrap_err();
+        assert!(matches!(short, KdaError::CuSeqlens { index: 2, .. }), "{short}");
+        let decreasing = parse_problem(&with_cu(vec![0, 6, 5, 71]), "mem").unwrap_err();
+        assert!(matches!(decreasing, KdaError::CuSeqlens { .. }), "{decreasing}");
+        let float = bytes_with(&p, |f| {
+            remove(f, "cu_seqlens");
+            f.push("cu_seqlens", Dtype::F32, vec![2], f32_bytes(&[0.0, 71.0]));
+        });
+        let err = parse_problem(&float, "mem").unwrap_err();
+        assert!(matches!(&err, KdaError::Dtype { tensor, .. } if tensor == "cu_seqlens"), "{err}");
+    }
+
+    #[test]
+    fn garbage_and_missing_files_are_reported() {
+        let err = parse_problem(b"not a safetensors file", "junk.bin").unwrap_err();
+        assert!(matches!(&err, KdaError::Safetensors { path, .. } if path == "junk.bin"), "{err}");
+        let err = read_problem(Path::new("/nonexistent/kda.safetensors")).unwrap_err();
+        assert!(matches!(err, KdaError::Io { .. }), "{err}");
+    }
+}

@@ -1,1 +1,184 @@
-//! reference (in progress)
+//! The CPU f64 reference of the recurrence in `SPEC.md`.
+//!
+//! It is a direct transcription of the contract, in f64, parallel over (sequence, head):
+//!
+//! ```text
+//! S = h0[n, h]  (zeros if absent)
+//! for every chunk c of sequence n (rows r, L = len(r) <= 64):
+//!     h[chunk_start + c, h] = bf16(S)
+//!     Vn = u[r] - w[r] @ bf16(S)
+//!     v_new[r] = bf16(Vn)
+//!     S  = exp2(gk[last(r)])[:, None] * S + k[r]^T @ bf16(Vn)
+//! ht[n, h] = S
+//! ```
+//!
+//! `S` and `Vn` are rounded to bf16 before the two products, as the kernels do, so the only
+//! difference between a correct kernel and this reference is f32 against f64 accumulation.
+//!
+//! ```
+//! use kda::{inputs, reference, Plan};
+//! let p = inputs::random_problem(Plan::from_lengths(&[70, 0, 1]), 2, true, 1);
+//! let out = reference::reference(&p).unwrap();
+//! assert_eq!(out.h.len(), p.dims().h_len());
+//! ```
+
+use crate::{KdaError, Outputs, Problem, SeqDesc};
+use half::bf16;
+use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
+use rayon::prelude::*;
+
+/// Elements of one `[K, V]` state.
+const STATE: usize = K_DIM * V_DIM;
+
+/// Rounds an f64 to the nearest bf16 the way the kernels do: first to f32, then to bf16 with
+/// round-to-nearest-even (`cvt.rn.bf16.f32`).
+fn to_bf16(x: f64) -> bf16 {
+    bf16::from_f32(x as f32)
+}
+
+/// The outputs of one (sequence, head) pair before they are scattered into the batch tensors.
+struct ItemOut {
+    /// `[NT_n, K, V]`: the state entering each chunk.
+    h: Vec<bf16>,
+    /// `[len_n, V]`: the corrected values.
+    v_new: Vec<bf16>,
+    /// `[K, V]`: the final state.
+    ht: Vec<f32>,
+}
+
+/// Computes `h`, `v_new` and `ht` for `p` in f64.
+///
+/// Fails only when `p`'s tensors do not have the shapes its plan implies.
+pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
+    p.validate()?;
+    let d = p.dims();
+    let heads = p.heads;
+    let items: Vec<(usize, usize)> =
+        (0..d.seqs).flat_map(|n| (0..heads).map(move |h| (n, h))).collect();
+    let results: Vec<ItemOut> =
+        items.par_iter().map(|&(n, h)| item(p, &p.plan.seqs()[n], n, h)).collect();
+
+    let mut out = Outputs {
+        h: vec![bf16::ZERO; d.h_len()],
+        v_new: vec![bf16::ZERO; d.value_len()],
+        ht: vec![0.0; d.state_len()],
+    };
+    for (&(n, h), r) in items.iter().zip(results) {
+        let seq = &p.plan.seqs()[n];
+        for (c, state) in r.h.chunks_exact(STATE).enumerate() {
+            let at = ((seq.chunk_start + c) * heads + h) * STATE;
+            out.h[at..at + STATE].copy_from_slice(state);
+        }
+        for (i, row) in r.v_new.chunks_exact(V_DIM).enumerate() {
+            let at = ((seq.token_start + i) * heads + h) * V_DIM;
+            out.v_new[at..at + V_DIM].copy_from_slice(row);
+        }
+        let at = (n * heads + h) * STATE;
+        out.ht[at..at + STATE].copy_from_slice(&r.ht);
+    }
+    Ok(out)
+}
+
+/// Runs the recurrence of sequence `n` (described by `seq`), head `h`.
+fn item(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
+    let heads = p.heads;
+    let key_row = |t: usize| ((seq.token_start + t) * heads + h) * K_DIM;
+    let value_row = |t: usize| ((seq.token_start + t) * heads + h) * V_DIM;
+
+    let mut s: Vec<f64> = match &p.h0 {
+        Some(h0) => h0[(n * heads + h) * STATE..][..STATE].iter().map(|&x| x as f64).collect(),
+        None => vec![0.0; STATE],
+    };
+    let mut out = ItemOut {
+        h: Vec::with_capacity(seq.chunks() * STATE),
+        v_new: Vec::with_capacity(seq.len * V_DIM),
+        ht: Vec::new(),
+    };
+    let mut s_bf = vec![0.0f64; STATE];
+    let mut vn_bf = vec![0.0f64; CHUNK * V_DIM];
+    for c in 0..seq.chunks() {
+        let rows = c * CHUNK..seq.len.min((c + 1) * CHUNK);
+        let len = rows.len();
+
+        // h = bf16(S); the products see the same rounded state.
+        for (dst, &x) in s_bf.iter_mut().zip(&s) {
+            let b = to_bf16(x);
+            out.h.push(b);
+            *dst = b.to_f64();
+        }
+
+        // Vn = u - w @ bf16(S), rounded to bf16 for v_new and for the state update.
+        for (i, t) in rows.clone().enumerate() {
+            let mut acc = [0.0f64; V_DIM];
+            let w = &p.w[key_row(t)..][..K_DIM];
+            for (kk, &wk) in w.iter().enumerate() {
+                let wk = wk.to_f64();
+                for (a, &sv) in acc.iter_mut().zip(&s_bf[kk * V_DIM..][..V_DIM]) {
+                    *a += wk * sv;
+                }
+            }
+            let u = &p.u[value_row(t)..][..V_DIM];
+            for (v, (&uv, &a)) in u.iter().zip(&acc).enumerate() {
+                let b = to_bf16(uv.to_f64() - a);
+                out.v_new.push(b);
+                vn_bf[i * V_DIM + v] = b.to_f64();
+            }
+        }
+
+        // S = exp2(gk[last]) * S + k^T @ bf16(Vn).
+        let last = rows.end - 1;
+        let gk = &p.gk[key_row(last)..][..K_DIM];
+        for (kk, &g) in gk.iter().enumerate() {
+            let decay = (g as f64).exp2();
+            let srow = &mut s[kk * V_DIM..][..V_DIM];
+            for x in srow.iter_mut() {
+                *x *= decay;
+            }
+            for (i, t) in rows.clone().enumerate() {
+                let kv = p.k[key_row(t) + kk].to_f64();
+                for (x, &vn) in srow.iter_mut().zip(&vn_bf[i * V_DIM..][..V_DIM]) {
+                    *x += kv * vn;
+                }
+            }
+        }
+        debug_assert!(len > 0);
+    }
+    out.ht = s.iter().map(|&x| x as f32).collect();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{inputs, Plan};
+
+    #[test]
+    fn empty_sequences_pass_h0_through() {
+        let p = inputs::random_problem(Plan::from_lengths(&[0, 3, 0]), 2, true, 3);
+        let out = reference(&p).unwrap();
+        let h0 = p.h0.as_ref().unwrap();
+        for n in [0usize, 2] {
+            let r = n * 2 * STATE..(n + 1) * 2 * STATE;
+            assert_eq!(out.ht[r.clone()], h0[r]);
+        }
+        assert_ne!(out.ht[2 * STATE..4 * STATE], h0[2 * STATE..4 * STATE]);
+    }
+
+    #[test]
+    fn without_h0_the_first_state_is_zero_and_v_new_is_u() {
+        let p = inputs::random_problem(Plan::from_lengths(&[10]), 1, false, 4);
+        let out = reference(&p).unwrap();
+        assert!(out.h.iter().all(|x| x.to_f32() == 0.0));
+        assert_eq!(out.v_new, p.u);
+    }
+
+    #[test]
+    fn bad_shapes_are_reported() {
+        let mut p = inputs::random_problem(Plan::from_lengths(&[5]), 1, true, 5);
+        p.u.pop();
+        match reference(&p) {
+            Err(KdaError::Shape { tensor: "u", .. }) => {}
+            other => panic!("expected a shape error on u, got {other:?}"),
+        }
+    }
+}
