@@ -71,6 +71,20 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
     Ok((problem, expected))
 }
 
+/// Reads the outputs `h`, `v_new` and `ht` of a problem of sizes `dims` from `path` (a file
+/// [`write_outputs`] or `kda run` wrote, or a fixture that holds outputs).
+pub fn read_outputs(path: &Path, dims: &Dims) -> Result<Outputs, KdaError> {
+    let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
+    let origin = path.display().to_string();
+    let file = SafeTensors::deserialize(&bytes)
+        .map_err(|e| KdaError::Safetensors { path: origin, reason: e.to_string() })?;
+    Ok(Outputs {
+        h: bf16_values("h", &require(&file, "h")?, &dims.shape_of("h"))?,
+        v_new: bf16_values("v_new", &require(&file, "v_new")?, &dims.shape_of("v_new"))?,
+        ht: f32_values("ht", &require(&file, "ht")?, &dims.shape_of("ht"))?,
+    })
+}
+
 /// Writes `h`, `v_new` and `ht` of a problem of sizes `dims` to `path`.
 pub fn write_outputs(path: &Path, out: &Outputs, dims: &Dims) -> Result<(), KdaError> {
     let mut file = TensorFile::default();

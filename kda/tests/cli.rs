@@ -1,0 +1,96 @@
+//! The `kda` binary's file path on the CPU: `kda run --cpu` on the golden fixtures reproduces the
+//! independent implementation's outputs, and bad input files fail with the tensor named.
+
+use kda::{io, rel_error, Plan, Problem};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// SPEC's bound on the relative Frobenius error of every output.
+const ERROR_BOUND: f64 = 1e-3;
+const FIXTURES: [&str; 3] = ["tail_h2", "ragged_h3", "two_seq_no_h0"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(format!("{name}.safetensors"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kda-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn kda(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn run_cpu_reproduces_the_golden_fixtures() {
+    for name in FIXTURES {
+        let input = fixture(name);
+        let out_path = scratch(&format!("{name}.out.safetensors"));
+        let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", out_path.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let (p, golden) = io::read_problem(&input).unwrap();
+        let golden = golden.expect("fixtures hold outputs");
+        let got = io::read_outputs(&out_path, &p.dims()).unwrap();
+        let errs = [
+            ("h", rel_error(&got.h, &golden.h)),
+            ("v_new", rel_error(&got.v_new, &golden.v_new)),
+            ("ht", rel_error(&got.ht, &golden.ht)),
+        ];
+        println!("{name}: {errs:?}");
+        for (tensor, e) in errs {
+            assert!(e < ERROR_BOUND, "{name}: {tensor} relative error {e:.3e}");
+        }
+    }
+}
+
+#[test]
+fn a_file_without_k_fails_naming_it() {
+    let p = kda::inputs::random_problem(Plan::from_lengths(&[10]), 1, false, 3);
+    let good = scratch("good.safetensors");
+    io::write_problem(&good, &p, None).unwrap();
+    // Rewrite the file without `k` by renaming it: the header is JSON, so the name is plain text.
+    let bytes = std::fs::read(&good).unwrap();
+    let needle = b"\"k\":";
+    let at = bytes.windows(needle.len()).position(|w| w == needle).expect("k in the header");
+    let mut renamed = bytes.clone();
+    renamed[at + 1] = b'q';
+    let bad = scratch("no_k.safetensors");
+    std::fs::write(&bad, renamed).unwrap();
+    let o = kda(&["run", "--cpu", "--inputs", bad.to_str().unwrap(), "--out", scratch("x").to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("required tensor `k` is missing"), "{}", text(&o));
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    for args in [&["run"][..], &["run", "--inputs", "a", "--out", "b", "--repeat", "0"], &["frobnicate"]] {
+        let o = kda(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("usage:"), "{args:?}");
+    }
+}
+
+#[test]
+fn demo_without_a_gpu_says_so_and_runs_the_reference() {
+    let o = kda(&["demo", "--cpu"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("no GPU run (--cpu given)"), "{}", text(&o));
+}
+
+#[test]
+fn a_written_problem_runs_and_matches_the_library_reference() {
+    let p: Problem = kda::inputs::random_problem(Plan::from_lengths(&[0, 129, 1]), 2, true, 8);
+    let input = scratch("lib.safetensors");
+    let output = scratch("lib.out.safetensors");
+    io::write_problem(&input, &p, None).unwrap();
+    let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", output.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = io::read_outputs(&output, &p.dims()).unwrap();
+    assert_eq!(got, kda::reference::reference(&p).unwrap());
+}
