@@ -5,6 +5,8 @@
 use half::bf16;
 use kda::gpu::{DevicePlan, KdaInputs, KdaOutputs};
 use kda::{rel_error, Kda, Kernel, Outputs, Problem};
+use proptest::prelude::*;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use cudarc::driver::CudaStream;
@@ -137,4 +139,36 @@ pub fn assert_close(case: &str, errs: [f64; 3]) {
     for (name, e) in ["h", "v_new", "ht"].iter().zip(errs) {
         assert!(e < ERROR_BOUND, "{case}: {name} relative error {e:.3e} >= {ERROR_BOUND:e}");
     }
+}
+
+/// The golden fixtures (inputs and outputs of an independent implementation; see
+/// `tests/fixtures/README.md`).
+pub const FIXTURES: [&str; 3] = ["tail_h2", "ragged_h3", "two_seq_no_h0"];
+
+/// Path of fixture `name`: under `$KDA_FIXTURES` when set (a test binary run away from its source
+/// tree), else this crate's `fixtures/` directory.
+pub fn fixture(name: &str) -> PathBuf {
+    let dir = std::env::var_os("KDA_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures")));
+    dir.join(format!("{name}.safetensors"))
+}
+
+/// Ragged layouts the planner and the tails must survive: empty sequences, single tokens, exact
+/// multiples of the chunk and one off either side, random lengths, and one long sequence among many
+/// tiny ones.
+pub fn ragged_lengths() -> impl Strategy<Value = Vec<usize>> {
+    let len = prop_oneof![
+        3 => 0usize..=200,
+        1 => Just(0usize),
+        1 => Just(1usize),
+        1 => (1usize..=4).prop_map(|m| m * 64),
+        1 => (1usize..=4).prop_map(|m| m * 64 + 1),
+        1 => (1usize..=4).prop_map(|m| m * 64 - 1),
+    ];
+    prop_oneof![
+        4 => prop::collection::vec(len, 1..8),
+        1 => (300usize..700, prop::collection::vec(1usize..4, 1..24))
+            .prop_map(|(big, tiny)| std::iter::once(big).chain(tiny).collect()),
+    ]
 }

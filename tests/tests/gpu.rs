@@ -6,7 +6,7 @@
 #![cfg(feature = "gpu")]
 
 use kda::{inputs, io, reference, Kernel, Plan};
-use kda_tests::{assert_close, errors, run_guarded, Gpu};
+use kda_tests::{assert_close, errors, fixture, ragged_lengths, run_guarded, Gpu};
 use proptest::prelude::*;
 use std::sync::Mutex;
 
@@ -29,9 +29,8 @@ fn kernels() -> [Kernel; 2] {
 #[test]
 fn golden_fixtures() {
     let gpu = Gpu::open();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
-    for name in ["tail_h2", "ragged_h3", "two_seq_no_h0"] {
-        let (p, golden) = io::read_problem(format!("{dir}/{name}.safetensors").as_ref()).unwrap();
+    for name in kda_tests::FIXTURES {
+        let (p, golden) = io::read_problem(&fixture(name)).unwrap();
         let golden = golden.expect("fixture holds outputs");
         let want = reference::reference(&p).unwrap();
         for kernel in kernels() {
@@ -69,23 +68,6 @@ fn empty_and_degenerate_batches() {
             }
         }
     }
-}
-
-/// Ragged layouts the planner and the tails must survive.
-fn ragged_lengths() -> impl Strategy<Value = Vec<usize>> {
-    let len = prop_oneof![
-        3 => 0usize..=200,
-        1 => Just(0usize),
-        1 => Just(1usize),
-        1 => (1usize..=4).prop_map(|m| m * 64),
-        1 => (1usize..=4).prop_map(|m| m * 64 + 1),
-        1 => (1usize..=4).prop_map(|m| m * 64 - 1),
-    ];
-    prop_oneof![
-        4 => prop::collection::vec(len, 1..8),
-        1 => (300usize..700, prop::collection::vec(1usize..4, 1..24))
-            .prop_map(|(big, tiny)| std::iter::once(big).chain(tiny).collect()),
-    ]
 }
 
 proptest! {

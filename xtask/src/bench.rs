@@ -60,7 +60,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let copies = ROTATION_BYTES.div_ceil(input_bytes.max(1)).clamp(MIN_COPIES, MAX_COPIES);
         let mut devs = (0..copies).map(|_| DeviceProblem::upload(&stream, &p)).collect::<Result<Vec<_>, _>>().map_err(err)?;
         eprint!(" {copies} copies uploaded; timing ...");
-        let mut time = |kernel: Kernel, devs: &mut Vec<DeviceProblem>| {
+        let time = |kernel: Kernel, devs: &mut Vec<DeviceProblem>| {
             median_us(&stream, WARMUP, repeat, |i| devs[i % copies].launch(&kda, &stream, kernel))
         };
         let us = time(best, &mut devs).map_err(err)?;

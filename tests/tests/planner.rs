@@ -1,0 +1,79 @@
+//! Planner invariants on ragged layouts (proptest): offsets are prefix sums, `cu_seqlens` round
+//! trips, the device descriptor table matches, dense batches are equal-length ragged batches, and
+//! every malformed boundary list is rejected with the offending index.
+
+use kda::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
+use kda::{KdaError, Plan};
+use kda_tests::ragged_lengths;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn offsets_are_prefix_sums(lengths in ragged_lengths()) {
+        let plan = Plan::from_lengths(&lengths);
+        let (mut token, mut chunk) = (0, 0);
+        prop_assert_eq!(plan.num_seqs(), lengths.len());
+        for (s, &len) in plan.seqs().iter().zip(&lengths) {
+            prop_assert_eq!((s.token_start, s.len, s.chunk_start), (token, len, chunk));
+            prop_assert_eq!(s.chunks(), len.div_ceil(CHUNK));
+            prop_assert!(s.chunks() * CHUNK >= len && s.chunks() * CHUNK < len + CHUNK);
+            token += len;
+            chunk += s.chunks();
+        }
+        prop_assert_eq!((plan.tokens(), plan.chunks()), (token, chunk));
+        prop_assert_eq!(plan.lengths(), lengths);
+    }
+
+    #[test]
+    fn cu_seqlens_round_trip_in_i32_and_i64(lengths in ragged_lengths()) {
+        let plan = Plan::from_lengths(&lengths);
+        let cu = plan.cu_seqlens();
+        prop_assert_eq!(cu.len(), lengths.len() + 1);
+        prop_assert_eq!(Plan::from_cu_seqlens(&cu).unwrap(), plan.clone());
+        let cu32: Vec<i32> = cu.iter().map(|&c| c as i32).collect();
+        prop_assert_eq!(Plan::from_cu_seqlens(&cu32).unwrap(), plan);
+    }
+
+    #[test]
+    fn descriptors_are_the_device_view_of_the_plan(lengths in ragged_lengths()) {
+        let plan = Plan::from_lengths(&lengths);
+        let table = plan.descriptors();
+        prop_assert_eq!(table.len(), plan.num_seqs() * SEQ_DESC_WORDS);
+        for (s, d) in plan.seqs().iter().zip(table.chunks_exact(SEQ_DESC_WORDS)) {
+            prop_assert_eq!(d[DESC_TOKEN_START], s.token_start as i64);
+            prop_assert_eq!(d[DESC_LEN], s.len as i64);
+            prop_assert_eq!(d[DESC_CHUNK_START], s.chunk_start as i64);
+        }
+    }
+
+    #[test]
+    fn dense_is_equal_length_ragged(batch in 0usize..6, len in 0usize..300) {
+        prop_assert_eq!(Plan::dense(batch, len), Plan::from_lengths(&vec![len; batch]));
+    }
+
+    #[test]
+    fn a_decreasing_boundary_is_rejected_at_its_index(lengths in ragged_lengths(), at in any::<prop::sample::Index>(), by in 1i64..50) {
+        let mut cu = Plan::from_lengths(&lengths).cu_seqlens();
+        let i = 1 + at.index(cu.len() - 1);
+        cu[i] = cu[i - 1] - by;
+        let err = Plan::from_cu_seqlens(&cu).unwrap_err();
+        prop_assert!(matches!(err, KdaError::CuSeqlens { index, .. } if index == i), "{}", err);
+    }
+
+    #[test]
+    fn a_nonzero_start_is_rejected(lengths in ragged_lengths(), start in 1i64..1000) {
+        let mut cu = Plan::from_lengths(&lengths).cu_seqlens();
+        cu[0] = start;
+        let err = Plan::from_cu_seqlens(&cu).unwrap_err();
+        prop_assert!(matches!(err, KdaError::CuSeqlens { index: 0, .. }), "{}", err);
+    }
+}
+
+#[test]
+fn an_empty_boundary_list_is_rejected_and_a_lone_zero_is_an_empty_batch() {
+    assert!(matches!(Plan::from_cu_seqlens::<i64>(&[]), Err(KdaError::CuSeqlens { index: 0, .. })));
+    let empty = Plan::from_cu_seqlens(&[0i32]).unwrap();
+    assert_eq!((empty.num_seqs(), empty.tokens(), empty.chunks()), (0, 0, 0));
+}
