@@ -48,9 +48,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let best = kda.resolve(Kernel::Auto);
     let mut rows = Vec::new();
     let mut table = vec![format!(
-        "| shape | N | T | H | {best:?} us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht |"
+        "| shape | N | T | H | {best:?} us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |"
     )];
-    table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+    table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     for (name, lengths) in inputs::reference_shapes() {
         let t0 = Instant::now();
         eprint!("[{name}] generating inputs ...");
@@ -73,16 +73,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         eprint!(" reference ...");
         let want = reference::reference(&p).map_err(err)?;
         let errs = [rel_error(&out.h, &want.h), rel_error(&out.v_new, &want.v_new), rel_error(&out.ht, &want.ht)];
+        // The f32 rounding floor of this problem (see `reference::reference_f32`), on `h`.
+        let f32_floor = rel_error(&reference::reference_f32(&p).map_err(err)?.h, &want.h);
         let floor_us = floor::floor_us(&d, bw);
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
         table.push(format!(
-            "| {name} | {} | {} | {} | {us:.1} | {floor_us:.1} | {:.3} | {baseline_us:.1} | {:.2}x | {:.2e} | {:.2e} | {:.2e} |",
+            "| {name} | {} | {} | {} | {us:.1} | {floor_us:.1} | {:.3} | {baseline_us:.1} | {:.2}x | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
             d.seqs, d.tokens, d.heads, floor_us / us, baseline_us / us, errs[0], errs[1], errs[2]
         ));
         rows.push(json!({
             "shape": name, "lengths": lengths, "heads": d.heads, "kernel": format!("{best:?}"),
             "us": us, "floor_us": floor_us, "ratio": floor_us / us, "baseline_us": baseline_us,
-            "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2],
+            "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
             "repeat": repeat, "rotation_copies": copies,
         }));
     }

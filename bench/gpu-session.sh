@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One GPU session on a machine without Rust: runs prebuilt binaries from $BUNDLE (made here by
+# `bash bench/bundle.sh`) and leaves every log under $OUT. Steps: device info, the GPU suite, the
+# demo, a PyTorch-written file through `kda run` (GPU and --cpu), and the benchmark.
+set -uo pipefail
+BUNDLE=${BUNDLE:-target/gpu-bundle}
+OUT=${OUT:-/tmp/kda-gpu-out}
+mkdir -p "$OUT"
+export KDA_FIXTURES=$PWD/tests/fixtures
+step() { # name, timeout, command...
+    local name=$1 limit=$2; shift 2
+    echo "== $name: $*" | tee -a "$OUT/steps.txt"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    local rc=$?
+    echo "   rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+    tail -n 25 "$OUT/$name.txt"
+}
+step device 30 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+step gpu_suite 300 "$BUNDLE/gpu" --test-threads=1 --nocapture
+step demo 60 "$BUNDLE/kda" demo
+step foreign_make 60 python3 bench/foreign_roundtrip.py make "$OUT/foreign_in.safetensors"
+step foreign_gpu 60 "$BUNDLE/kda" run --inputs "$OUT/foreign_in.safetensors" --out "$OUT/foreign_gpu.safetensors" --repeat 50
+step foreign_cpu 60 "$BUNDLE/kda" run --cpu --inputs "$OUT/foreign_in.safetensors" --out "$OUT/foreign_cpu.safetensors"
+step foreign_compare 60 python3 bench/foreign_roundtrip.py compare "$OUT/foreign_in.safetensors" "$OUT/foreign_gpu.safetensors" "$OUT/foreign_cpu.safetensors"
+step bench 240 "$BUNDLE/xtask" bench --repeat 100 --out "$OUT"
+rm -f "$OUT"/*.safetensors
