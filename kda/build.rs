@@ -29,6 +29,9 @@ fn main() {
     for (stem, cpu) in ARCHS {
         let ptx_path = out.join(format!("{stem}.ptx"));
         build_ptx(&device, &target_dir, cpu, &ptx_path);
+        if cpu == "sm_90a" {
+            align_tensor_map_params(&ptx_path);
+        }
         check_ptx(&ptx_path, cpu);
     }
 }
@@ -73,12 +76,36 @@ fn build_ptx(device: &Path, target_dir: &Path, cpu: &str, ptx_path: &Path) {
         .arg("--target-dir")
         .arg(target_dir)
         .args(["--", "-C", &format!("target-cpu={cpu}"), "-C", "codegen-units=1"])
+        // Register-resident accumulators: every loop over a fragment must unroll fully, or its
+        // array goes to local memory. LLVM's default full-unroll budget is too small for the
+        // 64-element wgmma fragments.
+        .args(["-C", "llvm-args=-unroll-threshold=3000"])
         .arg(format!("--emit=asm={}", ptx_path.display()))
         .status()
         .unwrap_or_else(|e| fail(&format!("cannot run rustup: {e}")));
     if !status.success() {
         fail(&format!("compiling kda-kernel for {cpu} failed (see the errors above)"));
     }
+}
+
+/// The Hopper kernel takes its three TMA tensor maps (`CUtensorMap`, 128 bytes) by value, and TMA
+/// needs them 64-byte aligned, but rustc's nvptx ABI declares no parameter above `.align 16`.
+/// This raises exactly those three declarations to `.align 64` (what nvcc emits for a
+/// `__grid_constant__ CUtensorMap`), so the driver places them on 64-byte boundaries.
+fn align_tensor_map_params(ptx_path: &Path) {
+    const KERNEL: &str = "kda_fwd_h_hopper";
+    const MAPS: usize = 3;
+    let ptx = std::fs::read_to_string(ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+    let mut out = ptx.clone();
+    for i in 0..MAPS {
+        let from = format!(".param .align 16 .b8 {KERNEL}_param_{i}[128]");
+        let to = format!(".param .align 64 .b8 {KERNEL}_param_{i}[128]");
+        if !out.contains(&from) {
+            fail(&format!("{}: no `{from}` to align (did the kernel's signature change?)", ptx_path.display()));
+        }
+        out = out.replace(&from, &to);
+    }
+    std::fs::write(ptx_path, out).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
 }
 
 /// Rejects PTX the driver could not load: calls into functions that were not inlined (typically a

@@ -55,3 +55,69 @@ pub mod baseline {
     const _: () = assert!((CHUNK * BV) % THREADS == 0);
     const _: () = assert!(SMEM_BYTES <= 48 * 1024, "baseline must fit the default smem limit");
 }
+
+/// Tile shapes and shared-memory map of the warp-specialized Hopper (sm_90a) kernel.
+///
+/// One CTA per (sequence, head, block of `BV` value columns). It holds the transposed state
+/// `S^T` (`[BV][K]`, f32) in the registers of one consumer warpgroup, so both products take
+/// their left operand from registers (the wgmma `RS` form) and their right operand from the TMA
+/// tiles in shared memory:
+///
+/// ```text
+/// Vn^T = u^T - bf16(S^T) @ w^T     m64 n64  k128  (B = w tile, K-major)
+/// S^T  = S^T * d + bf16(Vn^T) @ k  m64 n128 k64   (B = k tile, MN-major, transposed read)
+/// ```
+pub mod hopper {
+    use super::{CHUNK, K_DIM, V_DIM};
+
+    /// V columns per CTA: the wgmma M of both products (rows of `S^T`). 64 is the only M a single
+    /// warpgroup's wgmma has, and gives two CTAs per head, so `fixed_8192`'s 64 heads fill 128 of
+    /// the H200's 132 SMs.
+    pub const BV: usize = 64;
+    /// V-column blocks per (sequence, head).
+    pub const COL_BLOCKS: usize = V_DIM / BV;
+    /// Threads of the consumer warpgroup (wgmma runs on four warps together).
+    pub const CONSUMER_THREADS: usize = 128;
+    /// Threads of the producer: one warp issues the TMA loads and copies tail chunks.
+    pub const PRODUCER_THREADS: usize = 32;
+    /// Threads per CTA: the consumer warpgroup (warps 0-3, warpgroup-aligned) and the producer warp.
+    pub const THREADS: usize = CONSUMER_THREADS + PRODUCER_THREADS;
+    /// Shared-memory ring depth. Two stages keep one chunk loading while one is computed and leave
+    /// room for two CTAs per SM (about 105 KB each), so a second item hides one's serial latency.
+    pub const STAGES: usize = 2;
+
+    /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
+    /// the 128-byte swizzle allows.
+    pub const BOX_COLS: usize = 64;
+    /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
+    pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
+    /// Boxes per `k` or `w` chunk tile (`K_DIM / BOX_COLS`).
+    pub const KEY_BOXES: usize = K_DIM / BOX_COLS;
+
+    /// Offset of the `k` tile (two boxes) inside a stage.
+    pub const STAGE_K: usize = 0;
+    /// Offset of the `w` tile (two boxes) inside a stage.
+    pub const STAGE_W: usize = STAGE_K + KEY_BOXES * BOX_BYTES;
+    /// Offset of this CTA's `u` tile (`[CHUNK][BV]`, not swizzled) inside a stage.
+    pub const STAGE_U: usize = STAGE_W + KEY_BOXES * BOX_BYTES;
+    /// Bytes of one stage's tiles: a multiple of 1024, so every box stays 1024-byte aligned as
+    /// the 128-byte swizzle needs.
+    pub const STAGE_BYTES: usize = STAGE_U + CHUNK * BV * 2;
+    /// Bytes one stage's TMA loads deliver (what the full barrier expects).
+    pub const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
+
+    /// Offset of the per-stage decay rows (`exp2` of the chunk's last gate row, f32 `[K]`).
+    pub const SMEM_DECAY: usize = STAGES * STAGE_BYTES;
+    /// Offset of the `bf16(S)` staging tile (`[K][BV]`) the `h` stores read.
+    pub const SMEM_H: usize = SMEM_DECAY + STAGES * K_DIM * 4;
+    /// Offset of the `bf16(Vn)` staging tile (`[CHUNK][BV]`) the `v_new` stores read.
+    pub const SMEM_VN: usize = SMEM_H + K_DIM * BV * 2;
+    /// Offset of the mbarriers: `full[STAGES]` then `empty[STAGES]`, 8 bytes each.
+    pub const SMEM_BARRIERS: usize = SMEM_VN + CHUNK * BV * 2;
+    /// Dynamic shared memory of one CTA.
+    pub const SMEM_BYTES: usize = SMEM_BARRIERS + 2 * STAGES * 8;
+
+    const _: () = assert!(STAGE_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0);
+    const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
+    const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
+}

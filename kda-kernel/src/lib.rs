@@ -17,6 +17,13 @@ pub mod intrinsics;
 #[cfg(target_arch = "nvptx64")]
 mod baseline;
 
+/// Hopper-only instructions and the warp-specialized kernel: compiled only into the sm_90a PTX
+/// (wgmma and TMA do not exist on the portable target).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub mod sm90;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod hopper;
+
 /// Device code cannot unwind or print; a panic (only reachable through a bug, since the kernels
 /// index with checked-by-construction offsets) traps the kernel, which the host sees as a launch
 /// error.

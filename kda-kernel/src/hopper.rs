@@ -1,0 +1,409 @@
+//! The warp-specialized Hopper (sm_90a) kernel.
+//!
+//! One CTA per (sequence, head, block of `BV` = 64 value columns), `THREADS` = 160 threads:
+//!
+//! * **Producer** (warp 4): for every chunk, waits until its ring stage is free (`empty`
+//!   mbarrier), writes `exp2` of the chunk's last gate row into the stage, and loads the chunk's
+//!   `k` and `w` tiles (`[64][128]`, two 128-byte-swizzled boxes each) and this CTA's `u` tile
+//!   (`[64][64]`) with TMA, completing the stage's `full` mbarrier by transaction count. The
+//!   sequence's partial last chunk is the **tail epilogue**: a full-tile TMA box there would
+//!   read the next sequence's tokens, so the producer warp copies only the valid rows with
+//!   16-byte loads into the same swizzled layout, zero-fills the rest, fences the async proxy and
+//!   arrives on `full` itself.
+//! * **Consumer** (warps 0-3, one warpgroup): holds `S^T` (`[64 v][128 k]` f32) as a wgmma
+//!   accumulator in registers and, per chunk, waits on `full`, then
+//!   1. stages `bf16(S)` for `h` in shared memory,
+//!   2. `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
+//!   3. `S^T *= exp2(gk_last)` per key column, masks `Vn` rows past the chunk's end to zero,
+//!   4. `S^T += bf16(Vn^T) @ k` (wgmma, A from registers, B = `k` tile read transposed),
+//!   5. releases the stage (`empty`), stages `bf16(Vn)`, and writes `h` and the valid rows of
+//!      `v_new` with coalesced 16-byte stores.
+//!
+//! The producer runs up to `STAGES` chunks ahead, so the loads of the next chunk overlap the
+//! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
+//! the math or written.
+
+use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, smem_base_shared, sync_threads, thread_idx_x};
+use crate::layout::hopper::{
+    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H,
+    SMEM_VN, STAGES, STAGE_BYTES, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
+};
+use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
+use crate::param_address;
+use crate::sm90::{
+    fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_f32, ld_shared_u16, ld_shared_v4,
+    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
+    st_global_v4, st_shared_f32, thread_idx_x_fresh, st_shared_u16, st_shared_v4, sw128_desc, sync_warp, tma_load_3d,
+    wgmma_state, wgmma_vn, TensorMap,
+};
+
+/// Bytes of one 128-byte swizzle row (64 bf16) and of its 16-byte chunks.
+const ROW_BYTES: u32 = 128;
+const CHUNK16: u32 = 16;
+/// 16-byte chunks per 128-byte row.
+const CHUNKS_PER_ROW: usize = 8;
+/// Rows of one swizzle atom: the 128-byte swizzle permutes 16-byte chunks within 8-row groups.
+const SWIZZLE_ROWS: usize = 8;
+/// Bytes between 8-row groups of a 128-byte-swizzled tile (the descriptors' stride offset).
+const ATOM_BYTES: u32 = (SWIZZLE_ROWS as u32) * ROW_BYTES;
+/// The K-major descriptor's leading offset is unused with swizzling; 16 bytes (one unit) is the
+/// conventional value.
+const UNUSED_LEADING: u32 = 16;
+/// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
+const CONSUMER_BARRIER: u32 = 1;
+/// Element pairs of the wgmma accumulator per 8-column group (`d[4j .. 4j + 4]`).
+const ACC_PER_GROUP: usize = 4;
+/// Threads per wgmma row quad: a row's 8 columns of a group are spread over 4 lanes, 2 each.
+const QUAD: usize = 4;
+
+/// Shared addresses of one CTA's allocation.
+#[derive(Clone, Copy)]
+struct Smem {
+    base: u32,
+}
+
+impl Smem {
+    fn stage(self, s: usize) -> u32 {
+        self.base + (s * STAGE_BYTES) as u32
+    }
+    fn decay(self, s: usize) -> u32 {
+        self.base + (SMEM_DECAY + s * K_DIM * 4) as u32
+    }
+    fn h(self) -> u32 {
+        self.base + SMEM_H as u32
+    }
+    fn vn(self) -> u32 {
+        self.base + SMEM_VN as u32
+    }
+    fn full(self, s: usize) -> u32 {
+        self.base + (SMEM_BARRIERS + s * 8) as u32
+    }
+    fn empty(self, s: usize) -> u32 {
+        self.base + (SMEM_BARRIERS + (STAGES + s) * 8) as u32
+    }
+}
+
+/// What every role needs to know about its work item.
+#[derive(Clone, Copy)]
+struct Item {
+    token_start: usize,
+    len: usize,
+    chunk_start: usize,
+    seq: usize,
+    head: usize,
+    heads: usize,
+    /// First value column of this CTA's block.
+    vcol0: usize,
+}
+
+impl Item {
+    fn chunks(&self) -> usize {
+        self.len.div_ceil(CHUNK)
+    }
+    /// Valid rows of chunk `c`.
+    fn rows(&self, c: usize) -> usize {
+        (self.len - c * CHUNK).min(CHUNK)
+    }
+    /// Element offset of token `t`'s row of a `[T, H, 128]` tensor for this head.
+    fn row(&self, t: usize) -> usize {
+        (t * self.heads + self.head) * K_DIM
+    }
+}
+
+/// Warp-specialized recurrence kernel. Grid: `N * H * COL_BLOCKS` CTAs of
+/// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
+///
+/// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
+/// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` maps `u` the same way without
+/// swizzle. The other arguments are as for the baseline kernel.
+///
+/// # Safety
+/// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w` and `u`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
+    _kmap: TensorMap,
+    _wmap: TensorMap,
+    _umap: TensorMap,
+    k: *const u16,
+    w: *const u16,
+    u: *const u16,
+    gk: *const f32,
+    h0: *const f32,
+    h: *mut u16,
+    v_new: *mut u16,
+    ht: *mut f32,
+    seqs: *const i64,
+    heads: u32,
+) {
+    if heads == 0 {
+        return; // never launched so; makes the `% heads` below provably safe
+    }
+    let heads = heads as usize;
+    let block = block_idx_x();
+    let vblock = block % COL_BLOCKS;
+    let head = (block / COL_BLOCKS) % heads;
+    let seq = block / (COL_BLOCKS * heads);
+    // SAFETY: the launcher sizes the grid to the plan's sequences, whose descriptors are here.
+    let item = unsafe {
+        let d = seqs.add(seq * SEQ_DESC_WORDS);
+        Item {
+            token_start: *d.add(DESC_TOKEN_START) as usize,
+            len: *d.add(DESC_LEN) as usize,
+            chunk_start: *d.add(DESC_CHUNK_START) as usize,
+            seq,
+            head,
+            heads,
+            vcol0: vblock * BV,
+        }
+    };
+    let smem = Smem { base: smem_base_shared() };
+    let tid = thread_idx_x();
+    if tid == 0 {
+        for s in 0..STAGES {
+            // SAFETY: barrier slots inside the allocation; published by the CTA barrier below.
+            unsafe {
+                mbarrier_init(smem.full(s), 1);
+                mbarrier_init(smem.empty(s), CONSUMER_THREADS as u32);
+            }
+        }
+        fence_mbarrier_init();
+    }
+    // SAFETY: every thread of the CTA reaches this barrier.
+    unsafe { sync_threads() };
+
+    if tid >= CONSUMER_THREADS {
+        let maps = [
+            param_address!("kda_fwd_h_hopper_param_0"),
+            param_address!("kda_fwd_h_hopper_param_1"),
+            param_address!("kda_fwd_h_hopper_param_2"),
+        ];
+        // SAFETY: the launcher's validation makes every row the producer touches exist.
+        unsafe { produce(&item, smem, tid - CONSUMER_THREADS, maps, k, w, u, gk) };
+    } else {
+        // SAFETY: as above, for the consumer's loads and stores.
+        unsafe { consume(&item, smem, tid, h0, h, v_new, ht) };
+    }
+}
+
+/// The producer warp's loop over the item's chunks.
+///
+/// # Safety
+/// Called by the 32 lanes of the producer warp only; tensors as the kernel documents.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn produce(
+    item: &Item,
+    smem: Smem,
+    lane: usize,
+    [kmap, wmap, umap]: [u64; 3],
+    k: *const u16,
+    w: *const u16,
+    u: *const u16,
+    gk: *const f32,
+) {
+    for c in 0..item.chunks() {
+        let s = c % STAGES;
+        let round = (c / STAGES) as u32;
+        // SAFETY (block): barrier and tile addresses are inside the allocation; the rows read
+        // are the chunk's valid rows of this sequence.
+        unsafe {
+            // A fresh barrier counts as having completed the phase before its first (parity 1).
+            mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
+            let tok0 = item.token_start + c * CHUNK;
+            let rows = item.rows(c);
+            let last = gk.add(item.row(tok0 + rows - 1));
+            let mut kk = lane;
+            while kk < K_DIM {
+                st_shared_f32(smem.decay(s) + (kk * 4) as u32, exp2_approx(*last.add(kk)));
+                kk += 32;
+            }
+            let stage = smem.stage(s);
+            if rows == CHUNK {
+                sync_warp();
+                if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.full(s), STAGE_TX_BYTES);
+                    let (t, hd) = (tok0 as i32, item.head as i32);
+                    for b in 0..KEY_BOXES {
+                        let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
+                        tma_load_3d(stage + STAGE_K as u32 + off, kmap, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_W as u32 + off, wmap, col, hd, t, smem.full(s));
+                    }
+                    tma_load_3d(stage + STAGE_U as u32, umap, item.vcol0 as i32, hd, t, smem.full(s));
+                }
+            } else {
+                copy_tail(item, stage, lane, tok0, rows, k, w, u);
+                fence_proxy_async();
+                sync_warp();
+                if lane == 0 {
+                    mbarrier_arrive(smem.full(s));
+                }
+            }
+        }
+    }
+}
+
+/// The tail epilogue's loads: the valid `rows` of a partial chunk of `k`, `w` (into the
+/// 128-byte-swizzled layout TMA would have produced) and `u` (plain rows), zeros below them.
+///
+/// # Safety
+/// Producer lanes only; tokens `tok0 .. tok0 + rows` exist; `stage` is a free ring stage.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn copy_tail(
+    item: &Item,
+    stage: u32,
+    lane: usize,
+    tok0: usize,
+    rows: usize,
+    k: *const u16,
+    w: *const u16,
+    u: *const u16,
+) {
+    const PER_KEY_ROW: usize = KEY_BOXES * CHUNKS_PER_ROW;
+    let mut i = lane;
+    while i < CHUNK * PER_KEY_ROW {
+        let (t, b, j) = (i / PER_KEY_ROW, (i % PER_KEY_ROW) / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+        let swizzled = ((j ^ (t % SWIZZLE_ROWS)) as u32) * CHUNK16;
+        let dst = (b * BOX_BYTES) as u32 + t as u32 * ROW_BYTES + swizzled;
+        let src = item.row(tok0 + t) + b * BOX_COLS + j * 8;
+        // SAFETY: rows below `rows` exist (see the contract); others are not read.
+        unsafe {
+            let (kv, wv) = if t < rows { (ld_global_nc_v4(k.add(src)), ld_global_nc_v4(w.add(src))) } else { ([0; 4], [0; 4]) };
+            st_shared_v4(stage + STAGE_K as u32 + dst, kv);
+            st_shared_v4(stage + STAGE_W as u32 + dst, wv);
+        }
+        i += 32;
+    }
+    let mut i = lane;
+    while i < CHUNK * CHUNKS_PER_ROW {
+        let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+        let src = (tok0 + t) * item.heads * V_DIM + item.head * V_DIM + item.vcol0 + j * 8;
+        // SAFETY: as above.
+        unsafe {
+            let uv = if t < rows { ld_global_nc_v4(u.add(src)) } else { [0; 4] };
+            st_shared_v4(stage + STAGE_U as u32 + t as u32 * ROW_BYTES + (j as u32) * CHUNK16, uv);
+        }
+        i += 32;
+    }
+}
+
+/// Row (value column inside the block) and key/token column of accumulator element `e` of a
+/// wgmma `m64nN` f32 fragment for thread `tid` of the warpgroup: element `4j + q` is row
+/// `16 * warp + lane / 4 + 8 * (q / 2)`, column `8j + 2 * (lane % 4) + q % 2`.
+#[inline(always)]
+fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (j, q) = (e / ACC_PER_GROUP, e % ACC_PER_GROUP);
+    (16 * warp + lane / QUAD + 8 * (q / 2), 8 * j + 2 * (lane % QUAD) + q % 2)
+}
+
+/// The consumer warpgroup's loop over the item's chunks.
+///
+/// # Safety
+/// Called by the 128 consumer threads only; tensors as the kernel documents.
+#[inline(always)]
+unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u16, v_new: *mut u16, ht: *mut f32) {
+    const STATE_REGS: usize = K_DIM / 2; // m64n128 f32 accumulator: 64 per thread
+    const VN_REGS: usize = CHUNK / 2; // m64n64 f32 accumulator: 32 per thread
+    let state_base = (item.seq * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
+    let mut s = [0f32; STATE_REGS];
+    if !h0.is_null() {
+        for (e, x) in s.iter_mut().enumerate() {
+            let (v, kk) = acc_coords(tid, e);
+            // SAFETY: h0 holds [N][H][K][V]; (kk, vcol0 + v) is inside this item's state.
+            *x = unsafe { *h0.add(state_base + kk * V_DIM + v) };
+        }
+    }
+    for c in 0..item.chunks() {
+        let st = c % STAGES;
+        let stage = smem.stage(st);
+        let rows = item.rows(c);
+        let tok0 = item.token_start + c * CHUNK;
+        let tid = thread_idx_x_fresh();
+        // SAFETY (block): shared addresses are inside the allocation's tiles; global stores are
+        // this item's rows of `h` and the chunk's valid rows of `v_new`.
+        unsafe {
+            mbarrier_wait(smem.full(st), ((c / STAGES) & 1) as u32);
+
+            // 1. bf16(S^T) as product 1's A fragments, and bf16(S) staged for `h`. The barrier
+            //    keeps the previous chunk's `h` copy-out from reading a half-written tile.
+            let mut a1 = [[0u32; 4]; K_DIM / 16];
+            for (ks, a) in a1.iter_mut().enumerate() {
+                for (p, x) in a.iter_mut().enumerate() {
+                    *x = pack_bf16x2(s[8 * ks + 2 * p], s[8 * ks + 2 * p + 1]);
+                }
+            }
+            named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+            for (ks, a) in a1.iter().enumerate() {
+                for (p, &pair) in a.iter().enumerate() {
+                    for half in 0..2 {
+                        let (v, kk) = acc_coords(tid, 8 * ks + 2 * p + half);
+                        st_shared_u16(smem.h() + ((kk * BV + v) * 2) as u32, (pair >> (16 * half)) as u16);
+                    }
+                }
+            }
+
+            // 2. Vn^T = u^T - bf16(S^T) @ w^T.
+            let mut vn = [0f32; VN_REGS];
+            for (e, x) in vn.iter_mut().enumerate() {
+                let (v, t) = acc_coords(tid, e);
+                *x = bf16_to_f32(ld_shared_u16(stage + STAGE_U as u32 + t as u32 * ROW_BYTES + (v * 2) as u32));
+            }
+            wgmma_vn(&mut vn, &a1, sw128_desc(stage + STAGE_W as u32, UNUSED_LEADING, ATOM_BYTES));
+
+            // 3. Decay the state per key column; rows past the chunk's end leave Vn as zeros.
+            for (e, x) in s.iter_mut().enumerate() {
+                let (_, kk) = acc_coords(tid, e);
+                *x *= ld_shared_f32(smem.decay(st) + (kk * 4) as u32);
+            }
+            for (e, x) in vn.iter_mut().enumerate() {
+                if acc_coords(tid, e).1 >= rows {
+                    *x = 0.0;
+                }
+            }
+
+            // 4. S^T += bf16(Vn^T) @ k.
+            let mut a2 = [[0u32; 4]; CHUNK / 16];
+            for (ks, a) in a2.iter_mut().enumerate() {
+                for (p, x) in a.iter_mut().enumerate() {
+                    *x = pack_bf16x2(vn[8 * ks + 2 * p], vn[8 * ks + 2 * p + 1]);
+                }
+            }
+            wgmma_state(&mut s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
+            mbarrier_arrive(smem.empty(st));
+
+            // 5. Stage bf16(Vn), then write h and the valid rows of v_new.
+            for (ks, a) in a2.iter().enumerate() {
+                for (p, &pair) in a.iter().enumerate() {
+                    for half in 0..2 {
+                        let (v, t) = acc_coords(tid, 8 * ks + 2 * p + half);
+                        st_shared_u16(smem.vn() + ((t * BV + v) * 2) as u32, (pair >> (16 * half)) as u16);
+                    }
+                }
+            }
+            named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+            let h_base = ((item.chunk_start + c) * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
+            let mut i = tid;
+            while i < K_DIM * CHUNKS_PER_ROW {
+                let (kk, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+                let bits = ld_shared_v4(smem.h() + kk as u32 * ROW_BYTES + j as u32 * CHUNK16);
+                st_global_v4(h.add(h_base + kk * V_DIM + j * 8), bits);
+                i += CONSUMER_THREADS;
+            }
+            let mut i = tid;
+            while i < rows * CHUNKS_PER_ROW {
+                let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+                let bits = ld_shared_v4(smem.vn() + t as u32 * ROW_BYTES + j as u32 * CHUNK16);
+                st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * 8), bits);
+                i += CONSUMER_THREADS;
+            }
+        }
+    }
+    if !ht.is_null() {
+        for (e, &x) in s.iter().enumerate() {
+            let (v, kk) = acc_coords(tid, e);
+            // SAFETY: as for h0.
+            unsafe { *ht.add(state_base + kk * V_DIM + v) = x };
+        }
+    }
+}
