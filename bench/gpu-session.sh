@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session on a machine without Rust: runs prebuilt binaries from $BUNDLE (made here by
 # `bash bench/bundle.sh`) and leaves every log under $OUT. Steps: device info, the GPU suite, the
-# demo, a PyTorch-written file through `kda run` (GPU and --cpu), and the benchmark.
+# demo, a PyTorch-written file through `kda run` (GPU and --cpu), the benchmark, and
+# compute-sanitizer (memcheck, racecheck, synccheck) on a ragged fixture with tails.
 set -uo pipefail
 BUNDLE=${BUNDLE:-target/gpu-bundle}
 OUT=${OUT:-/tmp/kda-gpu-out}
@@ -24,4 +25,7 @@ step foreign_gpu 60 "$BUNDLE/kda" run --inputs "$OUT/foreign_in.safetensors" --o
 step foreign_cpu 60 "$BUNDLE/kda" run --cpu --inputs "$OUT/foreign_in.safetensors" --out "$OUT/foreign_cpu.safetensors"
 step foreign_compare 60 python3 bench/foreign_roundtrip.py compare "$OUT/foreign_in.safetensors" "$OUT/foreign_gpu.safetensors" "$OUT/foreign_cpu.safetensors"
 step bench 240 "$BUNDLE/xtask" bench --repeat 100 --out "$OUT"
+for tool in memcheck racecheck synccheck; do
+    step "sanitizer_$tool" 120 compute-sanitizer --tool "$tool" "$BUNDLE/kda" run --inputs tests/fixtures/ragged_h3.safetensors --out "$OUT/sanitized.safetensors"
+done
 rm -f "$OUT"/*.safetensors

@@ -5,7 +5,7 @@
 //! and [`KdaOutputs`] borrow the caller's device tensors. [`Kda::launch`] allocates nothing and never
 //! synchronises, so it can be captured in a CUDA graph.
 
-use crate::layout::baseline;
+use crate::layout::{baseline, hopper, CHUNK, K_DIM, V_DIM};
 use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
@@ -26,12 +26,16 @@ pub enum Kernel {
     Auto,
     /// The portable baseline kernel (sm_80+).
     Baseline,
+    /// The warp-specialized TMA + wgmma kernel (compute capability 9.x only).
+    Hopper,
 }
 
 /// A loaded kernel module on one device.
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: CudaFunction,
+    /// The warp-specialized kernel, present on compute capability 9.x.
+    hopper: Option<CudaFunction>,
     compute_capability: (i32, i32),
 }
 
@@ -47,7 +51,17 @@ impl Kda {
         };
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let baseline = module.load_function(ptx::BASELINE_KERNEL)?;
-        Ok(Self { ctx, baseline, compute_capability })
+        let hopper = if compute_capability.0 == 9 {
+            let f = module.load_function(ptx::HOPPER_KERNEL)?;
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                hopper::SMEM_BYTES as i32,
+            )?;
+            Some(f)
+        } else {
+            None
+        };
+        Ok(Self { ctx, baseline, hopper, compute_capability })
     }
 
     /// The context the kernels live in.
@@ -63,6 +77,7 @@ impl Kda {
     /// The kernel [`Kernel::Auto`] resolves to on this device.
     pub fn resolve(&self, kernel: Kernel) -> Kernel {
         match kernel {
+            Kernel::Auto if self.hopper.is_some() => Kernel::Hopper,
             Kernel::Auto => Kernel::Baseline,
             other => other,
         }
@@ -83,7 +98,25 @@ impl Kda {
     ) -> Result<(), KdaError> {
         let dims = Dims::new(&plan.plan, heads);
         self.validate(stream, plan, &dims, inputs, outputs)?;
-        let items = dims.seqs * heads * baseline::COL_BLOCKS;
+        let kernel = self.resolve(kernel);
+        let hopper = match (kernel, &self.hopper) {
+            (Kernel::Hopper, Some(f)) => Some(f),
+            (Kernel::Hopper, None) => {
+                return Err(KdaError::Argument {
+                    name: "kernel",
+                    reason: format!(
+                        "the Hopper kernel needs compute capability 9.x, this device has {:?}",
+                        self.compute_capability
+                    ),
+                })
+            }
+            _ => None,
+        };
+        // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
+        // with no tokens, or beyond 2^31 tokens, take the baseline kernel.
+        let hopper = hopper.filter(|_| dims.tokens > 0 && dims.tokens <= i32::MAX as usize);
+        let col_blocks = if hopper.is_some() { hopper::COL_BLOCKS } else { baseline::COL_BLOCKS };
+        let items = dims.seqs * heads * col_blocks;
         if items == 0 {
             return Ok(());
         }
@@ -97,11 +130,6 @@ impl Kda {
             name: "heads",
             reason: format!("{heads} does not fit in 32 bits"),
         })?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (baseline::THREADS as u32, 1, 1),
-            shared_mem_bytes: baseline::SMEM_BYTES as u32,
-        };
         let (k, _gk) = inputs.k.device_ptr(stream);
         let (w, _gw) = inputs.w.device_ptr(stream);
         let (u, _gu) = inputs.u.device_ptr(stream);
@@ -123,16 +151,43 @@ impl Kda {
             None => (0, None),
         };
         let (seqs, _gs) = plan.descriptors.device_ptr(stream);
-        let func = match self.resolve(kernel) {
-            Kernel::Auto | Kernel::Baseline => &self.baseline,
+        let maps = match hopper {
+            Some(_) => Some([
+                TensorMapArg::tokens(k, dims.tokens, heads, K_DIM, true)?,
+                TensorMapArg::tokens(w, dims.tokens, heads, K_DIM, true)?,
+                TensorMapArg::tokens(u, dims.tokens, heads, V_DIM, false)?,
+            ]),
+            None => None,
+        };
+        let (func, cfg) = match hopper {
+            Some(f) => {
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (hopper::THREADS as u32, 1, 1),
+                    shared_mem_bytes: hopper::SMEM_BYTES as u32,
+                };
+                (f, cfg)
+            }
+            None => {
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (baseline::THREADS as u32, 1, 1),
+                    shared_mem_bytes: baseline::SMEM_BYTES as u32,
+                };
+                (&self.baseline, cfg)
+            }
         };
         let mut launch = stream.launch_builder(func);
+        if let Some(maps) = &maps {
+            launch.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]);
+        }
         launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
         launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
         // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
         // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
-        // built from the same `Plan`; the grid, block and shared-memory sizes are the ones the
-        // kernel documents; outputs are `&mut` borrows, so they cannot alias the inputs.
+        // built from the same `Plan`; the tensor maps describe exactly `k`, `w` and `u`; the grid,
+        // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
+        // borrows, so they cannot alias the inputs.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -194,6 +249,54 @@ fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(), KdaError
         return Err(KdaError::Alignment { tensor: arg.name, required: TENSOR_ALIGN, address: arg.address });
     }
     Ok(())
+}
+
+/// A `CUtensorMap` passed to the Hopper kernel by value (the kernel declares these parameters
+/// 64-byte aligned, as `CUtensorMap` is).
+#[repr(transparent)]
+struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte, 64-byte-aligned value the driver copies into the parameter buffer.
+unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
+
+impl TensorMapArg {
+    /// The tensor map of a packed `[T, H, width]` bf16 tensor at `address`, as a 3-D tensor
+    /// `(width, H, T)` read in `[CHUNK][1][BOX_COLS]` boxes: with the 128-byte swizzle the wgmma
+    /// operands need (`k`, `w`), or plain rows (`u`).
+    fn tokens(address: u64, tokens: usize, heads: usize, width: usize, swizzle: bool) -> Result<Self, KdaError> {
+        use cudarc::driver::sys::*;
+        const BF16_BYTES: u64 = 2;
+        let dims: [u64; 3] = [width as u64, heads as u64, tokens as u64];
+        let strides: [u64; 2] = [width as u64 * BF16_BYTES, (heads * width) as u64 * BF16_BYTES];
+        let boxes: [u32; 3] = [hopper::BOX_COLS as u32, 1, CHUNK as u32];
+        let elem_strides: [u32; 3] = [1, 1, 1];
+        let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
+        let swizzle = if swizzle {
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+        } else {
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+        };
+        // SAFETY: every pointer addresses a live local array of the rank's length; the driver
+        // only writes `map`.
+        unsafe {
+            cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                3,
+                address as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem_strides.as_ptr(),
+                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+            .result()?;
+            Ok(Self(map.assume_init()))
+        }
+    }
 }
 
 /// A [`Plan`] uploaded to the device once, reusable by every launch of the same batch layout.

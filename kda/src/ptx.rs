@@ -8,8 +8,11 @@ pub const SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kda_sm_80.ptx"));
 /// Entry point of the baseline kernel (`kda-kernel/src/baseline.rs`).
 pub const BASELINE_KERNEL: &str = "kda_fwd_h_baseline";
 
+/// Entry point of the warp-specialized Hopper kernel (`kda-kernel/src/hopper.rs`), sm_90a only.
+pub const HOPPER_KERNEL: &str = "kda_fwd_h_hopper";
+
 /// Every kernel entry the launcher looks up, with the PTX modules that must contain it.
-pub const KERNELS: &[(&str, &[&str])] = &[(BASELINE_KERNEL, &[SM90A, SM80])];
+pub const KERNELS: &[(&str, &[&str])] = &[(BASELINE_KERNEL, &[SM90A, SM80]), (HOPPER_KERNEL, &[SM90A])];
 
 #[cfg(test)]
 mod tests {

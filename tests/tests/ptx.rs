@@ -6,7 +6,8 @@
 //! `$KDA_CUDA_BIN` overrides). Without them these tests fail with that instruction.
 
 use kda::layout::baseline::THREADS;
-use kda::ptx::{cuda_tool, BASELINE_KERNEL, SM80, SM90A};
+use kda::layout::hopper::THREADS as HOPPER_THREADS;
+use kda::ptx::{cuda_tool, BASELINE_KERNEL, HOPPER_KERNEL, SM80, SM90A};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -100,4 +101,21 @@ fn baseline_sass_uses_the_hardware_conversions() {
     }
     // The PTX must not call anything: every helper is inlined.
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
+}
+
+#[test]
+fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
+    let (cubin, report) = assemble(SM90A, "sm_90a");
+    let r = resources(&report, HOPPER_KERNEL);
+    println!("sm_90a {HOPPER_KERNEL}: {r:?}");
+    assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
+    assert!(r.registers * HOPPER_THREADS <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
+    let code = sass(&cubin);
+    let body = code.split("Function : ").find(|f| f.starts_with(HOPPER_KERNEL)).expect("hopper kernel in the SASS");
+    // Tensor-core MMAs of both products, TMA tile loads, and the mbarrier ring.
+    for op in ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16", "UTMALDG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
+        assert!(body.contains(op), "hopper SASS lacks {op}");
+    }
+    assert!(!body.contains("CALL."), "hopper SASS holds a call");
+    assert!(!SM80.contains(HOPPER_KERNEL), "the portable PTX must not contain the Hopper kernel");
 }
