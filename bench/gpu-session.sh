@@ -8,6 +8,8 @@ BUNDLE=${BUNDLE:-target/gpu-bundle}
 OUT=${OUT:-/tmp/kda-gpu-out}
 mkdir -p "$OUT"
 export KDA_FIXTURES=$PWD/tests/fixtures
+# A failing proptest case is reported after a short shrink, not after minutes of GPU runs.
+export PROPTEST_MAX_SHRINK_ITERS=${PROPTEST_MAX_SHRINK_ITERS:-16}
 step() { # name, timeout, command...
     local name=$1 limit=$2; shift 2
     echo "== $name: $*" | tee -a "$OUT/steps.txt"

@@ -28,9 +28,14 @@ fn main() {
     let target_dir = out.join("device-target");
     for (stem, cpu) in ARCHS {
         let ptx_path = out.join(format!("{stem}.ptx"));
-        build_ptx(&device, &target_dir, cpu, &ptx_path);
+        // rustc writes the raw PTX (and skips the write when nothing changed); the fix-ups below
+        // always start from it, so they apply exactly once.
+        let raw_path = out.join(format!("{stem}.raw.ptx"));
+        build_ptx(&device, &target_dir, cpu, &raw_path);
+        std::fs::copy(&raw_path, &ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
         if cpu == "sm_90a" {
             align_tensor_map_params(&ptx_path);
+            add_launch_bounds(&ptx_path);
         }
         check_ptx(&ptx_path, cpu);
     }
@@ -105,6 +110,22 @@ fn align_tensor_map_params(ptx_path: &Path) {
         }
         out = out.replace(&from, &to);
     }
+    std::fs::write(ptx_path, out).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+}
+
+/// Launch bounds of the Hopper kernel, which rustc cannot express: `.maxntid` (its block size) and
+/// `.maxnreg 200`: 200 registers x 160 threads x 2 CTAs fit the SM's 65536, so two CTAs share an
+/// SM, one computing while the other waits on its serial chain (shared memory allows two).
+/// (`.minnctapersm 2` would do the same in intent, but ptxas then caps at 168 and spills.)
+fn add_launch_bounds(ptx_path: &Path) {
+    const ENTRY: &str = ".entry kda_fwd_h_hopper(";
+    const THREADS: u32 = 160; // kda_kernel::layout::hopper::THREADS (checked by the launcher's tests)
+    const MAX_REGISTERS: u32 = 200;
+    let ptx = std::fs::read_to_string(ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+    let start = ptx.find(ENTRY).unwrap_or_else(|| fail(&format!("{}: no `{ENTRY}`", ptx_path.display())));
+    let close = start + ptx[start..].find("\n)\n").unwrap_or_else(|| fail("hopper kernel: parameter list not closed")) + 3;
+    let bounds = format!(".maxntid {THREADS}, 1, 1\n.maxnreg {MAX_REGISTERS}\n");
+    let out = format!("{}{bounds}{}", &ptx[..close], &ptx[close..]);
     std::fs::write(ptx_path, out).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
 }
 

@@ -83,6 +83,19 @@ impl Kda {
         }
     }
 
+    /// CTAs of `kernel` that one SM holds at once (the driver's occupancy calculation for the
+    /// kernel's block size, registers and shared memory).
+    pub fn ctas_per_sm(&self, kernel: Kernel) -> Result<u32, KdaError> {
+        let (f, threads, smem) = match (self.resolve(kernel), &self.hopper) {
+            (Kernel::Hopper, Some(f)) => (f, hopper::THREADS, hopper::SMEM_BYTES),
+            (Kernel::Hopper, None) => {
+                return Err(KdaError::Argument { name: "kernel", reason: "no Hopper kernel on this device".into() })
+            }
+            _ => (&self.baseline, baseline::THREADS, baseline::SMEM_BYTES),
+        };
+        Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)?)
+    }
+
     /// Validates the arguments, then enqueues the recurrence on `stream`.
     ///
     /// No allocation, no host synchronisation: graph-capturable. Empty batches (no sequences)

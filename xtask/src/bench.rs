@@ -46,6 +46,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("device-to-device copy bandwidth: {:.3} TB/s (read + write)", bw / 1e12);
 
     let best = kda.resolve(Kernel::Auto);
+    for kernel in [best, Kernel::Baseline] {
+        println!("{kernel:?}: {} CTAs per SM", kda.ctas_per_sm(kernel).map_err(err)?);
+    }
     let mut rows = Vec::new();
     let mut table = vec![format!(
         "| shape | N | T | H | {best:?} us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |"
