@@ -31,9 +31,9 @@ use crate::layout::hopper::{
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 use crate::param_address;
 use crate::sm90::{
-    fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_f32, ld_shared_u16, ld_shared_v4,
+    fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
-    st_global_v4, st_shared_f32, thread_idx_x_fresh, st_shared_u16, st_shared_v4, sw128_desc, sync_warp, tma_load_3d,
+    st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     wgmma_state, wgmma_vn, TensorMap,
 };
 
@@ -55,6 +55,27 @@ const CONSUMER_BARRIER: u32 = 1;
 const ACC_PER_GROUP: usize = 4;
 /// Threads per wgmma row quad: a row's 8 columns of a group are spread over 4 lanes, 2 each.
 const QUAD: usize = 4;
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under the
+/// 128-byte swizzle (the chunk index XOR the row's position in its 8-row group): the layout TMA
+/// writes for the swizzled boxes, and the one the staging tiles use so that the 8 rows one
+/// `stmatrix`/`ldmatrix` matrix touches fall in 8 different bank groups.
+#[inline(always)]
+fn swizzled(row: usize, chunk: usize) -> u32 {
+    (row as u32) * ROW_BYTES + ((chunk ^ (row % SWIZZLE_ROWS)) as u32) * CHUNK16
+}
+
+/// Row and 16-byte chunk this lane addresses in an `x4` `ldmatrix`/`stmatrix` over the
+/// 16-column step `step` of a wgmma fragment, for a tile stored transposed (`[column][row]`):
+/// matrix `m = lane / 8` is fragment row half `m % 2` and column group `m / 2`; its stored row
+/// `lane % 8` is fragment column `16 * step + 8 * (m / 2) + lane % 8`, and its 8 fragment rows
+/// (16 bytes) start at row `16 * warp + 8 * (m % 2)`, i.e. chunk `2 * warp + m % 2`.
+#[inline(always)]
+fn matrix_row(tid: usize, step: usize) -> (usize, usize) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let m = lane / 8;
+    (16 * step + 8 * (m / 2) + lane % 8, 2 * warp + m % 2)
+}
 
 /// Shared addresses of one CTA's allocation.
 #[derive(Clone, Copy)]
@@ -114,8 +135,8 @@ impl Item {
 /// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
-/// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` maps `u` the same way without
-/// swizzle. The other arguments are as for the baseline kernel.
+/// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` maps `u` the same way. The other
+/// arguments are as for the baseline kernel.
 ///
 /// # Safety
 /// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w` and `u`.
@@ -242,8 +263,8 @@ unsafe fn produce(
     }
 }
 
-/// The tail epilogue's loads: the valid `rows` of a partial chunk of `k`, `w` (into the
-/// 128-byte-swizzled layout TMA would have produced) and `u` (plain rows), zeros below them.
+/// The tail epilogue's loads: the valid `rows` of a partial chunk of `k`, `w` and `u` into the
+/// 128-byte-swizzled layout TMA would have produced, zeros below them.
 ///
 /// # Safety
 /// Producer lanes only; tokens `tok0 .. tok0 + rows` exist; `stage` is a free ring stage.
@@ -263,8 +284,7 @@ unsafe fn copy_tail(
     let mut i = lane;
     while i < CHUNK * PER_KEY_ROW {
         let (t, b, j) = (i / PER_KEY_ROW, (i % PER_KEY_ROW) / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-        let swizzled = ((j ^ (t % SWIZZLE_ROWS)) as u32) * CHUNK16;
-        let dst = (b * BOX_BYTES) as u32 + t as u32 * ROW_BYTES + swizzled;
+        let dst = (b * BOX_BYTES) as u32 + swizzled(t, j);
         let src = item.row(tok0 + t) + b * BOX_COLS + j * 8;
         // SAFETY: rows below `rows` exist (see the contract); others are not read.
         unsafe {
@@ -281,7 +301,7 @@ unsafe fn copy_tail(
         // SAFETY: as above.
         unsafe {
             let uv = if t < rows { ld_global_nc_v4(u.add(src)) } else { [0; 4] };
-            st_shared_v4(stage + STAGE_U as u32 + t as u32 * ROW_BYTES + (j as u32) * CHUNK16, uv);
+            st_shared_v4(stage + STAGE_U as u32 + swizzled(t, j), uv);
         }
         i += 32;
     }
@@ -335,26 +355,31 @@ unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u
             }
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             for (ks, a) in a1.iter().enumerate() {
-                for (p, &pair) in a.iter().enumerate() {
-                    for half in 0..2 {
-                        let (v, kk) = acc_coords(tid, 8 * ks + 2 * p + half);
-                        st_shared_u16(smem.h() + ((kk * BV + v) * 2) as u32, (pair >> (16 * half)) as u16);
-                    }
-                }
+                let (kk, chunk) = matrix_row(tid, ks);
+                stmatrix_x4_trans(smem.h() + swizzled(kk, chunk), *a);
             }
 
             // 2. Vn^T = u^T - bf16(S^T) @ w^T.
             let mut vn = [0f32; VN_REGS];
-            for (e, x) in vn.iter_mut().enumerate() {
-                let (v, t) = acc_coords(tid, e);
-                *x = bf16_to_f32(ld_shared_u16(stage + STAGE_U as u32 + t as u32 * ROW_BYTES + (v * 2) as u32));
+            for step in 0..CHUNK / 16 {
+                let (t, chunk) = matrix_row(tid, step);
+                let m = ldmatrix_x4_trans(stage + STAGE_U as u32 + swizzled(t, chunk));
+                // Matrix `half + 2 * group` holds fragment elements 8 * step + 4 * group + 2 * half.
+                for (i, &pair) in m.iter().enumerate() {
+                    let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);
+                    vn[e] = bf16_to_f32(pair as u16);
+                    vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
+                }
             }
             wgmma_vn(&mut vn, &a1, sw128_desc(stage + STAGE_W as u32, UNUSED_LEADING, ATOM_BYTES));
 
             // 3. Decay the state per key column; rows past the chunk's end leave Vn as zeros.
-            for (e, x) in s.iter_mut().enumerate() {
-                let (_, kk) = acc_coords(tid, e);
-                *x *= ld_shared_f32(smem.decay(st) + (kk * 4) as u32);
+            for g in 0..STATE_REGS / ACC_PER_GROUP {
+                let (_, kk) = acc_coords(tid, ACC_PER_GROUP * g);
+                let [d0, d1] = ld_shared_v2_f32(smem.decay(st) + (kk * 4) as u32);
+                for (q, x) in s[ACC_PER_GROUP * g..ACC_PER_GROUP * (g + 1)].iter_mut().enumerate() {
+                    *x *= if q % 2 == 0 { d0 } else { d1 };
+                }
             }
             for (e, x) in vn.iter_mut().enumerate() {
                 if acc_coords(tid, e).1 >= rows {
@@ -373,27 +398,23 @@ unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u
             mbarrier_arrive(smem.empty(st));
 
             // 5. Stage bf16(Vn), then write h and the valid rows of v_new.
-            for (ks, a) in a2.iter().enumerate() {
-                for (p, &pair) in a.iter().enumerate() {
-                    for half in 0..2 {
-                        let (v, t) = acc_coords(tid, 8 * ks + 2 * p + half);
-                        st_shared_u16(smem.vn() + ((t * BV + v) * 2) as u32, (pair >> (16 * half)) as u16);
-                    }
-                }
+            for (step, a) in a2.iter().enumerate() {
+                let (t, chunk) = matrix_row(tid, step);
+                stmatrix_x4_trans(smem.vn() + swizzled(t, chunk), *a);
             }
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             let h_base = ((item.chunk_start + c) * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
             let mut i = tid;
             while i < K_DIM * CHUNKS_PER_ROW {
                 let (kk, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-                let bits = ld_shared_v4(smem.h() + kk as u32 * ROW_BYTES + j as u32 * CHUNK16);
+                let bits = ld_shared_v4(smem.h() + swizzled(kk, j));
                 st_global_v4(h.add(h_base + kk * V_DIM + j * 8), bits);
                 i += CONSUMER_THREADS;
             }
             let mut i = tid;
             while i < rows * CHUNKS_PER_ROW {
                 let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-                let bits = ld_shared_v4(smem.vn() + t as u32 * ROW_BYTES + j as u32 * CHUNK16);
+                let bits = ld_shared_v4(smem.vn() + swizzled(t, j));
                 st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * 8), bits);
                 i += CONSUMER_THREADS;
             }

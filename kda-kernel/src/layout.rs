@@ -98,7 +98,7 @@ pub mod hopper {
     pub const STAGE_K: usize = 0;
     /// Offset of the `w` tile (two boxes) inside a stage.
     pub const STAGE_W: usize = STAGE_K + KEY_BOXES * BOX_BYTES;
-    /// Offset of this CTA's `u` tile (`[CHUNK][BV]`, not swizzled) inside a stage.
+    /// Offset of this CTA's `u` tile (`[CHUNK][BV]`, one 128-byte-swizzled box) inside a stage.
     pub const STAGE_U: usize = STAGE_W + KEY_BOXES * BOX_BYTES;
     /// Bytes of one stage's tiles: a multiple of 1024, so every box stays 1024-byte aligned as
     /// the 128-byte swizzle needs.

@@ -241,6 +241,54 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
     }
 }
 
+/// `stmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: the warp stores four 8x8 bf16 matrices
+/// from mma fragments (register `i` of a lane holds row `lane / 4`, columns `2 * (lane % 4)` and
+/// `+ 1` of matrix `i`), each transposed: lane `8i + j` gives the shared address of row `j` of
+/// stored matrix `i` (16 bytes).
+///
+/// # Safety
+/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
+#[inline(always)]
+pub unsafe fn stmatrix_x4_trans(addr: u32, r: [u32; 4]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg32) addr,
+             x = in(reg32) r[0], y = in(reg32) r[1], z = in(reg32) r[2], w = in(reg32) r[3], options(nostack))
+    }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: the inverse of [`stmatrix_x4_trans`]: lane
+/// `8i + j` gives the address of row `j` of stored matrix `i`; register `i` returns the lane's
+/// fragment of matrix `i` transposed.
+///
+/// # Safety
+/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a,
+             y = out(reg32) b, z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
+/// `ld.shared.v2.f32`: two adjacent f32 from shared memory.
+///
+/// # Safety
+/// `addr` is an 8-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ld.shared.v2.f32 {{{x}, {y}}}, [{p}];", x = out(reg32) a, y = out(reg32) b, p = in(reg32) addr,
+             options(nostack, readonly))
+    };
+    [a, b]
+}
+
 /// `ld.global.nc.v4.b32`: 16 read-only bytes from global memory.
 ///
 /// # Safety

@@ -19,6 +19,10 @@ use std::sync::Arc;
 /// the baseline's 32-bit accesses need).
 pub const TENSOR_ALIGN: usize = 16;
 
+/// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` value for "all of the unified L1 /
+/// shared memory that can be shared memory".
+const MAX_SHARED_CARVEOUT_PERCENT: i32 = 100;
+
 /// Which kernel a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -56,6 +60,11 @@ impl Kda {
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 hopper::SMEM_BYTES as i32,
+            )?;
+            // Prefer the largest shared-memory carveout, so two CTAs' rings fit on one SM.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                MAX_SHARED_CARVEOUT_PERCENT,
             )?;
             Some(f)
         } else {
@@ -166,9 +175,9 @@ impl Kda {
         let (seqs, _gs) = plan.descriptors.device_ptr(stream);
         let maps = match hopper {
             Some(_) => Some([
-                TensorMapArg::tokens(k, dims.tokens, heads, K_DIM, true)?,
-                TensorMapArg::tokens(w, dims.tokens, heads, K_DIM, true)?,
-                TensorMapArg::tokens(u, dims.tokens, heads, V_DIM, false)?,
+                TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
+                TensorMapArg::tokens(w, dims.tokens, heads, K_DIM)?,
+                TensorMapArg::tokens(u, dims.tokens, heads, V_DIM)?,
             ]),
             None => None,
         };
@@ -274,9 +283,10 @@ unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
 
 impl TensorMapArg {
     /// The tensor map of a packed `[T, H, width]` bf16 tensor at `address`, as a 3-D tensor
-    /// `(width, H, T)` read in `[CHUNK][1][BOX_COLS]` boxes: with the 128-byte swizzle the wgmma
-    /// operands need (`k`, `w`), or plain rows (`u`).
-    fn tokens(address: u64, tokens: usize, heads: usize, width: usize, swizzle: bool) -> Result<Self, KdaError> {
+    /// `(width, H, T)` read in `[CHUNK][1][BOX_COLS]` boxes with the 128-byte swizzle (which the
+    /// wgmma operands `k` and `w` need, and which keeps the `ldmatrix` reads of `u` free of bank
+    /// conflicts).
+    fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
         use cudarc::driver::sys::*;
         const BF16_BYTES: u64 = 2;
         let dims: [u64; 3] = [width as u64, heads as u64, tokens as u64];
@@ -284,11 +294,6 @@ impl TensorMapArg {
         let boxes: [u32; 3] = [hopper::BOX_COLS as u32, 1, CHUNK as u32];
         let elem_strides: [u32; 3] = [1, 1, 1];
         let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
-        let swizzle = if swizzle {
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-        } else {
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
-        };
         // SAFETY: every pointer addresses a live local array of the rank's length; the driver
         // only writes `map`.
         unsafe {
@@ -302,7 +307,7 @@ impl TensorMapArg {
                 boxes.as_ptr(),
                 elem_strides.as_ptr(),
                 CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
                 CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
