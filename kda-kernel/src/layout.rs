@@ -82,9 +82,12 @@ pub mod hopper {
     pub const PRODUCER_THREADS: usize = 32;
     /// Threads per CTA: the consumer warpgroup (warps 0-3, warpgroup-aligned) and the producer warp.
     pub const THREADS: usize = CONSUMER_THREADS + PRODUCER_THREADS;
-    /// Shared-memory ring depth. Two stages keep one chunk loading while one is computed and leave
-    /// room for two CTAs per SM (about 105 KB each), so a second item hides one's serial latency.
-    pub const STAGES: usize = 2;
+    /// Shared-memory ring depth. A CTA streams about 40 KB of tiles per chunk and the SM's share of
+    /// DRAM bandwidth is about 32 GB/s, so covering a microsecond of load latency (Little's law)
+    /// needs more than one chunk in flight: four stages keep three chunks loading while one is
+    /// computed (measured: two stages gave 0.60 of the floor on fixed_8192; see bench/RESULTS.md).
+    /// The ring then takes 160 KB, so one CTA runs per SM.
+    pub const STAGES: usize = 4;
 
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
     /// the 128-byte swizzle allows.
