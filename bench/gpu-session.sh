@@ -31,3 +31,7 @@ for tool in memcheck racecheck synccheck; do
     step "sanitizer_$tool" 120 compute-sanitizer --tool "$tool" "$BUNDLE/kda" run --inputs tests/fixtures/ragged_h3.safetensors --out "$OUT/sanitized.safetensors"
 done
 rm -f "$OUT"/*.safetensors
+# Two files come back: the whole log and the benchmark's JSON.
+{ for f in device gpu_suite demo foreign_make foreign_gpu foreign_cpu foreign_compare bench sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck; do
+    echo "######## $f"; cat "$OUT/$f.txt"; done; } > "$OUT/session.log" 2>&1
+rm -f "$OUT"/*.txt
