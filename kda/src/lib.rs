@@ -1,6 +1,4 @@
-//! # kda: the KDA inter-chunk state recurrence on NVIDIA GPUs, in pure Rust
-//!
-//! (crate docs are completed in README.md and below once the launcher lands)
+#![doc = include_str!("../../README.md")]
 #![warn(missing_docs)]
 
 mod error;
