@@ -1,8 +1,9 @@
 """A `kda run` round trip through files another tool writes and reads (PyTorch + safetensors).
 
-    python3 foreign_roundtrip.py make IN.safetensors
+    python3 foreign_roundtrip.py make IN.safetensors [LENGTHS HEADS]
         writes a ragged problem the way Python model code holds it: a leading batch dimension of
-        1, int32 cu_seqlens, bf16 k/w/u, f32 gk and h0.
+        1, int32 cu_seqlens, bf16 k/w/u, f32 gk and h0. LENGTHS is comma-separated (default
+        0,1,64,200,129,7) and HEADS defaults to 4.
     python3 foreign_roundtrip.py compare IN.safetensors GPU_OUT.safetensors CPU_OUT.safetensors
         reads both `kda run` outputs back with safetensors and prints the relative Frobenius
         error of the GPU's h, v_new, ht against the f64 reference's; exits 1 above 1e-3.
@@ -17,7 +18,10 @@ LENGTHS = [0, 1, 64, 200, 129, 7]
 BOUND = 1e-3
 
 
-def make(path):
+def make(path, lengths=None, heads=None):
+    global LENGTHS, H
+    if lengths is not None:
+        LENGTHS, H = [int(n) for n in lengths.split(",")], int(heads)
     g = torch.Generator().manual_seed(2026)
     t = sum(LENGTHS)
     k = torch.randn(1, t, H, K, generator=g)
