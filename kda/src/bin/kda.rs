@@ -77,7 +77,12 @@ impl From<KdaError> for CliError {
 
 /// A CUDA device, or why there is none.
 fn open_gpu() -> Result<(Kda, Arc<cudarc::driver::CudaStream>), String> {
-    let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(0))
+    // cudarc panics when libcuda is absent; catch that quietly (no backtrace) and say so.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(0));
+    std::panic::set_hook(hook);
+    let ctx = ctx
         .map_err(|_| "the CUDA driver library (libcuda) could not be loaded".to_string())?
         .map_err(|e| format!("no usable CUDA device: {e}"))?;
     let stream = ctx.default_stream();
