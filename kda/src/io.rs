@@ -97,13 +97,7 @@ pub fn write_problem(path: &Path, p: &Problem, out: Option<&Outputs>) -> Result<
     p.validate()?;
     let d = p.dims();
     let mut file = TensorFile::default();
-    file.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
-    file.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
-    file.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
-    file.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
-    if let Some(h0) = &p.h0 {
-        file.push("h0", Dtype::F32, d.shape_of("h0"), f32_bytes(h0));
-    }
+    file.inputs(p);
     let cu = p.plan.cu_seqlens();
     file.push("cu_seqlens", Dtype::I64, vec![cu.len()], cu.iter().flat_map(|c| c.to_le_bytes()).collect());
     if let Some(out) = out {
@@ -121,6 +115,18 @@ struct TensorFile {
 impl TensorFile {
     fn push(&mut self, name: &'static str, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>) {
         self.tensors.push((name, dtype, shape, bytes));
+    }
+
+    /// `k`, `w`, `u`, `gk` and, when present, `h0` of `p`, in that order.
+    fn inputs(&mut self, p: &Problem) {
+        let d = p.dims();
+        self.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
+        self.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
+        self.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
+        self.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
+        if let Some(h0) = &p.h0 {
+            self.push("h0", Dtype::F32, d.shape_of("h0"), f32_bytes(h0));
+        }
     }
 
     fn outputs(&mut self, out: &Outputs, d: &Dims) -> Result<(), KdaError> {
@@ -264,12 +270,8 @@ mod tests {
 
     /// A serialized file of `p` with `edit` applied to its tensor list.
     fn bytes_with(p: &Problem, edit: impl FnOnce(&mut TensorFile)) -> Vec<u8> {
-        let d = p.dims();
         let mut f = TensorFile::default();
-        f.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
-        f.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
-        f.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
-        f.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
+        f.inputs(p);
         let cu: Vec<u8> = p.plan.cu_seqlens().iter().flat_map(|&c| (c as i32).to_le_bytes()).collect();
         f.push("cu_seqlens", Dtype::I32, vec![p.plan.num_seqs() + 1], cu);
         edit(&mut f);
