@@ -3,7 +3,8 @@
 //! One CTA per (sequence, head, block of `BV` = 64 value columns), `THREADS` = 160 threads:
 //!
 //! * **Producer** (warp 4): for every chunk, waits until its ring stage is free (`empty`
-//!   mbarrier), writes `exp2` of the chunk's last gate row into the stage, and loads the chunk's
+//!   mbarrier), writes `exp2` of the chunk's last gate row (loaded one chunk ahead) into the
+//!   stage, and loads the chunk's
 //!   `k` and `w` tiles (`[64][128]`, two 128-byte-swizzled boxes each) and this CTA's `u` tile
 //!   (`[64][64]`) with TMA, completing the stage's `full` mbarrier by transaction count. The
 //!   sequence's partial last chunk is the **tail epilogue**: a full-tile TMA box there would
@@ -16,8 +17,9 @@
 //!   2. `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
 //!   3. `S^T *= exp2(gk_last)` per key column, masks `Vn` rows past the chunk's end to zero,
 //!   4. `S^T += bf16(Vn^T) @ k` (wgmma, A from registers, B = `k` tile read transposed),
-//!   5. releases the stage (`empty`), stages `bf16(Vn)`, and writes `h` and the valid rows of
-//!      `v_new` with coalesced 16-byte stores.
+//!   5. releases the stage (`empty`), stages `bf16(Vn)`, and stores `h` and `v_new` with TMA
+//!      (one thread issues both; the tail chunk's valid `v_new` rows go out as coalesced
+//!      16-byte stores instead, since a full box would write into the next sequence).
 //!
 //! The producer runs up to `STAGES` chunks ahead, so the loads of the next chunk overlap the
 //! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
@@ -34,7 +36,7 @@ use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
-    wgmma_state, wgmma_vn, TensorMap,
+    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state, wgmma_vn, TensorMap,
 };
 
 /// Bytes of one 128-byte swizzle row (64 bf16) and of its 16-byte chunks.
@@ -49,6 +51,9 @@ const ATOM_BYTES: u32 = (SWIZZLE_ROWS as u32) * ROW_BYTES;
 /// The K-major descriptor's leading offset is unused with swizzling; 16 bytes (one unit) is the
 /// conventional value.
 const UNUSED_LEADING: u32 = 16;
+/// The consumer thread that issues the TMA stores of `h` and `v_new` (bulk async-groups are
+/// per thread, so the same thread waits for them).
+const STORE_THREAD: usize = 0;
 /// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
 const CONSUMER_BARRIER: u32 = 1;
 /// Element pairs of the wgmma accumulator per 8-column group (`d[4j .. 4j + 4]`).
@@ -135,22 +140,27 @@ impl Item {
 /// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
-/// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` maps `u` the same way. The other
-/// arguments are as for the baseline kernel.
+/// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` and `vmap` map `u` and `v_new`
+/// the same way. `hmap` maps `h` as a 3-D `[NT * H][K][V]` bf16 tensor with `[1][128][64]`
+/// boxes and the 128-byte swizzle: `h` is written through it (the `h` pointer keeps the
+/// argument list the baseline kernel's). The other arguments are as for the baseline kernel.
 ///
 /// # Safety
-/// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w` and `u`.
+/// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w`, `u`, `h`
+/// and `v_new`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _kmap: TensorMap,
     _wmap: TensorMap,
     _umap: TensorMap,
+    _hmap: TensorMap,
+    _vmap: TensorMap,
     k: *const u16,
     w: *const u16,
     u: *const u16,
     gk: *const f32,
     h0: *const f32,
-    h: *mut u16,
+    _h: *mut u16,
     v_new: *mut u16,
     ht: *mut f32,
     seqs: *const i64,
@@ -201,8 +211,9 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
         // SAFETY: the launcher's validation makes every row the producer touches exist.
         unsafe { produce(&item, smem, tid - CONSUMER_THREADS, maps, k, w, u, gk) };
     } else {
+        let maps = [param_address!("kda_fwd_h_hopper_param_3"), param_address!("kda_fwd_h_hopper_param_4")];
         // SAFETY: as above, for the consumer's loads and stores.
-        unsafe { consume(&item, smem, tid, h0, h, v_new, ht) };
+        unsafe { consume(&item, smem, tid, maps, h0, v_new, ht) };
     }
 }
 
@@ -222,9 +233,20 @@ unsafe fn produce(
     u: *const u16,
     gk: *const f32,
 ) {
-    for c in 0..item.chunks() {
+    // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + 32 i`) per lane.
+    // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
+    let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
+        let last = unsafe { gk.add(item.row(item.token_start + c * CHUNK + item.rows(c) - 1)) };
+        core::array::from_fn(|i| unsafe { *last.add(lane + 32 * i) })
+    };
+    let chunks = item.chunks();
+    let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
+    for c in 0..chunks {
         let s = c % STAGES;
         let round = (c / STAGES) as u32;
+        // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
+        // the wait for a free stage instead of delaying this chunk's TMA loads.
+        let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
         // SAFETY (block): barrier and tile addresses are inside the allocation; the rows read
         // are the chunk's valid rows of this sequence.
         unsafe {
@@ -232,12 +254,10 @@ unsafe fn produce(
             mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
             let tok0 = item.token_start + c * CHUNK;
             let rows = item.rows(c);
-            let last = gk.add(item.row(tok0 + rows - 1));
-            let mut kk = lane;
-            while kk < K_DIM {
-                st_shared_f32(smem.decay(s) + (kk * 4) as u32, exp2_approx(*last.add(kk)));
-                kk += 32;
+            for (i, &g) in gate.iter().enumerate() {
+                st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g));
             }
+            gate = next;
             let stage = smem.stage(s);
             if rows == CHUNK {
                 sync_warp();
@@ -262,6 +282,9 @@ unsafe fn produce(
         }
     }
 }
+
+/// Gate columns each producer lane reads and exponentiates per chunk.
+const GATE_PER_LANE: usize = K_DIM / 32;
 
 /// The tail epilogue's loads: the valid `rows` of a partial chunk of `k`, `w` and `u` into the
 /// 128-byte-swizzled layout TMA would have produced, zeros below them.
@@ -322,7 +345,15 @@ fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
 /// # Safety
 /// Called by the 128 consumer threads only; tensors as the kernel documents.
 #[inline(always)]
-unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u16, v_new: *mut u16, ht: *mut f32) {
+unsafe fn consume(
+    item: &Item,
+    smem: Smem,
+    tid: usize,
+    [hmap, vmap]: [u64; 2],
+    h0: *const f32,
+    v_new: *mut u16,
+    ht: *mut f32,
+) {
     const STATE_REGS: usize = K_DIM / 2; // m64n128 f32 accumulator: 64 per thread
     const VN_REGS: usize = CHUNK / 2; // m64n64 f32 accumulator: 32 per thread
     let state_base = (item.seq * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
@@ -352,6 +383,9 @@ unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u
                 for (p, x) in a.iter_mut().enumerate() {
                     *x = pack_bf16x2(s[8 * ks + 2 * p], s[8 * ks + 2 * p + 1]);
                 }
+            }
+            if tid == STORE_THREAD {
+                bulk_wait_group_read(); // the previous chunk's TMA stores have read the tiles
             }
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             for (ks, a) in a1.iter().enumerate() {
@@ -397,28 +431,37 @@ unsafe fn consume(item: &Item, smem: Smem, tid: usize, h0: *const f32, h: *mut u
             wgmma_state(&mut s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
             mbarrier_arrive(smem.empty(st));
 
-            // 5. Stage bf16(Vn), then write h and the valid rows of v_new.
+            // 5. Stage bf16(Vn), then store h and v_new with TMA; a partial chunk's v_new rows
+            //    are copied out with plain stores, since a full box would write past the
+            //    sequence's end.
             for (step, a) in a2.iter().enumerate() {
                 let (t, chunk) = matrix_row(tid, step);
                 stmatrix_x4_trans(smem.vn() + swizzled(t, chunk), *a);
             }
+            fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-            let h_base = ((item.chunk_start + c) * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
-            let mut i = tid;
-            while i < K_DIM * CHUNKS_PER_ROW {
-                let (kk, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-                let bits = ld_shared_v4(smem.h() + swizzled(kk, j));
-                st_global_v4(h.add(h_base + kk * V_DIM + j * 8), bits);
-                i += CONSUMER_THREADS;
+            if tid == STORE_THREAD {
+                let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
+                let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
+                tma_store_3d(hmap, vcol0, 0, state_row, smem.h());
+                if rows == CHUNK {
+                    tma_store_3d(vmap, vcol0, head, tok0 as i32, smem.vn());
+                }
+                bulk_commit_group();
             }
-            let mut i = tid;
-            while i < rows * CHUNKS_PER_ROW {
-                let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-                let bits = ld_shared_v4(smem.vn() + swizzled(t, j));
-                st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * 8), bits);
-                i += CONSUMER_THREADS;
+            if rows < CHUNK {
+                let mut i = tid;
+                while i < rows * CHUNKS_PER_ROW {
+                    let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+                    let bits = ld_shared_v4(smem.vn() + swizzled(t, j));
+                    st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * 8), bits);
+                    i += CONSUMER_THREADS;
+                }
             }
         }
+    }
+    if tid == STORE_THREAD {
+        bulk_wait_group(); // shared memory must outlive the stores reading it
     }
     if !ht.is_null() {
         for (e, &x) in s.iter().enumerate() {

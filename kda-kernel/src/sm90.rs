@@ -102,6 +102,50 @@ pub unsafe fn tma_load_3d(dst: u32, map: u64, c0: i32, c1: i32, c2: i32, bar: u3
     }
 }
 
+/// `cp.async.bulk.tensor.3d.global.shared::cta.bulk_group`: a TMA store of the box at shared
+/// address `src` to coordinates `(c0, c1, c2)` of the tensor map at generic address `map`, in
+/// this thread's current bulk async-group (close it with [`bulk_commit_group`]).
+///
+/// # Safety
+/// `map` is a valid tensor map in parameter, constant or global memory whose box lies inside the
+/// tensor; `src` is a shared address aligned as the map's swizzle needs, holding the box; the
+/// box's writes to shared memory are ordered before this by [`fence_proxy_async`] and a barrier;
+/// `src` is not written again before [`bulk_wait_group_read`] returns.
+#[inline(always)]
+pub unsafe fn tma_store_3d(map: u64, c0: i32, c1: i32, c2: i32, src: u32) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [{m}, {{{x}, {y}, {z}}}], [{s}];",
+            m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2, s = in(reg32) src,
+            options(nostack)
+        )
+    }
+}
+
+/// `cp.async.bulk.commit_group;`: closes this thread's current bulk async-group.
+#[inline(always)]
+pub fn bulk_commit_group() {
+    // SAFETY: no operands; an empty group is allowed.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group.read 0;`: waits until every bulk async-group this thread committed
+/// has finished reading its shared-memory source, so the staging tiles may be rewritten.
+#[inline(always)]
+pub fn bulk_wait_group_read() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group 0;`: waits until every bulk async-group this thread committed has
+/// completed, its global writes included.
+#[inline(always)]
+pub fn bulk_wait_group() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) }
+}
+
 /// `fence.proxy.async.shared::cta;`: orders this thread's ordinary shared-memory writes before
 /// later async-proxy reads (wgmma operands, TMA).
 #[inline(always)]

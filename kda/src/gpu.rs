@@ -136,7 +136,9 @@ impl Kda {
         };
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
         // with no tokens, or beyond 2^31 tokens, take the baseline kernel.
-        let hopper = hopper.filter(|_| dims.tokens > 0 && dims.tokens <= i32::MAX as usize);
+        let hopper = hopper.filter(|_| {
+            dims.tokens > 0 && dims.tokens <= i32::MAX as usize && dims.chunks * heads <= i32::MAX as usize
+        });
         let col_blocks = if hopper.is_some() { hopper::COL_BLOCKS } else { baseline::COL_BLOCKS };
         let items = dims.seqs * heads * col_blocks;
         if items == 0 {
@@ -178,6 +180,8 @@ impl Kda {
                 TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
                 TensorMapArg::tokens(w, dims.tokens, heads, K_DIM)?,
                 TensorMapArg::tokens(u, dims.tokens, heads, V_DIM)?,
+                TensorMapArg::states(h, dims.chunks * heads)?,
+                TensorMapArg::tokens(v_new, dims.tokens, heads, V_DIM)?,
             ]),
             None => None,
         };
@@ -201,13 +205,16 @@ impl Kda {
         };
         let mut launch = stream.launch_builder(func);
         if let Some(maps) = &maps {
-            launch.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]);
+            for map in maps {
+                launch.arg(map);
+            }
         }
         launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
         launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
         // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
         // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
-        // built from the same `Plan`; the tensor maps describe exactly `k`, `w` and `u`; the grid,
+        // built from the same `Plan`; the tensor maps describe exactly `k`, `w`, `u`, `h` and
+        // `v_new`, and TMA stores through them stay inside those buffers; the grid,
         // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
         // borrows, so they cannot alias the inputs.
         unsafe { launch.launch(cfg) }?;
@@ -287,11 +294,24 @@ impl TensorMapArg {
     /// wgmma operands `k` and `w` need, and which keeps the `ldmatrix` reads of `u` free of bank
     /// conflicts).
     fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
+        Self::encode(address, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
+    }
+
+    /// The tensor map of the `h` output (`[NT, H, K, V]` bf16) as a 3-D tensor `(V, K, NT * H)`,
+    /// written in `[1][K][BOX_COLS]` boxes (one CTA's `bf16(S)` for one chunk) with the 128-byte
+    /// swizzle of the kernel's staging tile.
+    fn states(address: u64, chunk_heads: usize) -> Result<Self, KdaError> {
+        Self::encode(address, [V_DIM, K_DIM, chunk_heads], [hopper::BOX_COLS, K_DIM, 1])
+    }
+
+    /// A packed, contiguous bf16 tensor of extents `dims` (innermost first) in boxes of `boxes`
+    /// elements, 128-byte swizzled.
+    fn encode(address: u64, dims: [usize; 3], boxes: [usize; 3]) -> Result<Self, KdaError> {
         use cudarc::driver::sys::*;
         const BF16_BYTES: u64 = 2;
-        let dims: [u64; 3] = [width as u64, heads as u64, tokens as u64];
-        let strides: [u64; 2] = [width as u64 * BF16_BYTES, (heads * width) as u64 * BF16_BYTES];
-        let boxes: [u32; 3] = [hopper::BOX_COLS as u32, 1, CHUNK as u32];
+        let strides: [u64; 2] = [dims[0] as u64 * BF16_BYTES, (dims[0] * dims[1]) as u64 * BF16_BYTES];
+        let dims = dims.map(|d| d as u64);
+        let boxes = boxes.map(|b| b as u32);
         let elem_strides: [u32; 3] = [1, 1, 1];
         let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
         // SAFETY: every pointer addresses a live local array of the rank's length; the driver

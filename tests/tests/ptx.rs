@@ -112,8 +112,15 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     assert!(r.registers * HOPPER_THREADS <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
     let code = sass(&cubin);
     let body = code.split("Function : ").find(|f| f.starts_with(HOPPER_KERNEL)).expect("hopper kernel in the SASS");
-    // Tensor-core MMAs of both products, TMA tile loads, and the mbarrier ring.
-    for op in ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16", "UTMALDG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
+    // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
+    for op in [
+        "HGMMA.64x64x16.F32.BF16",
+        "HGMMA.64x128x16.F32.BF16",
+        "UTMALDG.3D",
+        "UTMASTG.3D",
+        "SYNCS.ARRIVE",
+        "SYNCS.PHASECHK",
+    ] {
         assert!(body.contains(op), "hopper SASS lacks {op}");
     }
     assert!(!body.contains("CALL."), "hopper SASS holds a call");
