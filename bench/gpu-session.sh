@@ -19,8 +19,16 @@ step() { # name, timeout, command...
     echo "   rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
     tail -n 25 "$OUT/$name.txt"
 }
+# QUICK=1: the suite and the benchmark only (while iterating on the kernel's speed).
+QUICK=${QUICK:-0}
 step device 30 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 step gpu_suite 300 "$BUNDLE/gpu" --test-threads=1 --nocapture
+if [ "$QUICK" = 1 ]; then
+    step bench 240 "$BUNDLE/xtask" bench --repeat 100 --out "$OUT"
+    { for f in device gpu_suite bench; do echo "######## $f"; cat "$OUT/$f.txt"; done; } > "$OUT/session.log" 2>&1
+    rm -f "$OUT"/*.txt
+    exit 0
+fi
 step demo 60 "$BUNDLE/kda" demo
 step foreign_make 60 python3 bench/foreign_roundtrip.py make "$OUT/foreign_in.safetensors"
 step foreign_gpu 60 "$BUNDLE/kda" run --inputs "$OUT/foreign_in.safetensors" --out "$OUT/foreign_gpu.safetensors" --repeat 50

@@ -13,13 +13,15 @@
 //!   arrives on `full` itself.
 //! * **Consumer** (warps 0-3, one warpgroup): holds `S^T` (`[64 v][128 k]` f32) as a wgmma
 //!   accumulator in registers and, per chunk, waits on `full`, then
-//!   1. stages `bf16(S)` for `h` in shared memory,
-//!   2. `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
-//!   3. `S^T *= exp2(gk_last)` per key column, masks `Vn` rows past the chunk's end to zero,
-//!   4. `S^T += bf16(Vn^T) @ k` (wgmma, A from registers, B = `k` tile read transposed),
-//!   5. releases the stage (`empty`), stages `bf16(Vn)`, and stores `h` and `v_new` with TMA
-//!      (one thread issues both; the tail chunk's valid `v_new` rows go out as coalesced
-//!      16-byte stores instead, since a full box would write into the next sequence).
+//!   1. loads `u^T` into product 1's accumulator and stages `bf16(S)` for `h`,
+//!   2. decays the state (`S^T *= exp2(gk_last)` per key column) and computes
+//!      `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
+//!   3. masks `Vn` rows past the chunk's end to zero and stages `bf16(Vn)`,
+//!   4. starts `S^T += bf16(Vn^T) @ k` (wgmma, A from registers, B = `k` tile read transposed)
+//!      and, while it runs, stores `h` and `v_new` with TMA (one thread issues both; the tail
+//!      chunk's valid `v_new` rows go out as coalesced 16-byte stores instead, since a full box
+//!      would write into the next sequence),
+//!   5. waits for the product and releases the stage (`empty`).
 //!
 //! The producer runs up to `STAGES` chunks ahead, so the loads of the next chunk overlap the
 //! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
@@ -36,7 +38,8 @@ use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
-    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state, wgmma_vn, TensorMap,
+    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
+    wgmma_wait_state, wgmma_wait_vn, TensorMap,
 };
 
 /// Bytes of one 128-byte swizzle row (64 bf16) and of its 16-byte chunks.
@@ -376,24 +379,9 @@ unsafe fn consume(
         unsafe {
             mbarrier_wait(smem.full(st), ((c / STAGES) & 1) as u32);
 
-            // 1. bf16(S^T) as product 1's A fragments, and bf16(S) staged for `h`. The barrier
-            //    keeps the previous chunk's `h` copy-out from reading a half-written tile.
-            let mut a1 = [[0u32; 4]; K_DIM / 16];
-            for (ks, a) in a1.iter_mut().enumerate() {
-                for (p, x) in a.iter_mut().enumerate() {
-                    *x = pack_bf16x2(s[8 * ks + 2 * p], s[8 * ks + 2 * p + 1]);
-                }
-            }
-            if tid == STORE_THREAD {
-                bulk_wait_group_read(); // the previous chunk's TMA stores have read the tiles
-            }
-            named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-            for (ks, a) in a1.iter().enumerate() {
-                let (kk, chunk) = matrix_row(tid, ks);
-                stmatrix_x4_trans(smem.h() + swizzled(kk, chunk), *a);
-            }
-
-            // 2. Vn^T = u^T - bf16(S^T) @ w^T.
+            // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for
+            //    `h`. The barrier keeps this from overwriting the staging tile while the previous
+            //    chunk's TMA store still reads it.
             let mut vn = [0f32; VN_REGS];
             for step in 0..CHUNK / 16 {
                 let (t, chunk) = matrix_row(tid, step);
@@ -405,9 +393,24 @@ unsafe fn consume(
                     vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
                 }
             }
-            wgmma_vn(&mut vn, &a1, sw128_desc(stage + STAGE_W as u32, UNUSED_LEADING, ATOM_BYTES));
+            let mut a1 = [[0u32; 4]; K_DIM / 16];
+            for (ks, a) in a1.iter_mut().enumerate() {
+                for (p, x) in a.iter_mut().enumerate() {
+                    *x = pack_bf16x2(s[8 * ks + 2 * p], s[8 * ks + 2 * p + 1]);
+                }
+            }
+            if tid == STORE_THREAD {
+                bulk_wait_group_read();
+            }
+            named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+            for (ks, a) in a1.iter().enumerate() {
+                let (kk, chunk) = matrix_row(tid, ks);
+                stmatrix_x4_trans(smem.h() + swizzled(kk, chunk), *a);
+            }
 
-            // 3. Decay the state per key column; rows past the chunk's end leave Vn as zeros.
+            // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay
+            //    is written before the product starts: ptxas waits for an in-flight wgmma before
+            //    any write to registers a wgmma defined, the state's included.)
             for g in 0..STATE_REGS / ACC_PER_GROUP {
                 let (_, kk) = acc_coords(tid, ACC_PER_GROUP * g);
                 let [d0, d1] = ld_shared_v2_f32(smem.decay(st) + (kk * 4) as u32);
@@ -415,29 +418,31 @@ unsafe fn consume(
                     *x *= if q % 2 == 0 { d0 } else { d1 };
                 }
             }
+            wgmma_vn_start(&mut vn, &a1, sw128_desc(stage + STAGE_W as u32, UNUSED_LEADING, ATOM_BYTES));
+            wgmma_wait_vn(&mut vn);
+
+            // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) as product 2's A
+            //    fragments, also staged for `v_new`.
             for (e, x) in vn.iter_mut().enumerate() {
                 if acc_coords(tid, e).1 >= rows {
                     *x = 0.0;
                 }
             }
-
-            // 4. S^T += bf16(Vn^T) @ k.
             let mut a2 = [[0u32; 4]; CHUNK / 16];
             for (ks, a) in a2.iter_mut().enumerate() {
                 for (p, x) in a.iter_mut().enumerate() {
                     *x = pack_bf16x2(vn[8 * ks + 2 * p], vn[8 * ks + 2 * p + 1]);
                 }
             }
-            wgmma_state(&mut s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
-            mbarrier_arrive(smem.empty(st));
-
-            // 5. Stage bf16(Vn), then store h and v_new with TMA; a partial chunk's v_new rows
-            //    are copied out with plain stores, since a full box would write past the
-            //    sequence's end.
             for (step, a) in a2.iter().enumerate() {
                 let (t, chunk) = matrix_row(tid, step);
                 stmatrix_x4_trans(smem.vn() + swizzled(t, chunk), *a);
             }
+
+            // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave through TMA stores
+            //    (one thread issues both). A partial chunk's valid `v_new` rows are copied out
+            //    with plain stores instead, since a full box would write past the sequence's end.
+            wgmma_state_start(&mut s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
             fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             if tid == STORE_THREAD {
@@ -458,6 +463,8 @@ unsafe fn consume(
                     i += CONSUMER_THREADS;
                 }
             }
+            wgmma_wait_state(&mut s);
+            mbarrier_arrive(smem.empty(st));
         }
     }
     if tid == STORE_THREAD {

@@ -2,9 +2,10 @@
 //! barriers and the two warpgroup MMAs of the recurrence. Each wrapper is one instruction or one
 //! indivisible instruction sequence.
 //!
-//! The two wgmma wrappers issue their k-steps, commit and wait inside one `asm!` block: the
-//! accumulator registers are `inout` operands, and keeping the wait in the same block means the
-//! compiler never sees a register between the asynchronous write and its completion.
+//! Each product is a start (`wgmma.fence`, its k-steps, `commit_group`, one `asm!` block) and a
+//! wait (`wait_group 0`), so independent work runs while the tensor cores do. The accumulator
+//! registers are `inout` operands of both blocks; between them the caller leaves the
+//! accumulator and the A fragments alone (the functions' safety contracts).
 
 use core::arch::asm;
 
@@ -378,14 +379,16 @@ pub const fn sw128_desc(addr: u32, leading_bytes: u32, stride_bytes: u32) -> u64
 /// `wgmma.mma_async.m64n64k16.f32.bf16.bf16` with A (`bf16(S^T)`, 64 x 128) from registers and B
 /// (the `w` tile, K-major, 128-byte swizzle); `imm-scale-a = -1` negates the product. `desc`
 /// addresses the tile's first box; k-step `i` starts `OFFSETS_VN[i]` 16-byte units further (32
-/// bytes per step inside a 128-byte row, 8 KB to the second box). Commits and waits: the
-/// accumulator is final when this returns.
+/// bytes per step inside a 128-byte row, 8 KB to the second box). Commits the group and
+/// returns while the products run: [`wgmma_wait_vn`] completes them.
 ///
 /// # Safety
 /// All 128 threads of a warpgroup call this together; `desc` describes the `w` tile's two
-/// 128-byte-swizzled K-major `[64][64]` bf16 boxes, back to back in shared memory.
+/// 128-byte-swizzled K-major `[64][64]` bf16 boxes, back to back in shared memory. Until
+/// [`wgmma_wait_vn`] on `acc` returns, nothing reads or writes `acc` or `a` (their registers
+/// belong to the tensor cores) and nothing writes the tile.
 #[inline(always)]
-pub unsafe fn wgmma_vn(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
+pub unsafe fn wgmma_vn_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
         asm!(
@@ -409,7 +412,6 @@ pub unsafe fn wgmma_vn(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a7_0}, {a7_1}, {a7_2}, {a7_3}}}, b7, p, -1, 1, 0;",
             "}}",
             "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
             d0 = inout(reg32) acc[0],
             d1 = inout(reg32) acc[1],
             d2 = inout(reg32) acc[2],
@@ -485,13 +487,15 @@ pub unsafe fn wgmma_vn(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
 /// `wgmma.mma_async.m64n128k16.f32.bf16.bf16` with A (`bf16(Vn^T)`, 64 x 64) from registers and
 /// B (the `k` tile `[64 t][128 k]`, MN-major, read transposed: `imm-trans-b = 1`). `desc`
 /// addresses the tile's first 16 token rows; k-step `i` starts 2 KB (16 rows of 128 bytes)
-/// further. Commits and waits.
+/// further. Commits the group and returns while the products run: [`wgmma_wait_state`]
+/// completes them.
 ///
 /// # Safety
 /// All 128 threads of a warpgroup call this together; `desc` describes the `k` tile's two
-/// 128-byte-swizzled boxes (leading offset: the box size).
+/// 128-byte-swizzled boxes (leading offset: the box size). Until [`wgmma_wait_state`] on `acc`
+/// returns, nothing reads or writes `acc` or `a` and nothing writes the tile.
 #[inline(always)]
-pub unsafe fn wgmma_state(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
+pub unsafe fn wgmma_state_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
         asm!(
@@ -507,7 +511,6 @@ pub unsafe fn wgmma_state(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {{{a3_0}, {a3_1}, {a3_2}, {a3_3}}}, b3, p, 1, 1, 1;",
             "}}",
             "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
             d0 = inout(reg32) acc[0],
             d1 = inout(reg32) acc[1],
             d2 = inout(reg32) acc[2],
@@ -590,6 +593,138 @@ pub unsafe fn wgmma_state(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
             a3_3 = in(reg32) a[3][3],
             desc = in(reg64) desc,
             one = in(reg32) 1u32,
+            options(nostack),
+        );
+    }
+}
+
+/// `wgmma.wait_group.sync.aligned 0;` for [`wgmma_vn_start`]: returns once its products have
+/// written `acc`. The accumulator registers are operands (named in a PTX comment), so the
+/// compiler keeps them untouched between the start and this wait.
+///
+/// # Safety
+/// The warpgroup's 128 threads call this together, after [`wgmma_vn_start`] on the same `acc`.
+#[inline(always)]
+pub unsafe fn wgmma_wait_vn(acc: &mut [f32; 32]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "wgmma.wait_group.sync.aligned 0;",
+            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15} {d16} {d17} {d18} {d19} {d20} {d21} {d22} {d23} {d24} {d25} {d26} {d27} {d28} {d29} {d30} {d31}",
+            d0 = inout(reg32) acc[0],
+            d1 = inout(reg32) acc[1],
+            d2 = inout(reg32) acc[2],
+            d3 = inout(reg32) acc[3],
+            d4 = inout(reg32) acc[4],
+            d5 = inout(reg32) acc[5],
+            d6 = inout(reg32) acc[6],
+            d7 = inout(reg32) acc[7],
+            d8 = inout(reg32) acc[8],
+            d9 = inout(reg32) acc[9],
+            d10 = inout(reg32) acc[10],
+            d11 = inout(reg32) acc[11],
+            d12 = inout(reg32) acc[12],
+            d13 = inout(reg32) acc[13],
+            d14 = inout(reg32) acc[14],
+            d15 = inout(reg32) acc[15],
+            d16 = inout(reg32) acc[16],
+            d17 = inout(reg32) acc[17],
+            d18 = inout(reg32) acc[18],
+            d19 = inout(reg32) acc[19],
+            d20 = inout(reg32) acc[20],
+            d21 = inout(reg32) acc[21],
+            d22 = inout(reg32) acc[22],
+            d23 = inout(reg32) acc[23],
+            d24 = inout(reg32) acc[24],
+            d25 = inout(reg32) acc[25],
+            d26 = inout(reg32) acc[26],
+            d27 = inout(reg32) acc[27],
+            d28 = inout(reg32) acc[28],
+            d29 = inout(reg32) acc[29],
+            d30 = inout(reg32) acc[30],
+            d31 = inout(reg32) acc[31],
+            options(nostack),
+        );
+    }
+}
+
+/// `wgmma.wait_group.sync.aligned 0;` for [`wgmma_state_start`]: returns once its products have
+/// written `acc`. The accumulator registers are operands (named in a PTX comment), so the
+/// compiler keeps them untouched between the start and this wait.
+///
+/// # Safety
+/// The warpgroup's 128 threads call this together, after [`wgmma_state_start`] on the same `acc`.
+#[inline(always)]
+pub unsafe fn wgmma_wait_state(acc: &mut [f32; 64]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "wgmma.wait_group.sync.aligned 0;",
+            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15} {d16} {d17} {d18} {d19} {d20} {d21} {d22} {d23} {d24} {d25} {d26} {d27} {d28} {d29} {d30} {d31} {d32} {d33} {d34} {d35} {d36} {d37} {d38} {d39} {d40} {d41} {d42} {d43} {d44} {d45} {d46} {d47} {d48} {d49} {d50} {d51} {d52} {d53} {d54} {d55} {d56} {d57} {d58} {d59} {d60} {d61} {d62} {d63}",
+            d0 = inout(reg32) acc[0],
+            d1 = inout(reg32) acc[1],
+            d2 = inout(reg32) acc[2],
+            d3 = inout(reg32) acc[3],
+            d4 = inout(reg32) acc[4],
+            d5 = inout(reg32) acc[5],
+            d6 = inout(reg32) acc[6],
+            d7 = inout(reg32) acc[7],
+            d8 = inout(reg32) acc[8],
+            d9 = inout(reg32) acc[9],
+            d10 = inout(reg32) acc[10],
+            d11 = inout(reg32) acc[11],
+            d12 = inout(reg32) acc[12],
+            d13 = inout(reg32) acc[13],
+            d14 = inout(reg32) acc[14],
+            d15 = inout(reg32) acc[15],
+            d16 = inout(reg32) acc[16],
+            d17 = inout(reg32) acc[17],
+            d18 = inout(reg32) acc[18],
+            d19 = inout(reg32) acc[19],
+            d20 = inout(reg32) acc[20],
+            d21 = inout(reg32) acc[21],
+            d22 = inout(reg32) acc[22],
+            d23 = inout(reg32) acc[23],
+            d24 = inout(reg32) acc[24],
+            d25 = inout(reg32) acc[25],
+            d26 = inout(reg32) acc[26],
+            d27 = inout(reg32) acc[27],
+            d28 = inout(reg32) acc[28],
+            d29 = inout(reg32) acc[29],
+            d30 = inout(reg32) acc[30],
+            d31 = inout(reg32) acc[31],
+            d32 = inout(reg32) acc[32],
+            d33 = inout(reg32) acc[33],
+            d34 = inout(reg32) acc[34],
+            d35 = inout(reg32) acc[35],
+            d36 = inout(reg32) acc[36],
+            d37 = inout(reg32) acc[37],
+            d38 = inout(reg32) acc[38],
+            d39 = inout(reg32) acc[39],
+            d40 = inout(reg32) acc[40],
+            d41 = inout(reg32) acc[41],
+            d42 = inout(reg32) acc[42],
+            d43 = inout(reg32) acc[43],
+            d44 = inout(reg32) acc[44],
+            d45 = inout(reg32) acc[45],
+            d46 = inout(reg32) acc[46],
+            d47 = inout(reg32) acc[47],
+            d48 = inout(reg32) acc[48],
+            d49 = inout(reg32) acc[49],
+            d50 = inout(reg32) acc[50],
+            d51 = inout(reg32) acc[51],
+            d52 = inout(reg32) acc[52],
+            d53 = inout(reg32) acc[53],
+            d54 = inout(reg32) acc[54],
+            d55 = inout(reg32) acc[55],
+            d56 = inout(reg32) acc[56],
+            d57 = inout(reg32) acc[57],
+            d58 = inout(reg32) acc[58],
+            d59 = inout(reg32) acc[59],
+            d60 = inout(reg32) acc[60],
+            d61 = inout(reg32) acc[61],
+            d62 = inout(reg32) acc[62],
+            d63 = inout(reg32) acc[63],
             options(nostack),
         );
     }

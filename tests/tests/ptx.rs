@@ -110,6 +110,11 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     println!("sm_90a {HOPPER_KERNEL}: {r:?}");
     assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
     assert!(r.registers * HOPPER_THREADS <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
+    // ptxas reports (C7517, C7515) when it had to add a wgmma wait or serialize the wgmma
+    // pipeline: the kernel's overlap of stores with the MMAs would then be gone.
+    for note in ["warpgroup.wait is injected", "wgmma.mma_async instructions are serialized"] {
+        assert!(!report.contains(note), "ptxas: {note}:\n{report}");
+    }
     let code = sass(&cubin);
     let body = code.split("Function : ").find(|f| f.starts_with(HOPPER_KERNEL)).expect("hopper kernel in the SASS");
     // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
