@@ -99,7 +99,7 @@ fn build_ptx(device: &Path, target_dir: &Path, cpu: &str, ptx_path: &Path) {
 /// `__grid_constant__ CUtensorMap`), so the driver places them on 64-byte boundaries.
 fn align_tensor_map_params(ptx_path: &Path) {
     const KERNEL: &str = "kda_fwd_h_hopper";
-    const MAPS: usize = 5;
+    const MAPS: usize = 8;
     let ptx = std::fs::read_to_string(ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
     let mut out = ptx.clone();
     for i in 0..MAPS {

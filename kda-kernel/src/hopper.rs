@@ -8,9 +8,9 @@
 //!   `k` and `w` tiles (`[64][128]`, two 128-byte-swizzled boxes each) and this CTA's `u` tile
 //!   (`[64][64]`) with TMA, completing the stage's `full` mbarrier by transaction count. The
 //!   sequence's partial last chunk is the **tail epilogue**: a full-tile TMA box there would
-//!   read the next sequence's tokens, so the producer warp copies only the valid rows with
-//!   16-byte loads into the same swizzled layout, zero-fills the rest, fences the async proxy and
-//!   arrives on `full` itself.
+//!   read the next sequence's tokens, so the producer warp loads only the valid rows, one-row
+//!   TMA boxes spread over its lanes, into the same swizzled layout, and zeroes the `k` rows
+//!   past the end.
 //! * **Consumer** (warps 0-3, one warpgroup): holds `S^T` (`[64 v][128 k]` f32) as a wgmma
 //!   accumulator in registers and, per chunk, waits on `full`, then
 //!   1. loads `u^T` into product 1's accumulator and stages `bf16(S)` for `h`,
@@ -35,7 +35,7 @@ use crate::layout::hopper::{
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 use crate::param_address;
 use crate::sm90::{
-    fence_mbarrier_init, fence_proxy_async, ld_global_nc_v4, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
+    fence_mbarrier_init, fence_proxy_async, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
@@ -144,9 +144,11 @@ impl Item {
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
 /// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` and `vmap` map `u` and `v_new`
-/// the same way. `hmap` maps `h` as a 3-D `[NT * H][K][V]` bf16 tensor with `[1][128][64]`
-/// boxes and the 128-byte swizzle: `h` is written through it (the `h` pointer keeps the
-/// argument list the baseline kernel's). The other arguments are as for the baseline kernel.
+/// the same way. `krowmap`, `wrowmap` and `urowmap` map `k`, `w` and `u` in one-token boxes
+/// (`[1][1][64]`) for tail chunks. `hmap` maps `h` as a 3-D `[NT * H][K][V]` bf16 tensor with
+/// `[1][128][64]` boxes and the 128-byte swizzle. The tensors are read and written through the
+/// maps; their pointers keep the argument list the baseline kernel's. The other arguments are
+/// as for the baseline kernel.
 ///
 /// # Safety
 /// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w`, `u`, `h`
@@ -156,11 +158,14 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _kmap: TensorMap,
     _wmap: TensorMap,
     _umap: TensorMap,
+    _krowmap: TensorMap,
+    _wrowmap: TensorMap,
+    _urowmap: TensorMap,
     _hmap: TensorMap,
     _vmap: TensorMap,
-    k: *const u16,
-    w: *const u16,
-    u: *const u16,
+    _k: *const u16,
+    _w: *const u16,
+    _u: *const u16,
     gk: *const f32,
     h0: *const f32,
     _h: *mut u16,
@@ -206,15 +211,18 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     unsafe { sync_threads() };
 
     if tid >= CONSUMER_THREADS {
-        let maps = [
-            param_address!("kda_fwd_h_hopper_param_0"),
-            param_address!("kda_fwd_h_hopper_param_1"),
-            param_address!("kda_fwd_h_hopper_param_2"),
-        ];
+        let maps = LoadMaps {
+            k: param_address!("kda_fwd_h_hopper_param_0"),
+            w: param_address!("kda_fwd_h_hopper_param_1"),
+            u: param_address!("kda_fwd_h_hopper_param_2"),
+            k_row: param_address!("kda_fwd_h_hopper_param_3"),
+            w_row: param_address!("kda_fwd_h_hopper_param_4"),
+            u_row: param_address!("kda_fwd_h_hopper_param_5"),
+        };
         // SAFETY: the launcher's validation makes every row the producer touches exist.
-        unsafe { produce(&item, smem, tid - CONSUMER_THREADS, maps, k, w, u, gk) };
+        unsafe { produce(&item, smem, tid - CONSUMER_THREADS, maps, gk) };
     } else {
-        let maps = [param_address!("kda_fwd_h_hopper_param_3"), param_address!("kda_fwd_h_hopper_param_4")];
+        let maps = [param_address!("kda_fwd_h_hopper_param_6"), param_address!("kda_fwd_h_hopper_param_7")];
         // SAFETY: as above, for the consumer's loads and stores.
         unsafe { consume(&item, smem, tid, maps, h0, v_new, ht) };
     }
@@ -225,17 +233,7 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
 /// # Safety
 /// Called by the 32 lanes of the producer warp only; tensors as the kernel documents.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn produce(
-    item: &Item,
-    smem: Smem,
-    lane: usize,
-    [kmap, wmap, umap]: [u64; 3],
-    k: *const u16,
-    w: *const u16,
-    u: *const u16,
-    gk: *const f32,
-) {
+unsafe fn produce(item: &Item, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
     // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + 32 i`) per lane.
     // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
     let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
@@ -244,14 +242,15 @@ unsafe fn produce(
     };
     let chunks = item.chunks();
     let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
+    let hd = item.head as i32;
     for c in 0..chunks {
         let s = c % STAGES;
         let round = (c / STAGES) as u32;
         // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
         // the wait for a free stage instead of delaying this chunk's TMA loads.
         let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
-        // SAFETY (block): barrier and tile addresses are inside the allocation; the rows read
-        // are the chunk's valid rows of this sequence.
+        // SAFETY (block): barrier and tile addresses are inside the allocation; every box read
+        // lies inside the chunk's valid rows of this sequence.
         unsafe {
             // A fresh barrier counts as having completed the phase before its first (parity 1).
             mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
@@ -266,68 +265,71 @@ unsafe fn produce(
                 sync_warp();
                 if lane == 0 {
                     mbarrier_arrive_expect_tx(smem.full(s), STAGE_TX_BYTES);
-                    let (t, hd) = (tok0 as i32, item.head as i32);
+                    let t = tok0 as i32;
                     for b in 0..KEY_BOXES {
                         let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
-                        tma_load_3d(stage + STAGE_K as u32 + off, kmap, col, hd, t, smem.full(s));
-                        tma_load_3d(stage + STAGE_W as u32 + off, wmap, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, smem.full(s));
                     }
-                    tma_load_3d(stage + STAGE_U as u32, umap, item.vcol0 as i32, hd, t, smem.full(s));
+                    tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s));
                 }
             } else {
-                copy_tail(item, stage, lane, tok0, rows, k, w, u);
+                // Tail epilogue: one-row boxes for the valid rows only (the 128-byte swizzle
+                // follows the shared address, so row `r` at `tile + 128 r` lands exactly where
+                // the full box would put it). `k` rows past the end are zeroed: product 2 reads
+                // them (times zero columns of Vn^T, which would still turn stale NaNs into NaN);
+                // `w` and `u` rows there only reach Vn rows that the consumer masks to zero.
+                zero_key_rows(stage + STAGE_K as u32, rows, lane);
                 fence_proxy_async();
                 sync_warp();
                 if lane == 0 {
-                    mbarrier_arrive(smem.full(s));
+                    mbarrier_arrive_expect_tx(smem.full(s), rows as u32 * ROW_TX_BYTES);
+                }
+                sync_warp();
+                let mut r = lane;
+                while r < rows {
+                    let (t, off) = ((tok0 + r) as i32, r as u32 * ROW_BYTES);
+                    for b in 0..KEY_BOXES {
+                        let (col, bo) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32 + off);
+                        tma_load_3d(stage + STAGE_K as u32 + bo, maps.k_row, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_W as u32 + bo, maps.w_row, col, hd, t, smem.full(s));
+                    }
+                    tma_load_3d(stage + STAGE_U as u32 + off, maps.u_row, item.vcol0 as i32, hd, t, smem.full(s));
+                    r += 32;
                 }
             }
         }
     }
 }
 
+/// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
+/// one-row boxes for tail chunks.
+#[derive(Clone, Copy)]
+struct LoadMaps {
+    k: u64,
+    w: u64,
+    u: u64,
+    k_row: u64,
+    w_row: u64,
+    u_row: u64,
+}
+
 /// Gate columns each producer lane reads and exponentiates per chunk.
 const GATE_PER_LANE: usize = K_DIM / 32;
+/// Bytes the one-row boxes of one tail row deliver: `k` and `w` (128 columns each) and `u` (`BV`).
+const ROW_TX_BYTES: u32 = ((2 * K_DIM + BV) * 2) as u32;
 
-/// The tail epilogue's loads: the valid `rows` of a partial chunk of `k`, `w` and `u` into the
-/// 128-byte-swizzled layout TMA would have produced, zeros below them.
+/// Zeroes rows `rows..CHUNK` of both boxes of a `k` tile.
 ///
 /// # Safety
-/// Producer lanes only; tokens `tok0 .. tok0 + rows` exist; `stage` is a free ring stage.
+/// Producer lanes only; `tile` is the `k` tile of a free ring stage.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn copy_tail(
-    item: &Item,
-    stage: u32,
-    lane: usize,
-    tok0: usize,
-    rows: usize,
-    k: *const u16,
-    w: *const u16,
-    u: *const u16,
-) {
-    const PER_KEY_ROW: usize = KEY_BOXES * CHUNKS_PER_ROW;
-    let mut i = lane;
-    while i < CHUNK * PER_KEY_ROW {
-        let (t, b, j) = (i / PER_KEY_ROW, (i % PER_KEY_ROW) / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-        let dst = (b * BOX_BYTES) as u32 + swizzled(t, j);
-        let src = item.row(tok0 + t) + b * BOX_COLS + j * 8;
-        // SAFETY: rows below `rows` exist (see the contract); others are not read.
-        unsafe {
-            let (kv, wv) = if t < rows { (ld_global_nc_v4(k.add(src)), ld_global_nc_v4(w.add(src))) } else { ([0; 4], [0; 4]) };
-            st_shared_v4(stage + STAGE_K as u32 + dst, kv);
-            st_shared_v4(stage + STAGE_W as u32 + dst, wv);
-        }
-        i += 32;
-    }
-    let mut i = lane;
+unsafe fn zero_key_rows(tile: u32, rows: usize, lane: usize) {
+    let mut i = rows * CHUNKS_PER_ROW + lane;
     while i < CHUNK * CHUNKS_PER_ROW {
-        let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-        let src = (tok0 + t) * item.heads * V_DIM + item.head * V_DIM + item.vcol0 + j * 8;
-        // SAFETY: as above.
-        unsafe {
-            let uv = if t < rows { ld_global_nc_v4(u.add(src)) } else { [0; 4] };
-            st_shared_v4(stage + STAGE_U as u32 + swizzled(t, j), uv);
+        for b in 0..KEY_BOXES {
+            // SAFETY: inside the tile (row < CHUNK); see the function's contract.
+            unsafe { st_shared_v4(tile + (b * BOX_BYTES) as u32 + (i as u32) * CHUNK16, [0; 4]) };
         }
         i += 32;
     }

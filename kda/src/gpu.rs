@@ -180,6 +180,9 @@ impl Kda {
                 TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
                 TensorMapArg::tokens(w, dims.tokens, heads, K_DIM)?,
                 TensorMapArg::tokens(u, dims.tokens, heads, V_DIM)?,
+                TensorMapArg::rows(k, dims.tokens, heads, K_DIM)?,
+                TensorMapArg::rows(w, dims.tokens, heads, K_DIM)?,
+                TensorMapArg::rows(u, dims.tokens, heads, V_DIM)?,
                 TensorMapArg::states(h, dims.chunks * heads)?,
                 TensorMapArg::tokens(v_new, dims.tokens, heads, V_DIM)?,
             ]),
@@ -295,6 +298,11 @@ impl TensorMapArg {
     /// conflicts).
     fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
         Self::encode(address, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
+    }
+
+    /// As [`Self::tokens`], in one-token boxes: the tail chunk's valid rows, one TMA each.
+    fn rows(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
+        Self::encode(address, [width, heads, tokens], [hopper::BOX_COLS, 1, 1])
     }
 
     /// The tensor map of the `h` output (`[NT, H, K, V]` bf16) as a 3-D tensor `(V, K, NT * H)`,
