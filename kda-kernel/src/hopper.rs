@@ -27,15 +27,15 @@
 //! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
 //! the math or written.
 
-use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, smem_base_shared, sync_threads, thread_idx_x};
+use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, grid_dim_x, smem_base_shared, sync_threads, thread_idx_x};
 use crate::layout::hopper::{
-    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H,
+    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
     SMEM_VN, STAGES, STAGE_BYTES, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
 };
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 use crate::param_address;
 use crate::sm90::{
-    fence_mbarrier_init, fence_proxy_async, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
+    fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
@@ -110,6 +110,57 @@ impl Smem {
     fn empty(self, s: usize) -> u32 {
         self.base + (SMEM_BARRIERS + (STAGES + s) * 8) as u32
     }
+    fn h0(self) -> u32 {
+        self.base + SMEM_H0 as u32
+    }
+    fn h0_full(self) -> u32 {
+        self.base + (SMEM_BARRIERS + 2 * STAGES * 8) as u32
+    }
+    fn h0_empty(self) -> u32 {
+        self.base + (SMEM_BARRIERS + (2 * STAGES + 1) * 8) as u32
+    }
+}
+
+/// This CTA's list of work items (a slice of the launcher's schedule), read by both roles.
+struct Work {
+    /// The schedule's items; this CTA runs `list[first..end]`.
+    list: *const u32,
+    first: usize,
+    end: usize,
+    seqs: *const i64,
+    heads: usize,
+}
+
+impl Work {
+    /// Items in this CTA's list.
+    fn len(&self) -> usize {
+        self.end - self.first
+    }
+
+    /// The `n`-th item of this CTA's list. An item `(seq * heads + head) * COL_BLOCKS + block`
+    /// is one column block of one head of one sequence.
+    ///
+    /// # Safety
+    /// `n < self.len()`; the schedule names only sequences of the plan, whose descriptors
+    /// `seqs` holds.
+    #[inline(always)]
+    unsafe fn item(&self, n: usize) -> Item {
+        // SAFETY: see the function's contract.
+        unsafe {
+            let id = *self.list.add(self.first + n) as usize;
+            let (seq, head) = (id / (COL_BLOCKS * self.heads), (id / COL_BLOCKS) % self.heads);
+            let d = self.seqs.add(seq * SEQ_DESC_WORDS);
+            Item {
+                token_start: *d.add(DESC_TOKEN_START) as usize,
+                len: *d.add(DESC_LEN) as usize,
+                chunk_start: *d.add(DESC_CHUNK_START) as usize,
+                seq,
+                head,
+                heads: self.heads,
+                vcol0: (id % COL_BLOCKS) * BV,
+            }
+        }
+    }
 }
 
 /// What every role needs to know about its work item.
@@ -128,6 +179,10 @@ struct Item {
 impl Item {
     fn chunks(&self) -> usize {
         self.len.div_ceil(CHUNK)
+    }
+    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
+    fn state_row(&self) -> usize {
+        self.seq * self.heads + self.head
     }
     /// Valid rows of chunk `c`.
     fn rows(&self, c: usize) -> usize {
@@ -163,6 +218,7 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _urowmap: TensorMap,
     _hmap: TensorMap,
     _vmap: TensorMap,
+    _h0map: TensorMap,
     _k: *const u16,
     _w: *const u16,
     _u: *const u16,
@@ -173,37 +229,33 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     ht: *mut f32,
     seqs: *const i64,
     heads: u32,
+    work: *const u32,
 ) {
     if heads == 0 {
         return; // never launched so; makes the `% heads` below provably safe
     }
-    let heads = heads as usize;
-    let block = block_idx_x();
-    let vblock = block % COL_BLOCKS;
-    let head = (block / COL_BLOCKS) % heads;
-    let seq = block / (COL_BLOCKS * heads);
-    // SAFETY: the launcher sizes the grid to the plan's sequences, whose descriptors are here.
-    let item = unsafe {
-        let d = seqs.add(seq * SEQ_DESC_WORDS);
-        Item {
-            token_start: *d.add(DESC_TOKEN_START) as usize,
-            len: *d.add(DESC_LEN) as usize,
-            chunk_start: *d.add(DESC_CHUNK_START) as usize,
-            seq,
-            head,
-            heads,
-            vcol0: vblock * BV,
+    let worker = block_idx_x();
+    // SAFETY: the launcher sizes the grid to the schedule's workers; `work` is its table.
+    let work = unsafe {
+        Work {
+            list: work.add(grid_dim_x() + 1),
+            first: *work.add(worker) as usize,
+            end: *work.add(worker + 1) as usize,
+            seqs,
+            heads: heads as usize,
         }
     };
     let smem = Smem { base: smem_base_shared() };
     let tid = thread_idx_x();
     if tid == 0 {
-        for s in 0..STAGES {
-            // SAFETY: barrier slots inside the allocation; published by the CTA barrier below.
-            unsafe {
+        // SAFETY: barrier slots inside the allocation; published by the CTA barrier below.
+        unsafe {
+            for s in 0..STAGES {
                 mbarrier_init(smem.full(s), 1);
                 mbarrier_init(smem.empty(s), CONSUMER_THREADS as u32);
             }
+            mbarrier_init(smem.h0_full(), 1);
+            mbarrier_init(smem.h0_empty(), CONSUMER_THREADS as u32);
         }
         fence_mbarrier_init();
     }
@@ -218,22 +270,51 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
             k_row: param_address!("kda_fwd_h_hopper_param_3"),
             w_row: param_address!("kda_fwd_h_hopper_param_4"),
             u_row: param_address!("kda_fwd_h_hopper_param_5"),
+            h0: if h0.is_null() { None } else { Some(param_address!("kda_fwd_h_hopper_param_8")) },
         };
         // SAFETY: the launcher's validation makes every row the producer touches exist.
-        unsafe { produce(&item, smem, tid - CONSUMER_THREADS, maps, gk) };
+        unsafe { produce(&work, smem, tid - CONSUMER_THREADS, maps, gk) };
     } else {
         let maps = [param_address!("kda_fwd_h_hopper_param_6"), param_address!("kda_fwd_h_hopper_param_7")];
         // SAFETY: as above, for the consumer's loads and stores.
-        unsafe { consume(&item, smem, tid, maps, h0, v_new, ht) };
+        unsafe { consume(&work, smem, tid, maps, !h0.is_null(), v_new, ht) };
     }
 }
 
-/// The producer warp's loop over the item's chunks.
+/// The producer warp's loop over this CTA's items and their chunks. The ring position runs on
+/// across items, so the next item's initial state and first chunks load while the consumer still
+/// works on the current item.
 ///
 /// # Safety
 /// Called by the 32 lanes of the producer warp only; tensors as the kernel documents.
 #[inline(always)]
-unsafe fn produce(item: &Item, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
+unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
+    let mut ring = 0usize; // chunks loaded so far: the ring stage and its round
+    for n in 0..work.len() {
+        // SAFETY: n < len.
+        let item = unsafe { work.item(n) };
+        if let Some(h0map) = maps.h0 {
+            // SAFETY: the slot is free once the consumer read the previous item's state (a
+            // fresh barrier counts as having completed the phase before its first).
+            unsafe {
+                mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
+                if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
+                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row() as i32, smem.h0_full());
+                }
+            }
+        }
+        // SAFETY: as this function's.
+        unsafe { produce_chunks(&item, smem, lane, &maps, gk, &mut ring) };
+    }
+}
+
+/// The producer's loads of one item's chunks, from ring position `ring` on.
+///
+/// # Safety
+/// As for [`produce`].
+#[inline(always)]
+unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, gk: *const f32, ring: &mut usize) {
     // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + 32 i`) per lane.
     // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
     let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
@@ -244,8 +325,9 @@ unsafe fn produce(item: &Item, smem: Smem, lane: usize, maps: LoadMaps, gk: *con
     let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
     let hd = item.head as i32;
     for c in 0..chunks {
-        let s = c % STAGES;
-        let round = (c / STAGES) as u32;
+        let s = *ring % STAGES;
+        let round = (*ring / STAGES) as u32;
+        *ring += 1;
         // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
         // the wait for a free stage instead of delaying this chunk's TMA loads.
         let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
@@ -312,10 +394,14 @@ struct LoadMaps {
     k_row: u64,
     w_row: u64,
     u_row: u64,
+    /// `h0` in `[1][K][BV]` f32 boxes, when the launch has initial states.
+    h0: Option<u64>,
 }
 
 /// Gate columns each producer lane reads and exponentiates per chunk.
 const GATE_PER_LANE: usize = K_DIM / 32;
+/// Bytes of one item's initial state block (`[K][BV]` f32).
+const H0_TX_BYTES: u32 = (K_DIM * BV * 4) as u32;
 /// Bytes the one-row boxes of one tail row deliver: `k` and `w` (128 columns each) and `u` (`BV`).
 const ROW_TX_BYTES: u32 = ((2 * K_DIM + BV) * 2) as u32;
 
@@ -345,33 +431,68 @@ fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
     (16 * warp + lane / QUAD + 8 * (q / 2), 8 * j + 2 * (lane % QUAD) + q % 2)
 }
 
-/// The consumer warpgroup's loop over the item's chunks.
+/// The consumer warpgroup's loop over this CTA's items: per item, the initial state from the
+/// producer's `h0` slot (or zeros), the chunks, and the final state.
 ///
 /// # Safety
 /// Called by the 128 consumer threads only; tensors as the kernel documents.
 #[inline(always)]
-unsafe fn consume(
-    item: &Item,
-    smem: Smem,
-    tid: usize,
-    [hmap, vmap]: [u64; 2],
-    h0: *const f32,
-    v_new: *mut u16,
-    ht: *mut f32,
-) {
-    const STATE_REGS: usize = K_DIM / 2; // m64n128 f32 accumulator: 64 per thread
-    const VN_REGS: usize = CHUNK / 2; // m64n64 f32 accumulator: 32 per thread
-    let state_base = (item.seq * item.heads + item.head) * K_DIM * V_DIM + item.vcol0;
-    let mut s = [0f32; STATE_REGS];
-    if !h0.is_null() {
-        for (e, x) in s.iter_mut().enumerate() {
-            let (v, kk) = acc_coords(tid, e);
-            // SAFETY: h0 holds [N][H][K][V]; (kk, vcol0 + v) is inside this item's state.
-            *x = unsafe { *h0.add(state_base + kk * V_DIM + v) };
+unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: bool, v_new: *mut u16, ht: *mut f32) {
+    let mut ring = 0usize; // chunks consumed so far: the ring stage and its round
+    for n in 0..work.len() {
+        // SAFETY: n < len.
+        let item = unsafe { work.item(n) };
+        let mut s = [0f32; STATE_REGS];
+        if has_h0 {
+            // SAFETY: the slot holds this item's `[K][BV]` f32 block once `h0_full` completes
+            // phase `n`; the consumer releases it right after reading.
+            unsafe {
+                mbarrier_wait(smem.h0_full(), (n & 1) as u32);
+                for (e, x) in s.iter_mut().enumerate() {
+                    let (v, kk) = acc_coords(tid, e);
+                    *x = ld_shared_f32(smem.h0() + ((kk * BV + v) * 4) as u32);
+                }
+                mbarrier_arrive(smem.h0_empty());
+            }
+        }
+        // SAFETY: as this function's.
+        unsafe { consume_chunks(&item, smem, maps, v_new, &mut s, &mut ring) };
+        if !ht.is_null() {
+            let tid = thread_idx_x_fresh();
+            let base = item.state_row() * K_DIM * V_DIM + item.vcol0;
+            for (e, &x) in s.iter().enumerate() {
+                let (v, kk) = acc_coords(tid, e);
+                // SAFETY: ht holds [N][H][K][V]; (kk, vcol0 + v) is inside this item's state.
+                unsafe { *ht.add(base + kk * V_DIM + v) = x };
+            }
         }
     }
+    if tid == STORE_THREAD {
+        bulk_wait_group(); // shared memory must outlive the stores reading it
+    }
+}
+
+/// f32 registers of the state `S^T` per consumer thread (the m64n128 accumulator).
+const STATE_REGS: usize = K_DIM / 2;
+/// f32 registers of `Vn^T` per consumer thread (the m64n64 accumulator).
+const VN_REGS: usize = CHUNK / 2;
+
+/// The consumer's chunks of one item, from ring position `ring` on, updating the state `s`.
+///
+/// # Safety
+/// As for [`consume`].
+#[inline(always)]
+unsafe fn consume_chunks(
+    item: &Item,
+    smem: Smem,
+    [hmap, vmap]: [u64; 2],
+    v_new: *mut u16,
+    s: &mut [f32; STATE_REGS],
+    ring: &mut usize,
+) {
     for c in 0..item.chunks() {
-        let st = c % STAGES;
+        let (st, round) = (*ring % STAGES, *ring / STAGES);
+        *ring += 1;
         let stage = smem.stage(st);
         let rows = item.rows(c);
         let tok0 = item.token_start + c * CHUNK;
@@ -379,7 +500,7 @@ unsafe fn consume(
         // SAFETY (block): shared addresses are inside the allocation's tiles; global stores are
         // this item's rows of `h` and the chunk's valid rows of `v_new`.
         unsafe {
-            mbarrier_wait(smem.full(st), ((c / STAGES) & 1) as u32);
+            mbarrier_wait(smem.full(st), (round & 1) as u32);
 
             // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for
             //    `h`. The barrier keeps this from overwriting the staging tile while the previous
@@ -444,7 +565,7 @@ unsafe fn consume(
             // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave through TMA stores
             //    (one thread issues both). A partial chunk's valid `v_new` rows are copied out
             //    with plain stores instead, since a full box would write past the sequence's end.
-            wgmma_state_start(&mut s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
+            wgmma_state_start(s, &a2, sw128_desc(stage + STAGE_K as u32, BOX_BYTES as u32, ATOM_BYTES));
             fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             if tid == STORE_THREAD {
@@ -465,18 +586,8 @@ unsafe fn consume(
                     i += CONSUMER_THREADS;
                 }
             }
-            wgmma_wait_state(&mut s);
+            wgmma_wait_state(s);
             mbarrier_arrive(smem.empty(st));
-        }
-    }
-    if tid == STORE_THREAD {
-        bulk_wait_group(); // shared memory must outlive the stores reading it
-    }
-    if !ht.is_null() {
-        for (e, &x) in s.iter().enumerate() {
-            let (v, kk) = acc_coords(tid, e);
-            // SAFETY: as for h0.
-            unsafe { *ht.add(state_base + kk * V_DIM + v) = x };
         }
     }
 }

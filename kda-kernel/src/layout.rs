@@ -115,12 +115,24 @@ pub mod hopper {
     pub const SMEM_H: usize = SMEM_DECAY + STAGES * K_DIM * 4;
     /// Offset of the `bf16(Vn)` staging tile (`[CHUNK][BV]`) the `v_new` stores read.
     pub const SMEM_VN: usize = SMEM_H + K_DIM * BV * 2;
-    /// Offset of the mbarriers: `full[STAGES]` then `empty[STAGES]`, 8 bytes each.
-    pub const SMEM_BARRIERS: usize = SMEM_VN + CHUNK * BV * 2;
+    /// Offset of the slot the producer loads the next item's initial state into (`[K][BV]`
+    /// f32, unswizzled): the consumer starts an item from shared memory instead of waiting on
+    /// a global load of 32 KB.
+    pub const SMEM_H0: usize = SMEM_VN + CHUNK * BV * 2;
+    /// Offset of the mbarriers, 8 bytes each: `full[STAGES]`, `empty[STAGES]`, then the `h0`
+    /// slot's `full` and `empty`.
+    pub const SMEM_BARRIERS: usize = SMEM_H0 + K_DIM * BV * 4;
+    /// mbarriers in shared memory.
+    pub const BARRIERS: usize = 2 * STAGES + 2;
     /// Dynamic shared memory of one CTA.
-    pub const SMEM_BYTES: usize = SMEM_BARRIERS + 2 * STAGES * 8;
+    pub const SMEM_BYTES: usize = SMEM_BARRIERS + BARRIERS * 8;
+    /// CTAs of the Hopper kernel per SM (its shared memory allows one): the persistent grid
+    /// has this many workers per SM.
+    pub const CTAS_PER_SM: usize = 1;
 
     const _: () = assert!(STAGE_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0);
     const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
+    const _: () = assert!(SMEM_H0 % 1024 == 0 && SMEM_BARRIERS % 8 == 0);
+    const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 }

@@ -1,12 +1,13 @@
 //! The GPU launcher: loads the embedded PTX through the CUDA driver (cudarc, loaded at run time)
 //! and launches the recurrence on the caller's stream after validating every argument.
 //!
-//! Layers: [`Kda`] owns the loaded module; [`DevicePlan`] is a [`Plan`] uploaded once; [`KdaInputs`]
+//! Layers: [`Kda`] owns the loaded module; [`DevicePlan`] is a [`Plan`] and its work [`Schedule`]
+//! for a head count, uploaded once; [`KdaInputs`]
 //! and [`KdaOutputs`] borrow the caller's device tensors. [`Kda::launch`] allocates nothing and never
 //! synchronises, so it can be captured in a CUDA graph.
 
 use crate::layout::{baseline, hopper, CHUNK, K_DIM, V_DIM};
-use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem};
+use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem, Schedule};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -61,7 +62,8 @@ impl Kda {
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 hopper::SMEM_BYTES as i32,
             )?;
-            // Prefer the largest shared-memory carveout, so two CTAs' rings fit on one SM.
+            // Prefer the largest shared-memory carveout: the ring, staging tiles and h0 slot
+            // need nearly all of it.
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                 MAX_SHARED_CARVEOUT_PERCENT,
@@ -113,11 +115,11 @@ impl Kda {
         &self,
         stream: &Arc<CudaStream>,
         plan: &DevicePlan,
-        heads: usize,
         inputs: &KdaInputs<'_>,
         outputs: &mut KdaOutputs<'_>,
         kernel: Kernel,
     ) -> Result<(), KdaError> {
+        let heads = plan.heads;
         let dims = Dims::new(&plan.plan, heads);
         self.validate(stream, plan, &dims, inputs, outputs)?;
         let kernel = self.resolve(kernel);
@@ -139,8 +141,11 @@ impl Kda {
         let hopper = hopper.filter(|_| {
             dims.tokens > 0 && dims.tokens <= i32::MAX as usize && dims.chunks * heads <= i32::MAX as usize
         });
-        let col_blocks = if hopper.is_some() { hopper::COL_BLOCKS } else { baseline::COL_BLOCKS };
-        let items = dims.seqs * heads * col_blocks;
+        // The Hopper kernel runs the plan's persistent schedule; the baseline one CTA per item.
+        let items = match hopper {
+            Some(_) => plan.schedule.workers(),
+            None => dims.seqs * heads * baseline::COL_BLOCKS,
+        };
         if items == 0 {
             return Ok(());
         }
@@ -175,6 +180,7 @@ impl Kda {
             None => (0, None),
         };
         let (seqs, _gs) = plan.descriptors.device_ptr(stream);
+        let (work, _gw) = plan.work.device_ptr(stream);
         let maps = match hopper {
             Some(_) => Some([
                 TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
@@ -185,6 +191,10 @@ impl Kda {
                 TensorMapArg::rows(u, dims.tokens, heads, V_DIM)?,
                 TensorMapArg::states(h, dims.chunks * heads)?,
                 TensorMapArg::tokens(v_new, dims.tokens, heads, V_DIM)?,
+                match h0 {
+                    0 => TensorMapArg::unused(),
+                    h0 => TensorMapArg::initial_states(h0, dims.seqs * heads)?,
+                },
             ]),
             None => None,
         };
@@ -214,10 +224,15 @@ impl Kda {
         }
         launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
         launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
+        if maps.is_some() {
+            launch.arg(&work);
+        }
         // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
         // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
-        // built from the same `Plan`; the tensor maps describe exactly `k`, `w`, `u`, `h` and
-        // `v_new`, and TMA stores through them stay inside those buffers; the grid,
+        // built from the same `Plan`, and its schedule names each of the plan's items once for
+        // exactly `grid` workers; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
+        // and `h0` (an unused map only when `h0` is null, which the kernel then never reads
+        // through), and TMA stores through them stay inside those buffers; the grid,
         // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
         // borrows, so they cannot alias the inputs.
         unsafe { launch.launch(cfg) }?;
@@ -297,27 +312,51 @@ impl TensorMapArg {
     /// wgmma operands `k` and `w` need, and which keeps the `ldmatrix` reads of `u` free of bank
     /// conflicts).
     fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
-        Self::encode(address, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
+        Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
     }
 
     /// As [`Self::tokens`], in one-token boxes: the tail chunk's valid rows, one TMA each.
     fn rows(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
-        Self::encode(address, [width, heads, tokens], [hopper::BOX_COLS, 1, 1])
+        Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, 1])
     }
 
     /// The tensor map of the `h` output (`[NT, H, K, V]` bf16) as a 3-D tensor `(V, K, NT * H)`,
     /// written in `[1][K][BOX_COLS]` boxes (one CTA's `bf16(S)` for one chunk) with the 128-byte
     /// swizzle of the kernel's staging tile.
     fn states(address: u64, chunk_heads: usize) -> Result<Self, KdaError> {
-        Self::encode(address, [V_DIM, K_DIM, chunk_heads], [hopper::BOX_COLS, K_DIM, 1])
+        Self::encode(address, Element::Bf16, [V_DIM, K_DIM, chunk_heads], [hopper::BOX_COLS, K_DIM, 1])
     }
 
-    /// A packed, contiguous bf16 tensor of extents `dims` (innermost first) in boxes of `boxes`
-    /// elements, 128-byte swizzled.
-    fn encode(address: u64, dims: [usize; 3], boxes: [usize; 3]) -> Result<Self, KdaError> {
+    /// The tensor map of `h0` (`[N, H, K, V]` f32) as a 3-D tensor `(V, K, N * H)`, read in
+    /// unswizzled `[1][K][BV]` boxes (one item's initial state).
+    fn initial_states(address: u64, seq_heads: usize) -> Result<Self, KdaError> {
+        Self::encode(address, Element::F32, [V_DIM, K_DIM, seq_heads], [hopper::BV, K_DIM, 1])
+    }
+
+    /// A placeholder for a map the kernel does not use in this launch (all zero bytes).
+    fn unused() -> Self {
+        // SAFETY: `CUtensorMap` is plain bytes; the kernel never hands this one to TMA.
+        Self(unsafe { std::mem::zeroed() })
+    }
+
+    /// A packed, contiguous tensor of extents `dims` (innermost first) in boxes of `boxes`
+    /// elements: bf16 tiles 128-byte swizzled (as wgmma and the staging tiles lay them out), f32
+    /// state blocks unswizzled.
+    fn encode(address: u64, element: Element, dims: [usize; 3], boxes: [usize; 3]) -> Result<Self, KdaError> {
         use cudarc::driver::sys::*;
-        const BF16_BYTES: u64 = 2;
-        let strides: [u64; 2] = [dims[0] as u64 * BF16_BYTES, (dims[0] * dims[1]) as u64 * BF16_BYTES];
+        let (data_type, bytes, swizzle) = match element {
+            Element::Bf16 => (
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            ),
+            Element::F32 => (
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                4,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            ),
+        };
+        let strides: [u64; 2] = [dims[0] as u64 * bytes, (dims[0] * dims[1]) as u64 * bytes];
         let dims = dims.map(|d| d as u64);
         let boxes = boxes.map(|b| b as u32);
         let elem_strides: [u32; 3] = [1, 1, 1];
@@ -327,7 +366,7 @@ impl TensorMapArg {
         unsafe {
             cuTensorMapEncodeTiled(
                 map.as_mut_ptr(),
-                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                data_type,
                 3,
                 address as *mut std::ffi::c_void,
                 dims.as_ptr(),
@@ -335,7 +374,7 @@ impl TensorMapArg {
                 boxes.as_ptr(),
                 elem_strides.as_ptr(),
                 CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                swizzle,
                 CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
@@ -345,29 +384,66 @@ impl TensorMapArg {
     }
 }
 
-/// A [`Plan`] uploaded to the device once, reusable by every launch of the same batch layout.
+/// Element types of the tensors the Hopper kernel reaches through tensor maps.
+#[derive(Clone, Copy)]
+enum Element {
+    Bf16,
+    F32,
+}
+
+/// A [`Plan`] for `heads` heads uploaded to the device once, with the persistent kernel's work
+/// [`Schedule`] for this device: reusable by every launch of the same batch layout.
 pub struct DevicePlan {
     plan: Plan,
+    heads: usize,
+    schedule: Schedule,
     descriptors: CudaSlice<i64>,
+    work: CudaSlice<u32>,
     ordinal: usize,
 }
 
 impl DevicePlan {
-    /// Uploads `plan`'s descriptor table on `stream` (asynchronously: the copy is ordered before
-    /// any launch on the same stream).
-    pub fn new(stream: &Arc<CudaStream>, plan: Plan) -> Result<Self, KdaError> {
+    /// Schedules `plan`'s items over the SMs of `stream`'s device and uploads the descriptor and
+    /// schedule tables on `stream` (asynchronously: the copies are ordered before any launch on
+    /// the same stream).
+    pub fn new(stream: &Arc<CudaStream>, plan: Plan, heads: usize) -> Result<Self, KdaError> {
+        if heads == 0 {
+            return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
+        }
+        let items = plan.num_seqs().checked_mul(heads * hopper::COL_BLOCKS);
+        if items.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(KdaError::Argument {
+                name: "heads",
+                reason: format!("N * H = {} x {heads} work items exceed the grid limit", plan.num_seqs()),
+            });
+        }
+        let sms = stream.context().attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
+        let schedule = Schedule::lpt(&plan, heads, hopper::COL_BLOCKS, sms * hopper::CTAS_PER_SM);
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
         if table.is_empty() {
             table.push(0);
         }
         let descriptors = stream.clone_htod(&table)?;
-        Ok(Self { plan, descriptors, ordinal: stream.context().ordinal() })
+        let work = stream.clone_htod(&schedule.table())?;
+        Ok(Self { plan, heads, schedule, descriptors, work, ordinal: stream.context().ordinal() })
     }
 
     /// The host plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Heads `H` of the batch.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// The persistent kernel's work schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
     }
 }
 
@@ -429,7 +505,7 @@ impl DeviceProblem {
         let up_bf = |v: &[bf16]| stream.clone_htod(non_empty(v, bf16::ZERO).as_ref());
         let up_f = |v: &[f32]| stream.clone_htod(non_empty(v, 0.0).as_ref());
         Ok(Self {
-            plan: DevicePlan::new(stream, p.plan.clone())?,
+            plan: DevicePlan::new(stream, p.plan.clone(), p.heads)?,
             heads: p.heads,
             k: up_bf(&p.k)?,
             w: up_bf(&p.w)?,
@@ -462,7 +538,7 @@ impl DeviceProblem {
             v_new: self.v_new.slice_mut(..d.value_len()),
             ht: Some(self.ht.slice_mut(..d.state_len())),
         };
-        kda.launch(stream, &self.plan, self.heads, &inputs, &mut outputs, kernel)
+        kda.launch(stream, &self.plan, &inputs, &mut outputs, kernel)
     }
 
     /// Fills the outputs with a bit pattern (e.g. NaN) so that a test can see every element written.

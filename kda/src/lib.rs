@@ -10,10 +10,12 @@ mod plan;
 pub mod ptx;
 mod problem;
 pub mod reference;
+pub mod schedule;
 
 pub use error::KdaError;
 pub use gpu::{DevicePlan, DeviceProblem, Kda, KdaInputs, KdaOutputs, Kernel};
 pub use plan::{Plan, SeqDesc};
+pub use schedule::Schedule;
 pub use problem::{rel_error, Dims, Outputs, Problem};
 pub use half::bf16;
 pub use kda_kernel::layout;

@@ -85,7 +85,7 @@ pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
     let mut h = guarded(s, &poison_bf[..d.h_len()], sent_bf);
     let mut v_new = guarded(s, &poison_bf[..d.value_len()], sent_bf);
     let mut ht = guarded(s, &poison_f, sent_f);
-    let plan = DevicePlan::new(s, p.plan.clone()).expect("plan upload");
+    let plan = DevicePlan::new(s, p.plan.clone(), p.heads).expect("plan upload");
     {
         let inputs = KdaInputs {
             k: k.slice(GUARD..GUARD + d.key_len()),
@@ -99,7 +99,7 @@ pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
             v_new: v_new.slice_mut(GUARD..GUARD + d.value_len()),
             ht: Some(ht.slice_mut(GUARD..GUARD + d.state_len())),
         };
-        gpu.kda.launch(s, &plan, p.heads, &inputs, &mut outputs, kernel).expect("launch");
+        gpu.kda.launch(s, &plan, &inputs, &mut outputs, kernel).expect("launch");
     }
     s.synchronize().expect("kernel failed");
     let h = s.clone_dtoh(&h).expect("download");

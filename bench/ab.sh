@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# A/B timing of kernel builds on the GPU machine: each `kda` binary given (built from an earlier
+# commit and carried over) runs the same inputs, fixed_8192 and mixed_6, median of 100 launches.
+# Usage: OUT=dir bash bench/ab.sh path/to/kda-a path/to/kda-b ...
+set -uo pipefail
+OUT=${OUT:-/tmp/kda-ab}
+mkdir -p "$OUT"
+python3 bench/foreign_roundtrip.py make "$OUT/fixed_8192.safetensors" 8192 64 >/dev/null
+python3 bench/foreign_roundtrip.py make "$OUT/mixed_6.safetensors" 1300,547,2048,963,271,3063 64 >/dev/null
+for shape in fixed_8192 mixed_6; do
+    for bin in "$@"; do
+        printf '%-12s %-28s ' "$shape" "$bin"
+        "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median
+    done
+done
+rm -f "$OUT"/*.safetensors
