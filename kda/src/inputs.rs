@@ -31,6 +31,34 @@ pub fn reference_shapes() -> Vec<(&'static str, Vec<usize>)> {
     ]
 }
 
+/// Seed of the benchmark's random ragged layouts (fixed, so every run measures the same batch).
+const BENCH_LAYOUT_SEED: u64 = 0x4B44_4131;
+
+/// The shapes `cargo xtask bench` runs: the reference shapes, then two ragged layouts of the
+/// scheduling work:
+/// * `random_ragged_32k`: 40 sequences with lengths drawn log-uniformly from 1 to 4096, then
+///   scaled to 32768 tokens in all (rounded down, the remainder given to the longest);
+/// * `decode_like`: 256 sequences of 1 to 64 tokens (uniform), the state load and store bound
+///   case of many tiny prefills.
+pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
+    const RAGGED_SEQS: usize = 40;
+    const RAGGED_MAX: f64 = 4096.0;
+    const RAGGED_TOKENS: usize = 32768;
+    const DECODE_SEQS: usize = 256;
+    let mut rng = Rng::for_row(BENCH_LAYOUT_SEED, 0, 0);
+    let drawn: Vec<f64> = (0..RAGGED_SEQS).map(|_| RAGGED_MAX.powf(rng.uniform())).collect();
+    let scale = RAGGED_TOKENS as f64 / drawn.iter().sum::<f64>();
+    let mut ragged: Vec<usize> = drawn.iter().map(|&d| ((d * scale) as usize).max(1)).collect();
+    let longest = (0..RAGGED_SEQS).max_by_key(|&i| ragged[i]).expect("sequences");
+    ragged[longest] += RAGGED_TOKENS - ragged.iter().sum::<usize>();
+    let mut rng = Rng::for_row(BENCH_LAYOUT_SEED, 1, 0);
+    let decode = (0..DECODE_SEQS).map(|_| 1 + (rng.next_u64() % CHUNK as u64) as usize).collect();
+    let mut shapes = reference_shapes();
+    shapes.push(("random_ragged_32k", ragged));
+    shapes.push(("decode_like", decode));
+    shapes
+}
+
 /// SplitMix64: a tiny, well-mixed generator; one stream per (tensor, row).
 struct Rng(u64);
 

@@ -55,9 +55,9 @@ fn golden_fixtures() {
 }
 
 #[test]
-fn reference_shapes() {
+fn bench_shapes() {
     let gpu = Gpu::open();
-    for (name, lengths) in inputs::reference_shapes() {
+    for (name, lengths) in inputs::bench_shapes() {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, 7);
         let want = reference::reference(&p).unwrap();
         let floor = errors(&reference::reference_f32(&p).unwrap(), &want);
@@ -67,7 +67,7 @@ fn reference_shapes() {
             record_against_floor(&format!("{name} {kernel:?}"), errors(&out, &want), floor);
         }
     }
-    println!("reference shapes, worst: {:?}", WORST.lock().unwrap());
+    println!("bench shapes, worst: {:?}", WORST.lock().unwrap());
 }
 
 #[test]

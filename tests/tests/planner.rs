@@ -3,7 +3,7 @@
 //! every malformed boundary list is rejected with the offending index.
 
 use kda::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
-use kda::{KdaError, Plan};
+use kda::{KdaError, Plan, Schedule};
 use kda_tests::ragged_lengths;
 use proptest::prelude::*;
 
@@ -76,4 +76,66 @@ fn an_empty_boundary_list_is_rejected_and_a_lone_zero_is_an_empty_batch() {
     assert!(matches!(Plan::from_cu_seqlens::<i64>(&[]), Err(KdaError::CuSeqlens { index: 0, .. })));
     let empty = Plan::from_cu_seqlens(&[0i32]).unwrap();
     assert_eq!((empty.num_seqs(), empty.tokens(), empty.chunks()), (0, 0, 0));
+}
+
+/// Checks the schedule's contract for one batch layout; returns the modelled makespan and its
+/// lower bound `max(total / workers, longest item)`.
+fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u64, u64), TestCaseError> {
+    use kda::schedule::item_cost;
+    const COL_BLOCKS: usize = kda::layout::hopper::COL_BLOCKS;
+    let plan = Plan::from_lengths(lengths);
+    let s = Schedule::lpt(&plan, heads, COL_BLOCKS, workers);
+    let count = lengths.len() * heads * COL_BLOCKS;
+    prop_assert_eq!(s.workers(), workers.min(count));
+    let cost = |item: u32| item_cost(lengths[item as usize / (heads * COL_BLOCKS)]);
+    // Every (sequence, head, block) item exactly once. An item is never split: its chunks run in
+    // order on one CTA.
+    let mut seen = vec![0u32; count];
+    for w in 0..s.workers() {
+        let list = s.items_of(w);
+        prop_assert!(!list.is_empty(), "worker {} has no items", w);
+        for &i in list {
+            seen[i as usize] += 1;
+        }
+        // Each worker runs its items longest first.
+        prop_assert!(list.windows(2).all(|p| cost(p[0]) >= cost(p[1])), "worker {}: {:?}", w, list);
+    }
+    prop_assert!(seen.iter().all(|&n| n == 1), "items not scheduled exactly once");
+    // The table the kernel reads: offsets, then the items.
+    let table = s.table();
+    prop_assert_eq!(table.len(), s.workers() + 1 + count);
+    prop_assert_eq!(table[s.workers()] as usize, count);
+    // Greedy list scheduling's bound: within one longest item of a perfect split.
+    let total: u64 = (0..count as u32).map(cost).sum();
+    let longest = (0..count as u32).map(cost).max().unwrap_or(0);
+    let makespan = s.makespan(cost);
+    let w = s.workers().max(1) as u64;
+    prop_assert!(makespan <= total.div_ceil(w) + longest, "makespan {} > {} / {} + {}", makespan, total, w, longest);
+    Ok((makespan, total.div_ceil(w).max(longest)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn schedule_runs_every_item_once_within_the_list_scheduling_bound(
+        lengths in ragged_lengths(),
+        heads in 1usize..6,
+        workers in 1usize..140,
+    ) {
+        check_schedule(&lengths, heads, workers)?;
+    }
+}
+
+/// On the benchmark's ragged shapes with the H200's 132 SMs, the modelled makespan is within 5%
+/// of its lower bound (LPT leaves nearly no idle tail).
+#[test]
+fn schedule_of_the_bench_shapes_is_near_ideal() {
+    const H200_SMS: usize = 132;
+    for (name, lengths) in kda::inputs::bench_shapes() {
+        let (makespan, bound) = check_schedule(&lengths, kda::inputs::REFERENCE_HEADS, H200_SMS).unwrap();
+        let ratio = makespan as f64 / bound as f64;
+        println!("{name}: modelled makespan {makespan}, lower bound {bound} ({ratio:.3})");
+        assert!(ratio <= 1.05, "{name}: makespan {makespan} is {ratio:.3} x its lower bound {bound}");
+    }
 }
