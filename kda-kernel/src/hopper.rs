@@ -36,7 +36,7 @@ use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, 
 use crate::param_address;
 use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
-    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
+    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     tma_store_3d, tma_load_3d_hint, l2_evict_first, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
     wgmma_wait_state, wgmma_wait_vn, TensorMap,
@@ -330,7 +330,7 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
         let round = (*ring / STAGES) as u32;
         *ring += 1;
         // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
-        // the wait for a free stage and this chunk's loads.
+        // the wait for a free stage instead of delaying this chunk's TMA loads.
         let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
         // SAFETY (block): barrier and tile addresses are inside the allocation; every box read
         // lies inside the chunk's valid rows of this sequence.
@@ -339,16 +339,15 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
             mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
             let tok0 = item.token_start + c * CHUNK;
             let rows = item.rows(c);
-            let stage = smem.stage(s);
-            // The loads go out first; the decay row (whose gate load may still be in flight)
-            // is written after them, and the arrival publishes it.
-            if lane == 0 {
-                let bytes = if rows == CHUNK { STAGE_TX_BYTES } else { rows as u32 * ROW_TX_BYTES };
-                mbarrier_expect_tx(smem.full(s), bytes);
+            for (i, &g) in gate.iter().enumerate() {
+                st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g));
             }
-            sync_warp();
+            gate = next;
+            let stage = smem.stage(s);
             if rows == CHUNK {
+                sync_warp();
                 if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.full(s), STAGE_TX_BYTES);
                     let t = tok0 as i32;
                     for b in 0..KEY_BOXES {
                         let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
@@ -366,6 +365,13 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
                 // the full box would put it). `k` rows past the end are zeroed: product 2 reads
                 // them (times zero columns of Vn^T, which would still turn stale NaNs into NaN);
                 // `w` and `u` rows there only reach Vn rows that the consumer masks to zero.
+                zero_key_rows(stage + STAGE_K as u32, rows, lane);
+                fence_proxy_async();
+                sync_warp();
+                if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.full(s), rows as u32 * ROW_TX_BYTES);
+                }
+                sync_warp();
                 let mut r = lane;
                 while r < rows {
                     let (t, off) = ((tok0 + r) as i32, r as u32 * ROW_BYTES);
@@ -377,16 +383,6 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
                     tma_load_3d(stage + STAGE_U as u32 + off, maps.u_row, item.vcol0 as i32, hd, t, smem.full(s));
                     r += 32;
                 }
-                zero_key_rows(stage + STAGE_K as u32, rows, lane);
-                fence_proxy_async();
-            }
-            for (i, &g) in gate.iter().enumerate() {
-                st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g));
-            }
-            gate = next;
-            sync_warp();
-            if lane == 0 {
-                mbarrier_arrive(smem.full(s));
             }
         }
     }

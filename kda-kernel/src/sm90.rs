@@ -59,21 +59,6 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
-/// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes;`: announces the bytes the TMA
-/// loads issued next will deliver to the current phase, without arriving, so the loads can be
-/// issued before the arrival that publishes this thread's other writes.
-///
-/// # Safety
-/// `bar` is an initialised mbarrier in shared memory whose current phase still awaits an arrival.
-#[inline(always)]
-pub unsafe fn mbarrier_expect_tx(bar: u32, bytes: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) bytes,
-             options(nostack))
-    }
-}
-
 /// Waits until the phase of parity `parity` of `bar` has completed
 /// (`mbarrier.try_wait.parity.shared::cta.b64` in a loop; acquire at CTA scope).
 ///
