@@ -38,7 +38,7 @@ use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
-    tma_store_3d, tma_load_3d_hint, l2_evict_first, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
+    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
     wgmma_wait_state, wgmma_wait_vn, TensorMap,
 };
 
@@ -300,8 +300,7 @@ unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *con
                 mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
                 if lane == 0 {
                     mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
-                    let (v0, row) = (item.vcol0 as i32, item.state_row() as i32);
-                    tma_load_3d_hint(smem.h0(), h0map, v0, 0, row, smem.h0_full(), l2_evict_first());
+                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row() as i32, smem.h0_full());
                 }
             }
         }
@@ -354,10 +353,7 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
                         tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, smem.full(s));
                         tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, smem.full(s));
                     }
-                    // `k` and `w` are read by both column blocks of the head, `u` by one: L2
-                    // keeps the shared tiles and lets `u` go first.
-                    let once = l2_evict_first();
-                    tma_load_3d_hint(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s), once);
+                    tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s));
                 }
             } else {
                 // Tail epilogue: one-row boxes for the valid rows only (the 128-byte swizzle
@@ -575,11 +571,9 @@ unsafe fn consume_chunks(
             if tid == STORE_THREAD {
                 let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
                 let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
-                // Outputs are never read back: evict them from L2 first.
-                let stream = l2_evict_first();
-                tma_store_3d(hmap, vcol0, 0, state_row, smem.h(), stream);
+                tma_store_3d(hmap, vcol0, 0, state_row, smem.h());
                 if rows == CHUNK {
-                    tma_store_3d(vmap, vcol0, head, tok0 as i32, smem.vn(), stream);
+                    tma_store_3d(vmap, vcol0, head, tok0 as i32, smem.vn());
                 }
                 bulk_commit_group();
             }

@@ -103,37 +103,9 @@ pub unsafe fn tma_load_3d(dst: u32, map: u64, c0: i32, c1: i32, c2: i32, bar: u3
     }
 }
 
-/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint`:
-/// [`tma_load_3d`] with an L2 cache policy (from [`l2_evict_first`]) for data read only once.
-///
-/// # Safety
-/// As for [`tma_load_3d`]; `policy` comes from `createpolicy`.
-#[inline(always)]
-pub unsafe fn tma_load_3d_hint(dst: u32, map: u64, c0: i32, c1: i32, c2: i32, bar: u32, policy: u64) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!(
-            "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
-            d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2,
-            b = in(reg32) bar, p = in(reg64) policy, options(nostack)
-        )
-    }
-}
-
-/// `createpolicy.fractional.L2::evict_first.b64`: an L2 policy that evicts the lines it touches
-/// first, for streams read or written once (so L2 keeps the tiles two CTAs share).
-#[inline(always)]
-pub fn l2_evict_first() -> u64 {
-    let p: u64;
-    // SAFETY: creates a policy value; touches no memory.
-    unsafe { asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) p, options(pure, nomem, nostack)) };
-    p
-}
-
 /// `cp.async.bulk.tensor.3d.global.shared::cta.bulk_group`: a TMA store of the box at shared
 /// address `src` to coordinates `(c0, c1, c2)` of the tensor map at generic address `map`, in
-/// this thread's current bulk async-group (close it with [`bulk_commit_group`]), under the L2
-/// cache policy `policy` (from `createpolicy`).
+/// this thread's current bulk async-group (close it with [`bulk_commit_group`]).
 ///
 /// # Safety
 /// `map` is a valid tensor map in parameter, constant or global memory whose box lies inside the
@@ -141,13 +113,13 @@ pub fn l2_evict_first() -> u64 {
 /// box's writes to shared memory are ordered before this by [`fence_proxy_async`] and a barrier;
 /// `src` is not written again before [`bulk_wait_group_read`] returns.
 #[inline(always)]
-pub unsafe fn tma_store_3d(map: u64, c0: i32, c1: i32, c2: i32, src: u32, policy: u64) {
+pub unsafe fn tma_store_3d(map: u64, c0: i32, c1: i32, c2: i32, src: u32) {
     // SAFETY: see the function's contract.
     unsafe {
         asm!(
-            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [{m}, {{{x}, {y}, {z}}}], [{s}], {p};",
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [{m}, {{{x}, {y}, {z}}}], [{s}];",
             m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2, s = in(reg32) src,
-            p = in(reg64) policy, options(nostack)
+            options(nostack)
         )
     }
 }
