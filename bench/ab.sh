@@ -7,7 +7,8 @@ OUT=${OUT:-/tmp/kda-ab}
 mkdir -p "$OUT"
 python3 bench/foreign_roundtrip.py make "$OUT/fixed_8192.safetensors" 8192 64 >/dev/null
 python3 bench/foreign_roundtrip.py make "$OUT/mixed_6.safetensors" 1300,547,2048,963,271,3063 64 >/dev/null
-for shape in fixed_8192 mixed_6; do
+python3 bench/foreign_roundtrip.py make "$OUT/fixed_32k.safetensors" 32768 64 >/dev/null
+for shape in fixed_8192 mixed_6 fixed_32k; do
     for bin in "$@"; do
         printf '%-12s %-28s ' "$shape" "$bin"
         "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median
