@@ -1,10 +1,15 @@
 //! The warp-specialized Hopper (sm_90a) kernel.
 //!
-//! One CTA per (sequence, head, block of `BV` = 64 value columns), `THREADS` = 160 threads:
+//! A persistent grid: one CTA per SM, `THREADS` = 160 threads, each CTA walking its list of work
+//! items (one item = one block of `BV` = 64 value columns of one head of one sequence) from the
+//! launcher's longest-first schedule (`kda::schedule`). Both roles walk the same list; the ring
+//! position runs on across items, so the next item's first loads overlap the current item's last
+//! chunks.
 //!
-//! * **Producer** (warp 4): for every chunk, waits until its ring stage is free (`empty`
-//!   mbarrier), writes `exp2` of the chunk's last gate row (loaded one chunk ahead) into the
-//!   stage, and loads the chunk's
+//! * **Producer** (warp 4): per item, loads the item's `h0` block (`[K][BV]` f32) with TMA into
+//!   a shared slot (once the consumer has taken the previous one); per chunk, waits until its
+//!   ring stage is free (`empty` mbarrier), writes `exp2` of the chunk's last gate row (loaded
+//!   one chunk ahead) into the stage, and loads the chunk's
 //!   `k` and `w` tiles (`[64][128]`, two 128-byte-swizzled boxes each) and this CTA's `u` tile
 //!   (`[64][64]`) with TMA, completing the stage's `full` mbarrier by transaction count. The
 //!   sequence's partial last chunk is the **tail epilogue**: a full-tile TMA box there would
@@ -12,7 +17,8 @@
 //!   TMA boxes spread over its lanes, into the same swizzled layout, and zeroes the `k` rows
 //!   past the end.
 //! * **Consumer** (warps 0-3, one warpgroup): holds `S^T` (`[64 v][128 k]` f32) as a wgmma
-//!   accumulator in registers and, per chunk, waits on `full`, then
+//!   accumulator in registers, starting each item from the `h0` slot (or zeros) and ending it
+//!   by storing `ht` from registers; per chunk it waits on `full`, then
 //!   1. loads `u^T` into product 1's accumulator and stages `bf16(S)` for `h`,
 //!   2. decays the state (`S^T *= exp2(gk_last)` per key column) and computes
 //!      `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
@@ -194,20 +200,25 @@ impl Item {
     }
 }
 
-/// Warp-specialized recurrence kernel. Grid: `N * H * COL_BLOCKS` CTAs of
+/// Warp-specialized recurrence kernel. Grid: the schedule's workers (at most one CTA per SM) of
 /// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
+/// `work` is the schedule's table: `gridDim.x + 1` offsets, then the item numbers
+/// `(seq * heads + head) * COL_BLOCKS + block`; CTA `b` runs items `offsets[b]..offsets[b + 1]`.
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
 /// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` and `vmap` map `u` and `v_new`
 /// the same way. `krowmap`, `wrowmap` and `urowmap` map `k`, `w` and `u` in one-token boxes
 /// (`[1][1][64]`) for tail chunks. `hmap` maps `h` as a 3-D `[NT * H][K][V]` bf16 tensor with
-/// `[1][128][64]` boxes and the 128-byte swizzle. The tensors are read and written through the
+/// `[1][128][64]` boxes and the 128-byte swizzle; `h0map` maps `h0` as a 3-D `[N * H][K][V]` f32
+/// tensor in unswizzled `[1][128][64]` boxes (unused, and never read, when `h0` is null). The
+/// tensors are read and written through the
 /// maps; their pointers keep the argument list the baseline kernel's. The other arguments are
 /// as for the baseline kernel.
 ///
 /// # Safety
-/// As for `kda_fwd_h_baseline`, and the tensor maps must describe exactly `k`, `w`, `u`, `h`
-/// and `v_new`.
+/// As for `kda_fwd_h_baseline`; the tensor maps must describe exactly `k`, `w`, `u`, `h`,
+/// `v_new` and (when not null) `h0`; `work` is a schedule of exactly `gridDim.x` workers that
+/// names each item of the plan once.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _kmap: TensorMap,
