@@ -35,11 +35,17 @@ step foreign_gpu 60 "$BUNDLE/kda" run --inputs "$OUT/foreign_in.safetensors" --o
 step foreign_cpu 60 "$BUNDLE/kda" run --cpu --inputs "$OUT/foreign_in.safetensors" --out "$OUT/foreign_cpu.safetensors"
 step foreign_compare 60 python3 bench/foreign_roundtrip.py compare "$OUT/foreign_in.safetensors" "$OUT/foreign_gpu.safetensors" "$OUT/foreign_cpu.safetensors"
 step bench 240 "$BUNDLE/xtask" bench --repeat 100 --out "$OUT"
+# Two ragged inputs with tails: a golden fixture (one item per CTA) and a batch of 512 items, so
+# that CTAs of the persistent grid run several items back to back.
+step ragged_many 60 python3 bench/foreign_roundtrip.py make "$OUT/ragged_many.safetensors" 0,1,63,64,65,129,200,7 32
 for tool in memcheck racecheck synccheck; do
     step "sanitizer_$tool" 120 compute-sanitizer --tool "$tool" "$BUNDLE/kda" run --inputs tests/fixtures/ragged_h3.safetensors --out "$OUT/sanitized.safetensors"
+    step "sanitizer_many_$tool" 120 compute-sanitizer --tool "$tool" "$BUNDLE/kda" run --inputs "$OUT/ragged_many.safetensors" --out "$OUT/sanitized.safetensors"
 done
 rm -f "$OUT"/*.safetensors
 # Two files come back: the whole log and the benchmark's JSON.
-{ for f in device gpu_suite demo foreign_make foreign_gpu foreign_cpu foreign_compare bench sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck; do
+{ for f in device gpu_suite demo foreign_make foreign_gpu foreign_cpu foreign_compare bench ragged_many \
+        sanitizer_memcheck sanitizer_many_memcheck sanitizer_racecheck sanitizer_many_racecheck \
+        sanitizer_synccheck sanitizer_many_synccheck; do
     echo "######## $f"; cat "$OUT/$f.txt"; done; } > "$OUT/session.log" 2>&1
 rm -f "$OUT"/*.txt
