@@ -598,9 +598,21 @@ pub unsafe fn wgmma_state_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u6
     }
 }
 
-/// `wgmma.wait_group.sync.aligned 0;` for [`wgmma_vn_start`]: returns once its products have
-/// written `acc`. The accumulator registers are operands (named in a PTX comment), so the
-/// compiler keeps them untouched between the start and this wait.
+/// `wgmma.wait_group.sync.aligned 0;` with the accumulator registers `$acc[$i]` as `inout`
+/// operands (named in a PTX comment), so the compiler keeps them untouched between a start and
+/// this wait.
+macro_rules! wgmma_wait_group_0 {
+    ($acc:ident; $($i:literal)*) => {
+        asm!(
+            "wgmma.wait_group.sync.aligned 0;",
+            concat!("// accumulators", $(" {", stringify!($i), "}"),*),
+            $(inout(reg32) $acc[$i],)*
+            options(nostack),
+        )
+    };
+}
+
+/// Waits for [`wgmma_vn_start`]: returns once its products have written `acc`.
 ///
 /// # Safety
 /// The warpgroup's 128 threads call this together, after [`wgmma_vn_start`] on the same `acc`.
@@ -608,49 +620,11 @@ pub unsafe fn wgmma_state_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u6
 pub unsafe fn wgmma_wait_vn(acc: &mut [f32; 32]) {
     // SAFETY: see the function's contract.
     unsafe {
-        asm!(
-            "wgmma.wait_group.sync.aligned 0;",
-            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15} {d16} {d17} {d18} {d19} {d20} {d21} {d22} {d23} {d24} {d25} {d26} {d27} {d28} {d29} {d30} {d31}",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
-            options(nostack),
-        );
+        wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
     }
 }
 
-/// `wgmma.wait_group.sync.aligned 0;` for [`wgmma_state_start`]: returns once its products have
-/// written `acc`. The accumulator registers are operands (named in a PTX comment), so the
-/// compiler keeps them untouched between the start and this wait.
+/// Waits for [`wgmma_state_start`]: returns once its products have written `acc`.
 ///
 /// # Safety
 /// The warpgroup's 128 threads call this together, after [`wgmma_state_start`] on the same `acc`.
@@ -658,74 +632,8 @@ pub unsafe fn wgmma_wait_vn(acc: &mut [f32; 32]) {
 pub unsafe fn wgmma_wait_state(acc: &mut [f32; 64]) {
     // SAFETY: see the function's contract.
     unsafe {
-        asm!(
-            "wgmma.wait_group.sync.aligned 0;",
-            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15} {d16} {d17} {d18} {d19} {d20} {d21} {d22} {d23} {d24} {d25} {d26} {d27} {d28} {d29} {d30} {d31} {d32} {d33} {d34} {d35} {d36} {d37} {d38} {d39} {d40} {d41} {d42} {d43} {d44} {d45} {d46} {d47} {d48} {d49} {d50} {d51} {d52} {d53} {d54} {d55} {d56} {d57} {d58} {d59} {d60} {d61} {d62} {d63}",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
-            d32 = inout(reg32) acc[32],
-            d33 = inout(reg32) acc[33],
-            d34 = inout(reg32) acc[34],
-            d35 = inout(reg32) acc[35],
-            d36 = inout(reg32) acc[36],
-            d37 = inout(reg32) acc[37],
-            d38 = inout(reg32) acc[38],
-            d39 = inout(reg32) acc[39],
-            d40 = inout(reg32) acc[40],
-            d41 = inout(reg32) acc[41],
-            d42 = inout(reg32) acc[42],
-            d43 = inout(reg32) acc[43],
-            d44 = inout(reg32) acc[44],
-            d45 = inout(reg32) acc[45],
-            d46 = inout(reg32) acc[46],
-            d47 = inout(reg32) acc[47],
-            d48 = inout(reg32) acc[48],
-            d49 = inout(reg32) acc[49],
-            d50 = inout(reg32) acc[50],
-            d51 = inout(reg32) acc[51],
-            d52 = inout(reg32) acc[52],
-            d53 = inout(reg32) acc[53],
-            d54 = inout(reg32) acc[54],
-            d55 = inout(reg32) acc[55],
-            d56 = inout(reg32) acc[56],
-            d57 = inout(reg32) acc[57],
-            d58 = inout(reg32) acc[58],
-            d59 = inout(reg32) acc[59],
-            d60 = inout(reg32) acc[60],
-            d61 = inout(reg32) acc[61],
-            d62 = inout(reg32) acc[62],
-            d63 = inout(reg32) acc[63],
-            options(nostack),
-        );
+        wgmma_wait_group_0!(acc;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63)
     }
 }
