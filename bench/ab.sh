@@ -8,7 +8,10 @@ mkdir -p "$OUT"
 python3 bench/foreign_roundtrip.py make "$OUT/fixed_8192.safetensors" 8192 64 >/dev/null
 python3 bench/foreign_roundtrip.py make "$OUT/mixed_6.safetensors" 1300,547,2048,963,271,3063 64 >/dev/null
 python3 bench/foreign_roundtrip.py make "$OUT/fixed_32k.safetensors" 32768 64 >/dev/null
-for shape in fixed_8192 mixed_6 fixed_32k; do
+# 256 sequences of 1 to 64 tokens, like the bench's decode_like (other lengths, same law).
+decode=$(python3 -c 'import random; random.seed(5); print(",".join(str(random.randint(1, 64)) for _ in range(256)))')
+python3 bench/foreign_roundtrip.py make "$OUT/decode_like.safetensors" "$decode" 64 >/dev/null
+for shape in fixed_8192 mixed_6 fixed_32k decode_like; do
     for bin in "$@"; do
         printf '%-12s %-28s ' "$shape" "$bin"
         "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median
