@@ -304,47 +304,28 @@ unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *con
     for n in 0..work.len() {
         // SAFETY: n < len.
         let item = unsafe { work.item(n) };
-        // The item's `h0` is loaded after its first chunk: the single `h0` slot frees only when
-        // the consumer starts the previous item, and waiting for it first would hold this
-        // item's first loads back by that much. (Not later than the first chunk: the consumer
-        // needs `h0` before it frees any stage for the item's further chunks.)
-        // The first item's slot is free from the start.
-        if n == 0 {
-            // SAFETY: as this function's.
-            unsafe { produce_h0(&item, n, smem, lane, &maps) };
-        }
-        // SAFETY: as this function's.
-        unsafe { produce_chunks(&item, n, smem, lane, &maps, gk, &mut ring) };
-    }
-}
-
-/// Loads item `n`'s `h0` block into the slot (when the launch has initial states).
-///
-/// # Safety
-/// Producer lanes only, once per item in order.
-#[inline(always)]
-unsafe fn produce_h0(item: &Item, n: usize, smem: Smem, lane: usize, maps: &LoadMaps) {
-    if let Some(h0map) = maps.h0 {
-        // SAFETY: the slot is free once the consumer read the previous item's state (a fresh
-        // barrier counts as having completed the phase before its first).
-        unsafe {
-            mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
-            if lane == 0 {
-                let (v0, row) = (item.vcol0 as i32, item.state_row() as i32);
-                mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
-                tma_load_3d(smem.h0(), h0map, v0, 0, row, smem.h0_full());
+        if let Some(h0map) = maps.h0 {
+            // SAFETY: the slot is free once the consumer read the previous item's state (a
+            // fresh barrier counts as having completed the phase before its first).
+            unsafe {
+                mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
+                if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
+                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row() as i32, smem.h0_full());
+                }
             }
         }
+        // SAFETY: as this function's.
+        unsafe { produce_chunks(&item, smem, lane, &maps, gk, &mut ring) };
     }
 }
 
-/// The producer's loads of item `n`'s chunks, from ring position `ring` on, and (after the first
-/// item) of its `h0` once the first chunk's loads are issued (at once for an item with no chunks).
+/// The producer's loads of one item's chunks, from ring position `ring` on.
 ///
 /// # Safety
 /// As for [`produce`].
 #[inline(always)]
-unsafe fn produce_chunks(item: &Item, n: usize, smem: Smem, lane: usize, maps: &LoadMaps, gk: *const f32, ring: &mut usize) {
+unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, gk: *const f32, ring: &mut usize) {
     // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + 32 i`) per lane.
     // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
     let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
@@ -411,14 +392,6 @@ unsafe fn produce_chunks(item: &Item, n: usize, smem: Smem, lane: usize, maps: &
                 }
             }
         }
-        if c == 0 && n > 0 {
-            // SAFETY: as this function's.
-            unsafe { produce_h0(item, n, smem, lane, maps) };
-        }
-    }
-    if chunks == 0 && n > 0 {
-        // SAFETY: as this function's.
-        unsafe { produce_h0(item, n, smem, lane, maps) };
     }
 }
 
