@@ -2,10 +2,11 @@
 //! barriers and the two warpgroup MMAs of the recurrence. Each wrapper is one instruction or one
 //! indivisible instruction sequence.
 //!
-//! Each product is a start (`wgmma.fence`, its k-steps, `commit_group`, one `asm!` block) and a
-//! wait (`wait_group 0`), so independent work runs while the tensor cores do. The accumulator
-//! registers are `inout` operands of both blocks; between them the caller leaves the
-//! accumulator and the A fragments alone (the functions' safety contracts).
+//! Each product is a start (`wgmma.fence`, its k-steps, `commit_group`: one `asm!` block, written
+//! by the `wgmma_start!` macro from the step list) and a wait (`wait_group 0`), so independent
+//! work runs while the tensor cores do. The accumulator registers are `inout` operands of both
+//! blocks; between them the caller leaves the accumulator and the A fragments alone (the
+//! functions' safety contracts).
 
 use core::arch::asm;
 
@@ -375,6 +376,40 @@ pub const fn sw128_desc(addr: u32, leading_bytes: u32, stride_bytes: u32) -> u64
         | SWIZZLE_128B
 }
 
+/// One warpgroup MMA group, started: `wgmma.fence`, one `wgmma.mma_async` per k-step, then
+/// `commit_group`. The accumulator `$acc[$i]` is the first positional operands (in order); the
+/// A fragments follow, four per step in step order, and each step names its four positional
+/// indices and its B descriptor's offset from `$desc` (in 16-byte units).
+macro_rules! wgmma_start {
+    (
+        shape $shape:literal, scale_a $scale_a:literal, trans_b $trans_b:literal,
+        acc $acc:ident [$first:literal $($i:literal)*],
+        a $a:ident, desc $desc:ident,
+        steps [$($s:literal: [$a0:literal $a1:literal $a2:literal $a3:literal] + $off:literal),* $(,)?]
+    ) => {{
+        macro_rules! accumulators {
+            () => { concat!("{{{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*, "}}") };
+        }
+        asm!(
+            "wgmma.fence.sync.aligned;",
+            "{{ .reg .pred p; .reg .b64 b<8>; setp.ne.b32 p, {one}, 0;",
+            $(concat!("add.s64 b", stringify!($s), ", {desc}, ", stringify!($off), ";"),)*
+            $(concat!(
+                "wgmma.mma_async.sync.aligned.", $shape, ".f32.bf16.bf16 ", accumulators!(),
+                ", {{{", stringify!($a0), "}, {", stringify!($a1), "}, {", stringify!($a2), "}, {", stringify!($a3),
+                "}}}, b", stringify!($s), ", p, ", $scale_a, ", 1, ", $trans_b, ";"
+            ),)*
+            "}}",
+            "wgmma.commit_group.sync.aligned;",
+            inout(reg32) $acc[$first], $(inout(reg32) $acc[$i],)*
+            $(in(reg32) $a[$s][0], in(reg32) $a[$s][1], in(reg32) $a[$s][2], in(reg32) $a[$s][3],)*
+            desc = in(reg64) $desc,
+            one = in(reg32) 1u32,
+            options(nostack),
+        )
+    }};
+}
+
 /// Product 1 of a chunk, `acc = acc - A @ B` over K = 128: eight
 /// `wgmma.mma_async.m64n64k16.f32.bf16.bf16` with A (`bf16(S^T)`, 64 x 128) from registers and B
 /// (the `w` tile, K-major, 128-byte swizzle); `imm-scale-a = -1` negates the product. `desc`
@@ -391,95 +426,21 @@ pub const fn sw128_desc(addr: u32, leading_bytes: u32, stride_bytes: u32) -> u64
 pub unsafe fn wgmma_vn_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{ .reg .pred p; .reg .b64 b<8>; setp.ne.b32 p, {one}, 0;",
-            "add.s64 b0, {desc}, 0;",
-            "add.s64 b1, {desc}, 2;",
-            "add.s64 b2, {desc}, 4;",
-            "add.s64 b3, {desc}, 6;",
-            "add.s64 b4, {desc}, 512;",
-            "add.s64 b5, {desc}, 514;",
-            "add.s64 b6, {desc}, 516;",
-            "add.s64 b7, {desc}, 518;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a0_0}, {a0_1}, {a0_2}, {a0_3}}}, b0, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a1_0}, {a1_1}, {a1_2}, {a1_3}}}, b1, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a2_0}, {a2_1}, {a2_2}, {a2_3}}}, b2, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a3_0}, {a3_1}, {a3_2}, {a3_3}}}, b3, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a4_0}, {a4_1}, {a4_2}, {a4_3}}}, b4, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a5_0}, {a5_1}, {a5_2}, {a5_3}}}, b5, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a6_0}, {a6_1}, {a6_2}, {a6_3}}}, b6, p, -1, 1, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {{{a7_0}, {a7_1}, {a7_2}, {a7_3}}}, b7, p, -1, 1, 0;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
-            a0_0 = in(reg32) a[0][0],
-            a0_1 = in(reg32) a[0][1],
-            a0_2 = in(reg32) a[0][2],
-            a0_3 = in(reg32) a[0][3],
-            a1_0 = in(reg32) a[1][0],
-            a1_1 = in(reg32) a[1][1],
-            a1_2 = in(reg32) a[1][2],
-            a1_3 = in(reg32) a[1][3],
-            a2_0 = in(reg32) a[2][0],
-            a2_1 = in(reg32) a[2][1],
-            a2_2 = in(reg32) a[2][2],
-            a2_3 = in(reg32) a[2][3],
-            a3_0 = in(reg32) a[3][0],
-            a3_1 = in(reg32) a[3][1],
-            a3_2 = in(reg32) a[3][2],
-            a3_3 = in(reg32) a[3][3],
-            a4_0 = in(reg32) a[4][0],
-            a4_1 = in(reg32) a[4][1],
-            a4_2 = in(reg32) a[4][2],
-            a4_3 = in(reg32) a[4][3],
-            a5_0 = in(reg32) a[5][0],
-            a5_1 = in(reg32) a[5][1],
-            a5_2 = in(reg32) a[5][2],
-            a5_3 = in(reg32) a[5][3],
-            a6_0 = in(reg32) a[6][0],
-            a6_1 = in(reg32) a[6][1],
-            a6_2 = in(reg32) a[6][2],
-            a6_3 = in(reg32) a[6][3],
-            a7_0 = in(reg32) a[7][0],
-            a7_1 = in(reg32) a[7][1],
-            a7_2 = in(reg32) a[7][2],
-            a7_3 = in(reg32) a[7][3],
-            desc = in(reg64) desc,
-            one = in(reg32) 1u32,
-            options(nostack),
-        );
+        wgmma_start!(
+            shape "m64n64k16", scale_a "-1", trans_b "0",
+            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a a, desc desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+                4: [48 49 50 51] + 512,
+                5: [52 53 54 55] + 514,
+                6: [56 57 58 59] + 516,
+                7: [60 61 62 63] + 518,
+            ]
+        )
     }
 }
 
@@ -498,103 +459,20 @@ pub unsafe fn wgmma_vn_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) 
 pub unsafe fn wgmma_state_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{ .reg .pred p; .reg .b64 b<4>; setp.ne.b32 p, {one}, 0;",
-            "add.s64 b0, {desc}, 0;",
-            "add.s64 b1, {desc}, 128;",
-            "add.s64 b2, {desc}, 256;",
-            "add.s64 b3, {desc}, 384;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {{{a0_0}, {a0_1}, {a0_2}, {a0_3}}}, b0, p, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {{{a1_0}, {a1_1}, {a1_2}, {a1_3}}}, b1, p, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {{{a2_0}, {a2_1}, {a2_2}, {a2_3}}}, b2, p, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {{{a3_0}, {a3_1}, {a3_2}, {a3_3}}}, b3, p, 1, 1, 1;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
-            d32 = inout(reg32) acc[32],
-            d33 = inout(reg32) acc[33],
-            d34 = inout(reg32) acc[34],
-            d35 = inout(reg32) acc[35],
-            d36 = inout(reg32) acc[36],
-            d37 = inout(reg32) acc[37],
-            d38 = inout(reg32) acc[38],
-            d39 = inout(reg32) acc[39],
-            d40 = inout(reg32) acc[40],
-            d41 = inout(reg32) acc[41],
-            d42 = inout(reg32) acc[42],
-            d43 = inout(reg32) acc[43],
-            d44 = inout(reg32) acc[44],
-            d45 = inout(reg32) acc[45],
-            d46 = inout(reg32) acc[46],
-            d47 = inout(reg32) acc[47],
-            d48 = inout(reg32) acc[48],
-            d49 = inout(reg32) acc[49],
-            d50 = inout(reg32) acc[50],
-            d51 = inout(reg32) acc[51],
-            d52 = inout(reg32) acc[52],
-            d53 = inout(reg32) acc[53],
-            d54 = inout(reg32) acc[54],
-            d55 = inout(reg32) acc[55],
-            d56 = inout(reg32) acc[56],
-            d57 = inout(reg32) acc[57],
-            d58 = inout(reg32) acc[58],
-            d59 = inout(reg32) acc[59],
-            d60 = inout(reg32) acc[60],
-            d61 = inout(reg32) acc[61],
-            d62 = inout(reg32) acc[62],
-            d63 = inout(reg32) acc[63],
-            a0_0 = in(reg32) a[0][0],
-            a0_1 = in(reg32) a[0][1],
-            a0_2 = in(reg32) a[0][2],
-            a0_3 = in(reg32) a[0][3],
-            a1_0 = in(reg32) a[1][0],
-            a1_1 = in(reg32) a[1][1],
-            a1_2 = in(reg32) a[1][2],
-            a1_3 = in(reg32) a[1][3],
-            a2_0 = in(reg32) a[2][0],
-            a2_1 = in(reg32) a[2][1],
-            a2_2 = in(reg32) a[2][2],
-            a2_3 = in(reg32) a[2][3],
-            a3_0 = in(reg32) a[3][0],
-            a3_1 = in(reg32) a[3][1],
-            a3_2 = in(reg32) a[3][2],
-            a3_3 = in(reg32) a[3][3],
-            desc = in(reg64) desc,
-            one = in(reg32) 1u32,
-            options(nostack),
-        );
+        wgmma_start!(
+            shape "m64n128k16", scale_a "1", trans_b "1",
+            acc acc [
+                0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+                32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63
+            ],
+            a a, desc desc,
+            steps [
+                0: [64 65 66 67] + 0,
+                1: [68 69 70 71] + 128,
+                2: [72 73 74 75] + 256,
+                3: [76 77 78 79] + 384,
+            ]
+        )
     }
 }
 
