@@ -131,3 +131,14 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     assert!(!body.contains("CALL."), "hopper SASS holds a call");
     assert!(!SM80.contains(HOPPER_KERNEL), "the portable PTX must not contain the Hopper kernel");
 }
+
+/// The launch bound the builder writes into the Hopper entry matches the block size the
+/// launcher uses.
+#[test]
+fn hopper_entry_directives_match_the_layout() {
+    let start = SM90A.find(&format!(".entry {HOPPER_KERNEL}(")).expect("hopper entry in the PTX");
+    let body = &SM90A[start..];
+    let header = &body[..body.find('{').expect("entry body")];
+    let directive = format!(".maxntid {HOPPER_THREADS}, 1, 1");
+    assert!(header.contains(&directive), "hopper entry lacks `{directive}`:\n{header}");
+}

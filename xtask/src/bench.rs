@@ -47,7 +47,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let best = kda.resolve(Kernel::Auto);
     for kernel in [best, Kernel::Baseline] {
-        println!("{kernel:?}: {} CTAs per SM", kda.ctas_per_sm(kernel).map_err(err)?);
+        match kda.ctas_per_sm(kernel) {
+            Ok(n) => println!("{kernel:?}: {n} CTAs per SM"),
+            Err(e) => println!("{kernel:?}: CTAs per SM not known ({e})"),
+        }
     }
     let mut rows = Vec::new();
     let mut table = vec![format!(
