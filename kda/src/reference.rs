@@ -101,7 +101,7 @@ pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
 /// The same recurrence with every sum and the state in f32, as a kernel computes it (bf16
 /// products, f32 accumulation; only the summation order differs).
 ///
-/// Its error against [`reference`] is the rounding floor of f32 arithmetic on a problem: the
+/// Its error against [`reference()`] is the rounding floor of f32 arithmetic on a problem: the
 /// recurrence rounds `S` and `Vn` to bf16 every chunk, so a last-bit difference of an f32 sum
 /// sometimes flips a bf16 rounding, and on long sequences these flips add up. On SPEC's random
 /// inputs this floor grows with the sequence length (about 4e-4 at 2048 tokens, 9e-4 at 8192 and
