@@ -42,7 +42,8 @@ pub struct Schedule {
 
 impl Schedule {
     /// The LPT schedule of every (sequence, head, column block) item of `plan` over at most
-    /// `max_workers` workers (fewer when there are fewer items; none for an empty batch).
+    /// `max_workers` workers (fewer when there are fewer items; none for an empty batch; one if
+    /// `max_workers` is 0).
     ///
     /// # Panics
     /// If the item count does not fit in `u32` (the launcher rejects such batches first).
@@ -50,7 +51,7 @@ impl Schedule {
         let lengths = plan.lengths();
         let count = lengths.len() * heads * col_blocks;
         let count32 = u32::try_from(count).expect("work items exceed u32");
-        let workers = max_workers.min(count);
+        let workers = max_workers.max(1).min(count);
         // Longest first; ties in item order, so the column blocks of a head stay adjacent.
         let mut order: Vec<u32> = (0..count32).collect();
         let cost = |item: u32| item_cost(lengths[item as usize / (heads * col_blocks)]);
@@ -115,5 +116,7 @@ mod tests {
         assert_eq!((s.workers(), s.items_of(0), s.items_of(1)), (2, &[0u32][..], &[1u32][..]));
         let empty = Schedule::lpt(&Plan::from_lengths(&[]), 4, 2, 132);
         assert_eq!((empty.workers(), empty.table()), (0, vec![0]));
+        let one = Schedule::lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0);
+        assert_eq!((one.workers(), one.items_of(0)), (1, &[0u32, 1, 2, 3][..]));
     }
 }
