@@ -137,7 +137,7 @@ impl Kda {
             _ => None,
         };
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
-        // with no tokens, or beyond 2^31 tokens, take the baseline kernel.
+        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline.
         let hopper = hopper.filter(|_| {
             dims.tokens > 0 && dims.tokens <= i32::MAX as usize && dims.chunks * heads <= i32::MAX as usize
         });
@@ -474,10 +474,8 @@ pub struct KdaOutputs<'a> {
 /// A [`Problem`] copied to the device with output buffers, for tools and tests that start from
 /// host data.
 pub struct DeviceProblem {
-    /// The uploaded plan.
+    /// The uploaded plan (with its head count).
     pub plan: DevicePlan,
-    /// Heads `H`.
-    pub heads: usize,
     /// `k` on the device.
     pub k: CudaSlice<bf16>,
     /// `w` on the device.
@@ -506,7 +504,6 @@ impl DeviceProblem {
         let up_f = |v: &[f32]| stream.clone_htod(non_empty(v, 0.0).as_ref());
         Ok(Self {
             plan: DevicePlan::new(stream, p.plan.clone(), p.heads)?,
-            heads: p.heads,
             k: up_bf(&p.k)?,
             w: up_bf(&p.w)?,
             u: up_bf(&p.u)?,
@@ -520,7 +517,7 @@ impl DeviceProblem {
 
     /// The sizes of the problem.
     pub fn dims(&self) -> Dims {
-        Dims::new(self.plan.plan(), self.heads)
+        Dims::new(self.plan.plan(), self.plan.heads())
     }
 
     /// Launches `kernel` on the uploaded tensors.
