@@ -215,28 +215,6 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     d
 }
 
-/// `st.shared.u16 [addr], v;`
-///
-/// # Safety
-/// `addr` is a 2-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn st_shared_u16(addr: u32, v: u16) {
-    // SAFETY: see the function's contract.
-    unsafe { asm!("st.shared.u16 [{a}], {v};", a = in(reg32) addr, v = in(reg16) v, options(nostack)) }
-}
-
-/// `ld.shared.u16 v, [addr];`
-///
-/// # Safety
-/// `addr` is a 2-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn ld_shared_u16(addr: u32) -> u16 {
-    let v: u16;
-    // SAFETY: see the function's contract.
-    unsafe { asm!("ld.shared.u16 {v}, [{a}];", v = out(reg16) v, a = in(reg32) addr, options(nostack, readonly)) };
-    v
-}
-
 /// `ld.shared.f32 v, [addr];`
 ///
 /// # Safety
@@ -333,21 +311,6 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
              options(nostack, readonly))
     };
     [a, b]
-}
-
-/// `ld.global.nc.v4.b32`: 16 read-only bytes from global memory.
-///
-/// # Safety
-/// `ptr` is 16-byte aligned and addresses 16 readable bytes no kernel writes during the launch.
-#[inline(always)]
-pub unsafe fn ld_global_nc_v4(ptr: *const u16) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("ld.global.nc.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a, y = out(reg32) b,
-             z = out(reg32) c, w = out(reg32) d, p = in(reg64) ptr, options(nostack, readonly))
-    };
-    [a, b, c, d]
 }
 
 /// `st.global.v4.b32`: 16 bytes to global memory.
