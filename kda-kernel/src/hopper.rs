@@ -336,8 +336,7 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
     let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
     let hd = item.head as i32;
     for c in 0..chunks {
-        let s = *ring % STAGES;
-        let round = (*ring / STAGES) as u32;
+        let (s, round) = ring_slot(*ring);
         *ring += 1;
         // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
         // the wait for a free stage instead of delaying this chunk's TMA loads.
@@ -483,6 +482,21 @@ unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: b
     }
 }
 
+/// The ring stage of the `ring`-th chunk a CTA loads (or consumes), and the round it is in (whose
+/// parity the stage's barriers wait on).
+#[inline(always)]
+fn ring_slot(ring: usize) -> (usize, u32) {
+    (ring % STAGES, (ring / STAGES) as u32)
+}
+
+/// A wgmma accumulator fragment rounded to bf16 as the A operand of the next product: the
+/// accumulator layout of an `m64nN` product is the register-A layout of a k-step, 8 f32 (4 packed
+/// pairs) per 16 columns.
+#[inline(always)]
+fn a_fragments<const STEPS: usize>(acc: &[f32]) -> [[u32; 4]; STEPS] {
+    core::array::from_fn(|ks| core::array::from_fn(|p| pack_bf16x2(acc[8 * ks + 2 * p], acc[8 * ks + 2 * p + 1])))
+}
+
 /// f32 registers of the state `S^T` per consumer thread (the m64n128 accumulator).
 const STATE_REGS: usize = K_DIM / 2;
 /// f32 registers of `Vn^T` per consumer thread (the m64n64 accumulator).
@@ -502,7 +516,7 @@ unsafe fn consume_chunks(
     ring: &mut usize,
 ) {
     for c in 0..item.chunks() {
-        let (st, round) = (*ring % STAGES, *ring / STAGES);
+        let (st, round) = ring_slot(*ring);
         *ring += 1;
         let stage = smem.stage(st);
         let rows = item.rows(c);
@@ -511,7 +525,7 @@ unsafe fn consume_chunks(
         // SAFETY (block): shared addresses are inside the allocation's tiles; global stores are
         // this item's rows of `h` and the chunk's valid rows of `v_new`.
         unsafe {
-            mbarrier_wait(smem.full(st), (round & 1) as u32);
+            mbarrier_wait(smem.full(st), round & 1);
 
             // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for
             //    `h`. The barrier keeps this from overwriting the staging tile while the previous
@@ -527,12 +541,7 @@ unsafe fn consume_chunks(
                     vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
                 }
             }
-            let mut a1 = [[0u32; 4]; K_DIM / 16];
-            for (ks, a) in a1.iter_mut().enumerate() {
-                for (p, x) in a.iter_mut().enumerate() {
-                    *x = pack_bf16x2(s[8 * ks + 2 * p], s[8 * ks + 2 * p + 1]);
-                }
-            }
+            let a1: [[u32; 4]; K_DIM / 16] = a_fragments(s);
             if tid == STORE_THREAD {
                 bulk_wait_group_read();
             }
@@ -562,12 +571,7 @@ unsafe fn consume_chunks(
                     *x = 0.0;
                 }
             }
-            let mut a2 = [[0u32; 4]; CHUNK / 16];
-            for (ks, a) in a2.iter_mut().enumerate() {
-                for (p, x) in a.iter_mut().enumerate() {
-                    *x = pack_bf16x2(vn[8 * ks + 2 * p], vn[8 * ks + 2 * p + 1]);
-                }
-            }
+            let a2: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
             for (step, a) in a2.iter().enumerate() {
                 let (t, chunk) = matrix_row(tid, step);
                 stmatrix_x4_trans(smem.vn() + swizzled(t, chunk), *a);
