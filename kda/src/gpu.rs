@@ -247,9 +247,7 @@ impl Kda {
         inputs: &KdaInputs<'_>,
         outputs: &KdaOutputs<'_>,
     ) -> Result<(), KdaError> {
-        if dims.heads == 0 {
-            return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
-        }
+        // `heads >= 1` holds: `DevicePlan::new` rejects 0.
         let ordinal = self.ctx.ordinal();
         for (name, actual) in [("stream", stream.context().ordinal()), ("plan", plan.ordinal)] {
             if actual != ordinal {
