@@ -35,18 +35,17 @@
 
 use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, grid_dim_x, smem_base_shared, sync_threads, thread_idx_x};
 use crate::layout::hopper::{
-    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, HDR_REST_BEGIN, HDR_REST_END, HEADER_WORDS, KEY_BOXES,
-    RECORD_WORDS, REC_CHUNK_START, REC_ITEM, REC_LEN, REC_TOKEN_START, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
-    SMEM_RECORD, SMEM_VN, STAGES, STAGE_BYTES, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
+    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
+    SMEM_VN, STAGES, STAGE_BYTES, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
 };
-use crate::layout::{CHUNK, K_DIM, V_DIM};
+use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 use crate::param_address;
 use crate::sm90::{
-    bulk_commit_group, bulk_wait_group_read, fence_mbarrier_init, fence_proxy_async, ld_global_v4, ld_shared_f32,
-    ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_expect_tx,
-    mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2, st_global_v4, st_shared_f32, st_shared_v4,
-    stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d, tma_store_3d, wgmma_state_start,
-    wgmma_vn_start, wgmma_wait_state, wgmma_wait_vn, TensorMap,
+    fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
+    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
+    st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
+    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
+    wgmma_wait_state, wgmma_wait_vn, TensorMap,
 };
 
 /// Bytes of one 128-byte swizzle row (64 bf16) and of its 16-byte chunks.
@@ -120,87 +119,52 @@ impl Smem {
     fn h0(self) -> u32 {
         self.base + SMEM_H0 as u32
     }
-    fn record(self) -> u32 {
-        self.base + SMEM_RECORD as u32
-    }
-    /// The item slot (record and `h0` block) is filled.
-    fn item_full(self) -> u32 {
+    fn h0_full(self) -> u32 {
         self.base + (SMEM_BARRIERS + 2 * STAGES * 8) as u32
     }
-    /// The consumer has taken the item slot's contents.
-    fn item_empty(self) -> u32 {
+    fn h0_empty(self) -> u32 {
         self.base + (SMEM_BARRIERS + (2 * STAGES + 1) * 8) as u32
     }
 }
 
-/// This CTA's list of work items: its header of the launcher's schedule table (the first item's
-/// record and where the rest of its list lies), read by both roles.
+/// This CTA's list of work items (a slice of the launcher's schedule), read by both roles.
 struct Work {
-    /// This CTA's header (`HEADER_WORDS` u32).
-    header: *const u32,
-    /// The records after the headers; this CTA's items after the first are
-    /// `records[rest_begin..rest_end]`.
-    records: *const u32,
-    rest_begin: usize,
-    rest_end: usize,
+    /// The schedule's items; this CTA runs `list[first..end]`.
+    list: *const u32,
+    first: usize,
+    end: usize,
+    seqs: *const i64,
+    heads: usize,
 }
 
 impl Work {
-    /// The header of worker `worker` of `table` (`workers` headers, then the records).
+    /// Items in this CTA's list.
+    fn len(&self) -> usize {
+        self.end - self.first
+    }
+
+    /// The `n`-th item of this CTA's list. An item `(seq * heads + head) * COL_BLOCKS + block`
+    /// is one column block of one head of one sequence.
     ///
     /// # Safety
-    /// `table` is the schedule table of exactly `workers` workers and `worker < workers`.
+    /// `n < self.len()`; the schedule names only sequences of the plan, whose descriptors
+    /// `seqs` holds.
     #[inline(always)]
-    unsafe fn of(table: *const u32, workers: usize, worker: usize) -> Self {
+    unsafe fn item(&self, n: usize) -> Item {
         // SAFETY: see the function's contract.
         unsafe {
-            let header = table.add(worker * HEADER_WORDS);
-            Self {
-                header,
-                records: table.add(workers * HEADER_WORDS),
-                rest_begin: *header.add(HDR_REST_BEGIN) as usize,
-                rest_end: *header.add(HDR_REST_END) as usize,
+            let id = *self.list.add(self.first + n) as usize;
+            let (seq, head) = (id / (COL_BLOCKS * self.heads), (id / COL_BLOCKS) % self.heads);
+            let d = self.seqs.add(seq * SEQ_DESC_WORDS);
+            Item {
+                token_start: *d.add(DESC_TOKEN_START) as usize,
+                len: *d.add(DESC_LEN) as usize,
+                chunk_start: *d.add(DESC_CHUNK_START) as usize,
+                seq,
+                head,
+                heads: self.heads,
+                vcol0: (id % COL_BLOCKS) * BV,
             }
-        }
-    }
-
-    /// Items in this CTA's list (every worker has at least one).
-    fn len(&self) -> usize {
-        1 + self.rest_end - self.rest_begin
-    }
-
-    /// The record of the `n`-th item of this CTA's list.
-    ///
-    /// # Safety
-    /// `n < self.len()`.
-    #[inline(always)]
-    unsafe fn record(&self, n: usize) -> Record {
-        // SAFETY: see the function's contract; records and headers are 16-byte aligned.
-        unsafe {
-            let at = if n == 0 { self.header } else { self.records.add((self.rest_begin + n - 1) * RECORD_WORDS) };
-            Record(ld_global_v4(at))
-        }
-    }
-}
-
-/// One item's record of the schedule table (`REC_*` words).
-#[derive(Clone, Copy)]
-struct Record([u32; RECORD_WORDS]);
-
-impl Record {
-    /// The item this record names, for a launch of `heads` heads.
-    #[inline(always)]
-    fn item(self, heads: usize) -> Item {
-        let id = self.0[REC_ITEM] as usize;
-        let state_row = id / COL_BLOCKS;
-        Item {
-            token_start: self.0[REC_TOKEN_START] as usize,
-            len: self.0[REC_LEN] as usize,
-            chunk_start: self.0[REC_CHUNK_START] as usize,
-            state_row,
-            head: state_row % heads,
-            heads,
-            vcol0: (id % COL_BLOCKS) * BV,
         }
     }
 }
@@ -211,9 +175,7 @@ struct Item {
     token_start: usize,
     len: usize,
     chunk_start: usize,
-    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`
-    /// (`seq * heads + head`).
-    state_row: usize,
+    seq: usize,
     head: usize,
     heads: usize,
     /// First value column of this CTA's block.
@@ -223,6 +185,10 @@ struct Item {
 impl Item {
     fn chunks(&self) -> usize {
         self.len.div_ceil(CHUNK)
+    }
+    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
+    fn state_row(&self) -> usize {
+        self.seq * self.heads + self.head
     }
     /// Valid rows of chunk `c`.
     fn rows(&self, c: usize) -> usize {
@@ -236,10 +202,8 @@ impl Item {
 
 /// Warp-specialized recurrence kernel. Grid: the schedule's workers (at most one CTA per SM) of
 /// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
-/// `work` is the schedule's table (`kda::schedule::Schedule::table`): `gridDim.x` headers of
-/// `HEADER_WORDS` words, then records of `RECORD_WORDS` words; CTA `b` runs the record in its
-/// header, then `records[rest_begin..rest_end]`. A record carries its sequence's descriptor, so
-/// the kernel does not read `seqs`.
+/// `work` is the schedule's table: `gridDim.x + 1` offsets, then the item numbers
+/// `(seq * heads + head) * COL_BLOCKS + block`; CTA `b` runs items `offsets[b]..offsets[b + 1]`.
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
 /// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` and `vmap` map `u` and `v_new`
@@ -274,16 +238,24 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _h: *mut u16,
     v_new: *mut u16,
     ht: *mut f32,
-    _seqs: *const i64,
+    seqs: *const i64,
     heads: u32,
     work: *const u32,
 ) {
     if heads == 0 {
         return; // never launched so; makes the `% heads` below provably safe
     }
-    let heads = heads as usize;
+    let worker = block_idx_x();
     // SAFETY: the launcher sizes the grid to the schedule's workers; `work` is its table.
-    let work = unsafe { Work::of(work, grid_dim_x(), block_idx_x()) };
+    let work = unsafe {
+        Work {
+            list: work.add(grid_dim_x() + 1),
+            first: *work.add(worker) as usize,
+            end: *work.add(worker + 1) as usize,
+            seqs,
+            heads: heads as usize,
+        }
+    };
     let smem = Smem { base: smem_base_shared() };
     let tid = thread_idx_x();
     if tid == 0 {
@@ -293,8 +265,8 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
                 mbarrier_init(smem.full(s), 1);
                 mbarrier_init(smem.empty(s), CONSUMER_THREADS as u32);
             }
-            mbarrier_init(smem.item_full(), 1);
-            mbarrier_init(smem.item_empty(), CONSUMER_THREADS as u32);
+            mbarrier_init(smem.h0_full(), 1);
+            mbarrier_init(smem.h0_empty(), CONSUMER_THREADS as u32);
         }
         fence_mbarrier_init();
     }
@@ -312,143 +284,63 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
             h0: if h0.is_null() { None } else { Some(param_address!("kda_fwd_h_hopper_param_8")) },
         };
         // SAFETY: the launcher's validation makes every row the producer touches exist.
-        unsafe { produce(&work, smem, tid - CONSUMER_THREADS, maps, gk, heads) };
+        unsafe { produce(&work, smem, tid - CONSUMER_THREADS, maps, gk) };
     } else {
         let maps = [param_address!("kda_fwd_h_hopper_param_6"), param_address!("kda_fwd_h_hopper_param_7")];
         // SAFETY: as above, for the consumer's loads and stores.
-        unsafe { consume(work.len(), smem, tid, maps, !h0.is_null(), v_new, ht, heads) };
+        unsafe { consume(&work, smem, tid, maps, !h0.is_null(), v_new, ht) };
     }
 }
 
-/// The producer warp's loop over this CTA's items and their chunks. Per item it announces the
-/// item to the consumer through the item slot (its record, and its `h0` block by TMA), then loads
-/// its chunks. The ring position runs on across items, and the next item's record and first gate
-/// row are read one item (one chunk) ahead, so the next item's first loads go out as soon as a
-/// stage is free.
+/// The producer warp's loop over this CTA's items and their chunks. The ring position runs on
+/// across items, so the next item's initial state and first chunks load while the consumer still
+/// works on the current item.
 ///
 /// # Safety
 /// Called by the 32 lanes of the producer warp only; tensors as the kernel documents.
 #[inline(always)]
-unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32, heads: usize) {
+unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
     let mut ring = 0usize; // chunks loaded so far: the ring stage and its round
-    // SAFETY: every list has a first item.
-    let mut record = unsafe { work.record(0) };
-    // The current item's first gate row, when the previous item's last chunk read it.
-    let mut first_gate = None;
     for n in 0..work.len() {
-        let item = record.item(heads);
-        // SAFETY: n + 1 < len.
-        let next = if n + 1 < work.len() { Some(unsafe { work.record(n + 1) }) } else { None };
-        // SAFETY: the slot is free once the consumer took the previous item (a fresh barrier
-        // counts as having completed the phase before its first); the record's store is
-        // released by the arrival that completes the slot's phase.
-        unsafe {
-            mbarrier_wait(smem.item_empty(), ((n & 1) ^ 1) as u32);
-            if lane == 0 {
-                st_shared_v4(smem.record(), record.0);
-                match maps.h0 {
-                    Some(h0map) => {
-                        mbarrier_arrive_expect_tx(smem.item_full(), H0_TX_BYTES);
-                        let row = item.state_row as i32;
-                        tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, row, smem.item_full());
-                    }
-                    None => mbarrier_arrive(smem.item_full()),
+        // SAFETY: n < len.
+        let item = unsafe { work.item(n) };
+        if let Some(h0map) = maps.h0 {
+            // SAFETY: the slot is free once the consumer read the previous item's state (a
+            // fresh barrier counts as having completed the phase before its first).
+            unsafe {
+                mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
+                if lane == 0 {
+                    mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
+                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row() as i32, smem.h0_full());
                 }
             }
         }
-        let next_item = next.map(|r| r.item(heads));
         // SAFETY: as this function's.
-        unsafe { produce_chunks(&item, next_item.as_ref(), smem, lane, &maps, gk, &mut ring, &mut first_gate) };
-        if let Some(r) = next {
-            record = r;
-        }
+        unsafe { produce_chunks(&item, smem, lane, &maps, gk, &mut ring) };
     }
 }
 
-/// Lane `lane`'s `GATE_PER_LANE` columns (`lane + 32 i`) of the last gate row of chunk `c` of
-/// `item`.
-///
-/// # Safety
-/// `c < item.chunks()`; `gk` holds `[T, H, K]` (the launcher validated it).
-#[inline(always)]
-unsafe fn gate_row(gk: *const f32, item: &Item, c: usize, lane: usize) -> [f32; GATE_PER_LANE] {
-    // SAFETY: the chunk's last valid row exists.
-    let last = unsafe { gk.add(item.row(item.token_start + c * CHUNK + item.rows(c) - 1)) };
-    core::array::from_fn(|i| unsafe { *last.add(lane + 32 * i) })
-}
-
-/// `exp2` of a chunk's last gate row into stage `s`'s decay row (each lane its columns).
-///
-/// # Safety
-/// Producer lanes only; stage `s` is free.
-#[inline(always)]
-unsafe fn write_decay(smem: Smem, s: usize, gate: &[f32; GATE_PER_LANE], lane: usize) {
-    for (i, &g) in gate.iter().enumerate() {
-        // SAFETY: inside the stage's decay row.
-        unsafe { st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g)) };
-    }
-}
-
-/// The TMA loads of a full chunk starting at token `tok0` into stage `s`: both boxes of `k` and
-/// of `w`, and the item's `u` box, completing on the stage's `full` barrier.
-///
-/// # Safety
-/// One lane; stage `s` is free and its barrier expects `STAGE_TX_BYTES`; the chunk's 64 rows
-/// belong to the item's sequence.
-#[inline(always)]
-unsafe fn load_full_chunk(smem: Smem, s: usize, maps: &LoadMaps, item: &Item, tok0: usize) {
-    let (stage, t, hd) = (smem.stage(s), tok0 as i32, item.head as i32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        for b in 0..KEY_BOXES {
-            let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
-            tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, smem.full(s));
-            tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, smem.full(s));
-        }
-        tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s));
-    }
-}
-
-/// The producer's loads of one item's chunks, from ring position `ring` on. `first_gate` holds
-/// the item's first gate row if the previous item read it, and leaves holding the next item's.
+/// The producer's loads of one item's chunks, from ring position `ring` on.
 ///
 /// # Safety
 /// As for [`produce`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn produce_chunks(
-    item: &Item,
-    next: Option<&Item>,
-    smem: Smem,
-    lane: usize,
-    maps: &LoadMaps,
-    gk: *const f32,
-    ring: &mut usize,
-    first_gate: &mut Option<[f32; GATE_PER_LANE]>,
-) {
-    let chunks = item.chunks();
-    if chunks == 0 {
-        return; // (the previous item read no gate row for an item without chunks)
-    }
-    // SAFETY (both): the chunks exist.
-    let (mut gate, mut early) = match first_gate.take() {
-        Some(g) => (g, false),
-        None => (unsafe { gate_row(gk, item, 0, lane) }, true),
+unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, gk: *const f32, ring: &mut usize) {
+    // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + 32 i`) per lane.
+    // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
+    let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
+        let last = unsafe { gk.add(item.row(item.token_start + c * CHUNK + item.rows(c) - 1)) };
+        core::array::from_fn(|i| unsafe { *last.add(lane + 32 * i) })
     };
+    let chunks = item.chunks();
+    let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
     let hd = item.head as i32;
     for c in 0..chunks {
         let (s, round) = ring_slot(*ring);
         *ring += 1;
-        let last = c + 1 == chunks;
-        // The next chunk's gate row (the next item's first, after the last chunk) is read one
-        // chunk ahead, so its latency hides behind the wait for a free stage instead of
-        // delaying that chunk's TMA loads.
-        // SAFETY (both): the chunks exist.
-        let next_gate = match (last, next) {
-            (false, _) => Some(unsafe { gate_row(gk, item, c + 1, lane) }),
-            (true, Some(nx)) if nx.chunks() > 0 => Some(unsafe { gate_row(gk, nx, 0, lane) }),
-            _ => None,
-        };
+        // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
+        // the wait for a free stage instead of delaying this chunk's TMA loads.
+        let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
         // SAFETY (block): barrier and tile addresses are inside the allocation; every box read
         // lies inside the chunk's valid rows of this sequence.
         unsafe {
@@ -456,26 +348,22 @@ unsafe fn produce_chunks(
             mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
             let tok0 = item.token_start + c * CHUNK;
             let rows = item.rows(c);
+            for (i, &g) in gate.iter().enumerate() {
+                st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g));
+            }
+            gate = next;
             let stage = smem.stage(s);
-            if rows == CHUNK && early {
-                // The gate row was read just now (the CTA's first item): the tiles' loads go out
-                // first, and the decay row joins them before the arrival that completes the
-                // stage's phase.
-                if lane == 0 {
-                    mbarrier_expect_tx(smem.full(s), STAGE_TX_BYTES);
-                    load_full_chunk(smem, s, maps, item, tok0);
-                }
-                write_decay(smem, s, &gate, lane);
-                sync_warp();
-                if lane == 0 {
-                    mbarrier_arrive(smem.full(s));
-                }
-            } else if rows == CHUNK {
-                write_decay(smem, s, &gate, lane);
+            if rows == CHUNK {
                 sync_warp();
                 if lane == 0 {
                     mbarrier_arrive_expect_tx(smem.full(s), STAGE_TX_BYTES);
-                    load_full_chunk(smem, s, maps, item, tok0);
+                    let t = tok0 as i32;
+                    for b in 0..KEY_BOXES {
+                        let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
+                        tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, smem.full(s));
+                    }
+                    tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s));
                 }
             } else {
                 // Tail epilogue: one-row boxes for the valid rows only (the 128-byte swizzle
@@ -483,7 +371,6 @@ unsafe fn produce_chunks(
                 // the full box would put it). `k` rows past the end are zeroed: product 2 reads
                 // them (times zero columns of Vn^T, which would still turn stale NaNs into NaN);
                 // `w` and `u` rows there only reach Vn rows that the consumer masks to zero.
-                write_decay(smem, s, &gate, lane);
                 zero_key_rows(stage + STAGE_K as u32, rows, lane);
                 fence_proxy_async();
                 sync_warp();
@@ -503,12 +390,6 @@ unsafe fn produce_chunks(
                     r += 32;
                 }
             }
-        }
-        early = false;
-        if last {
-            *first_gate = next_gate;
-        } else if let Some(g) = next_gate {
-            gate = g;
         }
     }
 }
@@ -560,45 +441,35 @@ fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
     (16 * warp + lane / QUAD + 8 * (q / 2), 8 * j + 2 * (lane % QUAD) + q % 2)
 }
 
-/// The consumer warpgroup's loop over this CTA's `items` items: per item, its record and
-/// initial state (or zeros) from the producer's item slot, the chunks, and the final state.
+/// The consumer warpgroup's loop over this CTA's items: per item, the initial state from the
+/// producer's `h0` slot (or zeros), the chunks, and the final state.
 ///
 /// # Safety
 /// Called by the 128 consumer threads only; tensors as the kernel documents.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn consume(
-    items: usize,
-    smem: Smem,
-    tid: usize,
-    maps: [u64; 2],
-    has_h0: bool,
-    v_new: *mut u16,
-    ht: *mut f32,
-    heads: usize,
-) {
+unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: bool, v_new: *mut u16, ht: *mut f32) {
     let mut ring = 0usize; // chunks consumed so far: the ring stage and its round
-    for n in 0..items {
+    for n in 0..work.len() {
+        // SAFETY: n < len.
+        let item = unsafe { work.item(n) };
         let mut s = [0f32; STATE_REGS];
-        // SAFETY: the slot holds item `n`'s record (and `[K][BV]` f32 `h0` block) once
-        // `item_full` completes phase `n`; the consumer releases it right after reading.
-        let item = unsafe {
-            mbarrier_wait(smem.item_full(), (n & 1) as u32);
-            let item = Record(ld_shared_v4(smem.record())).item(heads);
-            if has_h0 {
+        if has_h0 {
+            // SAFETY: the slot holds this item's `[K][BV]` f32 block once `h0_full` completes
+            // phase `n`; the consumer releases it right after reading.
+            unsafe {
+                mbarrier_wait(smem.h0_full(), (n & 1) as u32);
                 for (e, x) in s.iter_mut().enumerate() {
                     let (v, kk) = acc_coords(tid, e);
                     *x = ld_shared_f32(smem.h0() + ((kk * BV + v) * 4) as u32);
                 }
+                mbarrier_arrive(smem.h0_empty());
             }
-            mbarrier_arrive(smem.item_empty());
-            item
-        };
+        }
         // SAFETY: as this function's.
         unsafe { consume_chunks(&item, smem, maps, v_new, &mut s, &mut ring) };
         if !ht.is_null() {
             let tid = thread_idx_x_fresh();
-            let base = item.state_row * K_DIM * V_DIM + item.vcol0;
+            let base = item.state_row() * K_DIM * V_DIM + item.vcol0;
             for (e, &x) in s.iter().enumerate() {
                 let (v, kk) = acc_coords(tid, e);
                 // SAFETY: ht holds [N][H][K][V]; (kk, vcol0 + v) is inside this item's state.
@@ -607,9 +478,7 @@ unsafe fn consume(
         }
     }
     if tid == STORE_THREAD {
-        // Shared memory must outlive the stores reading it; their writes complete on their own
-        // before the grid does.
-        bulk_wait_group_read();
+        bulk_wait_group(); // shared memory must outlive the stores reading it
     }
 }
 

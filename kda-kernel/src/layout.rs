@@ -119,12 +119,9 @@ pub mod hopper {
     /// f32, unswizzled): the consumer starts an item from shared memory instead of waiting on
     /// a global load of 32 KB.
     pub const SMEM_H0: usize = SMEM_VN + CHUNK * BV * 2;
-    /// Offset of the item slot's record (`RECORD_WORDS` u32): the producer announces each item
-    /// to the consumer through it, so the consumer never waits on a global read of the schedule.
-    pub const SMEM_RECORD: usize = SMEM_H0 + K_DIM * BV * 4;
-    /// Offset of the mbarriers, 8 bytes each: `full[STAGES]`, `empty[STAGES]`, then the item
-    /// slot's (record and `h0` block) `full` and `empty`.
-    pub const SMEM_BARRIERS: usize = SMEM_RECORD + RECORD_WORDS * 4;
+    /// Offset of the mbarriers, 8 bytes each: `full[STAGES]`, `empty[STAGES]`, then the `h0`
+    /// slot's `full` and `empty`.
+    pub const SMEM_BARRIERS: usize = SMEM_H0 + K_DIM * BV * 4;
     /// mbarriers in shared memory.
     pub const BARRIERS: usize = 2 * STAGES + 2;
     /// Dynamic shared memory of one CTA.
@@ -133,31 +130,6 @@ pub mod hopper {
     /// has this many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
-    /// `u32` words of one work record of the schedule table: the item's sequence's first token,
-    /// its length and its first chunk in `h` (`REC_*`), then the item number
-    /// `(seq * heads + head) * COL_BLOCKS + block`. Everything a CTA needs to start an item
-    /// arrives in one 16-byte read.
-    pub const RECORD_WORDS: usize = 4;
-    /// Index of the first-token word of a record.
-    pub const REC_TOKEN_START: usize = 0;
-    /// Index of the length word of a record.
-    pub const REC_LEN: usize = 1;
-    /// Index of the first-chunk word of a record.
-    pub const REC_CHUNK_START: usize = 2;
-    /// Index of the item-number word of a record.
-    pub const REC_ITEM: usize = 3;
-    /// `u32` words of one worker's header at the start of the schedule table: the worker's first
-    /// record, then the first and the end index (in records, after the headers) of the rest of
-    /// its list, then padding. 32 bytes, one memory sector: a CTA learns its first item and its
-    /// list in one global round trip.
-    pub const HEADER_WORDS: usize = 8;
-    /// Index of the rest-of-list begin word of a header.
-    pub const HDR_REST_BEGIN: usize = RECORD_WORDS;
-    /// Index of the rest-of-list end word of a header.
-    pub const HDR_REST_END: usize = RECORD_WORDS + 1;
-
-    const _: () = assert!(HEADER_WORDS * 4 == 32 && HDR_REST_END < HEADER_WORDS);
-    const _: () = assert!(SMEM_RECORD % 16 == 0);
     const _: () = assert!(STAGE_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0);
     const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");

@@ -313,36 +313,6 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     [a, b]
 }
 
-/// `ld.global.v4.b32`: 16 bytes from global memory.
-///
-/// # Safety
-/// `ptr` is 16-byte aligned and addresses 16 readable bytes that no thread writes while the
-/// kernel runs.
-#[inline(always)]
-pub unsafe fn ld_global_v4(ptr: *const u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("ld.global.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a, y = out(reg32) b,
-             z = out(reg32) c, w = out(reg32) d, p = in(reg64) ptr, options(nostack, readonly))
-    };
-    [a, b, c, d]
-}
-
-/// `mbarrier.expect_tx.shared::cta.b64 [bar], bytes;`: announces the bytes the TMA loads issued
-/// next will deliver to the barrier's current phase, without arriving (the phase then still
-/// needs its arrivals).
-///
-/// # Safety
-/// `bar` is an initialised mbarrier in shared memory.
-#[inline(always)]
-pub unsafe fn mbarrier_expect_tx(bar: u32, bytes: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("mbarrier.expect_tx.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) bytes, options(nostack))
-    }
-}
-
 /// `st.global.v4.b32`: 16 bytes to global memory.
 ///
 /// # Safety

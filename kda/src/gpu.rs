@@ -138,12 +138,8 @@ impl Kda {
         };
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
         // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline.
-        // (The plan's schedule table exists exactly when its offsets fit its 32-bit records.)
         let hopper = hopper.filter(|_| {
-            dims.tokens > 0
-                && dims.tokens <= i32::MAX as usize
-                && dims.chunks * heads <= i32::MAX as usize
-                && plan.work.is_some()
+            dims.tokens > 0 && dims.tokens <= i32::MAX as usize && dims.chunks * heads <= i32::MAX as usize
         });
         // The Hopper kernel runs the plan's persistent schedule; the baseline one CTA per item.
         let items = match hopper {
@@ -184,13 +180,7 @@ impl Kda {
             None => (0, None),
         };
         let (seqs, _gs) = plan.descriptors.device_ptr(stream);
-        let (work, _gw) = match (&plan.work, hopper) {
-            (Some(t), Some(_)) => {
-                let (p, g) = t.device_ptr(stream);
-                (p, Some(g))
-            }
-            _ => (0, None),
-        };
+        let (work, _gw) = plan.work.device_ptr(stream);
         let maps = match hopper {
             Some(_) => Some([
                 TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
@@ -406,9 +396,7 @@ pub struct DevicePlan {
     heads: usize,
     schedule: Schedule,
     descriptors: CudaSlice<i64>,
-    /// The schedule's table for the Hopper kernel (`None` for an empty batch, or one whose
-    /// offsets exceed its 32-bit records: the baseline kernel runs those).
-    work: Option<CudaSlice<u32>>,
+    work: CudaSlice<u32>,
     ordinal: usize,
 }
 
@@ -437,10 +425,7 @@ impl DevicePlan {
             table.push(0);
         }
         let descriptors = stream.clone_htod(&table)?;
-        let work = match schedule.table(&plan) {
-            Some(t) if !t.is_empty() => Some(stream.clone_htod(&t)?),
-            _ => None,
-        };
+        let work = stream.clone_htod(&schedule.table())?;
         Ok(Self { plan, heads, schedule, descriptors, work, ordinal: stream.context().ordinal() })
     }
 

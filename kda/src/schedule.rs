@@ -38,8 +38,6 @@ pub fn item_cost(len: usize) -> u64 {
 pub struct Schedule {
     offsets: Vec<u32>,
     items: Vec<u32>,
-    heads: usize,
-    col_blocks: usize,
 }
 
 impl Schedule {
@@ -73,7 +71,7 @@ impl Schedule {
             items.extend(list);
             offsets.push(items.len() as u32);
         }
-        Self { offsets, items, heads, col_blocks }
+        Self { offsets, items }
     }
 
     /// Workers (CTAs of the persistent grid).
@@ -86,40 +84,9 @@ impl Schedule {
         &self.items[self.offsets[w] as usize..self.offsets[w + 1] as usize]
     }
 
-    /// The table the Hopper kernel reads for this schedule of `plan` (the plan it was built
-    /// from): one `HEADER_WORDS` header per worker (its first item's record and where the rest
-    /// of its list lies), then the records (`RECORD_WORDS` each) of every worker's other items,
-    /// worker by worker. A record carries the item's sequence descriptor, so a CTA starts an
-    /// item after one read instead of a chain of them. `None` if a token or chunk offset does
-    /// not fit the records' 32 bits (such batches run on the baseline kernel).
-    pub fn table(&self, plan: &Plan) -> Option<Vec<u32>> {
-        use kda_kernel::layout::hopper::{
-            HDR_REST_BEGIN, HDR_REST_END, HEADER_WORDS, RECORD_WORDS, REC_CHUNK_START, REC_ITEM, REC_LEN,
-            REC_TOKEN_START,
-        };
-        let record = |item: u32| -> Option<[u32; RECORD_WORDS]> {
-            let seq = &plan.seqs()[item as usize / (self.heads * self.col_blocks)];
-            let mut r = [0u32; RECORD_WORDS];
-            r[REC_TOKEN_START] = u32::try_from(seq.token_start).ok()?;
-            r[REC_LEN] = u32::try_from(seq.len).ok()?;
-            r[REC_CHUNK_START] = u32::try_from(seq.chunk_start).ok()?;
-            r[REC_ITEM] = item;
-            Some(r)
-        };
-        let workers = self.workers();
-        let mut headers = vec![0u32; workers * HEADER_WORDS];
-        let mut rest = Vec::with_capacity((self.items.len() - workers) * RECORD_WORDS);
-        for (w, header) in headers.chunks_exact_mut(HEADER_WORDS).enumerate() {
-            let (first, others) = self.items_of(w).split_first().expect("every worker has an item");
-            header[..RECORD_WORDS].copy_from_slice(&record(*first)?);
-            header[HDR_REST_BEGIN] = (rest.len() / RECORD_WORDS) as u32;
-            for &item in others {
-                rest.extend(record(item)?);
-            }
-            header[HDR_REST_END] = (rest.len() / RECORD_WORDS) as u32;
-        }
-        headers.extend(rest);
-        Some(headers)
+    /// The table the kernel reads: `workers + 1` offsets, then the items.
+    pub fn table(&self) -> Vec<u32> {
+        self.offsets.iter().chain(&self.items).copied().collect()
     }
 
     /// The modelled finishing time of the busiest worker, given each item's cost.
@@ -140,10 +107,7 @@ mod tests {
         // Sequence 1's four items (2 heads x 2 blocks) are the longest: one per worker, in order.
         let firsts: Vec<u32> = (0..4).map(|w| s.items_of(w)[0]).collect();
         assert_eq!(firsts, vec![4, 5, 6, 7]);
-        let table = s.table(&plan).unwrap();
-        assert_eq!(table.len(), 4 * 8 + (12 - 4) * 4);
-        // Worker 0: item 4 (sequence 1: tokens 64.., 4096 long, chunks 1..), then two more.
-        assert_eq!(&table[..8], &[64, 4096, 1, 4, 0, 2, 0, 0]);
+        assert_eq!(s.table().len(), 5 + 12);
     }
 
     #[test]
@@ -151,7 +115,7 @@ mod tests {
         let s = Schedule::lpt(&Plan::from_lengths(&[10]), 1, 2, 132);
         assert_eq!((s.workers(), s.items_of(0), s.items_of(1)), (2, &[0u32][..], &[1u32][..]));
         let empty = Schedule::lpt(&Plan::from_lengths(&[]), 4, 2, 132);
-        assert_eq!((empty.workers(), empty.table(&Plan::from_lengths(&[]))), (0, Some(vec![])));
+        assert_eq!((empty.workers(), empty.table()), (0, vec![0]));
         let one = Schedule::lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0);
         assert_eq!((one.workers(), one.items_of(0)), (1, &[0u32, 1, 2, 3][..]));
     }
