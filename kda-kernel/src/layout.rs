@@ -111,8 +111,9 @@ pub mod hopper {
 
     /// Offset of the per-stage decay rows (`exp2` of the chunk's last gate row, f32 `[K]`).
     pub const SMEM_DECAY: usize = STAGES * STAGE_BYTES;
-    /// Offset of the `bf16(S)` staging tile (`[K][BV]`) the `h` stores read.
-    pub const SMEM_H: usize = SMEM_DECAY + STAGES * K_DIM * 4;
+    /// Offset of the `bf16(S)` staging tile (`[K][BV]`) the `h` stores read: after the decay
+    /// rows, rounded up to the 1024 bytes the 128-byte swizzle of its TMA store needs.
+    pub const SMEM_H: usize = (SMEM_DECAY + STAGES * K_DIM * 4).next_multiple_of(1024);
     /// Offset of the `bf16(Vn)` staging tile (`[CHUNK][BV]`) the `v_new` stores read.
     pub const SMEM_VN: usize = SMEM_H + K_DIM * BV * 2;
     /// Offset of the slot the producer loads the next item's initial state into (`[K][BV]`
