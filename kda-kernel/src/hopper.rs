@@ -36,7 +36,7 @@
 use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, grid_dim_x, smem_base_shared, sync_threads, thread_idx_x};
 use crate::layout::hopper::{
     BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
-    SMEM_VN, STAGES, STAGE_BYTES, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
+    SMEM_VN, STAGES, STAGE_BYTES, STAGING, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
 };
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 use crate::param_address;
@@ -104,11 +104,11 @@ impl Smem {
     fn decay(self, s: usize) -> u32 {
         self.base + (SMEM_DECAY + s * K_DIM * 4) as u32
     }
-    fn h(self) -> u32 {
-        self.base + SMEM_H as u32
+    fn h(self, buf: usize) -> u32 {
+        self.base + (SMEM_H + buf * K_DIM * BV * 2) as u32
     }
-    fn vn(self) -> u32 {
-        self.base + SMEM_VN as u32
+    fn vn(self, buf: usize) -> u32 {
+        self.base + (SMEM_VN + buf * CHUNK * BV * 2) as u32
     }
     fn full(self, s: usize) -> u32 {
         self.base + (SMEM_BARRIERS + s * 8) as u32
@@ -517,6 +517,8 @@ unsafe fn consume_chunks(
 ) {
     for c in 0..item.chunks() {
         let (st, round) = ring_slot(*ring);
+        // The staging buffers go round robin by chunk, like the ring.
+        let buf = *ring % STAGING;
         *ring += 1;
         let stage = smem.stage(st);
         let rows = item.rows(c);
@@ -543,12 +545,14 @@ unsafe fn consume_chunks(
             }
             let a1: [[u32; 4]; K_DIM / 16] = a_fragments(s);
             if tid == STORE_THREAD {
-                bulk_wait_group_read();
+                // The stores of the chunk that last used this buffer have read it (one bulk
+                // group per chunk).
+                bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
             }
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             for (ks, a) in a1.iter().enumerate() {
                 let (kk, chunk) = matrix_row(tid, ks);
-                stmatrix_x4_trans(smem.h() + swizzled(kk, chunk), *a);
+                stmatrix_x4_trans(smem.h(buf) + swizzled(kk, chunk), *a);
             }
 
             // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay
@@ -574,7 +578,7 @@ unsafe fn consume_chunks(
             let a2: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
             for (step, a) in a2.iter().enumerate() {
                 let (t, chunk) = matrix_row(tid, step);
-                stmatrix_x4_trans(smem.vn() + swizzled(t, chunk), *a);
+                stmatrix_x4_trans(smem.vn(buf) + swizzled(t, chunk), *a);
             }
 
             // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave through TMA stores
@@ -586,9 +590,9 @@ unsafe fn consume_chunks(
             if tid == STORE_THREAD {
                 let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
                 let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
-                tma_store_3d(hmap, vcol0, 0, state_row, smem.h());
+                tma_store_3d(hmap, vcol0, 0, state_row, smem.h(buf));
                 if rows == CHUNK {
-                    tma_store_3d(vmap, vcol0, head, tok0 as i32, smem.vn());
+                    tma_store_3d(vmap, vcol0, head, tok0 as i32, smem.vn(buf));
                 }
                 bulk_commit_group();
             }
@@ -596,7 +600,7 @@ unsafe fn consume_chunks(
                 let mut i = tid;
                 while i < rows * CHUNKS_PER_ROW {
                     let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
-                    let bits = ld_shared_v4(smem.vn() + swizzled(t, j));
+                    let bits = ld_shared_v4(smem.vn(buf) + swizzled(t, j));
                     st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * 8), bits);
                     i += CONSUMER_THREADS;
                 }

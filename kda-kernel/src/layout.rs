@@ -111,15 +111,19 @@ pub mod hopper {
 
     /// Offset of the per-stage decay rows (`exp2` of the chunk's last gate row, f32 `[K]`).
     pub const SMEM_DECAY: usize = STAGES * STAGE_BYTES;
-    /// Offset of the `bf16(S)` staging tile (`[K][BV]`) the `h` stores read: after the decay
+    /// Offset of the `bf16(S)` staging tiles (`STAGING` of `[K][BV]`) the `h` stores read: after the decay
     /// rows, rounded up to the 1024 bytes the 128-byte swizzle of its TMA store needs.
     pub const SMEM_H: usize = (SMEM_DECAY + STAGES * K_DIM * 4).next_multiple_of(1024);
-    /// Offset of the `bf16(Vn)` staging tile (`[CHUNK][BV]`) the `v_new` stores read.
-    pub const SMEM_VN: usize = SMEM_H + K_DIM * BV * 2;
+    /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
+    /// chunk: with one, a chunk waits until the previous chunk's TMA stores have read theirs
+    /// before it stages its own.
+    pub const STAGING: usize = 1;
+    /// Offset of the `bf16(Vn)` staging tiles (`STAGING` of `[CHUNK][BV]`) the `v_new` stores read.
+    pub const SMEM_VN: usize = SMEM_H + STAGING * K_DIM * BV * 2;
     /// Offset of the slot the producer loads the next item's initial state into (`[K][BV]`
     /// f32, unswizzled): the consumer starts an item from shared memory instead of waiting on
     /// a global load of 32 KB.
-    pub const SMEM_H0: usize = SMEM_VN + CHUNK * BV * 2;
+    pub const SMEM_H0: usize = SMEM_VN + STAGING * CHUNK * BV * 2;
     /// Offset of the mbarriers, 8 bytes each: `full[STAGES]`, `empty[STAGES]`, then the `h0`
     /// slot's `full` and `empty`.
     pub const SMEM_BARRIERS: usize = SMEM_H0 + K_DIM * BV * 4;

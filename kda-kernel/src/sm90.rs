@@ -132,12 +132,13 @@ pub fn bulk_commit_group() {
     unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
 }
 
-/// `cp.async.bulk.wait_group.read 0;`: waits until every bulk async-group this thread committed
-/// has finished reading its shared-memory source, so the staging tiles may be rewritten.
+/// `cp.async.bulk.wait_group.read PENDING;`: waits until all but the newest `PENDING` bulk
+/// async-groups this thread committed have finished reading their shared-memory sources, so
+/// their staging tiles may be rewritten.
 #[inline(always)]
-pub fn bulk_wait_group_read() {
+pub fn bulk_wait_group_read<const PENDING: u32>() {
     // SAFETY: no operands.
-    unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
+    unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const PENDING, options(nostack)) }
 }
 
 /// `cp.async.bulk.wait_group 0;`: waits until every bulk async-group this thread committed has
