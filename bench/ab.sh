@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B timing of kernel builds on the GPU machine: each `kda` binary given (built from an earlier
 # commit and carried over) runs the same inputs, fixed_8192 and mixed_6, median of 100 launches.
-# Usage: OUT=dir bash bench/ab.sh path/to/kda-a path/to/kda-b ...
+# Usage: OUT=dir [SHAPES="fixed_8192 ..."] bash bench/ab.sh path/to/kda-a path/to/kda-b ...
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-ab}
 mkdir -p "$OUT"
@@ -11,7 +11,7 @@ python3 bench/foreign_roundtrip.py make "$OUT/fixed_32k.safetensors" 32768 64 >/
 # 256 sequences of 1 to 64 tokens, like the bench's decode_like (other lengths, same law).
 decode=$(python3 -c 'import random; random.seed(5); print(",".join(str(random.randint(1, 64)) for _ in range(256)))')
 python3 bench/foreign_roundtrip.py make "$OUT/decode_like.safetensors" "$decode" 64 >/dev/null
-for shape in fixed_8192 mixed_6 fixed_32k decode_like; do
+for shape in ${SHAPES:-fixed_8192 mixed_6 fixed_32k decode_like}; do
     for bin in "$@"; do
         printf '%-12s %-28s ' "$shape" "$bin"
         "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median
