@@ -19,7 +19,8 @@
 //! * **Consumer** (warps 0-3, one warpgroup): holds `S^T` (`[64 v][128 k]` f32) as a wgmma
 //!   accumulator in registers, starting each item from the `h0` slot (or zeros) and ending it
 //!   by storing `ht` from registers; per chunk it waits on `full`, then
-//!   1. loads `u^T` into product 1's accumulator and stages `bf16(S)` for `h`,
+//!   1. loads `u^T` into product 1's accumulator and stages `bf16(S)` for `h` (in one of
+//!      `STAGING` = 2 buffers, so the previous chunk's stores need not have read theirs yet),
 //!   2. decays the state (`S^T *= exp2(gk_last)` per key column) and computes
 //!      `Vn^T = u^T - bf16(S^T) @ w^T` (wgmma, A from registers, B = `w` tile),
 //!   3. masks `Vn` rows past the chunk's end to zero and stages `bf16(Vn)`,
@@ -29,7 +30,7 @@
 //!      would write into the next sequence),
 //!   5. waits for the product and releases the stage (`empty`).
 //!
-//! The producer runs up to `STAGES` chunks ahead, so the loads of the next chunk overlap the
+//! The producer runs up to `STAGES` = 3 chunks ahead, so the loads of the next chunk overlap the
 //! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
 //! the math or written.
 
@@ -530,8 +531,8 @@ unsafe fn consume_chunks(
             mbarrier_wait(smem.full(st), round & 1);
 
             // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for
-            //    `h`. The barrier keeps this from overwriting the staging tile while the previous
-            //    chunk's TMA store still reads it.
+            //    `h`. The barrier keeps this from overwriting a staging buffer while the TMA store
+            //    of the chunk that last used it (`STAGING` chunks back) still reads it.
             let mut vn = [0f32; VN_REGS];
             for step in 0..CHUNK / 16 {
                 let (t, chunk) = matrix_row(tid, step);

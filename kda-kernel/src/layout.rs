@@ -84,10 +84,14 @@ pub mod hopper {
     pub const THREADS: usize = CONSUMER_THREADS + PRODUCER_THREADS;
     /// Shared-memory ring depth. A CTA streams about 40 KB of tiles per chunk and the SM's share of
     /// DRAM bandwidth is about 32 GB/s, so covering a microsecond of load latency (Little's law)
-    /// needs more than one chunk in flight: four stages keep three chunks loading while one is
-    /// computed (measured: two stages gave 0.60 of the floor on fixed_8192; see bench/RESULTS.md).
-    /// The ring then takes 160 KB, so one CTA runs per SM.
-    pub const STAGES: usize = 4;
+    /// needs more than one chunk in flight (two stages gave 0.60 of the floor on fixed_8192).
+    /// More is not better: with every SM keeping several stages of reads outstanding the memory
+    /// system serves the output stores worse, and loading further ahead measured slower each
+    /// time it was tried (bench/RESULTS.md, runs 8 to 10). Three stages, with the 40 KB the
+    /// fourth took spent on a second output staging buffer (`STAGING`), measured fastest:
+    /// fixed_8192 211.0 -> 209.1 us, fixed_32k 824.6 -> 817.0 us against four stages and one
+    /// buffer (two stages and two buffers: 223 and 874 us).
+    pub const STAGES: usize = 3;
 
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
     /// the 128-byte swizzle allows.
@@ -111,13 +115,15 @@ pub mod hopper {
 
     /// Offset of the per-stage decay rows (`exp2` of the chunk's last gate row, f32 `[K]`).
     pub const SMEM_DECAY: usize = STAGES * STAGE_BYTES;
-    /// Offset of the `bf16(S)` staging tiles (`STAGING` of `[K][BV]`) the `h` stores read: after the decay
-    /// rows, rounded up to the 1024 bytes the 128-byte swizzle of its TMA store needs.
+    /// Offset of the `bf16(S)` staging tiles (`STAGING` of `[K][BV]`) the `h` stores read: after
+    /// the decay rows, rounded up to the 1024 bytes the 128-byte swizzle of its TMA store needs.
     pub const SMEM_H: usize = (SMEM_DECAY + STAGES * K_DIM * 4).next_multiple_of(1024);
     /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
-    /// chunk: with one, a chunk waits until the previous chunk's TMA stores have read theirs
-    /// before it stages its own.
-    pub const STAGING: usize = 1;
+    /// chunk. With one, a chunk waits until the previous chunk's TMA stores have read theirs
+    /// before it stages its own; with two the wait is for the stores of two chunks back, which
+    /// have had a whole chunk's time (measured: three stages with two buffers beat three with
+    /// one, 209.1 vs 210.3 us on fixed_8192, 817.0 vs 820.5 on fixed_32k).
+    pub const STAGING: usize = 2;
     /// Offset of the `bf16(Vn)` staging tiles (`STAGING` of `[CHUNK][BV]`) the `v_new` stores read.
     pub const SMEM_VN: usize = SMEM_H + STAGING * K_DIM * BV * 2;
     /// Offset of the slot the producer loads the next item's initial state into (`[K][BV]`
