@@ -145,5 +145,9 @@ pub mod hopper {
     const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
     const _: () = assert!(SMEM_H0 % 1024 == 0 && SMEM_BARRIERS % 8 == 0);
+    const _: () = assert!(
+        SMEM_H % 1024 == 0 && SMEM_VN % 1024 == 0 && (K_DIM * BV * 2) % 1024 == 0 && (CHUNK * BV * 2) % 1024 == 0,
+        "every staging buffer starts 1024-byte aligned, as the swizzled TMA stores need"
+    );
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 }
