@@ -45,7 +45,7 @@ use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
     mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
-    tma_store_3d, bulk_commit_group, bulk_wait_group, bulk_wait_group_read, wgmma_state_start, wgmma_vn_start,
+    tma_store_3d, bulk_commit_group, bulk_wait_group_read, prefetch_tensormap, wgmma_state_start, wgmma_vn_start,
     wgmma_wait_state, wgmma_wait_vn, TensorMap,
 };
 
@@ -259,6 +259,25 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     };
     let smem = Smem { base: smem_base_shared() };
     let tid = thread_idx_x();
+    let load_maps = LoadMaps {
+        k: param_address!("kda_fwd_h_hopper_param_0"),
+        w: param_address!("kda_fwd_h_hopper_param_1"),
+        u: param_address!("kda_fwd_h_hopper_param_2"),
+        k_row: param_address!("kda_fwd_h_hopper_param_3"),
+        w_row: param_address!("kda_fwd_h_hopper_param_4"),
+        u_row: param_address!("kda_fwd_h_hopper_param_5"),
+        h0: if h0.is_null() { None } else { Some(param_address!("kda_fwd_h_hopper_param_8")) },
+    };
+    let store_maps = [param_address!("kda_fwd_h_hopper_param_6"), param_address!("kda_fwd_h_hopper_param_7")];
+    if tid == CONSUMER_THREADS {
+        // The descriptors' fetch overlaps the CTA's setup instead of delaying its first copies.
+        // SAFETY: each address is a tensor-map parameter (`h0`'s only when `h0` is given).
+        unsafe {
+            load_maps.prefetch();
+            prefetch_tensormap(store_maps[0]);
+            prefetch_tensormap(store_maps[1]);
+        }
+    }
     if tid == 0 {
         // SAFETY: barrier slots inside the allocation; published by the CTA barrier below.
         unsafe {
@@ -275,21 +294,11 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     unsafe { sync_threads() };
 
     if tid >= CONSUMER_THREADS {
-        let maps = LoadMaps {
-            k: param_address!("kda_fwd_h_hopper_param_0"),
-            w: param_address!("kda_fwd_h_hopper_param_1"),
-            u: param_address!("kda_fwd_h_hopper_param_2"),
-            k_row: param_address!("kda_fwd_h_hopper_param_3"),
-            w_row: param_address!("kda_fwd_h_hopper_param_4"),
-            u_row: param_address!("kda_fwd_h_hopper_param_5"),
-            h0: if h0.is_null() { None } else { Some(param_address!("kda_fwd_h_hopper_param_8")) },
-        };
         // SAFETY: the launcher's validation makes every row the producer touches exist.
-        unsafe { produce(&work, smem, tid - CONSUMER_THREADS, maps, gk) };
+        unsafe { produce(&work, smem, tid - CONSUMER_THREADS, load_maps, gk) };
     } else {
-        let maps = [param_address!("kda_fwd_h_hopper_param_6"), param_address!("kda_fwd_h_hopper_param_7")];
         // SAFETY: as above, for the consumer's loads and stores.
-        unsafe { consume(&work, smem, tid, maps, !h0.is_null(), v_new, ht) };
+        unsafe { consume(&work, smem, tid, store_maps, !h0.is_null(), v_new, ht) };
     }
 }
 
@@ -409,6 +418,29 @@ struct LoadMaps {
     h0: Option<u64>,
 }
 
+impl LoadMaps {
+    /// Prefetches every map into the TMA unit's descriptor cache.
+    ///
+    /// # Safety
+    /// The addresses are the kernel's tensor-map parameters.
+    #[inline(always)]
+    unsafe fn prefetch(&self) {
+        // (One call per map: a loop over an array of them would put the array on the stack.)
+        // SAFETY: see the function's contract.
+        unsafe {
+            prefetch_tensormap(self.k);
+            prefetch_tensormap(self.w);
+            prefetch_tensormap(self.u);
+            prefetch_tensormap(self.k_row);
+            prefetch_tensormap(self.w_row);
+            prefetch_tensormap(self.u_row);
+            if let Some(h0) = self.h0 {
+                prefetch_tensormap(h0);
+            }
+        }
+    }
+}
+
 /// Gate columns each producer lane reads and exponentiates per chunk.
 const GATE_PER_LANE: usize = K_DIM / 32;
 /// Bytes of one item's initial state block (`[K][BV]` f32).
@@ -479,7 +511,9 @@ unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: b
         }
     }
     if tid == STORE_THREAD {
-        bulk_wait_group(); // shared memory must outlive the stores reading it
+        // Shared memory must outlive the stores reading it; their global writes complete before
+        // the grid does without waiting here.
+        bulk_wait_group_read::<0>();
     }
 }
 

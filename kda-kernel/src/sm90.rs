@@ -141,12 +141,15 @@ pub fn bulk_wait_group_read<const PENDING: u32>() {
     unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const PENDING, options(nostack)) }
 }
 
-/// `cp.async.bulk.wait_group 0;`: waits until every bulk async-group this thread committed has
-/// completed, its global writes included.
+/// `prefetch.tensormap [map];`: starts fetching the tensor map at generic address `map` into the
+/// TMA unit's descriptor cache, so that the first copy through it does not wait for the fetch.
+///
+/// # Safety
+/// `map` is the generic address of a tensor map in parameter, constant or global memory.
 #[inline(always)]
-pub fn bulk_wait_group() {
-    // SAFETY: no operands.
-    unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) }
+pub unsafe fn prefetch_tensormap(map: u64) {
+    // SAFETY: see the function's contract; a prefetch reads nothing the program sees.
+    unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) map, options(nostack)) }
 }
 
 /// `fence.proxy.async.shared::cta;`: orders this thread's ordinary shared-memory writes before
