@@ -39,7 +39,10 @@ use crate::layout::hopper::{
     BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
     SMEM_VN, STAGES, STAGE_BYTES, STAGING, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
 };
-use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
+use crate::layout::{
+    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
+    ITEM_WORDS, K_DIM, V_DIM,
+};
 use crate::param_address;
 use crate::sm90::{
     fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
@@ -128,45 +131,52 @@ impl Smem {
     }
 }
 
-/// This CTA's list of work items (a slice of the launcher's schedule), read by both roles.
+/// The launcher's schedule table: one record per work item, linked per worker (see
+/// `layout::ITEM_WORDS`). Both roles walk their CTA's list from record `blockIdx.x` on.
 struct Work {
-    /// The schedule's items; this CTA runs `list[first..end]`.
-    list: *const u32,
-    first: usize,
-    end: usize,
-    seqs: *const i64,
+    records: *const Record,
     heads: usize,
 }
 
-impl Work {
-    /// Items in this CTA's list.
-    fn len(&self) -> usize {
-        self.end - self.first
-    }
+/// One work-item record, read whole (two 16-byte loads).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Record([u32; ITEM_WORDS]);
 
-    /// The `n`-th item of this CTA's list. An item `(seq * heads + head) * COL_BLOCKS + block`
-    /// is one column block of one head of one sequence.
-    ///
-    /// # Safety
-    /// `n < self.len()`; the schedule names only sequences of the plan, whose descriptors
-    /// `seqs` holds.
+impl Work {
+    /// This CTA's items, in order.
+    fn items(&self) -> Items<'_> {
+        Items { work: self, next: block_idx_x() as u32 }
+    }
+}
+
+/// The iterator of [`Work::items`]: follows the records' next words.
+struct Items<'a> {
+    work: &'a Work,
+    next: u32,
+}
+
+impl Iterator for Items<'_> {
+    type Item = Item;
+
     #[inline(always)]
-    unsafe fn item(&self, n: usize) -> Item {
-        // SAFETY: see the function's contract.
-        unsafe {
-            let id = *self.list.add(self.first + n) as usize;
-            let (seq, head) = (id / (COL_BLOCKS * self.heads), (id / COL_BLOCKS) % self.heads);
-            let d = self.seqs.add(seq * SEQ_DESC_WORDS);
-            Item {
-                token_start: *d.add(DESC_TOKEN_START) as usize,
-                len: *d.add(DESC_LEN) as usize,
-                chunk_start: *d.add(DESC_CHUNK_START) as usize,
-                seq,
-                head,
-                heads: self.heads,
-                vcol0: (id % COL_BLOCKS) * BV,
-            }
+    fn next(&mut self) -> Option<Item> {
+        if self.next == ITEM_LAST {
+            return None;
         }
+        // SAFETY: the kernel's contract: the table holds a record for every worker and every
+        // record's next word names a record of the table or is `ITEM_LAST`.
+        let Record(r) = unsafe { *self.work.records.add(self.next as usize) };
+        self.next = r[ITEM_NEXT];
+        Some(Item {
+            token_start: r[ITEM_TOKEN_START] as usize,
+            len: r[ITEM_LEN] as usize,
+            chunk_start: r[ITEM_CHUNK_START] as usize,
+            state_row: r[ITEM_STATE_ROW] as usize,
+            head: r[ITEM_HEAD] as usize,
+            heads: self.work.heads,
+            vcol0: r[ITEM_VCOL0] as usize,
+        })
     }
 }
 
@@ -176,7 +186,8 @@ struct Item {
     token_start: usize,
     len: usize,
     chunk_start: usize,
-    seq: usize,
+    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
+    state_row: usize,
     head: usize,
     heads: usize,
     /// First value column of this CTA's block.
@@ -186,10 +197,6 @@ struct Item {
 impl Item {
     fn chunks(&self) -> usize {
         self.len.div_ceil(CHUNK)
-    }
-    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
-    fn state_row(&self) -> usize {
-        self.seq * self.heads + self.head
     }
     /// Valid rows of chunk `c`.
     fn rows(&self, c: usize) -> usize {
@@ -203,8 +210,9 @@ impl Item {
 
 /// Warp-specialized recurrence kernel. Grid: the schedule's workers (at most one CTA per SM) of
 /// `layout::hopper::THREADS` threads, `layout::hopper::SMEM_BYTES` of dynamic shared memory.
-/// `work` is the schedule's table: `gridDim.x + 1` offsets, then the item numbers
-/// `(seq * heads + head) * COL_BLOCKS + block`; CTA `b` runs items `offsets[b]..offsets[b + 1]`.
+/// `work` is the schedule's table of work-item records (`layout::ITEM_WORDS` words each, 32-byte
+/// aligned); CTA `b` runs the items linked from record `b` on. (`seqs`, the plan's descriptors,
+/// is the baseline's argument: the records carry what the descriptors would give.)
 ///
 /// `kmap`, `wmap` are tensor maps of `k` and `w` as 3-D `[T][H][128]` bf16 tensors with
 /// `[64 tokens][1][64]` boxes and the 128-byte swizzle; `umap` and `vmap` map `u` and `v_new`
@@ -219,7 +227,8 @@ impl Item {
 /// # Safety
 /// As for `kda_fwd_h_baseline`; the tensor maps must describe exactly `k`, `w`, `u`, `h`,
 /// `v_new` and (when not null) `h0`; `work` is a schedule of exactly `gridDim.x` workers that
-/// names each item of the plan once.
+/// names each item of the plan once, its every next word naming a record of the table or being
+/// `ITEM_LAST`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _kmap: TensorMap,
@@ -239,24 +248,14 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _h: *mut u16,
     v_new: *mut u16,
     ht: *mut f32,
-    seqs: *const i64,
+    _seqs: *const i64,
     heads: u32,
     work: *const u32,
 ) {
     if heads == 0 {
         return; // never launched so; makes the `% heads` below provably safe
     }
-    let worker = block_idx_x();
-    // SAFETY: the launcher sizes the grid to the schedule's workers; `work` is its table.
-    let work = unsafe {
-        Work {
-            list: work.add(grid_dim_x() + 1),
-            first: *work.add(worker) as usize,
-            end: *work.add(worker + 1) as usize,
-            seqs,
-            heads: heads as usize,
-        }
-    };
+    let work = Work { records: work.cast(), heads: heads as usize };
     let smem = Smem { base: smem_base_shared() };
     let tid = thread_idx_x();
     let load_maps = LoadMaps {
@@ -311,9 +310,7 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
 #[inline(always)]
 unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
     let mut ring = 0usize; // chunks loaded so far: the ring stage and its round
-    for n in 0..work.len() {
-        // SAFETY: n < len.
-        let item = unsafe { work.item(n) };
+    for (n, item) in work.items().enumerate() {
         if let Some(h0map) = maps.h0 {
             // SAFETY: the slot is free once the consumer read the previous item's state (a
             // fresh barrier counts as having completed the phase before its first).
@@ -321,7 +318,7 @@ unsafe fn produce(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *con
                 mbarrier_wait(smem.h0_empty(), ((n & 1) ^ 1) as u32);
                 if lane == 0 {
                     mbarrier_arrive_expect_tx(smem.h0_full(), H0_TX_BYTES);
-                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row() as i32, smem.h0_full());
+                    tma_load_3d(smem.h0(), h0map, item.vcol0 as i32, 0, item.state_row as i32, smem.h0_full());
                 }
             }
         }
@@ -482,9 +479,7 @@ fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
 #[inline(always)]
 unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: bool, v_new: *mut u16, ht: *mut f32) {
     let mut ring = 0usize; // chunks consumed so far: the ring stage and its round
-    for n in 0..work.len() {
-        // SAFETY: n < len.
-        let item = unsafe { work.item(n) };
+    for (n, item) in work.items().enumerate() {
         let mut s = [0f32; STATE_REGS];
         if has_h0 {
             // SAFETY: the slot holds this item's `[K][BV]` f32 block once `h0_full` completes
@@ -502,7 +497,7 @@ unsafe fn consume(work: &Work, smem: Smem, tid: usize, maps: [u64; 2], has_h0: b
         unsafe { consume_chunks(&item, smem, maps, v_new, &mut s, &mut ring) };
         if !ht.is_null() {
             let tid = thread_idx_x_fresh();
-            let base = item.state_row() * K_DIM * V_DIM + item.vcol0;
+            let base = item.state_row * K_DIM * V_DIM + item.vcol0;
             for (e, &x) in s.iter().enumerate() {
                 let (v, kk) = acc_coords(tid, e);
                 // SAFETY: ht holds [N][H][K][V]; (kk, vcol0 + v) is inside this item's state.

@@ -22,6 +22,28 @@ pub const DESC_LEN: usize = 1;
 /// Index of the first-chunk word in a sequence descriptor.
 pub const DESC_CHUNK_START: usize = 2;
 
+/// Words (`u32`) per work-item record of the Hopper kernel's schedule table: everything a CTA
+/// needs to start an item, in one 32-byte read (no second read of the sequence's descriptor on
+/// the path to the item's first loads). Worker `b`'s first item is record `b`; each record names
+/// the worker's next one (or [`ITEM_LAST`]).
+pub const ITEM_WORDS: usize = 8;
+/// Index of the state row word (`seq * H + head`, the item's row of `h0` and `ht`) in a record.
+pub const ITEM_STATE_ROW: usize = 0;
+/// Index of the head word in a record.
+pub const ITEM_HEAD: usize = 1;
+/// Index of the first-value-column word (the column block times its width) in a record.
+pub const ITEM_VCOL0: usize = 2;
+/// Index of the sequence's first-token word in a record.
+pub const ITEM_TOKEN_START: usize = 3;
+/// Index of the sequence's length word (tokens) in a record.
+pub const ITEM_LEN: usize = 4;
+/// Index of the sequence's first-chunk word (in `h`) in a record.
+pub const ITEM_CHUNK_START: usize = 5;
+/// Index of the word naming the worker's next record in a record.
+pub const ITEM_NEXT: usize = 6;
+/// The next-record word of a worker's last item.
+pub const ITEM_LAST: u32 = u32::MAX;
+
 /// Number of chunks of a sequence of `len` tokens (`ceil(len / CHUNK)`).
 #[inline(always)]
 pub const fn chunks_of(len: usize) -> usize {

@@ -137,9 +137,13 @@ impl Kda {
             _ => None,
         };
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
-        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline.
+        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline
+        // (which also covers every batch whose work records would not fit in 32 bits).
         let hopper = hopper.filter(|_| {
-            dims.tokens > 0 && dims.tokens <= i32::MAX as usize && dims.chunks * heads <= i32::MAX as usize
+            dims.tokens > 0
+                && dims.tokens <= i32::MAX as usize
+                && dims.chunks * heads <= i32::MAX as usize
+                && plan.work.is_some()
         });
         // The Hopper kernel runs the plan's persistent schedule; the baseline one CTA per item.
         let items = match hopper {
@@ -180,7 +184,13 @@ impl Kda {
             None => (0, None),
         };
         let (seqs, _gs) = plan.descriptors.device_ptr(stream);
-        let (work, _gw) = plan.work.device_ptr(stream);
+        let (work, _gw) = match (hopper, &plan.work) {
+            (Some(_), Some(t)) => {
+                let (p, g) = t.device_ptr(stream);
+                (p, Some(g))
+            }
+            _ => (0, None),
+        };
         let maps = match hopper {
             Some(_) => Some([
                 TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
@@ -229,8 +239,8 @@ impl Kda {
         }
         // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
         // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
-        // built from the same `Plan`, and its schedule names each of the plan's items once for
-        // exactly `grid` workers; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
+        // built from the same `Plan`, and its schedule's records name each of the plan's items
+        // once for exactly `grid` workers; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
         // and `h0` (an unused map only when `h0` is null, which the kernel then never reads
         // through), and TMA stores through them stay inside those buffers; the grid,
         // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
@@ -396,7 +406,8 @@ pub struct DevicePlan {
     heads: usize,
     schedule: Schedule,
     descriptors: CudaSlice<i64>,
-    work: CudaSlice<u32>,
+    /// The Hopper kernel's work records (`Schedule::table`), when the batch's offsets fit them.
+    work: Option<CudaSlice<u32>>,
     ordinal: usize,
 }
 
@@ -425,7 +436,8 @@ impl DevicePlan {
             table.push(0);
         }
         let descriptors = stream.clone_htod(&table)?;
-        let work = stream.clone_htod(&schedule.table())?;
+        // No table (offsets past 32 bits): such batches take the baseline kernel.
+        let work = schedule.table(&plan).map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
         Ok(Self { plan, heads, schedule, descriptors, work, ordinal: stream.context().ordinal() })
     }
 

@@ -19,6 +19,10 @@
 //! once per batch layout (in [`crate::gpu::DevicePlan`]) and uploaded with it.
 
 use crate::Plan;
+use kda_kernel::layout::{
+    ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
+    ITEM_WORDS, V_DIM,
+};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -38,6 +42,8 @@ pub fn item_cost(len: usize) -> u64 {
 pub struct Schedule {
     offsets: Vec<u32>,
     items: Vec<u32>,
+    heads: usize,
+    col_blocks: usize,
 }
 
 impl Schedule {
@@ -71,7 +77,7 @@ impl Schedule {
             items.extend(list);
             offsets.push(items.len() as u32);
         }
-        Self { offsets, items }
+        Self { offsets, items, heads, col_blocks }
     }
 
     /// Workers (CTAs of the persistent grid).
@@ -84,9 +90,35 @@ impl Schedule {
         &self.items[self.offsets[w] as usize..self.offsets[w + 1] as usize]
     }
 
-    /// The table the kernel reads: `workers + 1` offsets, then the items.
-    pub fn table(&self) -> Vec<u32> {
-        self.offsets.iter().chain(&self.items).copied().collect()
+    /// The table the Hopper kernel reads for `plan` (the plan this schedule was made for): one
+    /// record of `ITEM_WORDS` words per item (see `kda_kernel::layout::ITEM_WORDS`). Worker `w`'s
+    /// first item is record `w`, so a CTA reaches its first item's sequence in one read; the rest
+    /// of its list follows the records' next words, through the records after the first items.
+    /// `None` when a token or chunk offset does not fit in 32 bits (the launcher takes the
+    /// baseline kernel for such batches).
+    pub fn table(&self, plan: &Plan) -> Option<Vec<u32>> {
+        let workers = self.workers();
+        // Record of worker `w`'s `n`-th item: the first items, then each worker's others in turn.
+        let record = |w: usize, n: usize| if n == 0 { w } else { workers + self.offsets[w] as usize - w + n - 1 };
+        let mut table = vec![0u32; self.items.len() * ITEM_WORDS];
+        for w in 0..workers {
+            let list = self.items_of(w);
+            for (n, &item) in list.iter().enumerate() {
+                let item = item as usize;
+                let (seq, head, block) = (item / (self.heads * self.col_blocks), (item / self.col_blocks) % self.heads, item % self.col_blocks);
+                let desc = &plan.seqs()[seq];
+                let next = if n + 1 < list.len() { u32::try_from(record(w, n + 1)).ok()? } else { ITEM_LAST };
+                let r = &mut table[record(w, n) * ITEM_WORDS..][..ITEM_WORDS];
+                r[ITEM_STATE_ROW] = u32::try_from(seq * self.heads + head).ok()?;
+                r[ITEM_HEAD] = u32::try_from(head).ok()?;
+                r[ITEM_VCOL0] = u32::try_from(block * (V_DIM / self.col_blocks)).ok()?;
+                r[ITEM_TOKEN_START] = u32::try_from(desc.token_start).ok()?;
+                r[ITEM_LEN] = u32::try_from(desc.len).ok()?;
+                r[ITEM_CHUNK_START] = u32::try_from(desc.chunk_start).ok()?;
+                r[ITEM_NEXT] = next;
+            }
+        }
+        Some(table)
     }
 
     /// The modelled finishing time of the busiest worker, given each item's cost.
@@ -107,7 +139,63 @@ mod tests {
         // Sequence 1's four items (2 heads x 2 blocks) are the longest: one per worker, in order.
         let firsts: Vec<u32> = (0..4).map(|w| s.items_of(w)[0]).collect();
         assert_eq!(firsts, vec![4, 5, 6, 7]);
-        assert_eq!(s.table().len(), 5 + 12);
+        assert_eq!(s.table(&plan).unwrap().len(), 12 * ITEM_WORDS);
+    }
+
+    /// Walks worker `w`'s records from record `w` and returns them.
+    fn walk(table: &[u32], w: usize) -> Vec<&[u32]> {
+        let mut out = Vec::new();
+        let mut r = w as u32;
+        while r != ITEM_LAST {
+            let rec = &table[r as usize * ITEM_WORDS..][..ITEM_WORDS];
+            out.push(rec);
+            r = rec[ITEM_NEXT];
+        }
+        out
+    }
+
+    #[test]
+    fn each_worker_walks_its_own_items_through_the_records() {
+        let plan = Plan::from_lengths(&[200, 0, 65, 1, 4096, 64]);
+        let (heads, col_blocks) = (3, 2);
+        let s = Schedule::lpt(&plan, heads, col_blocks, 5);
+        let table = s.table(&plan).unwrap();
+        let mut seen = vec![0; table.len() / ITEM_WORDS];
+        for w in 0..s.workers() {
+            let records = walk(&table, w);
+            assert_eq!(records.len(), s.items_of(w).len(), "worker {w}");
+            for (rec, &item) in records.iter().zip(s.items_of(w)) {
+                let item = item as usize;
+                let (seq, head, block) = (item / (heads * col_blocks), (item / col_blocks) % heads, item % col_blocks);
+                let d = &plan.seqs()[seq];
+                assert_eq!(
+                    &rec[..ITEM_NEXT],
+                    &[
+                        (seq * heads + head) as u32,
+                        head as u32,
+                        (block * V_DIM / col_blocks) as u32,
+                        d.token_start as u32,
+                        d.len as u32,
+                        d.chunk_start as u32,
+                    ][..],
+                    "worker {w}, item {item}"
+                );
+            }
+            for rec in records {
+                let i = (rec.as_ptr() as usize - table.as_ptr() as usize) / (4 * ITEM_WORDS);
+                seen[i] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "every record is some worker's, once: {seen:?}");
+    }
+
+    #[test]
+    fn offsets_beyond_32_bits_have_no_table() {
+        let plan = Plan::from_lengths(&[1 << 32, 64]);
+        let s = Schedule::lpt(&plan, 1, 2, 4);
+        assert_eq!(s.table(&plan), None);
+        let small = Plan::from_lengths(&[1 << 31, 64]);
+        assert!(Schedule::lpt(&small, 1, 2, 4).table(&small).is_some());
     }
 
     #[test]
@@ -115,7 +203,7 @@ mod tests {
         let s = Schedule::lpt(&Plan::from_lengths(&[10]), 1, 2, 132);
         assert_eq!((s.workers(), s.items_of(0), s.items_of(1)), (2, &[0u32][..], &[1u32][..]));
         let empty = Schedule::lpt(&Plan::from_lengths(&[]), 4, 2, 132);
-        assert_eq!((empty.workers(), empty.table()), (0, vec![0]));
+        assert_eq!((empty.workers(), empty.table(&Plan::from_lengths(&[]))), (0, Some(vec![])));
         let one = Schedule::lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0);
         assert_eq!((one.workers(), one.items_of(0)), (1, &[0u32, 1, 2, 3][..]));
     }
