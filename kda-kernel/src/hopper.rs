@@ -45,8 +45,9 @@ use crate::layout::{
 };
 use crate::param_address;
 use crate::sm90::{
-    fence_mbarrier_init, fence_proxy_async, grid_dependency_wait, grid_launch_dependents, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
-    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
+    fence_mbarrier_init, fence_proxy_async, grid_dependency_wait, grid_launch_dependents, ld_shared_f32,
+    ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init,
+    mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     tma_store_3d, bulk_commit_group, bulk_wait_group_read, prefetch_tensormap, wgmma_state_start, wgmma_vn_start,
     wgmma_wait_state, wgmma_wait_vn, TensorMap,
@@ -363,33 +364,22 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
             mbarrier_wait(smem.empty(s), (round & 1) ^ 1);
             let tok0 = item.token_start + c * CHUNK;
             let rows = item.rows(c);
-            let stage = smem.stage(s);
-            // An item's first full chunk requests its tiles before writing the decay row: its gate
-            // row was requested only just now, and the tiles need not wait for it. (Later chunks
-            // keep the order decay row, then tiles: their gate rows came one chunk ahead, and the
-            // gate-row stall is what paces the producer's run-ahead.)
-            let tiles_first = c == 0 && rows == CHUNK;
-            if tiles_first {
-                sync_warp();
-                if lane == 0 {
-                    mbarrier_expect_tx(smem.full(s), STAGE_TX_BYTES);
-                    load_chunk_tiles(stage, maps, item, tok0, smem.full(s));
-                }
-            }
             for (i, &g) in gate.iter().enumerate() {
                 st_shared_f32(smem.decay(s) + ((lane + 32 * i) * 4) as u32, exp2_approx(g));
             }
             gate = next;
-            if tiles_first {
-                sync_warp();
-                if lane == 0 {
-                    mbarrier_arrive(smem.full(s));
-                }
-            } else if rows == CHUNK {
+            let stage = smem.stage(s);
+            if rows == CHUNK {
                 sync_warp();
                 if lane == 0 {
                     mbarrier_arrive_expect_tx(smem.full(s), STAGE_TX_BYTES);
-                    load_chunk_tiles(stage, maps, item, tok0, smem.full(s));
+                    let t = tok0 as i32;
+                    for b in 0..KEY_BOXES {
+                        let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
+                        tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, smem.full(s));
+                        tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, smem.full(s));
+                    }
+                    tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, smem.full(s));
                 }
             } else {
                 // Tail epilogue: one-row boxes for the valid rows only (the 128-byte swizzle
@@ -417,26 +407,6 @@ unsafe fn produce_chunks(item: &Item, smem: Smem, lane: usize, maps: &LoadMaps, 
                 }
             }
         }
-    }
-}
-
-/// TMA loads of a full chunk's `k`, `w` (two boxes each) and `u` tiles from token `tok0` on into
-/// ring stage `stage`, completing `STAGE_TX_BYTES` on `full`.
-///
-/// # Safety
-/// One producer lane; `stage` is a free ring stage, `full` its barrier, expecting the bytes; the
-/// chunk's `CHUNK` rows are all inside the item's sequence.
-#[inline(always)]
-unsafe fn load_chunk_tiles(stage: u32, maps: &LoadMaps, item: &Item, tok0: usize, full: u32) {
-    let (hd, t) = (item.head as i32, tok0 as i32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        for b in 0..KEY_BOXES {
-            let (col, off) = ((b * BOX_COLS) as i32, (b * BOX_BYTES) as u32);
-            tma_load_3d(stage + STAGE_K as u32 + off, maps.k, col, hd, t, full);
-            tma_load_3d(stage + STAGE_W as u32 + off, maps.w, col, hd, t, full);
-        }
-        tma_load_3d(stage + STAGE_U as u32, maps.u, item.vcol0 as i32, hd, t, full);
     }
 }
 

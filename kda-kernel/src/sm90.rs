@@ -60,21 +60,6 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
-/// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes;`: announces the bytes the TMA
-/// loads issued next will deliver to this barrier's current phase, without arriving (a later
-/// [`mbarrier_arrive`] does, so that writes made in between are released with it).
-///
-/// # Safety
-/// `bar` is an initialised mbarrier in shared memory.
-#[inline(always)]
-pub unsafe fn mbarrier_expect_tx(bar: u32, bytes: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) bytes,
-             options(nostack))
-    }
-}
-
 /// Waits until the phase of parity `parity` of `bar` has completed
 /// (`mbarrier.try_wait.parity.shared::cta.b64` in a loop; acquire at CTA scope).
 ///
