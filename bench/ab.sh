@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B timing of kernel builds on the GPU machine: each `kda` binary given (built from an earlier
 # commit and carried over) runs the same inputs, median of 100 launches, on fixed_8192, mixed_6,
-# fixed_32k and a decode-like batch, or on the shapes `SHAPES` names (only those inputs are made).
+# fixed_32k and a decode-like batch, or on the shapes (those and many_short, tiny) `SHAPES` names (only those inputs are made).
 # Usage: OUT=dir [SHAPES="fixed_8192 ..."] bash bench/ab.sh path/to/kda-a path/to/kda-b ...
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-ab}
@@ -11,6 +11,8 @@ lengths() {
         fixed_8192) echo 8192 ;;
         mixed_6) echo 1300,547,2048,963,271,3063 ;;
         fixed_32k) echo 32768 ;;
+        many_short) python3 -c 'print(",".join(["128"] * 64))' ;;
+        tiny) echo 256 ;;
         # 256 sequences of 1 to 64 tokens, like the bench's decode_like (other lengths, same law).
         decode_like) python3 -c 'import random; random.seed(5); print(",".join(str(random.randint(1, 64)) for _ in range(256)))' ;;
         *) echo "unknown shape $1" >&2; exit 2 ;;
