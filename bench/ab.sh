@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B timing of kernel builds on the GPU machine: each `kda` binary given (built from an earlier
 # commit and carried over) runs the same inputs, median of 100 launches, on fixed_8192, mixed_6,
-# fixed_32k and a decode-like batch, or on the shapes (those and many_short, tiny) `SHAPES` names (only those inputs are made).
+# fixed_32k and a decode-like batch, or on the shapes `SHAPES` names (any of those, many_short and
+# tiny; only those inputs are made).
 # Usage: OUT=dir [SHAPES="fixed_8192 ..."] bash bench/ab.sh path/to/kda-a path/to/kda-b ...
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-ab}
