@@ -142,51 +142,21 @@ mod tests {
         assert_eq!(s.table(&plan).unwrap().len(), 12 * ITEM_WORDS);
     }
 
-    /// Walks worker `w`'s records from record `w` and returns them.
-    fn walk(table: &[u32], w: usize) -> Vec<&[u32]> {
-        let mut out = Vec::new();
-        let mut r = w as u32;
-        while r != ITEM_LAST {
-            let rec = &table[r as usize * ITEM_WORDS..][..ITEM_WORDS];
-            out.push(rec);
-            r = rec[ITEM_NEXT];
-        }
-        out
-    }
-
     #[test]
-    fn each_worker_walks_its_own_items_through_the_records() {
-        let plan = Plan::from_lengths(&[200, 0, 65, 1, 4096, 64]);
-        let (heads, col_blocks) = (3, 2);
-        let s = Schedule::lpt(&plan, heads, col_blocks, 5);
-        let table = s.table(&plan).unwrap();
-        let mut seen = vec![0; table.len() / ITEM_WORDS];
-        for w in 0..s.workers() {
-            let records = walk(&table, w);
-            assert_eq!(records.len(), s.items_of(w).len(), "worker {w}");
-            for (rec, &item) in records.iter().zip(s.items_of(w)) {
-                let item = item as usize;
-                let (seq, head, block) = (item / (heads * col_blocks), (item / col_blocks) % heads, item % col_blocks);
-                let d = &plan.seqs()[seq];
-                assert_eq!(
-                    &rec[..ITEM_NEXT],
-                    &[
-                        (seq * heads + head) as u32,
-                        head as u32,
-                        (block * V_DIM / col_blocks) as u32,
-                        d.token_start as u32,
-                        d.len as u32,
-                        d.chunk_start as u32,
-                    ][..],
-                    "worker {w}, item {item}"
-                );
-            }
-            for rec in records {
-                let i = (rec.as_ptr() as usize - table.as_ptr() as usize) / (4 * ITEM_WORDS);
-                seen[i] += 1;
-            }
-        }
-        assert!(seen.iter().all(|&n| n == 1), "every record is some worker's, once: {seen:?}");
+    fn records_of_a_small_schedule() {
+        // Two sequences (lengths 64 and 200), one head, two blocks, two workers: the four items
+        // cost 3, 3, 6, 6 chunks; worker 0 runs items 2 then 0, worker 1 items 3 then 1.
+        let plan = Plan::from_lengths(&[64, 200]);
+        let s = Schedule::lpt(&plan, 1, 2, 2);
+        assert_eq!((s.items_of(0), s.items_of(1)), (&[2u32, 0][..], &[3u32, 1][..]));
+        let t = s.table(&plan).unwrap();
+        let rec = |r: usize| &t[r * ITEM_WORDS..][..ITEM_WORDS];
+        // Records 0 and 1: the workers' first items (sequence 1, blocks 0 and 1), each naming its
+        // worker's second item (records 2 and 3: sequence 0).
+        assert_eq!(rec(0), &[1, 0, 0, 64, 200, 1, 2, 0][..]);
+        assert_eq!(rec(1), &[1, 0, 64, 64, 200, 1, 3, 0][..]);
+        assert_eq!(rec(2), &[0, 0, 0, 0, 64, 0, ITEM_LAST, 0][..]);
+        assert_eq!(rec(3), &[0, 0, 64, 0, 64, 0, ITEM_LAST, 0][..]);
     }
 
     #[test]

@@ -101,10 +101,29 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
         prop_assert!(list.windows(2).all(|p| cost(p[0]) >= cost(p[1])), "worker {}: {:?}", w, list);
     }
     prop_assert!(seen.iter().all(|&n| n == 1), "items not scheduled exactly once");
-    // The table the kernel reads: offsets, then the items.
-    let table = s.table();
-    prop_assert_eq!(table.len(), s.workers() + 1 + count);
-    prop_assert_eq!(table[s.workers()] as usize, count);
+    // The table the kernel reads: walking the records from record `w` gives worker `w`'s items
+    // in order, each with its sequence's offsets, and reaches every record exactly once.
+    use kda::layout::{ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS};
+    let table = s.table(&plan).expect("small offsets fit the records");
+    prop_assert_eq!(table.len(), count * ITEM_WORDS);
+    let mut visited = vec![0u32; count];
+    for w in 0..s.workers() {
+        let mut r = w as u32;
+        for &item in s.items_of(w) {
+            prop_assert!(r != ITEM_LAST, "worker {}'s records end early", w);
+            visited[r as usize] += 1;
+            let rec = &table[r as usize * ITEM_WORDS..][..ITEM_WORDS];
+            let item = item as usize;
+            let (seq, head, block) = (item / (heads * COL_BLOCKS), (item / COL_BLOCKS) % heads, item % COL_BLOCKS);
+            let d = &plan.seqs()[seq];
+            let want = [seq * heads + head, head, block * kda::layout::hopper::BV, d.token_start, d.len, d.chunk_start];
+            let got = [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START].map(|i| rec[i] as usize);
+            prop_assert_eq!(got, want, "worker {}, item {}", w, item);
+            r = rec[ITEM_NEXT];
+        }
+        prop_assert_eq!(r, ITEM_LAST, "worker {}'s records run past its items", w);
+    }
+    prop_assert!(visited.iter().all(|&n| n == 1), "records not reached exactly once: {:?}", visited);
     // Greedy list scheduling's bound: within one longest item of a perfect split.
     let total: u64 = (0..count as u32).map(cost).sum();
     let longest = (0..count as u32).map(cost).max().unwrap_or(0);
