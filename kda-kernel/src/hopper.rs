@@ -45,9 +45,8 @@ use crate::layout::{
 };
 use crate::param_address;
 use crate::sm90::{
-    fence_mbarrier_init, fence_proxy_async, grid_dependency_wait, grid_launch_dependents, ld_shared_f32,
-    ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init,
-    mbarrier_wait, named_barrier, pack_bf16x2,
+    fence_mbarrier_init, fence_proxy_async, ld_shared_f32, ld_shared_v2_f32, ld_shared_v4, ldmatrix_x4_trans,
+    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait, named_barrier, pack_bf16x2,
     st_global_v4, st_shared_f32, st_shared_v4, stmatrix_x4_trans, sw128_desc, sync_warp, thread_idx_x_fresh, tma_load_3d,
     tma_store_3d, bulk_commit_group, bulk_wait_group_read, prefetch_tensormap, wgmma_state_start, wgmma_vn_start,
     wgmma_wait_state, wgmma_wait_vn, TensorMap,
@@ -292,14 +291,6 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     }
     // SAFETY: every thread of the CTA reaches this barrier.
     unsafe { sync_threads() };
-    // Launched as a programmatic dependent, the CTA got here (launch, barriers, descriptor
-    // prefetch: nothing that touches global memory) while the previous kernel in the stream
-    // finished; no thread reads or writes global memory before that kernel has completed.
-    grid_dependency_wait();
-    if tid == 0 {
-        // The next launch's CTAs may be scheduled as SMs free up; they wait as this one did.
-        grid_launch_dependents();
-    }
 
     if tid >= CONSUMER_THREADS {
         // SAFETY: the launcher's validation makes every row the producer touches exist.

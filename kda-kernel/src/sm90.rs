@@ -141,24 +141,6 @@ pub fn bulk_wait_group_read<const PENDING: u32>() {
     unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const PENDING, options(nostack)) }
 }
 
-/// `griddepcontrol.wait;`: blocks this thread until the grids this one depends on (the previous
-/// kernel in the stream, when this grid was launched as a programmatic dependent) have completed
-/// and their memory operations are visible. A no-op for a grid launched without that attribute.
-#[inline(always)]
-pub fn grid_dependency_wait() {
-    // SAFETY: no operands; waiting has no other effect.
-    unsafe { asm!("griddepcontrol.wait;", options(nostack)) }
-}
-
-/// `griddepcontrol.launch_dependents;`: lets the next kernel in the stream, if launched as a
-/// programmatic dependent, start its CTAs before this grid completes (it still waits for this
-/// grid's completion, with [`grid_dependency_wait`], before touching memory).
-#[inline(always)]
-pub fn grid_launch_dependents() {
-    // SAFETY: no operands; a scheduling hint with no effect on this grid's memory.
-    unsafe { asm!("griddepcontrol.launch_dependents;", options(nostack)) }
-}
-
 /// `prefetch.tensormap [map];`: starts fetching the tensor map at generic address `map` into the
 /// TMA unit's descriptor cache, so that the first copy through it does not wait for the fetch.
 ///

@@ -10,11 +10,10 @@ use crate::layout::{baseline, hopper, CHUNK, K_DIM, V_DIM};
 use crate::{ptx, Dims, KdaError, Outputs, Plan, Problem, Schedule};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, LaunchConfig,
+    DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use half::bf16;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// Device tensors must start at this many bytes: the alignment TMA tile loads need (and more than
@@ -227,41 +226,26 @@ impl Kda {
                 (&self.baseline, cfg)
             }
         };
-        // The kernel parameters in declaration order (the Hopper kernel's tensor maps first, its
-        // schedule table last).
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(21);
+        let mut launch = stream.launch_builder(func);
         if let Some(maps) = &maps {
-            params.extend(maps.iter().map(param));
+            for map in maps {
+                launch.arg(map);
+            }
         }
-        params.extend([param(&k), param(&w), param(&u), param(&gk), param(&h0)]);
-        params.extend([param(&h), param(&v_new), param(&ht), param(&seqs), param(&heads_u32)]);
+        launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
+        launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
         if maps.is_some() {
-            params.push(param(&work));
+            launch.arg(&work);
         }
-        self.ctx.bind_to_thread()?;
         // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
         // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
         // built from the same `Plan`, and its schedule's records name each of the plan's items
         // once for exactly `grid` workers; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
         // and `h0` (an unused map only when `h0` is null, which the kernel then never reads
         // through), and TMA stores through them stay inside those buffers; the grid,
-        // block and shared-memory sizes are the ones the kernel documents (and the Hopper kernel
-        // touches no global memory before its grid dependency wait, as a programmatic dependent
-        // launch requires); outputs are `&mut`
+        // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
         // borrows, so they cannot alias the inputs.
-        unsafe {
-            match hopper {
-                Some(_) => launch_programmatic_dependent(func, &cfg, stream, &mut params)?,
-                None => cudarc::driver::result::launch_kernel(
-                    func.cu_function(),
-                    cfg.grid_dim,
-                    cfg.block_dim,
-                    cfg.shared_mem_bytes,
-                    stream.cu_stream(),
-                    &mut params,
-                )?,
-            }
-        }
+        unsafe { launch.launch(cfg) }?;
         Ok(())
     }
 
@@ -292,51 +276,6 @@ impl Kda {
         ];
         args.into_iter().flatten().try_for_each(|a| check_arg(dims, ordinal, a))
     }
-}
-
-/// A kernel parameter as the driver takes it: the address of its value.
-fn param<T>(value: &T) -> *mut c_void {
-    value as *const T as *mut c_void
-}
-
-/// Launches `func` as a programmatic dependent of the previous kernel in `stream`
-/// (`cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): its CTAs may
-/// start while that kernel finishes, so the launch latency overlaps the previous kernel's tail.
-/// Stream order still holds for memory because the kernel waits (`griddepcontrol.wait`) before
-/// its first global access.
-///
-/// # Safety
-/// As for `cuLaunchKernel`: `params` point to values of the kernel's parameter types, in order,
-/// that stay alive for the call; and the kernel waits on its grid dependency before it touches
-/// global memory.
-unsafe fn launch_programmatic_dependent(
-    func: &CudaFunction,
-    cfg: &LaunchConfig,
-    stream: &CudaStream,
-    params: &mut [*mut c_void],
-) -> Result<(), KdaError> {
-    use cudarc::driver::sys;
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
-    };
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    // SAFETY: see the function's contract; `config` and `attr` outlive the call.
-    unsafe { sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()?;
-    Ok(())
 }
 
 /// What validation needs to know of one device tensor argument.
@@ -371,6 +310,9 @@ fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(), KdaError
 /// 64-byte aligned, as `CUtensorMap` is).
 #[repr(transparent)]
 struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte, 64-byte-aligned value the driver copies into the parameter buffer.
+unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
 
 impl TensorMapArg {
     /// The tensor map of a packed `[T, H, width]` bf16 tensor at `address`, as a 3-D tensor
