@@ -112,7 +112,9 @@ pub mod hopper {
     /// time it was tried (bench/RESULTS.md, runs 8 to 10). Three stages, with the 40 KB the
     /// fourth took spent on a second output staging buffer (`STAGING`), measured fastest:
     /// fixed_8192 211.0 -> 209.1 us, fixed_32k 824.6 -> 817.0 us against four stages and one
-    /// buffer (two stages and two buffers: 223 and 874 us).
+    /// buffer (two stages and two buffers: 223 and 874 us). Four stages beside two buffers (the
+    /// initial state routed through the ring to make room) were slower again: 208.5 against
+    /// 207.7 us, 819.5 against 815.9 us (run 14).
     pub const STAGES: usize = 3;
 
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
