@@ -34,9 +34,9 @@
 //! serially dependent MMAs of the current one. Nothing outside the sequence's rows is read into
 //! the math or written.
 
-use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, grid_dim_x, smem_base_shared, sync_threads, thread_idx_x};
+use crate::intrinsics::{bf16_to_f32, block_idx_x, exp2_approx, smem_base_shared, sync_threads, thread_idx_x};
 use crate::layout::hopper::{
-    BOX_BYTES, BOX_COLS, BV, COL_BLOCKS, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
+    BOX_BYTES, BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, SMEM_BARRIERS, SMEM_DECAY, SMEM_H, SMEM_H0,
     SMEM_VN, STAGES, STAGE_BYTES, STAGING, STAGE_K, STAGE_TX_BYTES, STAGE_U, STAGE_W,
 };
 use crate::layout::{
@@ -253,7 +253,10 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     work: *const u32,
 ) {
     if heads == 0 {
-        return; // never launched so; makes the `% heads` below provably safe
+        // Never launched so (the launcher rejects H = 0). The check stays because the measured
+        // builds have it: removing it reorders the kernel's PTX, and the chunk loop's speed has
+        // shown itself sensitive to instruction order (bench/RESULTS.md, runs 8 and 11).
+        return;
     }
     let work = Work { records: work.cast(), heads: heads as usize };
     let smem = Smem { base: smem_base_shared() };
