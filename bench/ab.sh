@@ -3,6 +3,7 @@
 # commit and carried over) runs the same inputs, median of 100 launches, on fixed_8192, mixed_6,
 # fixed_32k and a decode-like batch, or on the shapes `SHAPES` names (any of those, many_short and
 # tiny; only those inputs are made).
+# Every run has a timeout, so a hang is reported instead of using up the device time.
 # Usage: OUT=dir [SHAPES="fixed_8192 ..."] bash bench/ab.sh path/to/kda-a path/to/kda-b ...
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-ab}
@@ -20,13 +21,14 @@ lengths() {
     esac
 }
 SHAPES=${SHAPES:-fixed_8192 mixed_6 fixed_32k decode_like}
-for shape in $SHAPES; do
+# (A shape named twice, for a second round, is made once.)
+for shape in $(printf '%s\n' $SHAPES | sort -u); do
     python3 bench/foreign_roundtrip.py make "$OUT/$shape.safetensors" "$(lengths "$shape")" 64 >/dev/null
 done
 for shape in $SHAPES; do
     for bin in "$@"; do
         printf '%-12s %-28s ' "$shape" "$bin"
-        "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median
+        timeout 60 "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median || echo "rc=$?"
     done
 done
 rm -f "$OUT"/*.safetensors
