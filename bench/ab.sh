@@ -28,7 +28,9 @@ done
 for shape in $SHAPES; do
     for bin in "$@"; do
         printf '%-12s %-28s ' "$shape" "$bin"
-        timeout 60 "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1 | grep median || echo "rc=$?"
+        out=$(timeout 60 "$bin" run --inputs "$OUT/$shape.safetensors" --out "$OUT/out.safetensors" --repeat 100 2>&1)
+        rc=$?
+        grep median <<<"$out" || echo "no median (rc=$rc): $(tail -n 1 <<<"$out")"
     done
 done
 rm -f "$OUT"/*.safetensors
