@@ -1,5 +1,5 @@
-//! The period of back-to-back launches of kernels that only wait 20 us (so the host stays
-//! ahead of the GPU), timed as `kda run` and `xtask bench`
+//! The period of back-to-back launches of kernels that only wait `SPIN_NS` (20 us, so that the
+//! host stays ahead of the GPU), timed as `kda run` and `xtask bench`
 //! time the recurrence (one CUDA event between consecutive launches, median of many), for a
 //! small and a large parameter list (the Hopper kernel's: nine 128-byte tensor maps and eleven
 //! scalars) and with and without the Hopper kernel's dynamic shared memory. It says how much of a
@@ -16,40 +16,41 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchCo
 use cudarc::nvrtc::Ptx;
 use kda_kernel::layout::hopper;
 
-/// Kernels that wait 20 us by the global timer and exit: `small` takes two pointers, `large` the Hopper kernel's parameter layout.
-const PTX: &str = r#"
-.version 8.0
-.target sm_90a
-.address_size 64
-.visible .entry small(.param .u64 a, .param .u64 b) {
+/// How long each kernel waits, in nanoseconds of `%globaltimer`: longer than the host takes to
+/// issue a launch and an event (6 to 7 us), so that the host stays ahead of the GPU.
+const SPIN_NS: u64 = 20_000;
+
+/// Kernels that wait `SPIN_NS` and exit: `small` takes two pointers, `large` the Hopper kernel's
+/// parameter layout.
+fn ptx() -> String {
+    let body = format!(
+        "{{
     .reg .u64 t0, t;
     .reg .pred p;
     mov.u64 t0, %globaltimer;
 spin:
     mov.u64 t, %globaltimer;
     sub.u64 t, t, t0;
-    setp.lt.u64 p, t, 20000;
+    setp.lt.u64 p, t, {SPIN_NS};
     @p bra spin;
     ret;
-}
+}}
+"
+    );
+    format!(
+        ".version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry small(.param .u64 a, .param .u64 b) {body}
 .visible .entry large(
     .param .align 64 .b8 m0[128], .param .align 64 .b8 m1[128], .param .align 64 .b8 m2[128],
     .param .align 64 .b8 m3[128], .param .align 64 .b8 m4[128], .param .align 64 .b8 m5[128],
     .param .align 64 .b8 m6[128], .param .align 64 .b8 m7[128], .param .align 64 .b8 m8[128],
     .param .u64 p0, .param .u64 p1, .param .u64 p2, .param .u64 p3, .param .u64 p4,
     .param .u64 p5, .param .u64 p6, .param .u64 p7, .param .u64 p8, .param .u32 heads,
-    .param .u64 work) {
-    .reg .u64 t0, t;
-    .reg .pred p;
-    mov.u64 t0, %globaltimer;
-spin:
-    mov.u64 t, %globaltimer;
-    sub.u64 t, t, t0;
-    setp.lt.u64 p, t, 20000;
-    @p bra spin;
-    ret;
+    .param .u64 work) {body}"
+    )
 }
-"#;
 
 /// Launches timed per variant.
 const REPEAT: usize = 2000;
@@ -107,7 +108,7 @@ fn period_us(stream: &Arc<CudaStream>, f: &CudaFunction, large: bool, smem: u32)
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
-    let module = ctx.load_module(Ptx::from_src(PTX))?;
+    let module = ctx.load_module(Ptx::from_src(ptx()))?;
     let smem = hopper::SMEM_BYTES as u32;
     println!("{:<8} {:>11} {:>18}", "params", "smem bytes", "median period us");
     for name in ["small", "large"] {
