@@ -11,9 +11,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
+use kda::gpu::median_us;
+use kda::KdaError;
 use kda_kernel::layout::hopper;
 
 /// How long each kernel waits, in nanoseconds of `%globaltimer`: longer than the host takes to
@@ -59,22 +61,27 @@ const WARMUP: usize = 200;
 /// The Hopper kernel's grid on fixed_8192: one CTA per work item.
 const GRID: u32 = 128;
 
+/// The Hopper kernel's tensor-map parameters and its pointer parameters (nine each).
+const MAPS: usize = 9;
+const POINTERS: usize = 9;
+
 /// A 128-byte parameter standing in for a `CUtensorMap`.
 #[repr(C, align(64))]
 struct Map([u8; 128]);
 // SAFETY: a plain 128-byte value copied into the parameter buffer.
 unsafe impl DeviceRepr for Map {}
 
-fn launch(stream: &Arc<CudaStream>, f: &CudaFunction, large: bool, smem: u32) -> Result<(), Box<dyn std::error::Error>> {
+/// One launch of `f` on `stream`: with the Hopper kernel's parameters (`maps` and eleven
+/// scalars) when `large`, else two pointers.
+fn launch(stream: &Arc<CudaStream>, f: &CudaFunction, maps: &[Map], large: bool, smem: u32) -> Result<(), KdaError> {
     let cfg = LaunchConfig { grid_dim: (GRID, 1, 1), block_dim: (hopper::THREADS as u32, 1, 1), shared_mem_bytes: smem };
-    let maps: Vec<Map> = (0..9).map(|_| Map([0; 128])).collect();
-    let (p, heads) = (0u64, 64u32);
+    let (p, heads) = (0u64, 0u32);
     let mut b = stream.launch_builder(f);
     if large {
-        for m in &maps {
+        for m in maps {
             b.arg(m);
         }
-        for _ in 0..9 {
+        for _ in 0..POINTERS {
             b.arg(&p);
         }
         b.arg(&heads).arg(&p);
@@ -86,36 +93,20 @@ fn launch(stream: &Arc<CudaStream>, f: &CudaFunction, large: bool, smem: u32) ->
     Ok(())
 }
 
-fn period_us(stream: &Arc<CudaStream>, f: &CudaFunction, large: bool, smem: u32) -> Result<f64, Box<dyn std::error::Error>> {
-    for _ in 0..WARMUP {
-        launch(stream, f, large, smem)?;
-    }
-    let ctx = stream.context();
-    let events: Vec<_> =
-        (0..=REPEAT).map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))).collect::<Result<_, _>>()?;
-    events[0].record(stream)?;
-    for e in &events[1..] {
-        launch(stream, f, large, smem)?;
-        e.record(stream)?;
-    }
-    events[REPEAT].synchronize()?;
-    let mut t: Vec<f64> =
-        events.windows(2).map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e3)).collect::<Result<_, _>>()?;
-    t.sort_by(f64::total_cmp);
-    Ok(t[REPEAT / 2])
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
     let module = ctx.load_module(Ptx::from_src(ptx()))?;
     let smem = hopper::SMEM_BYTES as u32;
+    let maps: Vec<Map> = (0..MAPS).map(|_| Map([0; 128])).collect();
     println!("{:<8} {:>11} {:>18}", "params", "smem bytes", "median period us");
     for name in ["small", "large"] {
         let f = module.load_function(name)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
         for s in [0, smem] {
-            println!("{:<8} {:>11} {:>18.2}", name, s, period_us(&stream, &f, name == "large", s)?);
+            // The period as the recurrence is timed: one event between consecutive launches.
+            let us = median_us(&stream, WARMUP, REPEAT, |_| launch(&stream, &f, &maps, name == "large", s))?;
+            println!("{:<8} {:>11} {:>18.2}", name, s, us);
         }
     }
     Ok(())
