@@ -4,6 +4,7 @@
 mod error;
 pub mod floor;
 pub mod gpu;
+mod launch;
 pub mod inputs;
 pub mod io;
 mod plan;
@@ -13,7 +14,8 @@ pub mod reference;
 pub mod schedule;
 
 pub use error::KdaError;
-pub use gpu::{DevicePlan, DeviceProblem, Kda, KdaInputs, KdaOutputs, Kernel};
+pub use gpu::DeviceProblem;
+pub use launch::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, TENSOR_ALIGN};
 pub use plan::{Plan, SeqDesc};
 pub use schedule::Schedule;
 pub use problem::{rel_error, Dims, Outputs, Problem};

@@ -3,7 +3,7 @@
 //! and no guard byte changed.
 
 use half::bf16;
-use kda::gpu::{DevicePlan, KdaInputs, KdaOutputs};
+use kda::{DevicePlan, KdaInputs, KdaOutputs};
 use kda::{rel_error, Kda, Kernel, Outputs, Problem};
 use proptest::prelude::*;
 use std::path::PathBuf;
