@@ -1,19 +1,21 @@
 //! PTX builder (the role `cuda_builder` plays in Rust-CUDA): compiles the `kda-kernel` device crate
-//! with rustc's `nvptx64-nvidia-cuda` target for each architecture in `ARCHS`, checks the PTX and
-//! leaves it in `OUT_DIR` for `src/ptx.rs` to embed.
+//! with rustc's `nvptx64-nvidia-cuda` target for each target in `kda_kernel::abi::TARGETS`, applies
+//! what rustc cannot express (parameter alignment, launch bounds; both read from the same
+//! `kda_kernel::abi` the launcher uses), checks the PTX and leaves it in `OUT_DIR` for
+//! `src/ptx.rs` to embed.
 //!
 //! The device crate needs the nightly pinned in `kda-kernel/rust-toolchain.toml` with `rust-src`
 //! (`core` is built from source with `-Zbuild-std=core`: no prebuilt nvptx `core` is served).
 //! When either is missing the build fails with the command that installs it.
 
+use kda_kernel::abi::{KernelAbi, KERNELS, TARGETS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The pinned device toolchain; keep in sync with `kda-kernel/rust-toolchain.toml` (checked below).
 const TOOLCHAIN: &str = "nightly-2026-05-20";
-/// `(file stem, target-cpu)`: the Hopper kernels need sm_90a (wgmma, TMA and mbarrier
-/// transaction counts are `a`-only features); sm_80 is the portable target of the baseline.
-const ARCHS: [(&str, &str); 2] = [("kda_sm_90a", "sm_90a"), ("kda_sm_80", "sm_80")];
+/// rustc's nvptx kernel ABI declares no parameter above this alignment.
+const RUSTC_PARAM_ALIGN: usize = 16;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
@@ -26,18 +28,20 @@ fn main() {
     check_toolchain_installed();
 
     let target_dir = out.join("device-target");
-    for (stem, cpu) in ARCHS {
+    for cpu in TARGETS {
+        let stem = format!("kda_{cpu}");
         let ptx_path = out.join(format!("{stem}.ptx"));
         // rustc writes the raw PTX (and skips the write when nothing changed); the fix-ups below
         // always start from it, so they apply exactly once.
         let raw_path = out.join(format!("{stem}.raw.ptx"));
         build_ptx(&device, &target_dir, cpu, &raw_path);
-        std::fs::copy(&raw_path, &ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
-        if cpu == "sm_90a" {
-            align_tensor_map_params(&ptx_path);
-            add_launch_bounds(&ptx_path);
+        let mut ptx = read(&raw_path);
+        for kernel in KERNELS.iter().filter(|k| k.targets.contains(&cpu)) {
+            ptx = align_params(ptx, kernel);
+            ptx = add_launch_bounds(ptx, kernel);
         }
-        check_ptx(&ptx_path, cpu);
+        std::fs::write(&ptx_path, &ptx).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+        check_ptx(&ptx_path, &ptx, cpu);
     }
 }
 
@@ -93,48 +97,43 @@ fn build_ptx(device: &Path, target_dir: &Path, cpu: &str, ptx_path: &Path) {
     }
 }
 
-/// The Hopper kernel takes its three TMA tensor maps (`CUtensorMap`, 128 bytes) by value, and TMA
-/// needs them 64-byte aligned, but rustc's nvptx ABI declares no parameter above `.align 16`.
-/// This raises exactly those three declarations to `.align 64` (what nvcc emits for a
-/// `__grid_constant__ CUtensorMap`), so the driver places them on 64-byte boundaries.
-fn align_tensor_map_params(ptx_path: &Path) {
-    const KERNEL: &str = "kda_fwd_h_hopper";
-    const MAPS: usize = 8;
-    let ptx = std::fs::read_to_string(ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
-    let mut out = ptx.clone();
-    for i in 0..MAPS {
-        let from = format!(".param .align 16 .b8 {KERNEL}_param_{i}[128]");
-        let to = format!(".param .align 64 .b8 {KERNEL}_param_{i}[128]");
-        if !out.contains(&from) {
-            fail(&format!("{}: no `{from}` to align (did the kernel's signature change?)", ptx_path.display()));
+/// Raises the declared alignment of each of `kernel`'s parameters that needs more than rustc's
+/// 16 ([`kda_kernel::abi::Param::align`]: 64 for the tensor maps, as TMA requires and as nvcc
+/// declares a `__grid_constant__ CUtensorMap`), so the driver places it on such a boundary.
+fn align_params(mut ptx: String, kernel: &KernelAbi) -> String {
+    for (i, param) in kernel.params.iter().enumerate().filter(|(_, p)| p.align() > RUSTC_PARAM_ALIGN) {
+        let (entry, bytes) = (kernel.entry, param.bytes());
+        let from = format!(".param .align {RUSTC_PARAM_ALIGN} .b8 {entry}_param_{i}[{bytes}]");
+        let to = format!(".param .align {} .b8 {entry}_param_{i}[{bytes}]", param.align());
+        if ptx.matches(&from).count() != 1 {
+            fail(&format!("no single `{from}` to align: does `{entry}` still take `{}` there?", param.name));
         }
-        out = out.replace(&from, &to);
+        ptx = ptx.replace(&from, &to);
     }
-    std::fs::write(ptx_path, out).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+    ptx
 }
 
-/// Launch bounds of the Hopper kernel, which rustc cannot express: `.maxntid` (its block size) and
-/// `.maxnreg 240`, room for the 64 + 32 accumulator registers, both products' A fragments and
-/// the item loop without spills (the PTX test checks). One CTA runs per SM (the ring's shared
-/// memory allows one), so registers are not what limits occupancy: an SM sub-partition holds
-/// 16384 registers, and the 5-warp CTA puts at most 2 warps on one, 2 x 32 x 240 = 15360.
-fn add_launch_bounds(ptx_path: &Path) {
-    const ENTRY: &str = ".entry kda_fwd_h_hopper(";
-    const THREADS: u32 = 160; // kda_kernel::layout::hopper::THREADS (checked by the launcher's tests)
-    const MAX_REGISTERS: u32 = 240;
-    let ptx = std::fs::read_to_string(ptx_path).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
-    let start = ptx.find(ENTRY).unwrap_or_else(|| fail(&format!("{}: no `{ENTRY}`", ptx_path.display())));
-    let close = start + ptx[start..].find("\n)\n").unwrap_or_else(|| fail("hopper kernel: parameter list not closed")) + 3;
-    let bounds = format!(".maxntid {THREADS}, 1, 1\n.maxnreg {MAX_REGISTERS}\n");
-    let out = format!("{}{bounds}{}", &ptx[..close], &ptx[close..]);
-    std::fs::write(ptx_path, out).unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+/// Launch bounds rustc cannot express: `.maxntid` (the block size) and `.maxnreg` (the register
+/// budget, `kernel.max_registers`), written after the entry's parameter list.
+fn add_launch_bounds(ptx: String, kernel: &KernelAbi) -> String {
+    let Some(max_registers) = kernel.max_registers else {
+        return ptx;
+    };
+    let head = format!(".entry {}(", kernel.entry);
+    let start = ptx.find(&head).unwrap_or_else(|| fail(&format!("no `{head}` in the PTX")));
+    let close = ptx[start..].find("\n)\n").unwrap_or_else(|| fail(&format!("{}: parameter list not closed", kernel.entry)));
+    let close = start + close + 3;
+    let bounds = format!(".maxntid {}, 1, 1\n.maxnreg {max_registers}\n", kernel.threads);
+    format!("{}{bounds}{}", &ptx[..close], &ptx[close..])
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())))
 }
 
 /// Rejects PTX the driver could not load: calls into functions that were not inlined (typically a
 /// `core` panic path) stay as `.extern .func` declarations with no body.
-fn check_ptx(ptx_path: &Path, cpu: &str) {
-    let ptx = std::fs::read_to_string(ptx_path)
-        .unwrap_or_else(|e| fail(&format!("{}: {e}", ptx_path.display())));
+fn check_ptx(ptx_path: &Path, ptx: &str, cpu: &str) {
     if !ptx.contains(&format!(".target {cpu}")) {
         fail(&format!("{}: not PTX for {cpu}", ptx_path.display()));
     }

@@ -15,7 +15,7 @@
 //! reference point the warp-specialized Hopper kernel is measured against and the fallback on
 //! devices before sm_90.
 
-use crate::intrinsics::{
+use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, smem_base_generic, sync_threads,
     thread_idx_x,
 };
@@ -52,11 +52,11 @@ impl Tiles {
     }
 }
 
-/// Baseline recurrence kernel. Grid: `N * H * COL_BLOCKS` CTAs of `THREADS` threads,
-/// `layout::baseline::SMEM_BYTES` of dynamic shared memory.
+/// Baseline recurrence kernel (`abi::BASELINE`, parameters `abi::BASELINE_PARAMS`). Grid: `N * H * COL_BLOCKS` CTAs of `THREADS`
+/// threads, `layout::baseline::SMEM_BYTES` of dynamic shared memory.
 ///
-/// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state
-/// out). `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
+/// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
+/// `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
 ///
 /// # Safety
 /// Every pointer must address a buffer of the contract's size for the plan in `seqs` and `heads`,
@@ -76,7 +76,7 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_baseline(
     heads: u32,
 ) {
     if heads == 0 {
-        return; // the launcher never launches with no heads; this also proves `% heads` safe
+        return; // the launcher never launches with no heads; this proves `% heads` below safe
     }
     let heads = heads as usize;
     let item = block_idx_x();

@@ -124,54 +124,81 @@ pub mod hopper {
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
     /// Boxes per `k` or `w` chunk tile (`K_DIM / BOX_COLS`).
     pub const KEY_BOXES: usize = K_DIM / BOX_COLS;
-
-    /// Offset of the `k` tile (two boxes) inside a stage.
-    pub const STAGE_K: usize = 0;
-    /// Offset of the `w` tile (two boxes) inside a stage.
-    pub const STAGE_W: usize = STAGE_K + KEY_BOXES * BOX_BYTES;
-    /// Offset of this CTA's `u` tile (`[CHUNK][BV]`, one 128-byte-swizzled box) inside a stage.
-    pub const STAGE_U: usize = STAGE_W + KEY_BOXES * BOX_BYTES;
-    /// Bytes of one stage's tiles: a multiple of 1024, so every box stays 1024-byte aligned as
-    /// the 128-byte swizzle needs.
-    pub const STAGE_BYTES: usize = STAGE_U + CHUNK * BV * 2;
-    /// Bytes one stage's TMA loads deliver (what the full barrier expects).
-    pub const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
-
-    /// Offset of the per-stage decay rows (`exp2` of the chunk's last gate row, f32 `[K]`).
-    pub const SMEM_DECAY: usize = STAGES * STAGE_BYTES;
-    /// Offset of the `bf16(S)` staging tiles (`STAGING` of `[K][BV]`) the `h` stores read: after
-    /// the decay rows, rounded up to the 1024 bytes the 128-byte swizzle of its TMA store needs.
-    pub const SMEM_H: usize = (SMEM_DECAY + STAGES * K_DIM * 4).next_multiple_of(1024);
     /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
     /// chunk. With one, a chunk waits until the previous chunk's TMA stores have read theirs
     /// before it stages its own; with two the wait is for the stores of two chunks back, which
     /// have had a whole chunk's time (measured: three stages with two buffers beat three with
     /// one, 209.1 vs 210.3 us on fixed_8192, 817.0 vs 820.5 on fixed_32k).
     pub const STAGING: usize = 2;
-    /// Offset of the `bf16(Vn)` staging tiles (`STAGING` of `[CHUNK][BV]`) the `v_new` stores read.
-    pub const SMEM_VN: usize = SMEM_H + STAGING * K_DIM * BV * 2;
-    /// Offset of the slot the producer loads the next item's initial state into (`[K][BV]`
-    /// f32, unswizzled): the consumer starts an item from shared memory instead of waiting on
-    /// a global load of 32 KB.
-    pub const SMEM_H0: usize = SMEM_VN + STAGING * CHUNK * BV * 2;
-    /// Offset of the mbarriers, 8 bytes each: `full[STAGES]`, `empty[STAGES]`, then the `h0`
-    /// slot's `full` and `empty`.
-    pub const SMEM_BARRIERS: usize = SMEM_H0 + K_DIM * BV * 4;
-    /// mbarriers in shared memory.
-    pub const BARRIERS: usize = 2 * STAGES + 2;
-    /// Dynamic shared memory of one CTA.
-    pub const SMEM_BYTES: usize = SMEM_BARRIERS + BARRIERS * 8;
+
+    /// One 128-byte-swizzled bf16 box `[CHUNK][BOX_COLS]` as TMA writes it: 1024-byte aligned,
+    /// as the swizzle pattern requires of a tile base.
+    #[repr(C, align(1024))]
+    pub struct TileBox(pub [u8; BOX_BYTES]);
+
+    /// One ring stage: a chunk's `k` and `w` tiles (`[CHUNK][K]`, two boxes each) and this CTA's
+    /// `u` tile (`[CHUNK][BV]`, one box).
+    #[repr(C, align(1024))]
+    pub struct Stage {
+        /// `k`, column boxes side by side.
+        pub k: [TileBox; KEY_BOXES],
+        /// `w`, column boxes side by side.
+        pub w: [TileBox; KEY_BOXES],
+        /// `u`, this CTA's value columns.
+        pub u: TileBox,
+    }
+
+    /// A `bf16(S)` staging tile (`[K][BV]`, 128-byte swizzled) read by the `h` TMA store.
+    #[repr(C, align(1024))]
+    pub struct StateTile(pub [u8; K_DIM * BV * 2]);
+
+    /// A `bf16(Vn)` staging tile (`[CHUNK][BV]`, 128-byte swizzled) read by the `v_new` store.
+    #[repr(C, align(1024))]
+    pub struct ValueTile(pub [u8; CHUNK * BV * 2]);
+
+    /// An item's initial state block (`[K][BV]` f32, unswizzled), as the `h0` TMA load writes it.
+    #[repr(C, align(1024))]
+    pub struct InitialState(pub [u8; K_DIM * BV * 4]);
+
+    /// The CTA's dynamic shared memory. Never constructed: the kernel takes the field offsets
+    /// (`core::mem::offset_of!`) as shared-memory addresses, and the launcher allocates
+    /// [`SMEM_BYTES`].
+    #[repr(C)]
+    pub struct SharedStorage {
+        /// The ring of chunk tiles the producer loads and the consumer reads.
+        pub stages: [Stage; STAGES],
+        /// Per stage, `exp2` of the chunk's last gate row (f32 `[K]`), written by the producer.
+        pub decay: [[f32; K_DIM]; STAGES],
+        /// `bf16(S)` staging for the `h` stores.
+        pub h_staging: [StateTile; STAGING],
+        /// `bf16(Vn)` staging for the `v_new` stores.
+        pub vn_staging: [ValueTile; STAGING],
+        /// The slot the producer loads the next item's initial state into: the consumer starts
+        /// an item from shared memory instead of waiting on a global load of 32 KB.
+        pub h0: InitialState,
+        /// The ring's `full` mbarriers (the stage's tiles have landed).
+        pub full: [u64; STAGES],
+        /// The ring's `empty` mbarriers (the consumer is done with the stage).
+        pub empty: [u64; STAGES],
+        /// The `h0` slot's `full` mbarrier.
+        pub h0_full: u64,
+        /// The `h0` slot's `empty` mbarrier.
+        pub h0_empty: u64,
+    }
+
+    /// Bytes of one stage's tiles, which its TMA loads deliver (what the `full` barrier expects).
+    pub const STAGE_BYTES: usize = core::mem::size_of::<Stage>();
+    /// Dynamic shared memory of one CTA: up to the end of the last barrier (the struct's size
+    /// would round up to its 1024-byte alignment, which no field needs).
+    pub const SMEM_BYTES: usize = core::mem::offset_of!(SharedStorage, h0_empty) + 8;
     /// CTAs of the Hopper kernel per SM (its shared memory allows one): the persistent grid
     /// has this many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
-    const _: () = assert!(STAGE_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0);
     const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
+    const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
+    const _: () = assert!(STAGE_BYTES == (2 * KEY_BOXES + 1) * BOX_BYTES, "a stage is exactly its boxes");
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
-    const _: () = assert!(SMEM_H0 % 1024 == 0 && SMEM_BARRIERS % 8 == 0);
-    const _: () = assert!(
-        SMEM_H % 1024 == 0 && SMEM_VN % 1024 == 0 && (K_DIM * BV * 2) % 1024 == 0 && (CHUNK * BV * 2) % 1024 == 0,
-        "every staging buffer starts 1024-byte aligned, as the swizzled TMA stores need"
-    );
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
+    const _: () = assert!(core::mem::size_of::<SharedStorage>() - SMEM_BYTES < 1024);
 }

@@ -1,28 +1,40 @@
 //! Device crate of the KDA inter-chunk state recurrence.
 //!
 //! Built for `nvptx64-nvidia-cuda` by `kda/build.rs` (pinned nightly, `-Zbuild-std=core`,
-//! `--emit=asm`) into PTX that the host crate embeds. On every other target only [`layout`]
-//! compiles, so the host shares the tile constants with the kernels.
+//! `--emit=asm`) into PTX that the host crate embeds. On every other target only [`abi`] and
+//! [`layout`] compile, so the host shares the launch ABI and the tile constants with the kernels.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`abi`] | the parameter blocks, entry names and launch bounds the host and the kernels share |
+//! | [`layout`] | the contract's sizes, tile shapes, shared-memory layouts, schedule records |
+//! | `arch` | one wrapper per PTX instruction (`sm80`: every sm_80+ GPU; `sm90`: Hopper) |
+//! | `pipeline` | the producer/consumer ring of mbarriers (`PipelineState`, acquire/commit/wait/release) |
+//! | `schedule` | the persistent grid's work lists |
+//! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
+//! | `baseline` | the portable scalar kernel |
+//!
+//! The math is `docs/CONTRACT.md`.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 
+pub mod abi;
 pub mod layout;
 
 #[cfg(target_arch = "nvptx64")]
-pub mod intrinsics;
+pub mod arch;
 
 #[cfg(target_arch = "nvptx64")]
 mod baseline;
 
-/// Hopper-only instructions and the warp-specialized kernel: compiled only into the sm_90a PTX
-/// (wgmma and TMA do not exist on the portable target).
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-pub mod sm90;
+/// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX
+/// (mbarrier waits, TMA and wgmma do not exist on the portable target).
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod hopper;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod pipeline;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod schedule;
 
 /// Device code cannot unwind or print; a panic (only reachable through a bug, since the kernels
 /// index with checked-by-construction offsets) traps the kernel, which the host sees as a launch
@@ -30,5 +42,5 @@ mod hopper;
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
-    intrinsics::trap()
+    arch::sm80::trap()
 }

@@ -1,28 +1,43 @@
-//! The embedded PTX of the device crate, built by `build.rs` with the pinned nightly.
+//! The embedded PTX of the device crate, built by `build.rs` with the pinned nightly: one module
+//! per target of `kda_kernel::abi::TARGETS`.
+
+use kda_kernel::abi::{KernelAbi, SM80 as SM80_TARGET, SM90A as SM90A_TARGET};
 
 /// PTX for sm_90a (Hopper): all kernels, the warp-specialized one included.
 pub const SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/kda_sm_90a.ptx"));
 /// PTX for sm_80: the portable baseline kernel, JIT-compiled by the driver on sm_80 and newer.
 pub const SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kda_sm_80.ptx"));
 
-/// Entry point of the baseline kernel (`kda-kernel/src/baseline.rs`).
-pub const BASELINE_KERNEL: &str = "kda_fwd_h_baseline";
+/// The embedded module of PTX target `target` (one of `kda_kernel::abi::TARGETS`).
+pub fn module(target: &str) -> Option<&'static str> {
+    match target {
+        SM90A_TARGET => Some(SM90A),
+        SM80_TARGET => Some(SM80),
+        _ => None,
+    }
+}
 
-/// Entry point of the warp-specialized Hopper kernel (`kda-kernel/src/hopper.rs`), sm_90a only.
-pub const HOPPER_KERNEL: &str = "kda_fwd_h_hopper";
-
-/// Every kernel entry the launcher looks up, with the PTX modules that must contain it.
-pub const KERNELS: &[(&str, &[&str])] = &[(BASELINE_KERNEL, &[SM90A, SM80]), (HOPPER_KERNEL, &[SM90A])];
+/// The modules holding `kernel`.
+pub fn modules_of(kernel: &KernelAbi) -> impl Iterator<Item = &'static str> + '_ {
+    kernel.targets.iter().filter_map(|t| module(t))
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use kda_kernel::abi::{KERNELS, TARGETS};
+
     #[test]
-    fn every_kernel_the_launcher_uses_is_in_its_ptx() {
-        for (name, modules) in KERNELS {
-            for ptx in *modules {
-                assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from PTX");
+    fn every_kernel_is_in_the_modules_of_its_targets_and_only_there() {
+        for target in TARGETS {
+            assert!(module(target).is_some(), "no embedded module for {target}");
+        }
+        for kernel in KERNELS {
+            for target in TARGETS {
+                let ptx = module(target).unwrap();
+                let present = ptx.contains(&format!(".entry {}(", kernel.entry));
+                assert_eq!(present, kernel.targets.contains(&target), "{} in {target}", kernel.entry);
             }
         }
     }

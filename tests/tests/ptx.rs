@@ -5,9 +5,8 @@
 //! Needs NVIDIA's `ptxas` and `cuobjdump` (`.ci/setup` installs them from PyPI into `.venv-cuda`;
 //! `$KDA_CUDA_BIN` overrides). Without them these tests fail with that instruction.
 
-use kda::layout::baseline::THREADS;
-use kda::layout::hopper::THREADS as HOPPER_THREADS;
-use kda::ptx::{cuda_tool, BASELINE_KERNEL, HOPPER_KERNEL, SM80, SM90A};
+use kda::ptx::{cuda_tool, SM80, SM90A};
+use kda_kernel::abi::{BASELINE, HOPPER, KERNELS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -80,11 +79,11 @@ fn sass(cubin: &Path) -> String {
 fn baseline_assembles_without_spills_for_both_targets() {
     for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
         let (_, report) = assemble(ptx, arch);
-        let r = resources(&report, BASELINE_KERNEL);
-        println!("{arch} {BASELINE_KERNEL}: {r:?}");
+        let r = resources(&report, BASELINE.entry);
+        println!("{arch} {}: {r:?}", BASELINE.entry);
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch}: {r:?}");
         assert!(
-            r.registers * THREADS * BASELINE_CTAS_PER_SM <= REGISTERS_PER_SM,
+            r.registers * BASELINE.threads * BASELINE_CTAS_PER_SM <= REGISTERS_PER_SM,
             "{arch}: {} registers leave room for fewer than {BASELINE_CTAS_PER_SM} CTAs per SM",
             r.registers
         );
@@ -106,17 +105,17 @@ fn baseline_sass_uses_the_hardware_conversions() {
 #[test]
 fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     let (cubin, report) = assemble(SM90A, "sm_90a");
-    let r = resources(&report, HOPPER_KERNEL);
-    println!("sm_90a {HOPPER_KERNEL}: {r:?}");
+    let r = resources(&report, HOPPER.entry);
+    println!("sm_90a {}: {r:?}", HOPPER.entry);
     assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
-    assert!(r.registers * HOPPER_THREADS <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
+    assert!(r.registers * HOPPER.threads <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
     // ptxas reports (C7517, C7515) when it had to add a wgmma wait or serialize the wgmma
     // pipeline: the kernel's overlap of stores with the MMAs would then be gone.
     for note in ["warpgroup.wait is injected", "wgmma.mma_async instructions are serialized"] {
         assert!(!report.contains(note), "ptxas: {note}:\n{report}");
     }
     let code = sass(&cubin);
-    let body = code.split("Function : ").find(|f| f.starts_with(HOPPER_KERNEL)).expect("hopper kernel in the SASS");
+    let body = code.split("Function : ").find(|f| f.starts_with(HOPPER.entry)).expect("hopper kernel in the SASS");
     // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
     for op in [
         "HGMMA.64x64x16.F32.BF16",
@@ -129,16 +128,26 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
         assert!(body.contains(op), "hopper SASS lacks {op}");
     }
     assert!(!body.contains("CALL."), "hopper SASS holds a call");
-    assert!(!SM80.contains(HOPPER_KERNEL), "the portable PTX must not contain the Hopper kernel");
+    assert!(!SM80.contains(HOPPER.entry), "the portable PTX must not contain the Hopper kernel");
 }
 
-/// The launch bound the builder writes into the Hopper entry matches the block size the
-/// launcher uses.
+/// The launch bounds the builder writes into each entry are the ABI's: `.maxntid` is the block
+/// size the launcher uses, `.maxnreg` the register budget (and no bounds where the ABI has none).
 #[test]
-fn hopper_entry_directives_match_the_layout() {
-    let start = SM90A.find(&format!(".entry {HOPPER_KERNEL}(")).expect("hopper entry in the PTX");
-    let body = &SM90A[start..];
-    let header = &body[..body.find('{').expect("entry body")];
-    let directive = format!(".maxntid {HOPPER_THREADS}, 1, 1");
-    assert!(header.contains(&directive), "hopper entry lacks `{directive}`:\n{header}");
+fn entry_directives_match_the_abi() {
+    for kernel in KERNELS {
+        for ptx in kda::ptx::modules_of(&kernel) {
+            let start = ptx.find(&format!(".entry {}(", kernel.entry)).expect("entry in the PTX");
+            let body = &ptx[start..];
+            let header = &body[..body.find('{').expect("entry body")];
+            match kernel.max_registers {
+                Some(regs) => {
+                    for directive in [format!(".maxntid {}, 1, 1", kernel.threads), format!(".maxnreg {regs}")] {
+                        assert!(header.contains(&directive), "{} lacks `{directive}`:\n{header}", kernel.entry);
+                    }
+                }
+                None => assert!(!header.contains(".maxn"), "{} has launch bounds:\n{header}", kernel.entry),
+            }
+        }
+    }
 }

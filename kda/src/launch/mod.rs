@@ -6,6 +6,7 @@
 //! tensors. [`Kda::launch`] allocates nothing and never synchronises, so it can be captured in a
 //! CUDA graph.
 
+mod args;
 mod device_plan;
 mod tensor_map;
 mod validate;
@@ -13,17 +14,19 @@ mod validate;
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use validate::TENSOR_ALIGN;
 
-use crate::layout::{baseline, hopper, K_DIM, V_DIM};
 use crate::{ptx, Dims, KdaError};
-use validate::{check_arg, TensorArg};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
+use kda_kernel::abi::{KernelAbi, TensorMaps, BASELINE, HOPPER};
 use std::sync::Arc;
-use tensor_map::TensorMapArg;
+use validate::{check_arg, TensorArg};
 
 /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` value for "all of the unified L1 /
 /// shared memory that can be shared memory".
 const MAX_SHARED_CARVEOUT_PERCENT: i32 = 100;
+/// Dynamic shared memory a kernel may use without opting in to more.
+const DEFAULT_DYNAMIC_SMEM_BYTES: usize = 48 * 1024;
 
 /// Which kernel a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,12 +39,32 @@ pub enum Kernel {
     Hopper,
 }
 
+/// A kernel function loaded from the embedded PTX, with its ABI.
+struct Loaded {
+    function: CudaFunction,
+    abi: &'static KernelAbi,
+}
+
+impl Loaded {
+    /// Loads `abi`'s entry from `module` and opts in to its shared memory.
+    fn load(module: &Arc<cudarc::driver::CudaModule>, abi: &'static KernelAbi) -> Result<Self, KdaError> {
+        use cudarc::driver::sys::CUfunction_attribute::*;
+        let function = module.load_function(abi.entry)?;
+        if abi.smem_bytes > DEFAULT_DYNAMIC_SMEM_BYTES {
+            function.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, abi.smem_bytes as i32)?;
+            // Prefer the largest shared-memory carveout: the kernel needs nearly all of it.
+            function.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, MAX_SHARED_CARVEOUT_PERCENT)?;
+        }
+        Ok(Self { function, abi })
+    }
+}
+
 /// A loaded kernel module on one device.
 pub struct Kda {
     ctx: Arc<CudaContext>,
-    baseline: CudaFunction,
+    baseline: Loaded,
     /// The warp-specialized kernel, present on compute capability 9.x.
-    hopper: Option<CudaFunction>,
+    hopper: Option<Loaded>,
     compute_capability: (i32, i32),
 }
 
@@ -56,23 +79,8 @@ impl Kda {
             _ => return Err(KdaError::UnsupportedDevice { compute_capability }),
         };
         let module = ctx.load_module(Ptx::from_src(ptx))?;
-        let baseline = module.load_function(ptx::BASELINE_KERNEL)?;
-        let hopper = if compute_capability.0 == 9 {
-            let f = module.load_function(ptx::HOPPER_KERNEL)?;
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                hopper::SMEM_BYTES as i32,
-            )?;
-            // Prefer the largest shared-memory carveout: the ring, staging tiles and h0 slot
-            // need nearly all of it.
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                MAX_SHARED_CARVEOUT_PERCENT,
-            )?;
-            Some(f)
-        } else {
-            None
-        };
+        let baseline = Loaded::load(&module, &BASELINE)?;
+        let hopper = if compute_capability.0 == 9 { Some(Loaded::load(&module, &HOPPER)?) } else { None };
         Ok(Self { ctx, baseline, hopper, compute_capability })
     }
 
@@ -95,17 +103,27 @@ impl Kda {
         }
     }
 
+    /// The loaded `kernel`, or why this device has none.
+    fn loaded(&self, kernel: Kernel) -> Result<&Loaded, KdaError> {
+        match (self.resolve(kernel), &self.hopper) {
+            (Kernel::Hopper, Some(f)) => Ok(f),
+            (Kernel::Hopper, None) => Err(KdaError::Argument {
+                name: "kernel",
+                reason: format!(
+                    "the Hopper kernel needs compute capability 9.x, this device has {:?}",
+                    self.compute_capability
+                ),
+            }),
+            _ => Ok(&self.baseline),
+        }
+    }
+
     /// CTAs of `kernel` that one SM holds at once (the driver's occupancy calculation for the
     /// kernel's block size, registers and shared memory).
     pub fn ctas_per_sm(&self, kernel: Kernel) -> Result<u32, KdaError> {
-        let (f, threads, smem) = match (self.resolve(kernel), &self.hopper) {
-            (Kernel::Hopper, Some(f)) => (f, hopper::THREADS, hopper::SMEM_BYTES),
-            (Kernel::Hopper, None) => {
-                return Err(KdaError::Argument { name: "kernel", reason: "no Hopper kernel on this device".into() })
-            }
-            _ => (&self.baseline, baseline::THREADS, baseline::SMEM_BYTES),
-        };
-        Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)?)
+        let f = self.loaded(kernel)?;
+        let (threads, smem) = (f.abi.threads as u32, f.abi.smem_bytes);
+        Ok(f.function.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?)
     }
 
     /// Validates the arguments, then enqueues the recurrence on `stream`.
@@ -120,134 +138,79 @@ impl Kda {
         outputs: &mut KdaOutputs<'_>,
         kernel: Kernel,
     ) -> Result<(), KdaError> {
-        let heads = plan.heads;
-        let dims = Dims::new(&plan.plan, heads);
+        let dims = Dims::new(&plan.plan, plan.heads);
         self.validate(stream, plan, &dims, inputs, outputs)?;
-        let kernel = self.resolve(kernel);
-        let hopper = match (kernel, &self.hopper) {
-            (Kernel::Hopper, Some(f)) => Some(f),
-            (Kernel::Hopper, None) => {
-                return Err(KdaError::Argument {
-                    name: "kernel",
-                    reason: format!(
-                        "the Hopper kernel needs compute capability 9.x, this device has {:?}",
-                        self.compute_capability
-                    ),
-                })
-            }
+        let hopper = match self.resolve(kernel) {
+            Kernel::Hopper => Some(self.loaded(Kernel::Hopper)?),
             _ => None,
         };
+        let ptrs = Pointers::of(stream, inputs, outputs);
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
         // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline
         // (which also covers every batch whose work records would not fit in 32 bits).
-        let hopper = hopper.filter(|_| {
-            dims.tokens > 0
-                && dims.tokens <= i32::MAX as usize
-                && dims.chunks * heads <= i32::MAX as usize
-                && plan.work.is_some()
-        });
-        // The Hopper kernel runs the plan's persistent schedule; the baseline one CTA per item.
-        let items = match hopper {
-            Some(_) => plan.schedule.workers(),
-            None => dims.seqs * heads * baseline::COL_BLOCKS,
-        };
-        if items == 0 {
+        let fits_tma = dims.tokens > 0
+            && dims.tokens <= i32::MAX as usize
+            && dims.chunks.checked_mul(dims.heads).is_some_and(|rows| rows <= i32::MAX as usize);
+        match (hopper, &plan.work) {
+            (Some(f), Some(work)) if fits_tma => self.launch_hopper(stream, f, plan, &dims, &ptrs, work),
+            _ => self.launch_baseline(stream, plan, &dims, &ptrs),
+        }
+    }
+
+    /// The persistent Hopper kernel over the plan's schedule.
+    fn launch_hopper(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: &Loaded,
+        plan: &DevicePlan,
+        dims: &Dims,
+        ptrs: &Pointers<'_>,
+        work: &CudaSlice<u32>,
+    ) -> Result<(), KdaError> {
+        let workers = plan.schedule.workers();
+        if workers == 0 {
             return Ok(());
         }
-        let grid = u32::try_from(items).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
-            KdaError::Argument {
-                name: "heads",
-                reason: format!("N * H = {} work items exceed the grid limit", dims.seqs * heads),
-            }
-        })?;
-        let heads_u32 = u32::try_from(heads).map_err(|_| KdaError::Argument {
-            name: "heads",
-            reason: format!("{heads} does not fit in 32 bits"),
-        })?;
-        let (k, _gk) = inputs.k.device_ptr(stream);
-        let (w, _gw) = inputs.w.device_ptr(stream);
-        let (u, _gu) = inputs.u.device_ptr(stream);
-        let (gk, _gg) = inputs.gk.device_ptr(stream);
-        let (h0, _g0) = match &inputs.h0 {
-            Some(t) => {
-                let (p, g) = t.device_ptr(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
+        let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
+        let args = HopperArgs {
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims)?)),
+            gk: ptrs.gk,
+            h0: ptrs.h0,
+            v_new: ptrs.v_new,
+            ht: ptrs.ht,
+            work,
+            heads: heads_u32(dims.heads)?,
         };
-        let (h, _gh) = outputs.h.device_ptr_mut(stream);
-        let (v_new, _gv) = outputs.v_new.device_ptr_mut(stream);
-        let (ht, _gt) = match &mut outputs.ht {
-            Some(t) => {
-                let (p, g) = t.device_ptr_mut(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
+        // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
+        // alignment and its device; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
+        // and `h0` (an all-zero map only when `h0` is 0, which the kernel then never uses), and
+        // TMA stores through them stay inside those buffers; the schedule's records name each of
+        // the plan's items once for exactly `workers` CTAs; outputs are `&mut` borrows, so they
+        // cannot alias the inputs.
+        unsafe { enqueue(stream, f, workers, |sink| args.push(sink)) }
+    }
+
+    /// The baseline kernel, one CTA per (sequence, head, column block).
+    fn launch_baseline(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &DevicePlan,
+        dims: &Dims,
+        ptrs: &Pointers<'_>,
+    ) -> Result<(), KdaError> {
+        let items = dims.seqs.checked_mul(dims.heads * kda_kernel::layout::baseline::COL_BLOCKS);
+        let Some(items) = items.filter(|&n| n > 0) else {
+            return match items {
+                Some(_) => Ok(()),
+                None => Err(grid_error(dims)),
+            };
         };
-        let (seqs, _gs) = plan.descriptors.device_ptr(stream);
-        let (work, _gw) = match (hopper, &plan.work) {
-            (Some(_), Some(t)) => {
-                let (p, g) = t.device_ptr(stream);
-                (p, Some(g))
-            }
-            _ => (0, None),
-        };
-        let maps = match hopper {
-            Some(_) => Some([
-                TensorMapArg::tokens(k, dims.tokens, heads, K_DIM)?,
-                TensorMapArg::tokens(w, dims.tokens, heads, K_DIM)?,
-                TensorMapArg::tokens(u, dims.tokens, heads, V_DIM)?,
-                TensorMapArg::rows(k, dims.tokens, heads, K_DIM)?,
-                TensorMapArg::rows(w, dims.tokens, heads, K_DIM)?,
-                TensorMapArg::rows(u, dims.tokens, heads, V_DIM)?,
-                TensorMapArg::states(h, dims.chunks * heads)?,
-                TensorMapArg::tokens(v_new, dims.tokens, heads, V_DIM)?,
-                match h0 {
-                    0 => TensorMapArg::unused(),
-                    h0 => TensorMapArg::initial_states(h0, dims.seqs * heads)?,
-                },
-            ]),
-            None => None,
-        };
-        let (func, cfg) = match hopper {
-            Some(f) => {
-                let cfg = LaunchConfig {
-                    grid_dim: (grid, 1, 1),
-                    block_dim: (hopper::THREADS as u32, 1, 1),
-                    shared_mem_bytes: hopper::SMEM_BYTES as u32,
-                };
-                (f, cfg)
-            }
-            None => {
-                let cfg = LaunchConfig {
-                    grid_dim: (grid, 1, 1),
-                    block_dim: (baseline::THREADS as u32, 1, 1),
-                    shared_mem_bytes: baseline::SMEM_BYTES as u32,
-                };
-                (&self.baseline, cfg)
-            }
-        };
-        let mut launch = stream.launch_builder(func);
-        if let Some(maps) = &maps {
-            for map in maps {
-                launch.arg(map);
-            }
-        }
-        launch.arg(&k).arg(&w).arg(&u).arg(&gk).arg(&h0);
-        launch.arg(&h).arg(&v_new).arg(&ht).arg(&seqs).arg(&heads_u32);
-        if maps.is_some() {
-            launch.arg(&work);
-        }
-        // SAFETY: `validate` checked that every buffer has exactly the contract's length for this
-        // plan and `heads`, is 16-byte aligned and lives on this device; the plan's descriptors were
-        // built from the same `Plan`, and its schedule's records name each of the plan's items
-        // once for exactly `grid` workers; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
-        // and `h0` (an unused map only when `h0` is null, which the kernel then never reads
-        // through), and TMA stores through them stay inside those buffers; the grid,
-        // block and shared-memory sizes are the ones the kernel documents; outputs are `&mut`
-        // borrows, so they cannot alias the inputs.
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
+        let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
+        let args = BaselineArgs::new(ptrs, seqs, heads_u32(dims.heads)?);
+        // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
+        // alignment and its device; the descriptors were built from the same plan; one CTA per
+        // item; outputs are `&mut` borrows, so they cannot alias the inputs.
+        unsafe { enqueue(stream, &self.baseline, items, |sink| args.push(sink)) }
     }
 
     fn validate(
@@ -279,3 +242,45 @@ impl Kda {
     }
 }
 
+/// `heads` as the kernels' 32-bit parameter.
+fn heads_u32(heads: usize) -> Result<u32, KdaError> {
+    u32::try_from(heads)
+        .map_err(|_| KdaError::Argument { name: "heads", reason: format!("{heads} does not fit in 32 bits") })
+}
+
+fn grid_error(dims: &Dims) -> KdaError {
+    KdaError::Argument {
+        name: "heads",
+        reason: format!("N * H = {} x {} work items exceed the grid limit", dims.seqs, dims.heads),
+    }
+}
+
+/// Enqueues `f` on `stream` with `ctas` CTAs and its block size and shared memory, with the
+/// arguments `push` gives (checked against the kernel's parameter list before anything launches).
+///
+/// # Safety
+/// The arguments satisfy the safety contract of `f`'s kernel for a grid of `ctas` CTAs, and every
+/// buffer they name stays alive and unaliased until the kernel completes (the callers hold the
+/// tensors' borrows and stream records across the call).
+unsafe fn enqueue<'a>(
+    stream: &'a Arc<CudaStream>,
+    f: &'a Loaded,
+    ctas: usize,
+    push: impl FnOnce(&mut Checked<'a>),
+) -> Result<(), KdaError> {
+    let grid = u32::try_from(ctas).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| KdaError::Argument {
+        name: "heads",
+        reason: format!("{ctas} CTAs exceed the grid limit"),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (f.abi.threads as u32, 1, 1),
+        shared_mem_bytes: f.abi.smem_bytes as u32,
+    };
+    let mut args = Checked::new(stream.launch_builder(&f.function), f.abi);
+    push(&mut args);
+    args.finish().map_err(|reason| KdaError::Argument { name: "kernel", reason })?;
+    // SAFETY: the function's contract; the argument list is the kernel's, as just checked.
+    unsafe { args.launch.launch(cfg) }?;
+    Ok(())
+}

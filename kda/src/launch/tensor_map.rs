@@ -1,45 +1,61 @@
 //! Tensor maps (`CUtensorMap`) of the tensors the Hopper kernel reaches through TMA.
 
+use super::args::Pointers;
 use crate::layout::{hopper, CHUNK, K_DIM, V_DIM};
-use crate::KdaError;
+use crate::{Dims, KdaError};
+use kda_kernel::abi::{MapSlot, TensorMap, TENSOR_MAPS};
 
-/// A `CUtensorMap` passed to the Hopper kernel by value (the kernel declares these parameters
-/// 64-byte aligned, as `CUtensorMap` is).
-#[repr(transparent)]
-pub(super) struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
+/// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order.
+pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
+    let (tokens, heads) = (d.tokens, d.heads);
+    let mut maps = [TensorMapArg::unused().0; TENSOR_MAPS];
+    let mut set = |slot: MapSlot, map: TensorMapArg| maps[slot as usize] = map.0;
+    set(MapSlot::K, TensorMapArg::tokens(p.k, tokens, heads, K_DIM)?);
+    set(MapSlot::W, TensorMapArg::tokens(p.w, tokens, heads, K_DIM)?);
+    set(MapSlot::U, TensorMapArg::tokens(p.u, tokens, heads, V_DIM)?);
+    set(MapSlot::KRow, TensorMapArg::rows(p.k, tokens, heads, K_DIM)?);
+    set(MapSlot::WRow, TensorMapArg::rows(p.w, tokens, heads, K_DIM)?);
+    set(MapSlot::URow, TensorMapArg::rows(p.u, tokens, heads, V_DIM)?);
+    set(MapSlot::H, TensorMapArg::states(p.h, d.chunks * heads)?);
+    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, tokens, heads, V_DIM)?);
+    if p.h0 != 0 {
+        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d.seqs * heads)?);
+    }
+    Ok(maps.map(|m| TensorMap(m.opaque)))
+}
 
-// SAFETY: a plain 128-byte, 64-byte-aligned value the driver copies into the parameter buffer.
-unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
+/// An encoded `CUtensorMap`.
+struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
 
 impl TensorMapArg {
     /// The tensor map of a packed `[T, H, width]` bf16 tensor at `address`, as a 3-D tensor
     /// `(width, H, T)` read in `[CHUNK][1][BOX_COLS]` boxes with the 128-byte swizzle (which the
     /// wgmma operands `k` and `w` need, and which keeps the `ldmatrix` reads of `u` free of bank
     /// conflicts).
-    pub(super) fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
+    fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
         Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
     }
 
     /// As [`Self::tokens`], in one-token boxes: the tail chunk's valid rows, one TMA each.
-    pub(super) fn rows(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
+    fn rows(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
         Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, 1])
     }
 
     /// The tensor map of the `h` output (`[NT, H, K, V]` bf16) as a 3-D tensor `(V, K, NT * H)`,
     /// written in `[1][K][BOX_COLS]` boxes (one CTA's `bf16(S)` for one chunk) with the 128-byte
     /// swizzle of the kernel's staging tile.
-    pub(super) fn states(address: u64, chunk_heads: usize) -> Result<Self, KdaError> {
+    fn states(address: u64, chunk_heads: usize) -> Result<Self, KdaError> {
         Self::encode(address, Element::Bf16, [V_DIM, K_DIM, chunk_heads], [hopper::BOX_COLS, K_DIM, 1])
     }
 
     /// The tensor map of `h0` (`[N, H, K, V]` f32) as a 3-D tensor `(V, K, N * H)`, read in
     /// unswizzled `[1][K][BV]` boxes (one item's initial state).
-    pub(super) fn initial_states(address: u64, seq_heads: usize) -> Result<Self, KdaError> {
+    fn initial_states(address: u64, seq_heads: usize) -> Result<Self, KdaError> {
         Self::encode(address, Element::F32, [V_DIM, K_DIM, seq_heads], [hopper::BV, K_DIM, 1])
     }
 
     /// A placeholder for a map the kernel does not use in this launch (all zero bytes).
-    pub(super) fn unused() -> Self {
+    fn unused() -> Self {
         // SAFETY: `CUtensorMap` is plain bytes; the kernel never hands this one to TMA.
         Self(unsafe { std::mem::zeroed() })
     }

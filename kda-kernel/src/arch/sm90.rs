@@ -1,6 +1,7 @@
-//! Hopper-only (sm_90a) PTX: mbarriers, TMA bulk tensor loads, async-proxy fences, named
-//! barriers and the two warpgroup MMAs of the recurrence. Each wrapper is one instruction or one
-//! indivisible instruction sequence.
+//! Hopper-only (sm_90 / sm_90a) PTX: mbarrier phases and transaction counts, TMA bulk tensor
+//! copies, async-proxy fences, `stmatrix`, and the two warpgroup MMAs of the recurrence. Each
+//! wrapper is one instruction or one indivisible instruction sequence; the instructions every
+//! sm_80+ GPU has are in [`super::sm80`].
 //!
 //! Each product is a start (`wgmma.fence`, its k-steps, `commit_group`: one `asm!` block, written
 //! by the `wgmma_start!` macro from the step list) and a wait (`wait_group 0`), so independent
@@ -10,13 +11,7 @@
 
 use core::arch::asm;
 
-/// A CUDA tensor map (`CUtensorMap`, 128 opaque bytes) passed to a kernel by value. rustc's
-/// nvptx ABI aligns parameters to at most 16 bytes; `kda/build.rs` raises the declared alignment
-/// of the Hopper kernel's tensor-map parameters to the 64 bytes TMA requires.
-#[repr(C, align(16))]
-pub struct TensorMap(pub [u64; 16]);
-
-/// `mbarrier.init.shared::cta.b64 [bar], count;`
+/// `mbarrier.init.shared::cta.b64 [bar], count;` (PTX 7.8, sm_80)
 ///
 /// # Safety
 /// `bar` is an 8-byte-aligned shared address no other thread uses until a CTA barrier follows.
@@ -26,7 +21,7 @@ pub unsafe fn mbarrier_init(bar: u32, count: u32) {
     unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) count, options(nostack)) }
 }
 
-/// `fence.mbarrier_init.release.cluster;`: makes initialised mbarriers visible to the async
+/// `fence.mbarrier_init.release.cluster;` (PTX 8.0, sm_90): makes initialised mbarriers visible to the async
 /// proxy (TMA) before a CTA barrier publishes them.
 #[inline(always)]
 pub fn fence_mbarrier_init() {
@@ -34,7 +29,7 @@ pub fn fence_mbarrier_init() {
     unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) }
 }
 
-/// `mbarrier.arrive.shared::cta.b64 state, [bar];` (release at CTA scope).
+/// `mbarrier.arrive.shared::cta.b64 state, [bar];` (PTX 7.8, sm_80) (release at CTA scope).
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier in shared memory.
@@ -46,7 +41,7 @@ pub unsafe fn mbarrier_arrive(bar: u32) {
     }
 }
 
-/// `mbarrier.arrive.expect_tx.shared::cta.b64 state, [bar], bytes;`: arrives and announces the
+/// `mbarrier.arrive.expect_tx.shared::cta.b64 state, [bar], bytes;` (PTX 8.0, sm_90): arrives and announces the
 /// bytes the TMA loads issued next will deliver to this barrier's phase.
 ///
 /// # Safety
@@ -61,7 +56,8 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
 }
 
 /// Waits until the phase of parity `parity` of `bar` has completed
-/// (`mbarrier.try_wait.parity.shared::cta.b64` in a loop; acquire at CTA scope).
+/// (`mbarrier.try_wait.parity.shared::cta.b64` in a loop, PTX 7.8, sm_90; acquire at CTA scope).
+/// A Rust loop around `try_wait`, not an `asm!` loop with labels (labels duplicate on inlining).
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier in shared memory.
@@ -84,7 +80,7 @@ pub unsafe fn mbarrier_wait(bar: u32, parity: u32) {
     }
 }
 
-/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes`: a TMA load of
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes` (PTX 8.0, sm_90): a TMA load of
 /// the box at coordinates `(c0, c1, c2)` of the tensor map at generic address `map` into shared
 /// memory at `dst`, completing `bytes` of transaction count on `bar`.
 ///
@@ -104,7 +100,7 @@ pub unsafe fn tma_load_3d(dst: u32, map: u64, c0: i32, c1: i32, c2: i32, bar: u3
     }
 }
 
-/// `cp.async.bulk.tensor.3d.global.shared::cta.bulk_group`: a TMA store of the box at shared
+/// `cp.async.bulk.tensor.3d.global.shared::cta.bulk_group` (PTX 8.0, sm_90): a TMA store of the box at shared
 /// address `src` to coordinates `(c0, c1, c2)` of the tensor map at generic address `map`, in
 /// this thread's current bulk async-group (close it with [`bulk_commit_group`]).
 ///
@@ -125,14 +121,14 @@ pub unsafe fn tma_store_3d(map: u64, c0: i32, c1: i32, c2: i32, src: u32) {
     }
 }
 
-/// `cp.async.bulk.commit_group;`: closes this thread's current bulk async-group.
+/// `cp.async.bulk.commit_group;` (PTX 8.0, sm_90): closes this thread's current bulk async-group.
 #[inline(always)]
 pub fn bulk_commit_group() {
     // SAFETY: no operands; an empty group is allowed.
     unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
 }
 
-/// `cp.async.bulk.wait_group.read PENDING;`: waits until all but the newest `PENDING` bulk
+/// `cp.async.bulk.wait_group.read PENDING;` (PTX 8.0, sm_90): waits until all but the newest `PENDING` bulk
 /// async-groups this thread committed have finished reading their shared-memory sources, so
 /// their staging tiles may be rewritten.
 #[inline(always)]
@@ -141,7 +137,7 @@ pub fn bulk_wait_group_read<const PENDING: u32>() {
     unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const PENDING, options(nostack)) }
 }
 
-/// `prefetch.tensormap [map];`: starts fetching the tensor map at generic address `map` into the
+/// `prefetch.tensormap [map];` (PTX 8.0, sm_90): starts fetching the tensor map at generic address `map` into the
 /// TMA unit's descriptor cache, so that the first copy through it does not wait for the fetch.
 ///
 /// # Safety
@@ -152,7 +148,7 @@ pub unsafe fn prefetch_tensormap(map: u64) {
     unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) map, options(nostack)) }
 }
 
-/// `fence.proxy.async.shared::cta;`: orders this thread's ordinary shared-memory writes before
+/// `fence.proxy.async.shared::cta;` (PTX 8.0, sm_90): orders this thread's ordinary shared-memory writes before
 /// later async-proxy reads (wgmma operands, TMA).
 #[inline(always)]
 pub fn fence_proxy_async() {
@@ -160,29 +156,12 @@ pub fn fence_proxy_async() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
 
-/// `bar.sync id, threads;`: a named barrier over `threads` threads (a multiple of 32).
-///
-/// # Safety
-/// Exactly `threads` threads, in whole warps, reach barrier `id` with the same count.
-#[inline(always)]
-pub unsafe fn named_barrier(id: u32, threads: u32) {
-    // SAFETY: see the function's contract.
-    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
-}
-
-/// `bar.warp.sync 0xffffffff;`: converges the warp and orders its lanes' memory accesses.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: every lane of the warp calls it (the producer warp runs converged).
-    unsafe { asm!("bar.warp.sync -1;", options(nostack)) }
-}
-
-/// The generic address of the kernel parameter `$param` (a tensor map passed by value):
-/// `mov.b64` of the parameter symbol, then `cvta.param.u64`. The parameter must be declared
-/// `.align 64` (the builder raises rustc's 16), as TMA requires of a tensor map.
-#[macro_export]
+/// `mov.b64 a, PARAM; cvta.param.u64 a, a;`: the generic address of the kernel parameter
+/// `$param` (its PTX symbol, e.g. `"kda_fwd_h_hopper_param_0"`), for handing a tensor map held
+/// in the parameter block to TMA without copying it. The parameter must be declared aligned as
+/// TMA needs (`abi::KernelAbi::param_align`; the PTX builder raises rustc's 16 to 64).
 macro_rules! param_address {
-    ($param:literal) => {{
+    ($param:expr) => {{
         let a: u64;
         // SAFETY: takes the address of a kernel parameter of the enclosing kernel; no access.
         unsafe {
@@ -195,81 +174,9 @@ macro_rules! param_address {
         a
     }};
 }
+pub(crate) use param_address;
 
-/// `%tid.x`, read by a non-pure `asm!` so the compiler cannot hoist what depends on it out of a
-/// loop: per-chunk shared addresses are recomputed from it instead of living in registers across
-/// the whole chunk loop (there are more of them than registers).
-#[inline(always)]
-pub fn thread_idx_x_fresh() -> usize {
-    let t: u32;
-    // SAFETY: reads a special register.
-    unsafe { asm!("mov.u32 {t}, %tid.x;", t = out(reg32) t, options(nomem, nostack)) };
-    t as usize
-}
-
-/// `cvt.rn.bf16x2.f32 d, hi, lo;`: two f32 rounded to bf16 and packed, `lo` in the low half.
-#[inline(always)]
-pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
-    let d: u32;
-    // SAFETY: a register-only conversion.
-    unsafe {
-        asm!("cvt.rn.bf16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
-             options(pure, nomem, nostack))
-    };
-    d
-}
-
-/// `ld.shared.f32 v, [addr];`
-///
-/// # Safety
-/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
-    let v: f32;
-    // SAFETY: see the function's contract.
-    unsafe { asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
-    v
-}
-
-/// `st.shared.f32 [addr], v;`
-///
-/// # Safety
-/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn st_shared_f32(addr: u32, v: f32) {
-    // SAFETY: see the function's contract.
-    unsafe { asm!("st.shared.f32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
-}
-
-/// `ld.shared.v4.b32`: 16 bytes from shared memory.
-///
-/// # Safety
-/// `addr` is a 16-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("ld.shared.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a, y = out(reg32) b,
-             z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
-    };
-    [a, b, c, d]
-}
-
-/// `st.shared.v4.b32`: 16 bytes to shared memory.
-///
-/// # Safety
-/// `addr` is a 16-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("st.shared.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg32) addr, x = in(reg32) v[0],
-             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
-    }
-}
-
-/// `stmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: the warp stores four 8x8 bf16 matrices
+/// `stmatrix.sync.aligned.m8n8.x4.trans.shared.b16` (PTX 7.8, sm_90): the warp stores four 8x8 bf16 matrices
 /// from mma fragments (register `i` of a lane holds row `lane / 4`, columns `2 * (lane % 4)` and
 /// `+ 1` of matrix `i`), each transposed: lane `8i + j` gives the shared address of row `j` of
 /// stored matrix `i` (16 bytes).
@@ -285,52 +192,7 @@ pub unsafe fn stmatrix_x4_trans(addr: u32, r: [u32; 4]) {
     }
 }
 
-/// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: the inverse of [`stmatrix_x4_trans`]: lane
-/// `8i + j` gives the address of row `j` of stored matrix `i`; register `i` returns the lane's
-/// fragment of matrix `i` transposed.
-///
-/// # Safety
-/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
-#[inline(always)]
-pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a,
-             y = out(reg32) b, z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
-    };
-    [a, b, c, d]
-}
-
-/// `ld.shared.v2.f32`: two adjacent f32 from shared memory.
-///
-/// # Safety
-/// `addr` is an 8-byte-aligned shared address inside the CTA's allocation.
-#[inline(always)]
-pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
-    let (a, b): (f32, f32);
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("ld.shared.v2.f32 {{{x}, {y}}}, [{p}];", x = out(reg32) a, y = out(reg32) b, p = in(reg32) addr,
-             options(nostack, readonly))
-    };
-    [a, b]
-}
-
-/// `st.global.v4.b32`: 16 bytes to global memory.
-///
-/// # Safety
-/// `ptr` is 16-byte aligned and addresses 16 writable bytes.
-#[inline(always)]
-pub unsafe fn st_global_v4(ptr: *mut u16, v: [u32; 4]) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) ptr, x = in(reg32) v[0],
-             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
-    }
-}
-
-/// A wgmma shared-memory matrix descriptor with the 128-byte swizzle: start address, leading
+/// A wgmma shared-memory matrix descriptor (sm_90a) with the 128-byte swizzle: start address, leading
 /// and stride byte offsets (all in 16-byte units, 14 bits each), base offset 0 (tiles are
 /// 1024-byte aligned) and swizzle mode 1 (128 B) in bits 62-63.
 #[inline(always)]
@@ -377,20 +239,20 @@ macro_rules! wgmma_start {
     }};
 }
 
-/// Product 1 of a chunk, `acc = acc - A @ B` over K = 128: eight
+/// `acc = acc - A @ B` over K = 128 (PTX 8.0, sm_90a; the recurrence's product 1): eight
 /// `wgmma.mma_async.m64n64k16.f32.bf16.bf16` with A (`bf16(S^T)`, 64 x 128) from registers and B
 /// (the `w` tile, K-major, 128-byte swizzle); `imm-scale-a = -1` negates the product. `desc`
 /// addresses the tile's first box; k-step `i` starts `OFFSETS_VN[i]` 16-byte units further (32
 /// bytes per step inside a 128-byte row, 8 KB to the second box). Commits the group and
-/// returns while the products run: [`wgmma_wait_vn`] completes them.
+/// returns while the products run: [`wgmma_wait_m64n64`] completes them.
 ///
 /// # Safety
 /// All 128 threads of a warpgroup call this together; `desc` describes the `w` tile's two
 /// 128-byte-swizzled K-major `[64][64]` bf16 boxes, back to back in shared memory. Until
-/// [`wgmma_wait_vn`] on `acc` returns, nothing reads or writes `acc` or `a` (their registers
+/// [`wgmma_wait_m64n64`] on `acc` returns, nothing reads or writes `acc` or `a` (their registers
 /// belong to the tensor cores) and nothing writes the tile.
 #[inline(always)]
-pub unsafe fn wgmma_vn_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
+pub unsafe fn wgmma_m64n64k16x8_sub_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
         wgmma_start!(
@@ -411,19 +273,19 @@ pub unsafe fn wgmma_vn_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) 
     }
 }
 
-/// Product 2 of a chunk, `acc = acc + A @ B` over K = 64 tokens: four
+/// `acc = acc + A @ B` over K = 64 (PTX 8.0, sm_90a; the recurrence's product 2, K = tokens): four
 /// `wgmma.mma_async.m64n128k16.f32.bf16.bf16` with A (`bf16(Vn^T)`, 64 x 64) from registers and
 /// B (the `k` tile `[64 t][128 k]`, MN-major, read transposed: `imm-trans-b = 1`). `desc`
 /// addresses the tile's first 16 token rows; k-step `i` starts 2 KB (16 rows of 128 bytes)
-/// further. Commits the group and returns while the products run: [`wgmma_wait_state`]
+/// further. Commits the group and returns while the products run: [`wgmma_wait_m64n128`]
 /// completes them.
 ///
 /// # Safety
 /// All 128 threads of a warpgroup call this together; `desc` describes the `k` tile's two
-/// 128-byte-swizzled boxes (leading offset: the box size). Until [`wgmma_wait_state`] on `acc`
+/// 128-byte-swizzled boxes (leading offset: the box size). Until [`wgmma_wait_m64n128`] on `acc`
 /// returns, nothing reads or writes `acc` or `a` and nothing writes the tile.
 #[inline(always)]
-pub unsafe fn wgmma_state_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
+pub unsafe fn wgmma_m64n128k16x4_add_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4], desc: u64) {
     // SAFETY: see the function's contract.
     unsafe {
         wgmma_start!(
@@ -457,24 +319,26 @@ macro_rules! wgmma_wait_group_0 {
     };
 }
 
-/// Waits for [`wgmma_vn_start`]: returns once its products have written `acc`.
+/// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n64k16x8_sub_start`]:
+/// returns once its products have written `acc`.
 ///
 /// # Safety
-/// The warpgroup's 128 threads call this together, after [`wgmma_vn_start`] on the same `acc`.
+/// The warpgroup's 128 threads call this together, after [`wgmma_m64n64k16x8_sub_start`] on the same `acc`.
 #[inline(always)]
-pub unsafe fn wgmma_wait_vn(acc: &mut [f32; 32]) {
+pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
     // SAFETY: see the function's contract.
     unsafe {
         wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
     }
 }
 
-/// Waits for [`wgmma_state_start`]: returns once its products have written `acc`.
+/// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n128k16x4_add_start`]:
+/// returns once its products have written `acc`.
 ///
 /// # Safety
-/// The warpgroup's 128 threads call this together, after [`wgmma_state_start`] on the same `acc`.
+/// The warpgroup's 128 threads call this together, after [`wgmma_m64n128k16x4_add_start`] on the same `acc`.
 #[inline(always)]
-pub unsafe fn wgmma_wait_state(acc: &mut [f32; 64]) {
+pub unsafe fn wgmma_wait_m64n128(acc: &mut [f32; 64]) {
     // SAFETY: see the function's contract.
     unsafe {
         wgmma_wait_group_0!(acc;

@@ -1,0 +1,200 @@
+//! The host-device ABI: everything a launch and a kernel must agree on, defined once.
+//!
+//! This module compiles for every target. The kernels' signatures follow it, the launcher
+//! (`kda::launch`) pushes its arguments in its order and checks each against it, the PTX builder
+//! (`kda/build.rs`) reads the parameter alignments and launch bounds from it, and a test parses
+//! the `.entry` of every kernel in the built PTX and checks it against [`KernelAbi::params`] and
+//! the launcher's argument list.
+//!
+//! Pointers and scalars are separate kernel parameters, not fields of one by-value struct: rustc
+//! passes a struct parameter as an integer array, and LLVM's NVPTX backend then no longer knows
+//! the pointers address global memory (every access would compile to a generic `ld`/`st` instead
+//! of `ld.global`/`st.global`). The tensor maps, which the kernel only takes the address of, are
+//! one aggregate parameter ([`TensorMaps`]).
+
+use crate::layout::{baseline, hopper};
+
+/// A CUDA tensor map (`CUtensorMap`: 128 opaque bytes, encoded by the driver on the host).
+///
+/// TMA needs a tensor map 64-byte aligned. rustc's nvptx kernel ABI declares no parameter above
+/// `.align 16` (and panics on a higher `align` attribute), so the type says 16 and the PTX
+/// builder raises the parameter's declaration to [`Param::align`]; every map sits at a multiple
+/// of 64 bytes inside the aggregate (asserted below).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+pub struct TensorMap(pub [u64; 16]);
+
+/// Bytes of one tensor map.
+pub const TENSOR_MAP_BYTES: usize = core::mem::size_of::<TensorMap>();
+/// The alignment TMA requires of a tensor map.
+pub const TENSOR_MAP_ALIGN: usize = 64;
+
+/// The tensor maps of the Hopper kernel, in the order of [`TensorMaps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum MapSlot {
+    /// `k` as a 3-D `[T][H][K]` bf16 tensor in `[CHUNK][1][64]` boxes, 128-byte swizzled.
+    K,
+    /// `w`, as `K`.
+    W,
+    /// `u` (`[T][H][V]`), as `K`.
+    U,
+    /// `k` in one-token boxes (`[1][1][64]`), for the tail chunk's valid rows.
+    KRow,
+    /// `w` in one-token boxes.
+    WRow,
+    /// `u` in one-token boxes.
+    URow,
+    /// The output `h` as a 3-D `[NT * H][K][V]` bf16 tensor in `[1][K][64]` boxes, swizzled.
+    H,
+    /// The output `v_new` (`[T][H][V]`), as `U`.
+    VNew,
+    /// `h0` as a 3-D `[N * H][K][V]` f32 tensor in unswizzled `[1][K][BV]` boxes (all zero bytes,
+    /// and never used, when the launch has no initial states).
+    H0,
+}
+
+/// Tensor maps per Hopper launch.
+pub const TENSOR_MAPS: usize = MapSlot::H0 as usize + 1;
+
+/// The Hopper kernel's tensor maps, indexed by [`MapSlot`]: its first parameter, passed by
+/// value and handed to TMA by address (`cvta.param`), so each map's address is the parameter's
+/// plus `128 * slot`.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+pub struct TensorMaps(pub [TensorMap; TENSOR_MAPS]);
+
+/// The type of a kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A global-memory pointer (64 bits).
+    Pointer,
+    /// A 32-bit unsigned integer.
+    U32,
+    /// The [`TensorMaps`] aggregate.
+    TensorMaps,
+}
+
+/// One kernel parameter: its name in the launcher and its type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Param {
+    /// The argument's name (the tensor or scalar it carries).
+    pub name: &'static str,
+    /// Its type.
+    pub kind: ParamKind,
+}
+
+impl Param {
+    const fn pointer(name: &'static str) -> Self {
+        Self { name, kind: ParamKind::Pointer }
+    }
+
+    const fn u32(name: &'static str) -> Self {
+        Self { name, kind: ParamKind::U32 }
+    }
+
+    /// Bytes of the parameter.
+    pub const fn bytes(&self) -> usize {
+        match self.kind {
+            ParamKind::Pointer => 8,
+            ParamKind::U32 => 4,
+            ParamKind::TensorMaps => core::mem::size_of::<TensorMaps>(),
+        }
+    }
+
+    /// The alignment the PTX declares for it (for the tensor maps, the builder's, above rustc's).
+    pub const fn align(&self) -> usize {
+        match self.kind {
+            ParamKind::TensorMaps => TENSOR_MAP_ALIGN,
+            _ => self.bytes(),
+        }
+    }
+}
+
+/// The Hopper kernel's parameters, in order. Pointers are the tensors the kernel reaches without
+/// a tensor map: `gk` (each chunk's last row), `h0` (only tested for null: the map loads it),
+/// `v_new` (the tail chunk's valid rows), `ht`, and the schedule's work records.
+pub const HOPPER_PARAMS: [Param; 7] = [
+    Param { name: "maps", kind: ParamKind::TensorMaps },
+    Param::pointer("gk"),
+    Param::pointer("h0"),
+    Param::pointer("v_new"),
+    Param::pointer("ht"),
+    Param::pointer("work"),
+    Param::u32("heads"),
+];
+
+/// The baseline kernel's parameters, in order.
+pub const BASELINE_PARAMS: [Param; 10] = [
+    Param::pointer("k"),
+    Param::pointer("w"),
+    Param::pointer("u"),
+    Param::pointer("gk"),
+    Param::pointer("h0"),
+    Param::pointer("h"),
+    Param::pointer("v_new"),
+    Param::pointer("ht"),
+    Param::pointer("seqs"),
+    Param::u32("heads"),
+];
+
+/// The Hopper target: wgmma, TMA and mbarrier transaction counts are `sm_90a` features.
+pub const SM90A: &str = "sm_90a";
+/// The portable target, JIT-compiled by the driver for every newer GPU.
+pub const SM80: &str = "sm_80";
+/// Every PTX target the crate is built for, one module each.
+pub const TARGETS: [&str; 2] = [SM90A, SM80];
+
+/// What the PTX builder, the launcher and the ABI test need to know of one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelAbi {
+    /// The `.entry` name (the kernel function's unmangled name).
+    pub entry: &'static str,
+    /// The parameters, in order.
+    pub params: &'static [Param],
+    /// Threads per CTA.
+    pub threads: usize,
+    /// Dynamic shared memory per CTA, in bytes.
+    pub smem_bytes: usize,
+    /// The PTX targets (`.target`) whose module holds this kernel.
+    pub targets: &'static [&'static str],
+    /// `.maxnreg` the builder writes into the entry (with `.maxntid` = `threads`), when the
+    /// kernel has launch bounds.
+    pub max_registers: Option<u32>,
+}
+
+/// Register budget of the Hopper kernel: room for the 64 + 32 accumulator registers, both
+/// products' A fragments and the item loop without spills (the PTX test checks). One CTA runs
+/// per SM (the ring's shared memory allows one), so registers do not limit occupancy: an SM
+/// sub-partition holds 16384 registers, and the 5-warp CTA puts at most 2 warps on one,
+/// 2 x 32 x 240 = 15360.
+pub const HOPPER_MAX_REGISTERS: u32 = 240;
+
+/// The warp-specialized TMA + wgmma kernel (sm_90a).
+pub const HOPPER: KernelAbi = KernelAbi {
+    entry: "kda_fwd_h_hopper",
+    params: &HOPPER_PARAMS,
+    threads: hopper::THREADS,
+    smem_bytes: hopper::SMEM_BYTES,
+    max_registers: Some(HOPPER_MAX_REGISTERS),
+    targets: &[SM90A],
+};
+
+/// The portable scalar kernel (sm_80+).
+pub const BASELINE: KernelAbi = KernelAbi {
+    entry: "kda_fwd_h_baseline",
+    params: &BASELINE_PARAMS,
+    threads: baseline::THREADS,
+    smem_bytes: baseline::SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
+/// Every kernel of the crate.
+pub const KERNELS: [KernelAbi; 2] = [BASELINE, HOPPER];
+
+const _: () = {
+    assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");
+    assert!(TENSOR_MAP_BYTES % TENSOR_MAP_ALIGN == 0, "every map of the aggregate stays 64-byte aligned");
+    assert!(core::mem::size_of::<TensorMaps>() == TENSOR_MAPS * TENSOR_MAP_BYTES);
+};

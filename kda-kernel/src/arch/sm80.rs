@@ -1,0 +1,231 @@
+//! The PTX every sm_80+ GPU has: indices, barriers, shared and global memory, conversions, the
+//! SFU's exp2, `ldmatrix`; each wrapped in one small documented function (the role `cuda_std`
+//! plays in Rust-CUDA). Hopper-only instructions are in [`super::sm90`].
+//!
+//! Every wrapper is `#[inline(always)]` so that the PTX keeps no calls; `kda/build.rs` rejects
+//! PTX that still references an external function.
+
+use core::arch::{asm, global_asm, nvptx};
+
+// The kernels' dynamic shared memory: one module-scope symbol, sized at launch. 1024-byte
+// alignment is what the Hopper TMA/wgmma 128-byte swizzle patterns require of a tile base.
+global_asm!(".extern .shared .align 1024 .b8 SMEM[];");
+
+/// `%tid.x`: this thread's index in its CTA.
+#[inline(always)]
+pub fn thread_idx_x() -> usize {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() as usize }
+}
+
+/// `%ctaid.x`: this CTA's index in the grid.
+#[inline(always)]
+pub fn block_idx_x() -> usize {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_x() as usize }
+}
+
+/// `bar.sync 0;` (PTX 1.0): CTA-wide barrier (`__syncthreads`).
+///
+/// # Safety
+/// Every thread of the CTA must reach the same call (no divergent barrier).
+#[inline(always)]
+pub unsafe fn sync_threads() {
+    // SAFETY: the caller guarantees convergence.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `mov.u32 r, SMEM;` (PTX 1.0): the shared-window (32-bit, `.shared` state space) address of the
+/// dynamic shared memory.
+#[inline(always)]
+pub fn smem_base_shared() -> u32 {
+    let addr: u32;
+    // SAFETY: reads the address of the module's `.extern .shared` symbol.
+    unsafe { asm!("mov.u32 {a}, SMEM;", a = out(reg32) addr, options(pure, nomem, nostack)) };
+    addr
+}
+
+/// `cvta.shared.u64 g, SMEM;` (PTX 2.0): a generic pointer to the dynamic shared memory, usable with
+/// ordinary Rust loads and stores.
+#[inline(always)]
+pub fn smem_base_generic() -> *mut u8 {
+    let addr: u64;
+    // SAFETY: converts the address of the module's `.extern .shared` symbol; no memory access.
+    unsafe {
+        asm!("cvta.shared.u64 {a}, SMEM;", a = out(reg64) addr, options(pure, nomem, nostack))
+    };
+    addr as *mut u8
+}
+
+/// `cvt.rn.bf16.f32 h, x;` (PTX 7.0, sm_80): round to the nearest bf16, ties to even; returns the
+/// bf16 bits.
+#[inline(always)]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let h: u16;
+    // SAFETY: a register-only conversion.
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    h
+}
+
+/// The f32 value of bf16 bits (exact: bf16 is the upper half of an f32).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `ex2.approx.f32 y, x;` (PTX 1.0): `2^x` with at most 2 ulp error (the SFU's exp2).
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("ex2.approx.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
+/// `trap;` (PTX 1.0): aborts the kernel; the host sees an illegal-instruction launch error.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` ends the thread; nothing after it runs.
+    unsafe { asm!("trap;", options(noreturn, nostack)) }
+}
+
+/// `bar.sync id, threads;` (PTX 2.0): a named barrier over `threads` threads (a multiple of 32).
+///
+/// # Safety
+/// Exactly `threads` threads, in whole warps, reach barrier `id` with the same count.
+#[inline(always)]
+pub unsafe fn named_barrier(id: u32, threads: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
+}
+
+/// `bar.warp.sync 0xffffffff;` (PTX 6.0, sm_30): converges the warp and orders its lanes' memory accesses.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: every lane of the warp calls it (the producer warp runs converged).
+    unsafe { asm!("bar.warp.sync -1;", options(nostack)) }
+}
+
+/// `%tid.x` (PTX 1.0), read by a non-pure `asm!` so the compiler cannot hoist what depends on it out of a
+/// loop: per-chunk shared addresses are recomputed from it instead of living in registers across
+/// the whole chunk loop (there are more of them than registers).
+#[inline(always)]
+pub fn thread_idx_x_fresh() -> usize {
+    let t: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {t}, %tid.x;", t = out(reg32) t, options(nomem, nostack)) };
+    t as usize
+}
+
+/// `cvt.rn.bf16x2.f32 d, hi, lo;` (PTX 7.0, sm_80): two f32 rounded to bf16 and packed, `lo` in the low half.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: a register-only conversion.
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// `ld.shared.f32 v, [addr];` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    let v: f32;
+    // SAFETY: see the function's contract.
+    unsafe { asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
+    v
+}
+
+/// `st.shared.f32 [addr], v;` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_f32(addr: u32, v: f32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("st.shared.f32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+}
+
+/// `ld.shared.v4.b32` (PTX 1.0): 16 bytes from shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a, y = out(reg32) b,
+             z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
+/// `st.shared.v4.b32` (PTX 1.0): 16 bytes to shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("st.shared.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg32) addr, x = in(reg32) v[0],
+             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
+    }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16` (PTX 6.5, sm_75): the inverse of [`stmatrix_x4_trans`]: lane
+/// `8i + j` gives the address of row `j` of stored matrix `i`; register `i` returns the lane's
+/// fragment of matrix `i` transposed.
+///
+/// # Safety
+/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a,
+             y = out(reg32) b, z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
+/// `ld.shared.v2.f32` (PTX 1.0): two adjacent f32 from shared memory.
+///
+/// # Safety
+/// `addr` is an 8-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ld.shared.v2.f32 {{{x}, {y}}}, [{p}];", x = out(reg32) a, y = out(reg32) b, p = in(reg32) addr,
+             options(nostack, readonly))
+    };
+    [a, b]
+}
+
+/// `st.global.v4.b32` (PTX 1.0): 16 bytes to global memory.
+///
+/// # Safety
+/// `ptr` is 16-byte aligned and addresses 16 writable bytes.
+#[inline(always)]
+pub unsafe fn st_global_v4(ptr: *mut u16, v: [u32; 4]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) ptr, x = in(reg32) v[0],
+             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
+    }
+}

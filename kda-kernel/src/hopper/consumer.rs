@@ -1,0 +1,272 @@
+//! The consumer warpgroup: holds the transposed state `S^T` (`[BV v][K k]` f32) as a wgmma
+//! accumulator in registers and runs the two serially dependent products of every chunk:
+//!
+//! ```text
+//! Vn^T = u^T - bf16(S^T) @ w^T     m64 n64  k128  (A = bf16(S^T) from registers, B = w tile)
+//! S^T  = S^T * d + bf16(Vn^T) @ k  m64 n128 k64   (A = bf16(Vn^T) from registers, B = k tile)
+//! ```
+//!
+//! Per chunk ([`consume_chunk`]): wait until the stage is full; load `u^T` into product 1's
+//! accumulator and stage `bf16(S)` for `h`; decay the state and run product 1; zero `Vn` rows
+//! past the chunk's end and stage `bf16(Vn)`; start product 2 and, while it runs, store `h` and
+//! `v_new`; wait for it and release the stage.
+
+use super::fragments::{
+    ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, matrix_row, swizzled,
+};
+use super::smem::Smem;
+use super::tail;
+use crate::arch::sm80::{
+    bf16_to_f32, ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh,
+};
+use crate::arch::sm90::{
+    bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4_trans, sw128_desc,
+    tma_store_3d, wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64,
+    wgmma_wait_m64n128,
+};
+use crate::layout::hopper::{BOX_BYTES, BV, CONSUMER_THREADS, STAGES, STAGING};
+use crate::layout::{CHUNK, K_DIM, V_DIM};
+use crate::pipeline::PipelineState;
+use crate::schedule::{Item, Work};
+
+/// f32 registers of the state `S^T` per consumer thread (the m64n128 accumulator).
+const STATE_REGS: usize = K_DIM / 2;
+/// f32 registers of `Vn^T` per consumer thread (the m64n64 accumulator).
+const VN_REGS: usize = CHUNK / 2;
+/// The consumer thread that issues the TMA stores of `h` and `v_new` (bulk async-groups are
+/// per thread, so the same thread waits for them).
+const STORE_THREAD: usize = 0;
+/// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
+const CONSUMER_BARRIER: u32 = 1;
+
+/// Generic addresses of the consumer's tensor maps: the `h` and `v_new` stores.
+#[derive(Clone, Copy)]
+pub struct StoreMaps {
+    pub h: u64,
+    pub v_new: u64,
+}
+
+/// The consumer warpgroup's loop over this CTA's items: per item, the initial state from the
+/// producer's `h0` slot (or zeros), the chunks, and the final state.
+///
+/// # Safety
+/// Called by the 128 consumer threads only, after the barriers are initialised; `v_new` and
+/// (when not null) `ht` are the launch's tensors and the maps describe `h` and `v_new`.
+#[inline(always)]
+pub unsafe fn run(work: &Work, smem: Smem, tid: usize, maps: StoreMaps, has_h0: bool, v_new: *mut u16, ht: *mut f32) {
+    let mut stage = PipelineState::<STAGES>::consumer_start();
+    let mut slot = PipelineState::<1>::consumer_start();
+    // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
+    // bulk-group read, not a barrier).
+    let mut staging = PipelineState::<STAGING>::consumer_start();
+    for item in work.items() {
+        let mut s = [0f32; STATE_REGS];
+        if has_h0 {
+            // SAFETY: the producer loads every item's state into the slot when `h0` is given.
+            unsafe { load_initial_state(&mut s, smem, tid, slot) };
+            slot.advance();
+        }
+        for c in 0..item.chunks() {
+            // SAFETY: as this function's; the positions are the consumer's.
+            unsafe { consume_chunk(&item, c, smem, maps, v_new, &mut s, stage, staging.index()) };
+            stage.advance();
+            staging.advance();
+        }
+        if !ht.is_null() {
+            // SAFETY: `ht` holds `[N][H][K][V]` f32, this item's block included.
+            unsafe { store_final_state(&s, &item, ht) };
+        }
+    }
+    if tid == STORE_THREAD {
+        // Shared memory must outlive the stores reading it; their global writes complete before
+        // the grid does without waiting here.
+        bulk_wait_group_read::<0>();
+    }
+}
+
+/// The item's initial state from the `h0` slot into the accumulator layout, then the slot back
+/// to the producer.
+///
+/// # Safety
+/// Consumer threads only; `slot` is the consumer's position on the slot's barriers.
+#[inline(always)]
+unsafe fn load_initial_state(s: &mut [f32; STATE_REGS], smem: Smem, tid: usize, slot: PipelineState<1>) {
+    let h0_slot = smem.h0_slot();
+    // SAFETY: the slot holds this item's `[K][BV]` f32 block once the wait returns; this thread
+    // reads it and releases it right after.
+    unsafe {
+        h0_slot.consumer_wait(slot);
+        for (e, x) in s.iter_mut().enumerate() {
+            let (v, kk) = acc_coords(tid, e);
+            *x = ld_shared_f32(smem.h0() + ((kk * BV + v) * 4) as u32);
+        }
+        h0_slot.consumer_release(slot);
+    }
+}
+
+/// The item's final state from registers to `ht`.
+///
+/// # Safety
+/// Consumer threads only; `ht` holds `[N][H][K][V]` f32.
+#[inline(always)]
+unsafe fn store_final_state(s: &[f32; STATE_REGS], item: &Item, ht: *mut f32) {
+    let tid = thread_idx_x_fresh();
+    let base = item.state_row * K_DIM * V_DIM + item.vcol0;
+    for (e, &x) in s.iter().enumerate() {
+        let (v, kk) = acc_coords(tid, e);
+        // SAFETY: (kk, vcol0 + v) is inside this item's state.
+        unsafe { *ht.add(base + kk * V_DIM + v) = x };
+    }
+}
+
+/// Chunk `c` of `item` from ring position `stage`, staging its outputs in buffer `buf`.
+///
+/// # Safety
+/// As for [`run`]; `stage` is the consumer's position and `buf` the chunk's staging buffer.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn consume_chunk(
+    item: &Item,
+    c: usize,
+    smem: Smem,
+    maps: StoreMaps,
+    v_new: *mut u16,
+    s: &mut [f32; STATE_REGS],
+    stage: PipelineState<STAGES>,
+    buf: usize,
+) {
+    let ring = smem.ring();
+    let tiles = smem.stage(stage.index());
+    let rows = item.rows(c);
+    let tid = thread_idx_x_fresh();
+    // SAFETY (block): the stage's tiles are read only between the full wait and the release;
+    // each wgmma's accumulator and A fragments are left alone between its start and its wait;
+    // the staging buffers are rewritten only after the stores that read them (`STAGING` chunks
+    // back) have, and published to the async proxy before the stores are issued.
+    unsafe {
+        ring.consumer_wait(stage);
+
+        // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for `h`.
+        let mut vn = load_u_transposed(tiles.u(), tid);
+        let a1: [[u32; 4]; K_DIM / 16] = a_fragments(s);
+        stage_state(smem.h(buf), &a1, tid);
+
+        // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
+        //    written before the product starts: ptxas waits for an in-flight wgmma before any
+        //    write to registers a wgmma defined, the state's included.)
+        decay_state(s, smem.decay(stage.index()), tid);
+        wgmma_m64n64k16x8_sub_start(&mut vn, &a1, sw128_desc(tiles.w(0), UNUSED_LEADING, ATOM_BYTES));
+        wgmma_wait_m64n64(&mut vn);
+
+        // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) as product 2's A
+        //    fragments, also staged for `v_new`.
+        tail::zero_rows_past_end(&mut vn, rows, tid);
+        let a2: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
+        stage_transposed(smem.vn(buf), &a2, tid);
+
+        // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave.
+        wgmma_m64n128k16x4_add_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
+        fence_proxy_async();
+        named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+        store_outputs(item, c, maps, smem.h(buf), smem.vn(buf), tid);
+        if rows < CHUNK {
+            tail::store_value_rows(smem.vn(buf), v_new, item, item.first_token(c), rows, tid);
+        }
+
+        // 5. The state is the next chunk's; the stage goes back to the producer.
+        wgmma_wait_m64n128(s);
+        ring.consumer_release(stage);
+    }
+}
+
+/// `u^T` (this CTA's `[CHUNK][BV]` tile, read transposed) as f32 in the m64n64 accumulator layout.
+///
+/// # Safety
+/// The warpgroup calls it together; `u` is a full stage's `u` tile.
+#[inline(always)]
+unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
+    let mut vn = [0f32; VN_REGS];
+    for step in 0..CHUNK / 16 {
+        let (t, chunk) = matrix_row(tid, step);
+        // SAFETY: row `t < CHUNK`, chunk < 8 of the tile.
+        let m = unsafe { ldmatrix_x4_trans(u + swizzled(t, chunk)) };
+        // Matrix `half + 2 * group` holds fragment elements 8 * step + 4 * group + 2 * half.
+        for (i, &pair) in m.iter().enumerate() {
+            let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);
+            vn[e] = bf16_to_f32(pair as u16);
+            vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
+        }
+    }
+    vn
+}
+
+/// Stages `bf16(S)` (product 1's A fragments) for the `h` store, once the store of the chunk
+/// that last used this buffer (`STAGING` chunks back) has read it.
+///
+/// # Safety
+/// The warpgroup calls it together; `tile` is a staging buffer of `[K][BV]` bf16.
+#[inline(always)]
+unsafe fn stage_state(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
+    if tid == STORE_THREAD {
+        // One bulk group per chunk: all but the newest `STAGING - 1` have read their sources.
+        bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
+    }
+    // SAFETY: the store thread's wait, published by the barrier, frees the buffer.
+    unsafe {
+        named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+        stage_transposed(tile, a, tid);
+    }
+}
+
+/// Stores the A fragments `a` (rows = value columns, 16 columns per step) transposed into a
+/// 128-byte-swizzled staging tile, one `stmatrix.x4` per step.
+///
+/// # Safety
+/// The warpgroup calls it together; `tile` is a free staging buffer of `STEPS * 16` rows.
+#[inline(always)]
+unsafe fn stage_transposed<const STEPS: usize>(tile: u32, a: &[[u32; 4]; STEPS], tid: usize) {
+    for (step, frag) in a.iter().enumerate() {
+        let (row, chunk) = matrix_row(tid, step);
+        // SAFETY: row < 16 * STEPS and chunk < 8 address the tile.
+        unsafe { stmatrix_x4_trans(tile + swizzled(row, chunk), *frag) };
+    }
+}
+
+/// `S^T *= exp2(gk_last)` per key column, from the stage's decay row.
+///
+/// # Safety
+/// `decay` is the decay row of the stage the consumer holds.
+#[inline(always)]
+unsafe fn decay_state(s: &mut [f32; STATE_REGS], decay: u32, tid: usize) {
+    for g in 0..STATE_REGS / ACC_PER_GROUP {
+        let (_, kk) = acc_coords(tid, ACC_PER_GROUP * g);
+        // SAFETY: key column `kk` (even) and `kk + 1` of the row.
+        let [d0, d1] = unsafe { ld_shared_v2_f32(decay + (kk * 4) as u32) };
+        for (q, x) in s[ACC_PER_GROUP * g..ACC_PER_GROUP * (g + 1)].iter_mut().enumerate() {
+            *x *= if q % 2 == 0 { d0 } else { d1 };
+        }
+    }
+}
+
+/// One thread stores the chunk's `h` tile and, for a full chunk, its `v_new` tile with TMA, as
+/// one bulk group.
+///
+/// # Safety
+/// Consumer threads, after the staging tiles are written, fenced to the async proxy and published
+/// by the consumer barrier; the boxes lie inside `h` and (full chunk) the sequence's rows of
+/// `v_new`.
+#[inline(always)]
+unsafe fn store_outputs(item: &Item, c: usize, maps: StoreMaps, h: u32, vn: u32, tid: usize) {
+    if tid == STORE_THREAD {
+        let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
+        let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
+        // SAFETY: see the function's contract.
+        unsafe {
+            tma_store_3d(maps.h, vcol0, 0, state_row, h);
+            if item.rows(c) == CHUNK {
+                tma_store_3d(maps.v_new, vcol0, head, item.first_token(c) as i32, vn);
+            }
+        }
+        bulk_commit_group();
+    }
+}

@@ -1,0 +1,120 @@
+//! The warp-specialized Hopper (sm_90a) kernel.
+//!
+//! A persistent grid: one CTA per SM, `THREADS` = 160 threads, each CTA walking its list of work
+//! items (one item = one block of `BV` = 64 value columns of one head of one sequence) from the
+//! launcher's longest-first schedule ([`crate::schedule`]). Both roles walk the same list; the
+//! ring position runs on across items, so the next item's first loads overlap the current item's
+//! last chunks.
+//!
+//! | file | role |
+//! |---|---|
+//! | `mod.rs` | the entry: barriers, then a match on the thread's role |
+//! | [`producer`] | warp 4: the `h0` slot and the ring's chunk tiles (TMA), `STAGES` chunks ahead |
+//! | [`consumer`] | warps 0-3 (one warpgroup): the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores |
+//! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
+//! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
+//! | [`fragments`] | accumulator fragments, the 128-byte swizzle, `ldmatrix`/`stmatrix` lanes |
+//!
+//! The ring itself is [`crate::pipeline`]; the work lists are [`crate::schedule`]. Nothing
+//! outside a sequence's rows is read into the math or written (`docs/CONTRACT.md`, "Ragged
+//! batches, tails and empty sequences").
+
+mod consumer;
+mod fragments;
+mod producer;
+mod smem;
+mod tail;
+
+use crate::abi::{MapSlot, TENSOR_MAP_BYTES, TensorMaps};
+use crate::arch::sm80::{sync_threads, thread_idx_x};
+use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
+use crate::layout::hopper::CONSUMER_THREADS;
+use crate::schedule::Work;
+use consumer::StoreMaps;
+use producer::LoadMaps;
+use smem::Smem;
+
+/// The role of a thread of the CTA.
+enum Role {
+    /// Warps 0-3: the consumer warpgroup (warpgroup-aligned, as wgmma needs).
+    Consumer,
+    /// Warp 4: the producer, with this thread's lane.
+    Producer { lane: usize },
+}
+
+impl Role {
+    #[inline(always)]
+    fn of(tid: usize) -> Self {
+        if tid >= CONSUMER_THREADS { Role::Producer { lane: tid - CONSUMER_THREADS } } else { Role::Consumer }
+    }
+}
+
+/// Warp-specialized recurrence kernel (`abi::HOPPER`, parameters `abi::HOPPER_PARAMS`: grid = the
+/// schedule's workers, at most one CTA per SM; `abi::HOPPER.threads` threads;
+/// `abi::HOPPER.smem_bytes` of dynamic shared memory).
+///
+/// # Safety
+/// The tensor maps (indexed by `abi::MapSlot`) describe exactly the launch's `k`, `w`,
+/// `u`, `h`, `v_new` and (when `h0` is not null) `h0`; `gk`, `v_new` and `ht` (when not null) hold
+/// the contract's shapes for the schedule's items; `work` is a schedule of exactly `gridDim.x`
+/// workers that names each item of the plan once, its every next word naming a record of the
+/// table or being `ITEM_LAST`; `heads >= 1`; outputs do not overlap inputs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
+    _maps: TensorMaps,
+    gk: *const f32,
+    h0: *const f32,
+    v_new: *mut u16,
+    ht: *mut f32,
+    work: *const u32,
+    heads: u32,
+) {
+    // The maps stay in the parameter space (64-byte aligned by the builder) and are handed to
+    // TMA by address.
+    let maps_base = param_address!("kda_fwd_h_hopper_param_0");
+    let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
+    let has_h0 = !h0.is_null();
+    let load_maps = LoadMaps {
+        k: map(MapSlot::K),
+        w: map(MapSlot::W),
+        u: map(MapSlot::U),
+        k_row: map(MapSlot::KRow),
+        w_row: map(MapSlot::WRow),
+        u_row: map(MapSlot::URow),
+        h0: if has_h0 { Some(map(MapSlot::H0)) } else { None },
+    };
+    let store_maps = StoreMaps { h: map(MapSlot::H), v_new: map(MapSlot::VNew) };
+    // SAFETY: the kernel's contract on `work`.
+    let work = unsafe { Work::new(work, heads as usize) };
+    let smem = Smem::of_cta();
+    let tid = thread_idx_x();
+    if tid == CONSUMER_THREADS {
+        // The descriptors' fetch overlaps the CTA's setup instead of delaying its first copies.
+        // SAFETY: each address is a tensor map of the parameter block (`h0`'s only when given).
+        unsafe {
+            load_maps.prefetch();
+            prefetch_tensormap(store_maps.h);
+            prefetch_tensormap(store_maps.v_new);
+        }
+    }
+    if tid == 0 {
+        // SAFETY: one thread initialises the barriers; the fence and the CTA barrier below
+        // publish them before any use.
+        unsafe {
+            smem.ring().init(CONSUMER_THREADS as u32);
+            smem.h0_slot().init(CONSUMER_THREADS as u32);
+        }
+        fence_mbarrier_init();
+    }
+    // SAFETY: every thread of the CTA reaches this barrier.
+    unsafe { sync_threads() };
+
+    match Role::of(tid) {
+        // SAFETY: the kernel's contract makes every row the producer reads exist.
+        Role::Producer { lane } => unsafe { producer::run(&work, smem, lane, load_maps, gk) },
+        // SAFETY: as above, for the consumer's reads and writes.
+        Role::Consumer => unsafe {
+            consumer::run(&work, smem, tid, store_maps, has_h0, v_new, ht)
+        },
+    }
+}

@@ -1,0 +1,114 @@
+//! The persistent grid's work lists, as the kernels walk them.
+//!
+//! The launcher's schedule (`kda::schedule`, longest first) is a table of work-item records
+//! (`layout::ITEM_WORDS` words each): worker `b`'s first item is record `b`, and each record names
+//! the worker's next one, or `ITEM_LAST`. Every role of a CTA walks the same list, so producer and
+//! consumer agree on the items without talking.
+
+use crate::arch::sm80::block_idx_x;
+use crate::layout::{
+    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
+    ITEM_VCOL0, ITEM_WORDS, K_DIM,
+};
+
+/// The launcher's schedule table, for a batch of `heads` heads.
+pub struct Work {
+    records: *const Record,
+    heads: usize,
+}
+
+/// One work-item record, read whole (two 16-byte loads).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Record([u32; ITEM_WORDS]);
+
+impl Work {
+    /// The table at `records` (`ITEM_WORDS` words per record, 32-byte aligned).
+    ///
+    /// # Safety
+    /// `records` holds a record for every worker of the grid, and every record's next word names
+    /// a record of the table or is `ITEM_LAST`.
+    pub unsafe fn new(records: *const u32, heads: usize) -> Self {
+        Self { records: records.cast(), heads }
+    }
+
+    /// This CTA's items, in order.
+    pub fn items(&self) -> Items<'_> {
+        Items { work: self, next: block_idx_x() as u32 }
+    }
+}
+
+/// The iterator of [`Work::items`]: follows the records' next words.
+pub struct Items<'a> {
+    work: &'a Work,
+    next: u32,
+}
+
+impl Iterator for Items<'_> {
+    type Item = Item;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Item> {
+        if self.next == ITEM_LAST {
+            return None;
+        }
+        // SAFETY: `Work::new`'s contract: the record exists.
+        let Record(r) = unsafe { *self.work.records.add(self.next as usize) };
+        self.next = r[ITEM_NEXT];
+        Some(Item {
+            token_start: r[ITEM_TOKEN_START] as usize,
+            len: r[ITEM_LEN] as usize,
+            chunk_start: r[ITEM_CHUNK_START] as usize,
+            state_row: r[ITEM_STATE_ROW] as usize,
+            head: r[ITEM_HEAD] as usize,
+            heads: self.work.heads,
+            vcol0: r[ITEM_VCOL0] as usize,
+        })
+    }
+}
+
+/// What every role needs to know about its work item: one block of value columns of one head of
+/// one sequence.
+#[derive(Clone, Copy)]
+pub struct Item {
+    /// The sequence's first token.
+    pub token_start: usize,
+    /// The sequence's length in tokens.
+    pub len: usize,
+    /// The sequence's first chunk in `h`.
+    pub chunk_start: usize,
+    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
+    pub state_row: usize,
+    /// The head.
+    pub head: usize,
+    /// Heads of the batch.
+    pub heads: usize,
+    /// First value column of this item's block.
+    pub vcol0: usize,
+}
+
+impl Item {
+    /// Chunks of the sequence.
+    #[inline(always)]
+    pub fn chunks(&self) -> usize {
+        self.len.div_ceil(CHUNK)
+    }
+
+    /// Valid rows of chunk `c`: `CHUNK`, or fewer in a partial last chunk.
+    #[inline(always)]
+    pub fn rows(&self, c: usize) -> usize {
+        (self.len - c * CHUNK).min(CHUNK)
+    }
+
+    /// The first token of chunk `c`.
+    #[inline(always)]
+    pub fn first_token(&self, c: usize) -> usize {
+        self.token_start + c * CHUNK
+    }
+
+    /// Element offset of token `t`'s row of a `[T, H, K]` tensor for this head.
+    #[inline(always)]
+    pub fn key_row(&self, t: usize) -> usize {
+        (t * self.heads + self.head) * K_DIM
+    }
+}

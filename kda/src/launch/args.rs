@@ -1,0 +1,272 @@
+//! A launch's arguments: the caller's device addresses, and each kernel's argument list, pushed
+//! in the order of its `kda_kernel::abi` parameter list and checked against it.
+
+use super::{KdaInputs, KdaOutputs};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchArgs, PushKernelArg, SyncOnDrop};
+use kda_kernel::abi::{KernelAbi, TensorMaps};
+
+/// A device address as a kernel's pointer parameter (0 for an absent optional tensor).
+pub(super) type Address = u64;
+
+/// The device addresses of one launch's tensors (0 for an absent `h0` or `ht`), with the stream
+/// records that keep cudarc's event tracking right until the launch is enqueued.
+pub(super) struct Pointers<'a> {
+    pub k: Address,
+    pub w: Address,
+    pub u: Address,
+    pub gk: Address,
+    pub h0: Address,
+    pub h: Address,
+    pub v_new: Address,
+    pub ht: Address,
+    _records: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Pointers<'a> {
+    /// The addresses of `inputs` and `outputs` as used on `stream`.
+    pub fn of(stream: &'a CudaStream, inputs: &'a KdaInputs<'_>, outputs: &'a mut KdaOutputs<'_>) -> Self {
+        let mut records = Vec::new();
+        let mut read = |t: (u64, SyncOnDrop<'a>)| {
+            records.push(t.1);
+            t.0
+        };
+        let (k, w, u, gk) = (
+            read(inputs.k.device_ptr(stream)),
+            read(inputs.w.device_ptr(stream)),
+            read(inputs.u.device_ptr(stream)),
+            read(inputs.gk.device_ptr(stream)),
+        );
+        let h0 = inputs.h0.as_ref().map_or(0, |t| read(t.device_ptr(stream)));
+        let h = read(outputs.h.device_ptr_mut(stream));
+        let v_new = read(outputs.v_new.device_ptr_mut(stream));
+        let ht = outputs.ht.as_mut().map_or(0, |t| read(t.device_ptr_mut(stream)));
+        Self { k, w, u, gk, h0, h, v_new, ht, _records: records }
+    }
+}
+
+/// The Hopper kernel's tensor maps, as a by-value argument.
+#[repr(transparent)]
+pub(super) struct MapsArg(pub TensorMaps);
+
+// SAFETY: 1152 bytes of encoded tensor maps, plain data the driver copies into the parameter
+// space (at the 64-byte alignment the PTX declares for it).
+unsafe impl DeviceRepr for MapsArg {}
+
+/// The Hopper kernel's arguments (`kda_kernel::abi::HOPPER_PARAMS`).
+pub(super) struct HopperArgs {
+    pub maps: MapsArg,
+    pub gk: Address,
+    pub h0: Address,
+    pub v_new: Address,
+    pub ht: Address,
+    pub work: Address,
+    pub heads: u32,
+}
+
+impl HopperArgs {
+    /// Pushes the arguments in the kernel's parameter order.
+    pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        sink.push("maps", &self.maps);
+        sink.push("gk", &self.gk);
+        sink.push("h0", &self.h0);
+        sink.push("v_new", &self.v_new);
+        sink.push("ht", &self.ht);
+        sink.push("work", &self.work);
+        sink.push("heads", &self.heads);
+    }
+}
+
+/// The baseline kernel's arguments (`kda_kernel::abi::BASELINE_PARAMS`).
+pub(super) struct BaselineArgs {
+    pub ptrs: [Address; 8],
+    pub seqs: Address,
+    pub heads: u32,
+}
+
+impl BaselineArgs {
+    /// The names of [`Self::ptrs`], in order.
+    const TENSORS: [&'static str; 8] = ["k", "w", "u", "gk", "h0", "h", "v_new", "ht"];
+
+    /// The arguments of a launch over `p`.
+    pub fn new(p: &Pointers<'_>, seqs: Address, heads: u32) -> Self {
+        Self { ptrs: [p.k, p.w, p.u, p.gk, p.h0, p.h, p.v_new, p.ht], seqs, heads }
+    }
+
+    /// Pushes the arguments in the kernel's parameter order.
+    pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.into_iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        sink.push("seqs", &self.seqs);
+        sink.push("heads", &self.heads);
+    }
+}
+
+/// Where a launch's arguments go: cudarc's launch builder (through [`Checked`]), or a recorder
+/// in the tests.
+pub(super) trait ArgSink<'a> {
+    /// Appends the argument `name`, passed by value.
+    fn push<T: DeviceRepr>(&mut self, name: &'static str, value: &'a T);
+}
+
+/// A launch builder that checks every argument against the kernel's parameter list: its name,
+/// its position and its size.
+pub(super) struct Checked<'a> {
+    pub launch: LaunchArgs<'a>,
+    abi: &'static KernelAbi,
+    pushed: usize,
+    mismatch: Option<String>,
+}
+
+impl<'a> Checked<'a> {
+    pub fn new(launch: LaunchArgs<'a>, abi: &'static KernelAbi) -> Self {
+        Self { launch, abi, pushed: 0, mismatch: None }
+    }
+
+    /// `Ok` when exactly the kernel's parameters were pushed, in order, with their sizes.
+    pub fn finish(&self) -> Result<(), String> {
+        match &self.mismatch {
+            Some(m) => Err(m.clone()),
+            None if self.pushed != self.abi.params.len() => Err(format!(
+                "{}: {} arguments pushed, the kernel takes {}",
+                self.abi.entry,
+                self.pushed,
+                self.abi.params.len()
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<'a> ArgSink<'a> for Checked<'a> {
+    fn push<T: DeviceRepr>(&mut self, name: &'static str, value: &'a T) {
+        let expected = self.abi.params.get(self.pushed);
+        let size = std::mem::size_of::<T>();
+        if self.mismatch.is_none() && expected.is_none_or(|p| p.name != name || p.bytes() != size) {
+            self.mismatch = Some(format!(
+                "{}: argument {} is `{name}` of {size} bytes, the kernel's parameter is {expected:?}",
+                self.abi.entry, self.pushed
+            ));
+        }
+        self.pushed += 1;
+        self.launch.arg(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The launch argument list against the `.entry` signature of every kernel in the built PTX:
+    //! parameter count, order, sizes and alignments.
+
+    use super::*;
+    use crate::ptx;
+    use kda_kernel::abi::{BASELINE, HOPPER, KERNELS, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
+
+    /// The kernels the launcher pushes arguments for.
+    const ABIS: [&KernelAbi; 2] = [&BASELINE, &HOPPER];
+
+    /// One parameter of a PTX `.entry`.
+    #[derive(Debug, PartialEq, Eq)]
+    struct PtxParam {
+        name: String,
+        bytes: usize,
+        align: usize,
+    }
+
+    /// The parameters of `.entry entry(...)` in `ptx`, in order.
+    fn entry_params(ptx: &str, entry: &str) -> Vec<PtxParam> {
+        let head = format!(".entry {entry}(");
+        let start = ptx.find(&head).unwrap_or_else(|| panic!("no `{head}` in the PTX")) + head.len();
+        let end = start + ptx[start..].find(')').expect("parameter list closes");
+        ptx[start..end].split(',').map(str::trim).filter(|p| !p.is_empty()).map(parse_param).collect()
+    }
+
+    /// `.param .align A .b8 NAME[N]`, `.param .u64 .ptr .align A NAME` (a pointer: `A` is the
+    /// pointee's alignment) or `.param .uN NAME`.
+    fn parse_param(decl: &str) -> PtxParam {
+        let words: Vec<&str> = decl.split_whitespace().collect();
+        match words.as_slice() {
+            [".param", ".u64", ".ptr", ".align", _, name] => PtxParam { name: (*name).into(), bytes: 8, align: 8 },
+            [".param", ".align", align, ".b8", array] => {
+                let (name, bytes) = array.trim_end_matches(']').split_once('[').expect("array parameter");
+                PtxParam { name: name.into(), bytes: bytes.parse().unwrap(), align: align.parse().unwrap() }
+            }
+            [".param", ty, name] => {
+                let bits: usize = ty[2..].parse().unwrap_or_else(|_| panic!("scalar type {ty}"));
+                PtxParam { name: (*name).into(), bytes: bits / 8, align: bits / 8 }
+            }
+            _ => panic!("unexpected parameter declaration `{decl}`"),
+        }
+    }
+
+    /// Records what a launch pushes: each argument's name and size.
+    #[derive(Default)]
+    struct Recorder(Vec<(&'static str, usize)>);
+
+    impl<'a> ArgSink<'a> for Recorder {
+        fn push<T: DeviceRepr>(&mut self, name: &'static str, _: &'a T) {
+            self.0.push((name, std::mem::size_of::<T>()));
+        }
+    }
+
+    /// Checks the arguments a launch of `kernel` pushes against its entry in every module that
+    /// holds it, and against its ABI parameter list.
+    fn check_entry(kernel: &KernelAbi, pushed: &[(&'static str, usize)]) {
+        let mut modules = 0;
+        for ptx in ptx::modules_of(kernel) {
+            modules += 1;
+            let entry = entry_params(ptx, kernel.entry);
+            println!("{}: PTX {entry:?}\n  launch pushes {pushed:?}", kernel.entry);
+            assert_eq!(entry.len(), pushed.len(), "{}: parameter count", kernel.entry);
+            assert_eq!(kernel.params.len(), pushed.len(), "{}: ABI parameter count", kernel.entry);
+            for (i, ((p, &(name, size)), abi)) in entry.iter().zip(pushed).zip(kernel.params).enumerate() {
+                assert_eq!(p.name, format!("{}_param_{i}", kernel.entry), "parameter order");
+                assert_eq!((p.bytes, size, abi.bytes()), (size, size, size), "{}: size of `{name}`", kernel.entry);
+                assert_eq!(p.align, abi.align(), "{}: alignment of `{name}`", kernel.entry);
+                assert_eq!(name, abi.name, "{}: parameter {i}", kernel.entry);
+            }
+        }
+        assert!(modules > 0, "{} is in no module", kernel.entry);
+    }
+
+    #[test]
+    fn every_kernel_entry_matches_its_launch_argument_list() {
+        let hopper = HopperArgs {
+            maps: MapsArg(TensorMaps([TensorMap([0; 16]); TENSOR_MAPS])),
+            gk: 1,
+            h0: 2,
+            v_new: 3,
+            ht: 4,
+            work: 5,
+            heads: 6,
+        };
+        let mut pushed = Recorder::default();
+        hopper.push(&mut pushed);
+        check_entry(&HOPPER, &pushed.0);
+
+        let baseline = BaselineArgs { ptrs: [1, 2, 3, 4, 5, 6, 7, 8], seqs: 9, heads: 10 };
+        let mut pushed = Recorder::default();
+        baseline.push(&mut pushed);
+        check_entry(&BASELINE, &pushed.0);
+
+        // Those two are every kernel there is.
+        assert_eq!(KERNELS.map(|k| k.entry), ABIS.map(|k| k.entry));
+    }
+
+    #[test]
+    fn the_tensor_maps_are_declared_as_tma_needs() {
+        for ptx in ptx::modules_of(&HOPPER) {
+            let maps = &entry_params(ptx, HOPPER.entry)[0];
+            assert_eq!(maps.bytes, TENSOR_MAPS * 128, "{maps:?}");
+            assert!(maps.align % TENSOR_MAP_ALIGN == 0, "{maps:?}");
+        }
+    }
+
+    #[test]
+    fn the_parser_reads_every_declaration_form() {
+        let ptx = ".visible .entry f(\n\t.param .align 64 .b8 f_param_0[1152],\n\t.param .u64 .ptr .align 1 f_param_1,\n\t.param .u32 f_param_2\n)\n{";
+        let want = [("f_param_0", 1152, 64), ("f_param_1", 8, 8), ("f_param_2", 4, 4)]
+            .map(|(n, b, a)| PtxParam { name: n.into(), bytes: b, align: a });
+        assert_eq!(entry_params(ptx, "f"), want);
+    }
+}
