@@ -8,7 +8,7 @@
 //! (`core` is built from source with `-Zbuild-std=core`: no prebuilt nvptx `core` is served).
 //! When either is missing the build fails with the command that installs it.
 
-use kda_kernel::abi::{KernelAbi, KERNELS, TARGETS};
+use kda_kernel::abi::{KERNELS, KernelAbi, TARGETS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -56,12 +56,9 @@ fn check_toolchain_file(device: &Path) {
 
 /// Fails with the fixing command when the pinned nightly or its `rust-src` is missing.
 fn check_toolchain_installed() {
-    let install = format!(
-        "rustup toolchain install {TOOLCHAIN} --profile minimal --component rust-src --component llvm-tools"
-    );
-    let sysroot = clean_command("rustup")
-        .args(["run", TOOLCHAIN, "rustc", "--print", "sysroot"])
-        .output();
+    let install =
+        format!("rustup toolchain install {TOOLCHAIN} --profile minimal --component rust-src --component llvm-tools");
+    let sysroot = clean_command("rustup").args(["run", TOOLCHAIN, "rustc", "--print", "sysroot"]).output();
     let sysroot = match sysroot {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
         _ => fail(&format!(
@@ -121,7 +118,8 @@ fn add_launch_bounds(ptx: String, kernel: &KernelAbi) -> String {
     };
     let head = format!(".entry {}(", kernel.entry);
     let start = ptx.find(&head).unwrap_or_else(|| fail(&format!("no `{head}` in the PTX")));
-    let close = ptx[start..].find("\n)\n").unwrap_or_else(|| fail(&format!("{}: parameter list not closed", kernel.entry)));
+    let close =
+        ptx[start..].find("\n)\n").unwrap_or_else(|| fail(&format!("{}: parameter list not closed", kernel.entry)));
     let close = start + close + 3;
     let bounds = format!(".maxntid {}, 1, 1\n.maxnreg {max_registers}\n", kernel.threads);
     format!("{}{bounds}{}", &ptx[..close], &ptx[close..])

@@ -16,8 +16,7 @@
 //! devices before sm_90.
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, smem_base_generic, sync_threads,
-    thread_idx_x,
+    bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, smem_base_generic, sync_threads, thread_idx_x,
 };
 use crate::layout::baseline::{BV, COL_BLOCKS, STATE_ROWS, THREADS, VN_ROWS};
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
@@ -80,97 +79,164 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_baseline(
     }
     let heads = heads as usize;
     let item = block_idx_x();
-    let col_block = item % COL_BLOCKS;
-    let head = (item / COL_BLOCKS) % heads;
-    let seq = item / (COL_BLOCKS * heads);
-
-    let tid = thread_idx_x();
-    let col = tid % BV; // this thread's column inside the block
-    let group = tid / BV; // one warp per group: rows below are warp-uniform
-    let vcol = col_block * BV + col; // global value column
-
-    // SAFETY (whole body): indices are derived from the plan and `heads`, which the launcher
-    // validated against every buffer's length; rows beyond a chunk's valid length are never read
-    // from or written to global memory.
-    unsafe {
+    let (seq, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
+    let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads);
+    // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
+    let (token_start, len, chunk_start) = unsafe {
         let desc = seqs.add(seq * SEQ_DESC_WORDS);
-        let token_start = *desc.add(DESC_TOKEN_START) as usize;
-        let len = *desc.add(DESC_LEN) as usize;
-        let chunk_start = *desc.add(DESC_CHUNK_START) as usize;
-        let tiles = Tiles::carve();
+        (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+    };
+    let tiles = Tiles::carve();
+    let mut state = [0.0f32; STATE_ROWS];
+    if !h0.is_null() {
+        for (r, s) in state.iter_mut().enumerate() {
+            // SAFETY: `h0` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+            *s = unsafe { *h0.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) };
+        }
+    }
+    let chunks = len.div_ceil(CHUNK);
+    for c in 0..chunks {
+        let tok0 = token_start + c * CHUNK;
+        let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
+        let h_base = ((chunk_start + c) * heads + at.head) * K_DIM * V_DIM;
+        // SAFETY: the launcher validated every buffer against the plan and `heads`; rows beyond
+        // the chunk's valid length are never read from or written to global memory; every thread
+        // of the CTA runs the same steps (the barriers inside are convergent).
+        unsafe {
+            stage_chunk(&tiles, &at, &state, h.add(h_base), k, w, gk, tok0, rows);
+            corrected_values(&tiles, &at, u, v_new, tok0, rows);
+            update_state(&tiles, &at, &mut state, rows);
+        }
+    }
+    if !ht.is_null() {
+        for (r, s) in state.iter().enumerate() {
+            // SAFETY: `ht` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+            unsafe { *ht.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) = *s };
+        }
+    }
+}
 
-        // State rows of this thread: i = group * STATE_ROWS + r.
-        let row0 = group * STATE_ROWS;
-        let state_base = (seq * heads + head) * K_DIM * V_DIM;
-        let mut state = [0.0f32; STATE_ROWS];
-        if !h0.is_null() {
+/// Where this thread works: its value column and its state rows of one item.
+struct Place {
+    tid: usize,
+    /// Column inside the CTA's block.
+    col: usize,
+    /// Group of threads (one warp): the rows below are warp-uniform.
+    group: usize,
+    /// Global value column.
+    vcol: usize,
+    /// First of this thread's `STATE_ROWS` state rows.
+    row0: usize,
+    head: usize,
+    heads: usize,
+    /// Element offset of the item's `[K][V]` state in `h0` and `ht`.
+    state_base: usize,
+}
+
+impl Place {
+    #[inline(always)]
+    fn of(tid: usize, col_block: usize, seq: usize, head: usize, heads: usize) -> Self {
+        let (col, group) = (tid % BV, tid / BV);
+        Self {
+            tid,
+            col,
+            group,
+            vcol: col_block * BV + col,
+            row0: group * STATE_ROWS,
+            head,
+            heads,
+            state_base: (seq * heads + head) * K_DIM * V_DIM,
+        }
+    }
+}
+
+/// Step 1 of a chunk: `bf16(S)` to shared memory and to `h` (at `h_item`, this item's chunk
+/// state), the chunk's `k` and `w` rows and `exp2` of its last gate row to shared memory.
+///
+/// # Safety
+/// Every thread of the CTA calls it; the chunk's `rows` tokens from `tok0` are the sequence's.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stage_chunk(
+    tiles: &Tiles,
+    at: &Place,
+    state: &[f32; STATE_ROWS],
+    h_item: *mut u16,
+    k: *const u16,
+    w: *const u16,
+    gk: *const f32,
+    tok0: usize,
+    rows: usize,
+) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        for (r, s) in state.iter().enumerate() {
+            let bits = f32_to_bf16(*s);
+            *tiles.s.add((at.row0 + r) * BV + at.col) = bits;
+            *h_item.add((at.row0 + r) * V_DIM + at.vcol) = bits;
+        }
+        stage_rows(tiles.k, k, tok0, rows, at.head, at.heads, at.tid);
+        stage_rows(tiles.w, w, tok0, rows, at.head, at.heads, at.tid);
+        if at.tid < K_DIM {
+            let last = ((tok0 + rows - 1) * at.heads + at.head) * K_DIM + at.tid;
+            *tiles.decay.add(at.tid) = exp2_approx(*gk.add(last));
+        }
+        sync_threads();
+    }
+}
+
+/// Step 2: `Vn = u - w @ bf16(S)` for this thread's rows `t = group * VN_ROWS + q`; `bf16(Vn)`
+/// to shared memory (zeros past the chunk's end) and, for the valid rows, to `v_new`.
+///
+/// # Safety
+/// Every thread of the CTA calls it after [`stage_chunk`].
+#[inline(always)]
+unsafe fn corrected_values(tiles: &Tiles, at: &Place, u: *const u16, v_new: *mut u16, tok0: usize, rows: usize) {
+    let t0 = at.group * VN_ROWS;
+    let mut acc = [0.0f32; VN_ROWS];
+    // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
+    unsafe {
+        for i in 0..K_DIM {
+            let s = bf16_to_f32(*tiles.s.add(i * BV + at.col));
+            for (q, a) in acc.iter_mut().enumerate() {
+                *a += bf16_to_f32(*tiles.w.add((t0 + q) * K_DIM + i)) * s;
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            let t = t0 + q;
+            let bits = if t < rows {
+                let idx = ((tok0 + t) * at.heads + at.head) * V_DIM + at.vcol;
+                let bits = f32_to_bf16(bf16_to_f32(*u.add(idx)) - *a);
+                *v_new.add(idx) = bits;
+                bits
+            } else {
+                0
+            };
+            *tiles.vn.add(t * BV + at.col) = bits;
+        }
+        sync_threads();
+    }
+}
+
+/// Step 3: `S = d * S + k^T @ bf16(Vn)` over the chunk's valid rows; then the CTA barrier before
+/// the next chunk overwrites the tiles.
+///
+/// # Safety
+/// Every thread of the CTA calls it after [`corrected_values`].
+#[inline(always)]
+unsafe fn update_state(tiles: &Tiles, at: &Place, state: &mut [f32; STATE_ROWS], rows: usize) {
+    // SAFETY: see the function's contract; every index is inside its shared tile.
+    unsafe {
+        for (r, s) in state.iter_mut().enumerate() {
+            *s *= *tiles.decay.add(at.row0 + r);
+        }
+        for t in 0..rows {
+            let v = bf16_to_f32(*tiles.vn.add(t * BV + at.col));
             for (r, s) in state.iter_mut().enumerate() {
-                *s = *h0.add(state_base + (row0 + r) * V_DIM + vcol);
+                *s += bf16_to_f32(*tiles.k.add(t * K_DIM + at.row0 + r)) * v;
             }
         }
-
-        let chunks = len.div_ceil(CHUNK);
-        for c in 0..chunks {
-            let tok0 = token_start + c * CHUNK;
-            let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
-            let h_base = ((chunk_start + c) * heads + head) * K_DIM * V_DIM;
-
-            // 1. bf16(S) to shared memory and to h.
-            for (r, s) in state.iter().enumerate() {
-                let bits = f32_to_bf16(*s);
-                *tiles.s.add((row0 + r) * BV + col) = bits;
-                *h.add(h_base + (row0 + r) * V_DIM + vcol) = bits;
-            }
-            stage_rows(tiles.k, k, tok0, rows, head, heads, tid);
-            stage_rows(tiles.w, w, tok0, rows, head, heads, tid);
-            if tid < K_DIM {
-                let last = ((tok0 + rows - 1) * heads + head) * K_DIM + tid;
-                *tiles.decay.add(tid) = exp2_approx(*gk.add(last));
-            }
-            sync_threads();
-
-            // 2. Vn = u - w @ bf16(S) for rows t = group * VN_ROWS + q.
-            let t0 = group * VN_ROWS;
-            let mut acc = [0.0f32; VN_ROWS];
-            for i in 0..K_DIM {
-                let s = bf16_to_f32(*tiles.s.add(i * BV + col));
-                for (q, a) in acc.iter_mut().enumerate() {
-                    *a += bf16_to_f32(*tiles.w.add((t0 + q) * K_DIM + i)) * s;
-                }
-            }
-            for (q, a) in acc.iter().enumerate() {
-                let t = t0 + q;
-                let bits = if t < rows {
-                    let at = ((tok0 + t) * heads + head) * V_DIM + vcol;
-                    let bits = f32_to_bf16(bf16_to_f32(*u.add(at)) - *a);
-                    *v_new.add(at) = bits;
-                    bits
-                } else {
-                    0
-                };
-                *tiles.vn.add(t * BV + col) = bits;
-            }
-            sync_threads();
-
-            // 3. S = d * S + k^T @ bf16(Vn) over the valid rows.
-            for (r, s) in state.iter_mut().enumerate() {
-                *s *= *tiles.decay.add(row0 + r);
-            }
-            for t in 0..rows {
-                let v = bf16_to_f32(*tiles.vn.add(t * BV + col));
-                for (r, s) in state.iter_mut().enumerate() {
-                    *s += bf16_to_f32(*tiles.k.add(t * K_DIM + row0 + r)) * v;
-                }
-            }
-            // The next chunk overwrites the tiles.
-            sync_threads();
-        }
-
-        if !ht.is_null() {
-            for (r, s) in state.iter().enumerate() {
-                *ht.add(state_base + (row0 + r) * V_DIM + vcol) = *s;
-            }
-        }
+        sync_threads();
     }
 }
 
@@ -182,15 +248,7 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_baseline(
 /// `tile` is a shared tile of `CHUNK * K_DIM` elements; tokens `tok0 .. tok0 + rows` exist in
 /// `src`; every thread of the CTA calls this with the same arguments but its own `tid`.
 #[inline(always)]
-unsafe fn stage_rows(
-    tile: *mut u16,
-    src: *const u16,
-    tok0: usize,
-    rows: usize,
-    head: usize,
-    heads: usize,
-    tid: usize,
-) {
+unsafe fn stage_rows(tile: *mut u16, src: *const u16, tok0: usize, rows: usize, head: usize, heads: usize, tid: usize) {
     const PAIRS_PER_ROW: usize = K_DIM / 2;
     let tile = tile as *mut u32;
     let mut idx = tid;
@@ -199,11 +257,7 @@ unsafe fn stage_rows(
         // SAFETY: see the function's contract; `src` rows are 4-byte aligned (K_DIM is even and
         // the launcher checks the base alignment).
         unsafe {
-            let v = if t < rows {
-                *(src.add(((tok0 + t) * heads + head) * K_DIM) as *const u32).add(p)
-            } else {
-                0
-            };
+            let v = if t < rows { *(src.add(((tok0 + t) * heads + head) * K_DIM) as *const u32).add(p) } else { 0 };
             *tile.add(idx) = v;
         }
         idx += THREADS;

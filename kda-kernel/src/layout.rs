@@ -69,8 +69,7 @@ pub mod baseline {
 
     /// Shared memory: `k` and `w` chunk tiles (bf16 `[CHUNK][K]` each), `bf16(S)` (`[K][BV]`),
     /// `bf16(Vn)` (`[CHUNK][BV]`), and the chunk's decay row (f32 `[K]`).
-    pub const SMEM_BYTES: usize =
-        2 * CHUNK * K_DIM * 2 + K_DIM * BV * 2 + CHUNK * BV * 2 + K_DIM * 4;
+    pub const SMEM_BYTES: usize = 2 * CHUNK * K_DIM * 2 + K_DIM * BV * 2 + CHUNK * BV * 2 + K_DIM * 4;
 
     const _: () = assert!(V_DIM % BV == 0);
     const _: () = assert!(THREADS % BV == 0 && (K_DIM * BV) % THREADS == 0);

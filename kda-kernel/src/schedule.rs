@@ -7,8 +7,8 @@
 
 use crate::arch::sm80::block_idx_x;
 use crate::layout::{
-    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
-    ITEM_VCOL0, ITEM_WORDS, K_DIM,
+    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
+    ITEM_WORDS, K_DIM,
 };
 
 /// The launcher's schedule table, for a batch of `heads` heads.

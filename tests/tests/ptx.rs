@@ -5,7 +5,7 @@
 //! Needs NVIDIA's `ptxas` and `cuobjdump` (`.ci/setup` installs them from PyPI into `.venv-cuda`;
 //! `$KDA_CUDA_BIN` overrides). Without them these tests fail with that instruction.
 
-use kda::ptx::{cuda_tool, SM80, SM90A};
+use kda::ptx::{SM80, SM90A, cuda_tool};
 use kda_kernel::abi::{BASELINE, HOPPER, KERNELS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,7 +53,10 @@ struct Resources {
 
 fn number_before(line: &str, unit: &str) -> usize {
     let head = &line[..line.find(unit).unwrap_or_else(|| panic!("no `{unit}` in `{line}`"))];
-    head.split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("no number before `{unit}` in `{line}`"))
+    head.split_whitespace()
+        .last()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number before `{unit}` in `{line}`"))
 }
 
 fn resources(report: &str, kernel: &str) -> Resources {

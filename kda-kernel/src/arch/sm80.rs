@@ -51,9 +51,7 @@ pub fn smem_base_shared() -> u32 {
 pub fn smem_base_generic() -> *mut u8 {
     let addr: u64;
     // SAFETY: converts the address of the module's `.extern .shared` symbol; no memory access.
-    unsafe {
-        asm!("cvta.shared.u64 {a}, SMEM;", a = out(reg64) addr, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("cvta.shared.u64 {a}, SMEM;", a = out(reg64) addr, options(pure, nomem, nostack)) };
     addr as *mut u8
 }
 

@@ -18,7 +18,9 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn mbarrier_init(bar: u32, count: u32) {
     // SAFETY: see the function's contract.
-    unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) count, options(nostack)) }
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) count, options(nostack))
+    }
 }
 
 /// `fence.mbarrier_init.release.cluster;` (PTX 8.0, sm_90): makes initialised mbarriers visible to the async

@@ -11,18 +11,15 @@
 //! past the chunk's end and stage `bf16(Vn)`; start product 2 and, while it runs, store `h` and
 //! `v_new`; wait for it and release the stage.
 
-use super::fragments::{
-    ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, matrix_row, swizzled,
-};
+use super::fragments::{ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, matrix_row, swizzled};
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{
     bf16_to_f32, ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh,
 };
 use crate::arch::sm90::{
-    bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4_trans, sw128_desc,
-    tma_store_3d, wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64,
-    wgmma_wait_m64n128,
+    bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4_trans, sw128_desc, tma_store_3d,
+    wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
 };
 use crate::layout::hopper::{BOX_BYTES, BV, CONSUMER_THREADS, STAGES, STAGING};
 use crate::layout::{CHUNK, K_DIM, V_DIM};

@@ -45,7 +45,7 @@ enum Role {
 impl Role {
     #[inline(always)]
     fn of(tid: usize) -> Self {
-        if tid >= CONSUMER_THREADS { Role::Producer { lane: tid - CONSUMER_THREADS } } else { Role::Consumer }
+        if tid < CONSUMER_THREADS { Role::Consumer } else { Role::Producer { lane: tid - CONSUMER_THREADS } }
     }
 }
 
@@ -110,11 +110,10 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     unsafe { sync_threads() };
 
     match Role::of(tid) {
-        // SAFETY: the kernel's contract makes every row the producer reads exist.
+        // SAFETY: the kernel's contract makes every row and column the consumer reads and
+        // writes exist.
+        Role::Consumer => unsafe { consumer::run(&work, smem, tid, store_maps, has_h0, v_new, ht) },
+        // SAFETY: as above, for the producer's reads.
         Role::Producer { lane } => unsafe { producer::run(&work, smem, lane, load_maps, gk) },
-        // SAFETY: as above, for the consumer's reads and writes.
-        Role::Consumer => unsafe {
-            consumer::run(&work, smem, tid, store_maps, has_h0, v_new, ht)
-        },
     }
 }

@@ -1,10 +1,8 @@
 //! Shared-memory addresses of one CTA, derived from [`SharedStorage`]'s field offsets.
 
 use crate::arch::sm80::smem_base_shared;
-use crate::layout::hopper::{
-    InitialState, STAGES, STAGING, SharedStorage, Stage, StateTile, TileBox, ValueTile,
-};
 use crate::layout::K_DIM;
+use crate::layout::hopper::{InitialState, STAGES, STAGING, SharedStorage, Stage, StateTile, TileBox, ValueTile};
 use crate::pipeline::Pipeline;
 use core::mem::{offset_of, size_of};
 

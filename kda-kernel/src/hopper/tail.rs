@@ -109,7 +109,10 @@ pub unsafe fn store_value_rows(staged: u32, v_new: *mut u16, item: &Item, tok0: 
         // SAFETY: row `t < rows` of the tile, and of this item's columns of `v_new`.
         unsafe {
             let bits = ld_shared_v4(staged + swizzled(t, j));
-            st_global_v4(v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * BF16_PER_CHUNK16), bits);
+            st_global_v4(
+                v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * BF16_PER_CHUNK16),
+                bits,
+            );
         }
         i += CONSUMER_THREADS;
     }

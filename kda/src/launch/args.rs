@@ -265,8 +265,11 @@ mod tests {
     #[test]
     fn the_parser_reads_every_declaration_form() {
         let ptx = ".visible .entry f(\n\t.param .align 64 .b8 f_param_0[1152],\n\t.param .u64 .ptr .align 1 f_param_1,\n\t.param .u32 f_param_2\n)\n{";
-        let want = [("f_param_0", 1152, 64), ("f_param_1", 8, 8), ("f_param_2", 4, 4)]
-            .map(|(n, b, a)| PtxParam { name: n.into(), bytes: b, align: a });
+        let want = [("f_param_0", 1152, 64), ("f_param_1", 8, 8), ("f_param_2", 4, 4)].map(|(n, b, a)| PtxParam {
+            name: n.into(),
+            bytes: b,
+            align: a,
+        });
         assert_eq!(entry_params(ptx, "f"), want);
     }
 }

@@ -33,9 +33,10 @@ impl DevicePlan {
                 reason: format!("N * H = {} x {heads} work items exceed the grid limit", plan.num_seqs()),
             });
         }
-        let sms = stream.context().attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )? as usize;
+        let sms = stream
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as usize;
         let schedule = Schedule::lpt(&plan, heads, hopper::COL_BLOCKS, sms * hopper::CTAS_PER_SM);
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
@@ -87,7 +88,6 @@ pub struct KdaOutputs<'a> {
     /// `[N, H, K, V]` f32, or `None` to skip the final states.
     pub ht: Option<CudaViewMut<'a, f32>>,
 }
-
 
 /// `v`, or one `fill` element when `v` is empty (the driver cannot allocate zero bytes).
 fn non_empty<T: Copy>(v: &[T], fill: T) -> std::borrow::Cow<'_, [T]> {

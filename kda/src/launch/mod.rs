@@ -14,13 +14,13 @@ mod validate;
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use validate::TENSOR_ALIGN;
 
-use crate::{ptx, Dims, KdaError};
+use crate::{Dims, KdaError, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{KernelAbi, TensorMaps, BASELINE, HOPPER};
+use kda_kernel::abi::{BASELINE, HOPPER, KernelAbi, TensorMaps};
 use std::sync::Arc;
-use validate::{check_arg, TensorArg};
+use validate::{TensorArg, check_arg};
 
 /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` value for "all of the unified L1 /
 /// shared memory that can be shared memory".
@@ -268,10 +268,10 @@ unsafe fn enqueue<'a>(
     ctas: usize,
     push: impl FnOnce(&mut Checked<'a>),
 ) -> Result<(), KdaError> {
-    let grid = u32::try_from(ctas).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| KdaError::Argument {
-        name: "heads",
-        reason: format!("{ctas} CTAs exceed the grid limit"),
-    })?;
+    let grid = u32::try_from(ctas)
+        .ok()
+        .filter(|&g| g <= i32::MAX as u32)
+        .ok_or_else(|| KdaError::Argument { name: "heads", reason: format!("{ctas} CTAs exceed the grid limit") })?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (f.abi.threads as u32, 1, 1),

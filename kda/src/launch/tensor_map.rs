@@ -1,9 +1,9 @@
 //! Tensor maps (`CUtensorMap`) of the tensors the Hopper kernel reaches through TMA.
 
 use super::args::Pointers;
-use crate::layout::{hopper, CHUNK, K_DIM, V_DIM};
+use crate::layout::{CHUNK, K_DIM, V_DIM, hopper};
 use crate::{Dims, KdaError};
-use kda_kernel::abi::{MapSlot, TensorMap, TENSOR_MAPS};
+use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 
 /// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order.
 pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
@@ -111,4 +111,3 @@ enum Element {
     Bf16,
     F32,
 }
-

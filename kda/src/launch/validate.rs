@@ -53,7 +53,9 @@ mod tests {
     #[test]
     fn exact_lengths_pass() {
         let d = dims();
-        for (name, len) in [("k", d.key_len()), ("gk", d.key_len()), ("u", d.value_len()), ("h", d.h_len()), ("ht", d.state_len())] {
+        for (name, len) in
+            [("k", d.key_len()), ("gk", d.key_len()), ("u", d.value_len()), ("h", d.h_len()), ("ht", d.state_len())]
+        {
             check_arg(&d, 0, arg(name, len)).unwrap();
         }
     }
@@ -99,4 +101,3 @@ mod tests {
         assert!(matches!(err, KdaError::WrongDevice { tensor: "w", expected: 0, actual: 1 }), "{err}");
     }
 }
-
