@@ -108,7 +108,7 @@ pub mod hopper {
     /// needs more than one chunk in flight (two stages gave 0.60 of the floor on fixed_8192).
     /// More is not better: with every SM keeping several stages of reads outstanding the memory
     /// system serves the output stores worse, and loading further ahead measured slower each
-    /// time it was tried (bench/RESULTS.md, runs 8 to 10). Three stages, with the 40 KB the
+    /// time it was tried (bench/RESULTS.md, "Tried and rejected"). Three stages, with the 40 KB the
     /// fourth took spent on a second output staging buffer (`STAGING`), measured fastest:
     /// fixed_8192 211.0 -> 209.1 us, fixed_32k 824.6 -> 817.0 us against four stages and one
     /// buffer (two stages and two buffers: 223 and 874 us). Four stages beside two buffers (the

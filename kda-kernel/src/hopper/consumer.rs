@@ -12,6 +12,7 @@
 //! `v_new`; wait for it and release the stage.
 
 use super::fragments::{ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, matrix_row, swizzled};
+use super::maps::StoreMaps;
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{
@@ -35,13 +36,6 @@ const VN_REGS: usize = CHUNK / 2;
 const STORE_THREAD: usize = 0;
 /// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
 const CONSUMER_BARRIER: u32 = 1;
-
-/// Generic addresses of the consumer's tensor maps: the `h` and `v_new` stores.
-#[derive(Clone, Copy)]
-pub struct StoreMaps {
-    pub h: u64,
-    pub v_new: u64,
-}
 
 /// The consumer warpgroup's loop over this CTA's items: per item, the initial state from the
 /// producer's `h0` slot (or zeros), the chunks, and the final state.

@@ -14,6 +14,7 @@
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
 //! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
 //! | [`fragments`] | accumulator fragments, the 128-byte swizzle, `ldmatrix`/`stmatrix` lanes |
+//! | [`maps`] | the tensor maps each role hands to TMA |
 //!
 //! The ring itself is [`crate::pipeline`]; the work lists are [`crate::schedule`]. Nothing
 //! outside a sequence's rows is read into the math or written (`docs/CONTRACT.md`, "Ragged
@@ -21,6 +22,7 @@
 
 mod consumer;
 mod fragments;
+mod maps;
 mod producer;
 mod smem;
 mod tail;
@@ -30,8 +32,7 @@ use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::CONSUMER_THREADS;
 use crate::schedule::Work;
-use consumer::StoreMaps;
-use producer::LoadMaps;
+use maps::{LoadMaps, StoreMaps};
 use smem::Smem;
 
 /// The role of a thread of the CTA.

@@ -2,60 +2,24 @@
 //! into the ring, running up to `STAGES` chunks ahead of the consumer (across item boundaries:
 //! the next item's first loads overlap the current item's last chunks).
 
+use super::maps::LoadMaps;
 use super::smem::{Smem, StageTiles};
 use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32, sync_warp};
-use crate::arch::sm90::{prefetch_tensormap, tma_load_3d};
+use crate::arch::sm90::tma_load_3d;
 use crate::layout::hopper::{BOX_COLS, BV, KEY_BOXES, PRODUCER_THREADS, STAGE_BYTES, STAGES};
 use crate::layout::{CHUNK, K_DIM};
 use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::{Item, Work};
 
 /// Lanes of the producer warp.
-pub const LANES: usize = PRODUCER_THREADS;
+const LANES: usize = PRODUCER_THREADS;
 /// Gate columns each producer lane reads and exponentiates per chunk.
 const GATE_PER_LANE: usize = K_DIM / LANES;
 /// Bytes of one item's initial state block (`[K][BV]` f32).
 const H0_TX_BYTES: u32 = (K_DIM * BV * 4) as u32;
 /// Bytes a full chunk's TMA loads deliver to its stage.
 const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
-
-/// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
-/// one-row boxes for tail chunks.
-#[derive(Clone, Copy)]
-pub struct LoadMaps {
-    pub k: u64,
-    pub w: u64,
-    pub u: u64,
-    pub k_row: u64,
-    pub w_row: u64,
-    pub u_row: u64,
-    /// `h0` in `[1][K][BV]` f32 boxes, when the launch has initial states.
-    pub h0: Option<u64>,
-}
-
-impl LoadMaps {
-    /// Prefetches every map into the TMA unit's descriptor cache.
-    ///
-    /// # Safety
-    /// The addresses are tensor maps in the kernel's parameter block.
-    #[inline(always)]
-    pub unsafe fn prefetch(&self) {
-        // (One call per map: a loop over an array of them would put the array on the stack.)
-        // SAFETY: see the function's contract.
-        unsafe {
-            prefetch_tensormap(self.k);
-            prefetch_tensormap(self.w);
-            prefetch_tensormap(self.u);
-            prefetch_tensormap(self.k_row);
-            prefetch_tensormap(self.w_row);
-            prefetch_tensormap(self.u_row);
-            if let Some(h0) = self.h0 {
-                prefetch_tensormap(h0);
-            }
-        }
-    }
-}
 
 /// The producer warp's loop over this CTA's items.
 ///

@@ -8,11 +8,11 @@
 //! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
 
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled};
-use super::producer::{LANES, LoadMaps};
+use super::maps::LoadMaps;
 use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::{fence_proxy_async, tma_load_3d};
-use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, STAGES};
+use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, PRODUCER_THREADS, STAGES};
 use crate::layout::{CHUNK, K_DIM, V_DIM};
 use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::Item;
@@ -63,7 +63,7 @@ pub unsafe fn load_partial_chunk(
                 tma_load_3d(tiles.w(b) + off, maps.w_row, col, hd, t, ring.full(s));
             }
             tma_load_3d(tiles.u() + off, maps.u_row, item.vcol0 as i32, hd, t, ring.full(s));
-            r += LANES;
+            r += PRODUCER_THREADS;
         }
     }
 }
@@ -80,7 +80,7 @@ unsafe fn zero_key_rows(tiles: StageTiles, rows: usize, lane: usize) {
             // SAFETY: inside the tile (row < CHUNK); see the function's contract.
             unsafe { st_shared_v4(tiles.k(b) + (i as u32) * CHUNK16, [0; 4]) };
         }
-        i += LANES;
+        i += PRODUCER_THREADS;
     }
 }
 

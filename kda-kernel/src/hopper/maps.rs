@@ -1,0 +1,56 @@
+//! The tensor maps each role hands to TMA, by generic address (they stay in the kernel's
+//! parameter space).
+
+use crate::arch::sm90::prefetch_tensormap;
+
+/// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
+/// one-row boxes for tail chunks.
+#[derive(Clone, Copy)]
+pub struct LoadMaps {
+    /// `k` in `[CHUNK][1][64]` boxes.
+    pub k: u64,
+    /// `w`, as `k`.
+    pub w: u64,
+    /// `u`, as `k`.
+    pub u: u64,
+    /// `k` in one-row boxes.
+    pub k_row: u64,
+    /// `w` in one-row boxes.
+    pub w_row: u64,
+    /// `u` in one-row boxes.
+    pub u_row: u64,
+    /// `h0` in `[1][K][BV]` f32 boxes, when the launch has initial states.
+    pub h0: Option<u64>,
+}
+
+impl LoadMaps {
+    /// Prefetches every map into the TMA unit's descriptor cache.
+    ///
+    /// # Safety
+    /// The addresses are tensor maps in the kernel's parameter block.
+    #[inline(always)]
+    pub unsafe fn prefetch(&self) {
+        // (One call per map: a loop over an array of them would put the array on the stack.)
+        // SAFETY: see the function's contract.
+        unsafe {
+            prefetch_tensormap(self.k);
+            prefetch_tensormap(self.w);
+            prefetch_tensormap(self.u);
+            prefetch_tensormap(self.k_row);
+            prefetch_tensormap(self.w_row);
+            prefetch_tensormap(self.u_row);
+            if let Some(h0) = self.h0 {
+                prefetch_tensormap(h0);
+            }
+        }
+    }
+}
+
+/// Generic addresses of the consumer's tensor maps: the `h` and `v_new` stores.
+#[derive(Clone, Copy)]
+pub struct StoreMaps {
+    /// `h` in `[1][K][64]` boxes.
+    pub h: u64,
+    /// `v_new` in `[CHUNK][1][64]` boxes.
+    pub v_new: u64,
+}
