@@ -195,6 +195,6 @@ pub const KERNELS: [KernelAbi; 2] = [BASELINE, HOPPER];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");
-    assert!(TENSOR_MAP_BYTES % TENSOR_MAP_ALIGN == 0, "every map of the aggregate stays 64-byte aligned");
+    assert!(TENSOR_MAP_BYTES.is_multiple_of(TENSOR_MAP_ALIGN), "every map of the aggregate stays 64-byte aligned");
     assert!(core::mem::size_of::<TensorMaps>() == TENSOR_MAPS * TENSOR_MAP_BYTES);
 };

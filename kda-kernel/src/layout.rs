@@ -71,9 +71,9 @@ pub mod baseline {
     /// `bf16(Vn)` (`[CHUNK][BV]`), and the chunk's decay row (f32 `[K]`).
     pub const SMEM_BYTES: usize = 2 * CHUNK * K_DIM * 2 + K_DIM * BV * 2 + CHUNK * BV * 2 + K_DIM * 4;
 
-    const _: () = assert!(V_DIM % BV == 0);
-    const _: () = assert!(THREADS % BV == 0 && (K_DIM * BV) % THREADS == 0);
-    const _: () = assert!((CHUNK * BV) % THREADS == 0);
+    const _: () = assert!(V_DIM.is_multiple_of(BV));
+    const _: () = assert!(THREADS.is_multiple_of(BV) && (K_DIM * BV).is_multiple_of(THREADS));
+    const _: () = assert!((CHUNK * BV).is_multiple_of(THREADS));
     const _: () = assert!(SMEM_BYTES <= 48 * 1024, "baseline must fit the default smem limit");
 }
 
@@ -194,7 +194,7 @@ pub mod hopper {
     /// has this many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
-    const _: () = assert!(V_DIM % BV == 0 && K_DIM % BOX_COLS == 0);
+    const _: () = assert!(V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
     const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
     const _: () = assert!(STAGE_BYTES == (2 * KEY_BOXES + 1) * BOX_BYTES, "a stage is exactly its boxes");
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
