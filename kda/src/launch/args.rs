@@ -258,7 +258,7 @@ mod tests {
         for ptx in ptx::modules_of(&HOPPER) {
             let maps = &entry_params(ptx, HOPPER.entry)[0];
             assert_eq!(maps.bytes, TENSOR_MAPS * 128, "{maps:?}");
-            assert!(maps.align % TENSOR_MAP_ALIGN == 0, "{maps:?}");
+            assert!(maps.align.is_multiple_of(TENSOR_MAP_ALIGN), "{maps:?}");
         }
     }
 

@@ -31,7 +31,7 @@ pub(super) fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(
     if arg.ordinal != ordinal {
         return Err(KdaError::WrongDevice { tensor: arg.name, expected: ordinal, actual: arg.ordinal });
     }
-    if arg.address % TENSOR_ALIGN as u64 != 0 {
+    if !arg.address.is_multiple_of(TENSOR_ALIGN as u64) {
         return Err(KdaError::Alignment { tensor: arg.name, required: TENSOR_ALIGN, address: arg.address });
     }
     Ok(())
