@@ -1,7 +1,11 @@
 //! The tensor maps each role hands to TMA, by generic address (they stay in the kernel's
-//! parameter space).
+//! parameter space), and a chunk's load job as the producer and the tail share it.
 
-use crate::arch::sm90::prefetch_tensormap;
+use super::smem::StageTiles;
+use crate::arch::sm90::{prefetch_tensormap, tma_load_3d};
+use crate::layout::hopper::STAGES;
+use crate::pipeline::{Pipeline, PipelineState};
+use crate::schedule::Item;
 
 /// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
 /// one-row boxes for tail chunks.
@@ -53,4 +57,33 @@ pub struct StoreMaps {
     pub h: u64,
     /// `v_new` in `[CHUNK][1][64]` boxes.
     pub v_new: u64,
+}
+
+/// The loads of chunk `c` of `item` into the ring stage at `stage`, which the producer holds.
+#[derive(Clone, Copy)]
+pub struct ChunkLoad<'a> {
+    pub item: &'a Item,
+    pub c: usize,
+    /// The stage's tiles.
+    pub tiles: StageTiles,
+    /// This producer lane.
+    pub lane: usize,
+    pub maps: &'a LoadMaps,
+    pub ring: Pipeline<STAGES>,
+    pub stage: PipelineState<STAGES>,
+}
+
+impl ChunkLoad<'_> {
+    /// A TMA load of the box at column `col` of token `token` (this item's head) through `map`
+    /// into shared address `dst`, completing on the stage's `full` barrier.
+    ///
+    /// # Safety
+    /// The box lies inside the sequence's valid rows and the tensor; `dst` is inside the stage's
+    /// tiles, aligned as the map's swizzle needs; the bytes are announced on the barrier.
+    #[inline(always)]
+    pub unsafe fn load_box(self, dst: u32, map: u64, col: usize, token: usize) {
+        let full = self.ring.full(self.stage);
+        // SAFETY: see the function's contract.
+        unsafe { tma_load_3d(dst, map, col as i32, self.item.head as i32, token as i32, full) }
+    }
 }

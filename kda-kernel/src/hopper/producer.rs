@@ -2,14 +2,14 @@
 //! into the ring, running up to `STAGES` chunks ahead of the consumer (across item boundaries:
 //! the next item's first loads overlap the current item's last chunks).
 
-use super::maps::LoadMaps;
-use super::smem::{Smem, StageTiles};
+use super::maps::{ChunkLoad, LoadMaps};
+use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32, sync_warp};
 use crate::arch::sm90::tma_load_3d;
 use crate::layout::hopper::{BOX_COLS, BV, KEY_BOXES, PRODUCER_THREADS, STAGE_BYTES, STAGES};
 use crate::layout::{CHUNK, K_DIM};
-use crate::pipeline::{Pipeline, PipelineState};
+use crate::pipeline::PipelineState;
 use crate::schedule::{Item, Work};
 
 /// Lanes of the producer warp.
@@ -96,11 +96,11 @@ unsafe fn load_chunks(
             let rows = item.rows(c);
             write_decay_row(smem.decay(s.index()), &gate, lane);
             gate = next;
-            let tiles = smem.stage(s.index());
+            let load = ChunkLoad { item, c, tiles: smem.stage(s.index()), lane, maps, ring, stage: s };
             if rows == CHUNK {
-                load_full_chunk(item, c, tiles, lane, maps, ring, s);
+                load_full_chunk(load);
             } else {
-                tail::load_partial_chunk(item, c, tiles, lane, maps, ring, s);
+                tail::load_partial_chunk(load);
             }
         }
     }
@@ -122,29 +122,20 @@ unsafe fn write_decay_row(row: u32, gate: &[f32; GATE_PER_LANE], lane: usize) {
 /// The warp barrier first orders every lane's decay-row write before that lane's arrival.
 ///
 /// # Safety
-/// Producer warp only; chunk `c` of `item` has `CHUNK` valid rows; `s` is held by the producer.
+/// Producer warp only; the chunk has `CHUNK` valid rows.
 #[inline(always)]
-unsafe fn load_full_chunk(
-    item: &Item,
-    c: usize,
-    tiles: StageTiles,
-    lane: usize,
-    maps: &LoadMaps,
-    ring: Pipeline<STAGES>,
-    s: PipelineState<STAGES>,
-) {
+unsafe fn load_full_chunk(load: ChunkLoad<'_>) {
     sync_warp();
-    if lane == 0 {
-        let (t, hd) = (item.first_token(c) as i32, item.head as i32);
+    if load.lane == 0 {
+        let (tiles, maps, t) = (load.tiles, load.maps, load.item.first_token(load.c));
         // SAFETY: the boxes are the chunk's rows of `k`, `w` and `u`, exactly the bytes announced.
         unsafe {
-            ring.producer_commit_tx(s, STAGE_TX_BYTES);
+            load.ring.producer_commit_tx(load.stage, STAGE_TX_BYTES);
             for b in 0..KEY_BOXES {
-                let col = (b * BOX_COLS) as i32;
-                tma_load_3d(tiles.k(b), maps.k, col, hd, t, ring.full(s));
-                tma_load_3d(tiles.w(b), maps.w, col, hd, t, ring.full(s));
+                load.load_box(tiles.k(b), maps.k, b * BOX_COLS, t);
+                load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
-            tma_load_3d(tiles.u(), maps.u, item.vcol0 as i32, hd, t, ring.full(s));
+            load.load_box(tiles.u(), maps.u, load.item.vcol0, t);
         }
     }
 }

@@ -8,13 +8,12 @@
 //! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
 
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled};
-use super::maps::LoadMaps;
+use super::maps::ChunkLoad;
 use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
-use crate::arch::sm90::{fence_proxy_async, tma_load_3d};
-use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, PRODUCER_THREADS, STAGES};
+use crate::arch::sm90::fence_proxy_async;
+use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, PRODUCER_THREADS};
 use crate::layout::{CHUNK, K_DIM, V_DIM};
-use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::Item;
 
 /// bf16 elements in one 16-byte chunk.
@@ -23,26 +22,18 @@ const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
 /// Bytes the one-row boxes of one tail row deliver: `k` and `w` (K columns each) and `u` (`BV`).
 const ROW_TX_BYTES: u32 = ((2 * K_DIM + BV) * 2) as u32;
 
-/// The producer's loads of a partial chunk `c` of `item` into the stage `tiles`.
+/// The producer's loads of a partial chunk into its stage.
 ///
 /// `k` rows past the end are zeroed: product 2 reads them (times zero columns of `Vn^T`, which
 /// would still turn stale NaNs into NaN); `w` and `u` rows there only reach `Vn` rows that the
 /// consumer zeroes ([`zero_rows_past_end`]).
 ///
 /// # Safety
-/// Producer warp only; chunk `c` is the item's last and partial; `s` is held by the producer.
+/// Producer warp only; the chunk is the item's last and partial.
 #[inline(always)]
-pub unsafe fn load_partial_chunk(
-    item: &Item,
-    c: usize,
-    tiles: StageTiles,
-    lane: usize,
-    maps: &LoadMaps,
-    ring: Pipeline<STAGES>,
-    s: PipelineState<STAGES>,
-) {
-    let rows = item.rows(c);
-    let (tok0, hd) = (item.first_token(c), item.head as i32);
+pub unsafe fn load_partial_chunk(load: ChunkLoad<'_>) {
+    let (item, tiles, maps, lane) = (load.item, load.tiles, load.maps, load.lane);
+    let (rows, tok0) = (item.rows(load.c), item.first_token(load.c));
     // SAFETY: the stage is the producer's; the zeroing is ordered before the consumer's async
     // (wgmma) reads by the proxy fence and the arrival; each one-row box is a valid token of this
     // sequence, and the bytes announced are exactly those boxes'.
@@ -51,18 +42,17 @@ pub unsafe fn load_partial_chunk(
         fence_proxy_async();
         sync_warp();
         if lane == 0 {
-            ring.producer_commit_tx(s, rows as u32 * ROW_TX_BYTES);
+            load.ring.producer_commit_tx(load.stage, rows as u32 * ROW_TX_BYTES);
         }
         sync_warp();
         let mut r = lane;
         while r < rows {
-            let (t, off) = ((tok0 + r) as i32, r as u32 * ROW_BYTES);
+            let off = r as u32 * ROW_BYTES;
             for b in 0..KEY_BOXES {
-                let col = (b * BOX_COLS) as i32;
-                tma_load_3d(tiles.k(b) + off, maps.k_row, col, hd, t, ring.full(s));
-                tma_load_3d(tiles.w(b) + off, maps.w_row, col, hd, t, ring.full(s));
+                load.load_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
+                load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
-            tma_load_3d(tiles.u() + off, maps.u_row, item.vcol0 as i32, hd, t, ring.full(s));
+            load.load_box(tiles.u() + off, maps.u_row, item.vcol0, tok0 + r);
             r += PRODUCER_THREADS;
         }
     }
