@@ -5,11 +5,11 @@
 //! rotated over enough copies that the L2 cannot keep them), checks the outputs against the f64
 //! reference, prints a table and writes `bench/results.json`.
 
-use kda::gpu::{copy_bandwidth, median_us};
-use kda::{floor, inputs, reference, rel_error, DeviceProblem, Kda, Kernel, Plan};
+use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, median_us};
+use kda::{Kda, Kernel, Plan, inputs, reference, rel_error};
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Timed launches per shape and kernel (the issue asks for at least 100).
 const DEFAULT_REPEAT: usize = 200;
@@ -21,22 +21,30 @@ const ROTATION_BYTES: usize = 256 << 20;
 /// device memory on the largest shape.
 const MIN_COPIES: usize = 2;
 const MAX_COPIES: usize = 8;
-const SEED: u64 = 20261202;
+const SEED: u64 = crate::shapes::INPUT_SEED;
+/// The whole benchmark is stopped (exit status 124) after this long, so a hang reports instead of
+/// using up the device time.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(480);
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let (mut repeat, mut out_dir) = (DEFAULT_REPEAT, PathBuf::from("bench"));
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--repeat" => {
-                repeat = it.next().and_then(|v| v.parse().ok()).filter(|&n| n > 0).ok_or("--repeat needs a count >= 1")?
-            }
-            "--out" => out_dir = it.next().ok_or("--out needs a directory")?.into(),
-            other => return Err(format!("bench: unexpected argument {other}")),
-        }
+    let a = crate::args::Args::parse("bench", args, &["--repeat", "--out", "--timeout"], &[])?;
+    if let Some(p) = a.positional.first() {
+        return Err(format!("bench: unexpected argument {p}"));
     }
+    let repeat = a.count("--repeat", DEFAULT_REPEAT)?;
+    let out_dir = a.path("--out", PathBuf::from("bench"));
+    let limit = a.timeout("--timeout", DEFAULT_TIMEOUT)?;
+    // The GPU work runs in this process: a watchdog thread ends it at the limit.
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("\nerror: bench timed out after {} s", limit.as_secs());
+        std::process::exit(124);
+    });
     let err = |e: kda::KdaError| e.to_string();
-    let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| format!("bench needs a GPU: {e}"))?;
+    // cudarc panics when the driver library is missing: that is "no GPU" too.
+    let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(0))
+        .map_err(|_| "bench needs a GPU: the CUDA driver library (libcuda) cannot be loaded".to_string())?
+        .map_err(|e| format!("bench needs a GPU: {e}"))?;
     let gpu = ctx.name().map_err(|e| e.to_string())?;
     let stream = ctx.default_stream();
     let kda = Kda::new(ctx).map_err(err)?;
@@ -57,14 +65,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "| shape | N | T | H | {best:?} us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |"
     )];
     table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
-    for (name, lengths) in inputs::bench_shapes() {
+    for (name, lengths) in bench_shapes() {
         let t0 = Instant::now();
         eprint!("[{name}] generating inputs ...");
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let d = p.dims();
         let input_bytes = (p.k.len() + p.w.len() + p.u.len()) * 2 + p.gk.len() * 4;
         let copies = ROTATION_BYTES.div_ceil(input_bytes.max(1)).clamp(MIN_COPIES, MAX_COPIES);
-        let mut devs = (0..copies).map(|_| DeviceProblem::upload(&stream, &p)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+        let mut devs =
+            (0..copies).map(|_| DeviceProblem::upload(&stream, &p)).collect::<Result<Vec<_>, _>>().map_err(err)?;
         eprint!(" {copies} copies uploaded; timing ...");
         let time = |kernel: Kernel, devs: &mut Vec<DeviceProblem>| {
             median_us(&stream, WARMUP, repeat, |i| devs[i % copies].launch(&kda, &stream, kernel))
@@ -81,7 +90,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let errs = [rel_error(&out.h, &want.h), rel_error(&out.v_new, &want.v_new), rel_error(&out.ht, &want.ht)];
         // The f32 rounding floor of this problem (see `reference::reference_f32`), on `h`.
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(err)?.h, &want.h);
-        let floor_us = floor::floor_us(&d, bw);
+        let floor_us = crate::harness::floor_us(&d, bw);
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
         table.push(format!(
             "| {name} | {} | {} | {} | {us:.1} | {floor_us:.1} | {:.3} | {baseline_us:.1} | {:.2}x | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",

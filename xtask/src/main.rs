@@ -1,29 +1,84 @@
-//! Project tasks: `cargo xtask ptx` (ptxas resource report per kernel) and `cargo xtask bench`
-//! (every SPEC reference shape on the GPU against the memory floor).
+//! Project tasks, run here as `cargo xtask <command>` and on a GPU machine without Rust as
+//! `target/gpu-bundle/xtask <command>` (from the repository root, after `cargo xtask bundle` here).
+//! Every child process a GPU command starts runs under a timeout (see [`proc`]).
 
+mod ab;
+mod args;
 mod bench;
+mod bundle;
+mod proc;
+mod profile;
 mod ptx;
+mod sanitize;
+mod session;
+mod shapes;
+mod suite;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask <ptx | bench [--repeat N] [--out DIR]>
-  ptx    ptxas -v resource report (registers, shared memory, spills) of every kernel, for sm_90a
-         and sm_80. ptxas comes from $KDA_CUDA_BIN, ./.venv-cuda (.ci/setup) or PATH.
-  bench  runs on the GPU: copy bandwidth, then every reference shape with each kernel; prints a
-         table and writes bench/results.json";
+/// The measuring harness shared with the `kda` CLI, imported from one place.
+mod harness {
+    pub use kda::DeviceProblem;
+    pub use kda::floor::floor_us;
+    pub use kda::gpu::{copy_bandwidth, median_us};
+    pub use kda::inputs::bench_shapes;
+    pub use kda::ptx::cuda_tool;
+}
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/gpu-bundle/xtask <command>)
+  ptx                                   ptxas resource report (registers, shared memory, spills) of every kernel; no GPU
+  bundle [--out DIR]                    builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle)
+  gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
+  bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
+  profile [--shape NAME] [--out DIR]    GPU: ncu profile of kda_fwd_h_hopper on a shape (fixed_8192); details and SASS source CSV in DIR (target/profile)
+  sanitize [--out DIR]                  GPU: compute-sanitizer memcheck, racecheck, synccheck over `kda run` on ragged inputs; logs in DIR (target/sanitize)
+  ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; DIR/ab.json (target/ab)
+  gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize; logs and session.log in DIR (target/gpu-session)
+GPU commands find kda and gpu next to this executable, or in --bundle DIR. Shapes (H = 64 unless said):
+  fixed_8192 mixed_6 fixed_32k many_short tiny random_ragged_32k decode_like ragged_many (8 ragged lengths, H = 32)";
+
+/// A failed command: the message, and the exit status to leave with.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self { code: 1, message }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("ptx") => ptx::run(),
-        Some("bench") => bench::run(&args[1..]),
-        _ => Err(USAGE.to_string()),
+    let rest = args.get(1..).unwrap_or_default();
+    let result: Result<(), Failure> = match args.first().map(String::as_str) {
+        Some("ptx") if rest.is_empty() => ptx::run().map_err(Failure::from),
+        Some("bundle") => bundle::run(rest).map_err(Failure::from),
+        Some("gpu-suite") => suite::run(rest),
+        Some("bench") => bench::run(rest).map_err(Failure::from),
+        Some("profile") => profile::run(rest).map_err(Failure::from),
+        Some("sanitize") => sanitize::run(rest).map_err(Failure::from),
+        Some("ab") => ab::run(rest).map_err(Failure::from),
+        Some("gpu-session") => session::run(rest).map_err(Failure::from),
+        Some("help" | "-h" | "--help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(USAGE.into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code.max(1))
         }
     }
 }

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// `ptxas` as `.ci/setup` installs it (see [`kda::ptx::cuda_tool`]).
+/// `ptxas` as `.ci/setup` installs it (see [`crate::harness::cuda_tool`]).
 pub fn ptxas() -> PathBuf {
-    kda::ptx::cuda_tool(&workspace_root(), "ptxas")
+    crate::harness::cuda_tool(&workspace_root(), "ptxas")
 }
 
 /// The workspace root (the parent of this crate).

@@ -1,10 +1,12 @@
 """A `kda run` round trip through files another tool writes and reads (PyTorch + safetensors).
+`cargo xtask gpu-session` runs it on the GPU machine: `make`, then `kda run` on the GPU and with
+`--cpu`, then `compare`.
 
-    python3 foreign_roundtrip.py make IN.safetensors [LENGTHS HEADS]
+    python3 tests/interop/torch_roundtrip.py make IN.safetensors [LENGTHS HEADS]
         writes a ragged problem the way Python model code holds it: a leading batch dimension of
         1, int32 cu_seqlens, bf16 k/w/u, f32 gk and h0. LENGTHS is comma-separated (default
         0,1,64,200,129,7) and HEADS defaults to 4.
-    python3 foreign_roundtrip.py compare IN.safetensors GPU_OUT.safetensors CPU_OUT.safetensors
+    python3 tests/interop/torch_roundtrip.py compare IN.safetensors GPU_OUT.safetensors CPU_OUT.safetensors
         reads both `kda run` outputs back with safetensors and prints the relative Frobenius
         error of the GPU's h, v_new, ht against the f64 reference's; exits 1 above 1e-3.
 """

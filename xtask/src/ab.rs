@@ -1,0 +1,355 @@
+//! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]`:
+//! several `kda` builds (each built from its commit and carried along) on the same inputs.
+//!
+//! First each build's outputs are checked against the f64 reference (`kda run --cpu`, once per
+//! input with the first build) on every timed shape and on `ragged_many`, to the contract's bound
+//! `kda::precision::bound(e32)`; a build that fails is not timed. Then, round by round
+//! (the build order reversed every other round), each build times each shape with
+//! `kda run --repeat N`. Prints a table of the median over rounds of each run's median and each
+//! build's ratio to the first, and writes it all to `DIR/ab.json` (default `target/ab`).
+
+use crate::args::Args;
+use crate::proc::{Scratch, create_dir, run_logged, tail};
+use crate::shapes;
+use kda::{Outputs, io, precision, reference, rel_error};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const DEFAULT_SHAPES: &[&str] = &["fixed_8192", "mixed_6", "many_short", "decode_like"];
+const DEFAULT_ROUNDS: usize = 2;
+const DEFAULT_REPEAT: usize = 100;
+/// Limit of one GPU run of a build.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Limit of one f64 reference run on the CPU.
+const REFERENCE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Checked besides the timed shapes: ragged tails over 512 items.
+const CHECK_SHAPE: &str = "ragged_many";
+const OUTPUTS: [&str; 3] = ["h", "v_new", "ht"];
+
+#[derive(Debug, PartialEq)]
+struct Options {
+    builds: Vec<PathBuf>,
+    shapes: Vec<String>,
+    rounds: usize,
+    repeat: usize,
+    timeout: Duration,
+    out: PathBuf,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let a = Args::parse("ab", args, &["--shapes", "--rounds", "--repeat", "--timeout", "--out"], &[])?;
+    if a.positional.is_empty() {
+        return Err("ab: name the kda binaries to compare (KDA_A KDA_B ...)".into());
+    }
+    let mut shapes = a.list("--shapes", DEFAULT_SHAPES);
+    dedup(&mut shapes);
+    if shapes.is_empty() {
+        return Err("ab: --shapes names no shape".into());
+    }
+    for s in &shapes {
+        shapes::lookup(s)?;
+    }
+    Ok(Options {
+        builds: a.positional.iter().map(PathBuf::from).collect(),
+        shapes,
+        rounds: a.count("--rounds", DEFAULT_ROUNDS)?,
+        repeat: a.count("--repeat", DEFAULT_REPEAT)?,
+        timeout: a.timeout("--timeout", DEFAULT_TIMEOUT)?,
+        out: a.path("--out", "target/ab"),
+    })
+}
+
+/// Removes repeated names, keeping the first of each.
+fn dedup(v: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|s| seen.insert(s.clone()));
+}
+
+/// `A`, `B`, ... for build `i`.
+fn label(i: usize) -> String {
+    if i < 26 { char::from(b'A' + i as u8).to_string() } else { format!("#{}", i + 1) }
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    for b in &o.builds {
+        if !b.is_file() {
+            return Err(format!("ab: {} is not a file", b.display()));
+        }
+    }
+    create_dir(&o.out)?;
+    let logs = o.out.join("logs");
+    create_dir(&logs)?;
+    let scratch = Scratch::new("ab")?;
+    for (i, b) in o.builds.iter().enumerate() {
+        println!("{} = {}", label(i), b.display());
+    }
+
+    // Correctness first, on every timed shape and on ragged_many.
+    let mut check_shapes = o.shapes.clone();
+    check_shapes.push(CHECK_SHAPE.into());
+    dedup(&mut check_shapes);
+    let mut passed = vec![true; o.builds.len()];
+    let mut checks = Vec::new();
+    for shape in &check_shapes {
+        let input = scratch.join(&format!("{shape}.safetensors"));
+        println!("== check {shape}: inputs, f64 reference (--cpu, {}) ...", label(0));
+        let p = shapes::write(shape, &input)?;
+        let d = p.dims();
+        let ref_path = scratch.join("reference.safetensors");
+        let mut cmd = Command::new(&o.builds[0]);
+        cmd.args(["run", "--cpu", "--inputs"]).arg(&input).arg("--out").arg(&ref_path);
+        let (f, text) = run_logged(&mut cmd, REFERENCE_TIMEOUT, &logs.join(format!("reference_{shape}.txt")))?;
+        if !f.ok() {
+            return Err(format!("ab: the f64 reference of {shape} {}:\n{}", f.describe(), tail(&text, 10)));
+        }
+        let want = io::read_outputs(&ref_path, &d).map_err(|e| e.to_string())?;
+        // The f32 rounding floor e32 of this problem, which sets the bound on long sequences.
+        let e32 = errors(&reference::reference_f32(&p).map_err(|e| e.to_string())?, &want);
+        drop(p);
+        let bounds = e32.map(precision::bound);
+        for (i, b) in o.builds.iter().enumerate() {
+            let got_path = scratch.join("gpu.safetensors");
+            let _ = std::fs::remove_file(&got_path);
+            let mut cmd = Command::new(b);
+            cmd.arg("run").arg("--inputs").arg(&input).arg("--out").arg(&got_path);
+            let log = logs.join(format!("check_{shape}_{}.txt", label(i)));
+            let (f, text) = run_logged(&mut cmd, o.timeout, &log)?;
+            let errs = if f.ok() { io::read_outputs(&got_path, &d).ok().map(|got| errors(&got, &want)) } else { None };
+            let ok = errs.is_some_and(|e| e.iter().zip(&bounds).all(|(e, b)| *e < *b));
+            passed[i] &= ok;
+            match errs {
+                Some(e) => {
+                    let cols: Vec<String> =
+                        (0..3).map(|k| format!("{} {:.2e} (< {:.2e})", OUTPUTS[k], e[k], bounds[k])).collect();
+                    println!("   {} {}: {}", label(i), if ok { "pass" } else { "FAIL" }, cols.join(", "));
+                }
+                None => println!("   {} FAIL: {}\n{}", label(i), f.describe(), tail(&text, 10)),
+            }
+            checks.push(json!({
+                "shape": shape, "build": label(i), "pass": ok, "run": f.describe(),
+                "rel_err": errs, "bound": bounds, "f32_floor": e32,
+            }));
+        }
+        let _ = std::fs::remove_file(&ref_path);
+        if !o.shapes.contains(shape) {
+            let _ = std::fs::remove_file(&input);
+        }
+    }
+    let timed: Vec<usize> = (0..o.builds.len()).filter(|&i| passed[i]).collect();
+    for i in (0..o.builds.len()).filter(|i| !passed[*i]) {
+        println!("{} failed its check: not timed", label(i));
+    }
+
+    // Timing: times[shape][build] holds each round's median.
+    let mut times = vec![vec![Vec::new(); o.builds.len()]; o.shapes.len()];
+    let mut failures = Vec::new();
+    for round in 0..o.rounds {
+        let order: Vec<usize> = if round % 2 == 0 { timed.clone() } else { timed.iter().rev().copied().collect() };
+        for (s, shape) in o.shapes.iter().enumerate() {
+            for &i in &order {
+                let mut cmd = Command::new(&o.builds[i]);
+                cmd.arg("run").arg("--inputs").arg(scratch.join(&format!("{shape}.safetensors")));
+                cmd.arg("--out").arg(scratch.join("timed.safetensors")).args(["--repeat", &o.repeat.to_string()]);
+                let log = logs.join(format!("time_{shape}_{}_{}.txt", label(i), round + 1));
+                let (f, text) = run_logged(&mut cmd, o.timeout, &log)?;
+                match parse_median(&text).filter(|_| f.ok()) {
+                    Some(us) => {
+                        println!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, o.rounds, label(i));
+                        times[s][i].push(us);
+                    }
+                    None => {
+                        let last = tail(&text, 1);
+                        println!(
+                            "round {}/{} {shape:<18} {} no median: {} {last}",
+                            round + 1,
+                            o.rounds,
+                            label(i),
+                            f.describe()
+                        );
+                        failures.push(format!("{shape} {}: {}", label(i), f.describe()));
+                    }
+                }
+            }
+        }
+    }
+
+    let medians = summarize(&times);
+    let shape_names: Vec<&str> = o.shapes.iter().map(String::as_str).collect();
+    println!("\nmedian over {} rounds of each run's median of {} launches, us (ratio to A)\n", o.rounds, o.repeat);
+    println!("{}", table(&shape_names, o.builds.len(), &medians));
+    let rows: Vec<_> = o
+        .shapes
+        .iter()
+        .enumerate()
+        .map(|(s, shape)| {
+            let (lengths, heads) = shapes::lookup(shape).unwrap_or_default();
+            json!({
+                "shape": shape, "heads": heads, "seqs": lengths.len(), "tokens": lengths.iter().sum::<usize>(),
+                "runs_us": times[s], "median_us": medians[s], "ratio": ratios(&medians[s]),
+            })
+        })
+        .collect();
+    let builds: Vec<_> = o
+        .builds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| json!({ "label": label(i), "path": b.display().to_string(), "check": passed[i] }))
+        .collect();
+    let doc = json!({
+        "builds": builds, "rounds": o.rounds, "repeat": o.repeat, "seed": shapes::INPUT_SEED,
+        "shapes": rows, "checks": checks, "failures": failures,
+    });
+    let path = o.out.join("ab.json");
+    write_json(&path, &doc)?;
+    println!("\nwrote {} (run logs in {})", path.display(), logs.display());
+    let failed_checks: Vec<String> = (0..o.builds.len()).filter(|&i| !passed[i]).map(label).collect();
+    if !failed_checks.is_empty() {
+        return Err(format!("ab: build(s) {} failed the check against the f64 reference", failed_checks.join(", ")));
+    }
+    if !failures.is_empty() {
+        return Err(format!("ab: {} timed run(s) failed: {}", failures.len(), failures.join("; ")));
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, doc: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())? + "\n";
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Relative errors of `h`, `v_new`, `ht` against the reference.
+fn errors(got: &Outputs, want: &Outputs) -> [f64; 3] {
+    [rel_error(&got.h, &want.h), rel_error(&got.v_new, &want.v_new), rel_error(&got.ht, &want.ht)]
+}
+
+/// The time `kda run --repeat N` prints: the number in its last `median X us`.
+fn parse_median(output: &str) -> Option<f64> {
+    output.lines().rev().find_map(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        words.windows(3).find(|w| w[0] == "median" && w[2] == "us").and_then(|w| w[1].parse().ok())
+    })
+}
+
+/// The median (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Per shape and build, the median of the rounds' medians.
+fn summarize(times: &[Vec<Vec<f64>>]) -> Vec<Vec<Option<f64>>> {
+    times.iter().map(|per_build| per_build.iter().map(|r| median(r)).collect()).collect()
+}
+
+/// Each build's time over the first build's.
+fn ratios(medians: &[Option<f64>]) -> Vec<Option<f64>> {
+    let first = medians.first().copied().flatten();
+    medians.iter().map(|m| Some((*m)? / first?)).collect()
+}
+
+/// A markdown table: one row per shape, one column per build, `time (ratio)` after the first.
+fn table(shapes: &[&str], builds: usize, medians: &[Vec<Option<f64>>]) -> String {
+    let mut lines = vec![
+        format!("| shape |{}", (0..builds).map(|i| format!(" {} |", label(i))).collect::<String>()),
+        format!("|---|{}", "---:|".repeat(builds)),
+    ];
+    for (shape, m) in shapes.iter().zip(medians) {
+        let cells: String = m
+            .iter()
+            .zip(ratios(m))
+            .enumerate()
+            .map(|(i, (t, r))| match (t, r) {
+                (Some(t), Some(r)) if i > 0 => format!(" {t:.1} ({r:.3}) |"),
+                (Some(t), _) => format!(" {t:.1} |"),
+                (None, _) => " - |".to_string(),
+            })
+            .collect();
+        lines.push(format!("| {shape} |{cells}"));
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn options() {
+        let o = parse(&strings(&["a/kda", "b/kda"])).unwrap();
+        assert_eq!(o.builds, vec![PathBuf::from("a/kda"), PathBuf::from("b/kda")]);
+        assert_eq!(o.shapes, strings(DEFAULT_SHAPES));
+        assert_eq!((o.rounds, o.repeat, o.timeout), (2, 100, DEFAULT_TIMEOUT));
+        assert_eq!(o.out, PathBuf::from("target/ab"));
+        let o = parse(&strings(&[
+            "a/kda",
+            "--shapes",
+            "tiny,fixed_32k,tiny",
+            "--rounds",
+            "3",
+            "--repeat=50",
+            "--timeout",
+            "90",
+            "--out",
+            "/o",
+            "b/kda",
+            "c/kda",
+        ]))
+        .unwrap();
+        assert_eq!(o.builds.len(), 3);
+        assert_eq!(o.shapes, strings(&["tiny", "fixed_32k"]));
+        assert_eq!((o.rounds, o.repeat, o.timeout, o.out), (3, 50, Duration::from_secs(90), "/o".into()));
+        assert!(parse(&[]).is_err());
+        assert!(parse(&strings(&["a", "--shapes", "nope"])).unwrap_err().contains("unknown shape nope"));
+        assert!(parse(&strings(&["a", "--rounds", "0"])).is_err());
+    }
+
+    #[test]
+    fn the_median_that_kda_run_prints() {
+        let out = "in.safetensors: N = 1, T = 8192, H = 64, NT = 128, h0 given\n\
+                   kernel Hopper: median 207.90 us over 100 launches\n\
+                   wrote h, v_new, ht to out.safetensors\n";
+        assert_eq!(parse_median(out), Some(207.9));
+        assert_eq!(parse_median("kernel Baseline: median 4747.31 us over 5 launches"), Some(4747.31));
+        assert_eq!(parse_median("error: no CUDA device"), None);
+        assert_eq!(parse_median("median nan-ish us"), None);
+    }
+
+    #[test]
+    fn medians_ratios_and_the_table() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        // Two shapes, three builds, two rounds; build C never ran on the second shape.
+        let times = vec![
+            vec![vec![200.0, 202.0], vec![190.0, 192.0], vec![210.0, 230.0]],
+            vec![vec![100.0, 100.0], vec![110.0, 110.0], vec![]],
+        ];
+        let m = summarize(&times);
+        assert_eq!(m, vec![vec![Some(201.0), Some(191.0), Some(220.0)], vec![Some(100.0), Some(110.0), None]]);
+        let r = ratios(&m[0]);
+        assert_eq!(r[0], Some(1.0));
+        assert!((r[1].unwrap() - 191.0 / 201.0).abs() < 1e-12);
+        assert_eq!(ratios(&[None, Some(1.0)]), vec![None, None]);
+        let t = table(&["fixed_8192", "mixed_6"], 3, &m);
+        assert_eq!(
+            t,
+            "| shape | A | B | C |\n|---|---:|---:|---:|\n\
+             | fixed_8192 | 201.0 | 191.0 (0.950) | 220.0 (1.095) |\n\
+             | mixed_6 | 100.0 | 110.0 (1.100) | - |"
+        );
+        assert_eq!((label(0), label(25), label(26)), ("A".into(), "Z".into(), "#27".into()));
+    }
+}

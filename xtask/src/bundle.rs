@@ -1,0 +1,104 @@
+//! `cargo xtask bundle [--out DIR]`: the binaries a GPU machine without Rust runs, built here in
+//! release mode and copied into `target/gpu-bundle/` as `kda` (the CLI), `xtask` (this program:
+//! bench, gpu-suite, profile, sanitize, ab, gpu-session) and `gpu` (the GPU suite's test binary).
+
+use crate::args::Args;
+use crate::proc::{create_dir, repo_root};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// What the device machine accepts from one working tree (ignored paths carried along).
+const CARRY_LIMIT: u64 = 64 << 20;
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let a = Args::parse("bundle", args, &["--out"], &[])?;
+    if let Some(p) = a.positional.first() {
+        return Err(format!("bundle: unexpected argument {p}"));
+    }
+    let root = repo_root();
+    let out = a.path("--out", root.join("target/gpu-bundle"));
+    // Three builds: `--bin kda` finds the CLI in whichever workspace package holds it, and would
+    // filter xtask's binary out of a combined build.
+    let kda = build(&["build", "--release", "--bin", "kda"], &root, |t| is(t, "kda", "bin"))?;
+    let xtask = build(&["build", "--release", "-p", "xtask"], &root, |t| is(t, "xtask", "bin"))?;
+    let gpu = build(
+        &["test", "-p", "kda-tests", "--release", "--features", "gpu", "--test", "gpu", "--no-run"],
+        &root,
+        |t| is(t, "gpu", "test"),
+    )?;
+    create_dir(&out)?;
+    let mut total = 0;
+    for (name, src) in [("kda", kda), ("xtask", xtask), ("gpu", gpu)] {
+        let dst = out.join(name);
+        // Removed first: a copy onto a running executable fails, an unlink does not.
+        let _ = std::fs::remove_file(&dst);
+        let bytes = std::fs::copy(&src, &dst).map_err(|e| format!("{} -> {}: {e}", src.display(), dst.display()))?;
+        println!("{:>8.1} MiB  {}  (from {})", mib(bytes), dst.display(), src.display());
+        total += bytes;
+    }
+    println!("{:>8.1} MiB  in all", mib(total));
+    if total > CARRY_LIMIT {
+        return Err(format!(
+            "the bundle is {:.1} MiB, over the {} MiB a device call carries",
+            mib(total),
+            CARRY_LIMIT >> 20
+        ));
+    }
+    Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// Whether a `compiler-artifact` message's `target` is the `kind` target `name`.
+fn is(target: &Value, name: &str, kind: &str) -> bool {
+    target["name"] == name && target["kind"].as_array().is_some_and(|k| k.iter().any(|x| x == kind))
+}
+
+/// Runs `cargo ARGS --message-format=json-render-diagnostics` in `root` (diagnostics and progress
+/// on our stderr) and returns the executable of the artifact whose target `want` accepts.
+fn build(args: &[&str], root: &Path, want: impl Fn(&Value) -> bool) -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("== cargo {}", args.join(" "));
+    let out = Command::new(&cargo)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
+    }
+    executable(&String::from_utf8_lossy(&out.stdout), want)
+        .ok_or_else(|| format!("cargo {}: no executable in its output", args.join(" ")))
+}
+
+/// The last executable among cargo's JSON messages (one per line) whose target `want` accepts.
+fn executable(json_lines: &str, want: impl Fn(&Value) -> bool) -> Option<PathBuf> {
+    json_lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && want(&m["target"]))
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .last()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_binary_from_cargo_messages() {
+        let lines = r#"{"reason":"compiler-artifact","target":{"name":"kda","kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","target":{"name":"gpu","kind":["test"]},"executable":"/t/release/deps/gpu-0a1b"}
+{"reason":"compiler-artifact","target":{"name":"kda","kind":["bin"]},"executable":"/t/release/kda"}
+not json
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(executable(lines, |t| is(t, "gpu", "test")), Some("/t/release/deps/gpu-0a1b".into()));
+        assert_eq!(executable(lines, |t| is(t, "kda", "bin")), Some("/t/release/kda".into()));
+        assert_eq!(executable(lines, |t| is(t, "xtask", "bin")), None);
+    }
+}

@@ -1,0 +1,72 @@
+//! `xtask profile [--shape NAME] [--out DIR] [--bundle DIR]`: an Nsight Compute profile of the
+//! Hopper kernel under `kda run` on one shape (default `fixed_8192`), clocks left alone. Leaves in
+//! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
+//! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
+
+use crate::args::Args;
+use crate::proc::{Scratch, bundle_bin, bundle_dir, create_dir, cuda_cli, describe, run_logged, tail};
+use crate::shapes;
+use std::process::Command;
+use std::time::Duration;
+
+const KERNEL: &str = "kda_fwd_h_hopper";
+const SECTIONS: &[&str] = &[
+    "SpeedOfLight",
+    "MemoryWorkloadAnalysis",
+    "WarpStateStats",
+    "Occupancy",
+    "LaunchStats",
+    "SchedulerStats",
+    "SourceCounters",
+];
+const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let a = Args::parse("profile", args, &["--shape", "--out", "--bundle"], &[])?;
+    if let Some(p) = a.positional.first() {
+        return Err(format!("profile: unexpected argument {p}"));
+    }
+    let shape = a.value("--shape").unwrap_or("fixed_8192");
+    let out = a.path("--out", "target/profile");
+    let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
+    let ncu = cuda_cli("ncu");
+    create_dir(&out)?;
+    let scratch = Scratch::new("profile")?;
+    let input = scratch.join(&format!("{shape}.safetensors"));
+    println!("== inputs: {shape} -> {}", input.display());
+    shapes::write(shape, &input)?;
+
+    let report = out.join("profile");
+    let mut cmd = Command::new(&ncu);
+    cmd.args(["--clock-control", "none", "--kernel-name", KERNEL, "--launch-skip", "3", "--launch-count", "1"]);
+    for s in SECTIONS {
+        cmd.args(["--section", s]);
+    }
+    cmd.args(["--import-source", "no", "-f", "-o"]).arg(&report);
+    cmd.arg(&kda).arg("run").arg("--inputs").arg(&input);
+    cmd.arg("--out").arg(scratch.join("out.safetensors")).args(["--repeat", "5"]);
+    println!("== ncu: {}", describe(&cmd));
+    let (f, log) = run_logged(&mut cmd, PROFILE_TIMEOUT, &out.join("ncu_run.txt"))?;
+    println!("== ncu: {}\n{}", f.describe(), tail(&log, 5));
+    if !f.ok() {
+        return Err(format!("ncu {} (log: {})", f.describe(), out.join("ncu_run.txt").display()));
+    }
+
+    let rep = out.join("profile.ncu-rep");
+    let mut details = Command::new(&ncu);
+    details.arg("--import").arg(&rep).args(["--page", "details"]);
+    let (f, text) = run_logged(&mut details, EXPORT_TIMEOUT, &out.join("ncu.txt"))?;
+    if !f.ok() {
+        return Err(format!("details page export {}: {}", f.describe(), tail(&text, 5)));
+    }
+    let mut source = Command::new(&ncu);
+    source.arg("--import").arg(&rep).args(["--page", "source", "--csv", "--print-source", "sass"]);
+    let (f, csv) = run_logged(&mut source, EXPORT_TIMEOUT, &out.join("source.csv"))?;
+    if !f.ok() {
+        println!("source page export {}: {}", f.describe(), csv.chars().take(300).collect::<String>());
+    }
+    println!("{text}");
+    println!("wrote {} (ncu.txt, source.csv, profile.ncu-rep, ncu_run.txt)", out.display());
+    Ok(())
+}

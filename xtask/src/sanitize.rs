@@ -1,0 +1,84 @@
+//! `xtask sanitize [--out DIR] [--bundle DIR]`: compute-sanitizer's memcheck, racecheck and
+//! synccheck over `kda run` on two ragged inputs with tails: the golden fixture `ragged_h3` (one
+//! item per CTA) and `ragged_many` (512 items, so CTAs of the persistent grid run several back to
+//! back). Prints each run's summary line; fails if any run reports an error or hazard, fails or
+//! times out. Full logs in DIR (default `target/sanitize`).
+
+use crate::args::Args;
+use crate::proc::{Scratch, bundle_bin, bundle_dir, create_dir, cuda_cli, repo_root, run_logged, tail};
+use crate::shapes;
+use std::process::Command;
+use std::time::Duration;
+
+const TOOLS: &[&str] = &["memcheck", "racecheck", "synccheck"];
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
+    if let Some(p) = a.positional.first() {
+        return Err(format!("sanitize: unexpected argument {p}"));
+    }
+    let out = a.path("--out", "target/sanitize");
+    let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
+    let sanitizer = cuda_cli("compute-sanitizer");
+    create_dir(&out)?;
+    let scratch = Scratch::new("sanitize")?;
+    let many = scratch.join("ragged_many.safetensors");
+    shapes::write("ragged_many", &many)?;
+    let inputs = [("ragged_h3", repo_root().join("tests/fixtures/ragged_h3.safetensors")), ("ragged_many", many)];
+
+    let mut failed = Vec::new();
+    for tool in TOOLS {
+        for (name, input) in &inputs {
+            let log = out.join(format!("sanitizer_{tool}_{name}.txt"));
+            let mut cmd = Command::new(&sanitizer);
+            cmd.args(["--tool", tool]).arg(&kda).arg("run").arg("--inputs").arg(input);
+            cmd.arg("--out").arg(scratch.join("sanitized.safetensors"));
+            println!("== {tool} on {name} ...");
+            let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
+            let summary = summary_line(&text);
+            let clean = summary.is_some_and(reports_nothing);
+            println!("   {tool:<9} {name:<11} {}; {}", summary.unwrap_or("no summary line"), f.describe());
+            if !(f.ok() && clean) {
+                println!("{}", tail(&text, 30));
+                failed.push(format!("{tool} on {name}"));
+            }
+        }
+    }
+    if failed.is_empty() {
+        println!("sanitize: no errors or hazards (logs in {})", out.display());
+        Ok(())
+    } else {
+        Err(format!("sanitize: {} (logs in {})", failed.join(", "), out.display()))
+    }
+}
+
+/// compute-sanitizer's summary: `========= ERROR SUMMARY: 0 errors` (memcheck, synccheck) or
+/// `========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)`.
+fn summary_line(log: &str) -> Option<&str> {
+    log.lines().rev().find(|l| l.contains("SUMMARY:")).map(|l| l.trim_start_matches(['=', ' ']).trim_end())
+}
+
+/// Whether every count on a summary line is 0.
+fn reports_nothing(summary: &str) -> bool {
+    let after = summary.split_once("SUMMARY:").map_or(summary, |(_, rest)| rest);
+    after.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).all(|n| n.bytes().all(|b| b == b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_lines() {
+        let clean = "wrote h\n========= ERROR SUMMARY: 0 errors\n";
+        assert_eq!(summary_line(clean), Some("ERROR SUMMARY: 0 errors"));
+        assert!(reports_nothing(summary_line(clean).unwrap()));
+        let race = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)";
+        assert!(reports_nothing(summary_line(race).unwrap()));
+        let hazards = "========= RACECHECK SUMMARY: 3 hazards displayed (0 errors, 3 warnings)";
+        assert!(!reports_nothing(summary_line(hazards).unwrap()));
+        assert!(!reports_nothing("ERROR SUMMARY: 10 errors"));
+        assert_eq!(summary_line("kda run: no CUDA device"), None);
+    }
+}
