@@ -23,6 +23,14 @@ pub enum KdaError {
         /// Actual element count (or the actual shape where the caller gave one).
         actual: String,
     },
+    /// A tensor's shape has more elements than memory can address (its byte size would exceed
+    /// `isize::MAX`): the token count, the sequence count or the head count is far too large.
+    TooLarge {
+        /// Argument name.
+        tensor: &'static str,
+        /// The shape, e.g. `[T=200, H=2, K=128]`.
+        shape: String,
+    },
     /// A tensor's device address is not aligned as the kernels need.
     Alignment {
         /// Argument name.
@@ -52,6 +60,17 @@ pub enum KdaError {
     MissingTensor {
         /// Tensor name.
         tensor: &'static str,
+    },
+    /// The CUDA driver library (`libcuda.so` / `nvcuda.dll`) could not be loaded: no NVIDIA driver
+    /// is installed, or it is not on the library search path.
+    NoDriver,
+    /// The driver is loaded but has no device of this ordinal (no GPU, or fewer than
+    /// `ordinal + 1`, or none visible through `CUDA_VISIBLE_DEVICES`).
+    NoDevice {
+        /// The device ordinal that was asked for.
+        ordinal: usize,
+        /// What the driver said.
+        reason: String,
     },
     /// The device cannot run any of the kernels (compute capability below 8.0).
     UnsupportedDevice {
@@ -89,27 +108,38 @@ impl fmt::Display for KdaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::CuSeqlens { index, reason } => write!(f, "cu_seqlens[{index}]: {reason}"),
-            Self::Shape { tensor, expected, expected_len, actual } => write!(
+            Self::Shape { tensor, expected, expected_len, actual } => {
+                write!(f, "tensor `{tensor}`: expected shape {expected} ({expected_len} elements), got {actual}")
+            }
+            Self::TooLarge { tensor, shape } => write!(
                 f,
-                "tensor `{tensor}`: expected shape {expected} ({expected_len} elements), got {actual}"
+                "tensor `{tensor}`: shape {shape} has more elements than memory can address; \
+                 split the batch or use fewer heads"
             ),
-            Self::Alignment { tensor, required, address } => write!(
-                f,
-                "tensor `{tensor}`: device address {address:#x} is not {required}-byte aligned"
-            ),
+            Self::Alignment { tensor, required, address } => {
+                write!(f, "tensor `{tensor}`: device address {address:#x} is not {required}-byte aligned")
+            }
             Self::Dtype { tensor, expected, actual } => {
                 write!(f, "tensor `{tensor}`: expected dtype {expected}, got {actual}")
             }
             Self::Argument { name, reason } => write!(f, "argument `{name}`: {reason}"),
             Self::MissingTensor { tensor } => write!(f, "required tensor `{tensor}` is missing"),
-            Self::UnsupportedDevice { compute_capability: (ma, mi) } => write!(
+            Self::NoDriver => write!(
                 f,
-                "device of compute capability {ma}.{mi} is not supported (sm_80 or newer needed)"
+                "the CUDA driver library (libcuda) could not be loaded: install the NVIDIA driver, or \
+                 add the directory holding libcuda.so to LD_LIBRARY_PATH"
             ),
-            Self::WrongDevice { tensor, expected, actual } => write!(
+            Self::NoDevice { ordinal, reason } => write!(
                 f,
-                "`{tensor}` lives on device {actual}, the launcher on device {expected}"
+                "no CUDA device {ordinal} ({reason}): run on a machine with an NVIDIA GPU of compute \
+                 capability 8.0 or newer, and check CUDA_VISIBLE_DEVICES"
             ),
+            Self::UnsupportedDevice { compute_capability: (ma, mi) } => {
+                write!(f, "device of compute capability {ma}.{mi} is not supported (sm_80 or newer needed)")
+            }
+            Self::WrongDevice { tensor, expected, actual } => {
+                write!(f, "`{tensor}` lives on device {actual}, the launcher on device {expected}")
+            }
             Self::Cuda(e) => write!(f, "CUDA driver error: {e}"),
             Self::Io { path, source } => write!(f, "{path}: {source}"),
             Self::Safetensors { path, reason } => write!(f, "{path}: {reason}"),

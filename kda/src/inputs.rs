@@ -1,26 +1,28 @@
-//! Realistic random inputs (SPEC.md: never zeros) and the SPEC's reference shapes.
+//! Realistic random inputs (docs/CONTRACT.md#realistic-inputs: never zeros) and the reference
+//! shapes (docs/CONTRACT.md#reference-shapes).
 //!
 //! Every tensor is drawn from a small counter-based generator seeded per (tensor, token), so a
 //! problem is a pure function of `(plan, heads, with_h0, seed)` whatever the thread count.
 
-use crate::{Plan, Problem};
+use crate::{Dims, KdaError, Plan, Problem};
 use half::bf16;
 use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
 use rayon::prelude::*;
 
-/// Heads of every SPEC reference shape.
+/// Heads of every reference shape.
 pub const REFERENCE_HEADS: usize = 64;
 
-/// Standard deviation of `w` (SPEC: about N(0, 0.05^2)).
+/// Standard deviation of `w` (about N(0, 0.05^2)).
 const W_STD: f64 = 0.05;
-/// Standard deviation of `u` (SPEC: about N(0, 0.5^2)).
+/// Standard deviation of `u` (about N(0, 0.5^2)).
 const U_STD: f64 = 0.5;
-/// Standard deviation of `h0` (SPEC: about N(0, 0.1^2)).
+/// Standard deviation of `h0` (about N(0, 0.1^2)).
 const H0_STD: f64 = 0.1;
 /// Per-token log2 gates are uniform in `(-GATE_MAX, 0)`.
 const GATE_MAX: f64 = 0.2;
 
-/// The SPEC's reference shapes: name and sequence lengths (all with `REFERENCE_HEADS` heads).
+/// The reference shapes (docs/CONTRACT.md#reference-shapes): name and sequence lengths, all
+/// with [`REFERENCE_HEADS`] heads.
 pub fn reference_shapes() -> Vec<(&'static str, Vec<usize>)> {
     vec![
         ("fixed_8192", vec![8192]),
@@ -34,29 +36,48 @@ pub fn reference_shapes() -> Vec<(&'static str, Vec<usize>)> {
 /// Seed of the benchmark's random ragged layouts (fixed, so every run measures the same batch).
 const BENCH_LAYOUT_SEED: u64 = 0x4B44_4131;
 
-/// The shapes `cargo xtask bench` runs: the reference shapes, then two ragged layouts of the
-/// scheduling work:
-/// * `random_ragged_32k`: 40 sequences with lengths drawn log-uniformly from 1 to 4096, then
-///   scaled to 32768 tokens in all (rounded down, the remainder given to the longest);
-/// * `decode_like`: 256 sequences of 1 to 64 tokens (uniform), the state load and store bound
-///   case of many tiny prefills.
+/// The benchmark's shapes, kept here until `xtask` takes them from `kda_cli::bench_shapes`.
+#[doc(hidden)]
 pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
     const RAGGED_SEQS: usize = 40;
     const RAGGED_MAX: f64 = 4096.0;
     const RAGGED_TOKENS: usize = 32768;
     const DECODE_SEQS: usize = 256;
-    let mut rng = Rng::for_row(BENCH_LAYOUT_SEED, 0, 0);
-    let drawn: Vec<f64> = (0..RAGGED_SEQS).map(|_| RAGGED_MAX.powf(rng.uniform())).collect();
+    let drawn: Vec<f64> =
+        random_words(BENCH_LAYOUT_SEED, 0).take(RAGGED_SEQS).map(|x| RAGGED_MAX.powf(unit_uniform(x))).collect();
     let scale = RAGGED_TOKENS as f64 / drawn.iter().sum::<f64>();
     let mut ragged: Vec<usize> = drawn.iter().map(|&d| ((d * scale) as usize).max(1)).collect();
-    let longest = (0..RAGGED_SEQS).max_by_key(|&i| ragged[i]).expect("sequences");
-    ragged[longest] += RAGGED_TOKENS - ragged.iter().sum::<usize>();
-    let mut rng = Rng::for_row(BENCH_LAYOUT_SEED, 1, 0);
-    let decode = (0..DECODE_SEQS).map(|_| 1 + (rng.next_u64() % CHUNK as u64) as usize).collect();
+    if let Some(longest) = (0..RAGGED_SEQS).max_by_key(|&i| ragged[i]) {
+        ragged[longest] += RAGGED_TOKENS - ragged.iter().sum::<usize>();
+    }
+    let decode =
+        random_words(BENCH_LAYOUT_SEED, 1).take(DECODE_SEQS).map(|x| 1 + (x % CHUNK as u64) as usize).collect();
     let mut shapes = reference_shapes();
     shapes.push(("random_ragged_32k", ragged));
     shapes.push(("decode_like", decode));
     shapes
+}
+
+/// The generator's stream `stream` under `seed`: an endless sequence of well-mixed 64-bit words
+/// (SplitMix64), a pure function of its arguments.
+///
+/// [`random_problem`] draws every tensor row from its own stream of this generator (stream ids 1
+/// to 5 with a row index); this is the same generator for other random draws, e.g. the layouts
+/// of benchmark batches. [`unit_uniform`] turns a word into a uniform number.
+///
+/// ```
+/// let a: Vec<u64> = kda::inputs::random_words(7, 0).take(3).collect();
+/// assert_eq!(a, kda::inputs::random_words(7, 0).take(3).collect::<Vec<_>>());
+/// assert_ne!(a, kda::inputs::random_words(7, 1).take(3).collect::<Vec<_>>());
+/// ```
+pub fn random_words(seed: u64, stream: u64) -> impl Iterator<Item = u64> {
+    let mut rng = Rng::for_row(seed, stream, 0);
+    std::iter::repeat_with(move || rng.next_u64())
+}
+
+/// A word of [`random_words`] as a number uniform on `(0, 1]` (its top 53 bits).
+pub fn unit_uniform(word: u64) -> f64 {
+    ((word >> 11) as f64 + 1.0) * (1.0 / (1u64 << 53) as f64)
 }
 
 /// SplitMix64: a tiny, well-mixed generator; one stream per (tensor, row).
@@ -80,7 +101,7 @@ impl Rng {
 
     /// Uniform in `(0, 1]`.
     fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 1.0) * (1.0 / (1u64 << 53) as f64)
+        unit_uniform(self.next_u64())
     }
 
     /// Standard normal (Box-Muller).
@@ -107,12 +128,31 @@ fn fill_rows<T: Send>(out: &mut [T], width: usize, seed: u64, id: u64, f: impl F
     });
 }
 
-/// A random problem in the SPEC's realistic distribution over `plan` with `heads` heads.
+/// A random problem in the realistic distribution (docs/CONTRACT.md#realistic-inputs) over `plan`
+/// with `heads` heads.
 ///
 /// `k` rows are L2-normalised over K; `w ~ N(0, 0.05^2)`, `u ~ N(0, 0.5^2)`; `gk` is the
 /// cumulative sum, inside each 64-token chunk of each sequence, of per-token log2 gates uniform in
 /// (-0.2, 0); `h0 ~ N(0, 0.1^2)` when `with_h0`.
+///
+/// # Panics
+/// If `heads` is 0 or the problem's tensors are too large for memory's address range;
+/// [`try_random_problem`] returns those as errors instead.
 pub fn random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Problem {
+    match try_random_problem(plan, heads, with_h0, seed) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`random_problem`], or an error when `heads` is 0 or the problem's tensors (outputs included)
+/// are too large for memory's address range.
+pub fn try_random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Result<Problem, KdaError> {
+    if heads == 0 {
+        return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
+    }
+    // Every count below is at most one of these, so none overflows.
+    Dims::new(&plan, heads).check()?;
     let t = plan.tokens();
     let row = heads * K_DIM;
     let mut k = vec![bf16::ZERO; t * row];
@@ -157,7 +197,7 @@ pub fn random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Pro
         fill_rows(&mut h0, V_DIM, seed, H0_ID, |r| (H0_STD * r.normal()) as f32);
         h0
     });
-    Problem { plan, heads, k, w, u, gk, h0 }
+    Ok(Problem { plan, heads, k, w, u, gk, h0 })
 }
 
 #[cfg(test)]
@@ -175,7 +215,15 @@ mod tests {
     }
 
     #[test]
-    fn distributions_match_the_spec() {
+    fn impossible_problems_are_errors() {
+        let err = try_random_problem(Plan::from_lengths(&[3]), 0, true, 1).unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
+        let err = try_random_problem(Plan::from_lengths(&[3]), usize::MAX / 2, true, 1).unwrap_err();
+        assert!(matches!(err, KdaError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn distributions_match_the_contract() {
         let p = random_problem(Plan::from_lengths(&[130, 64, 1]), 3, true, 1);
         for row in p.k.chunks_exact(K_DIM) {
             let n: f64 = row.iter().map(|x| x.to_f64().powi(2)).sum::<f64>().sqrt();

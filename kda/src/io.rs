@@ -1,4 +1,5 @@
-//! Problems and results as safetensors files, in the contract's layouts.
+//! Problems and results as safetensors files, in the contract's layouts
+//! (docs/CONTRACT.md#files).
 //!
 //! An input file holds `k`, `w`, `u` (bf16), `gk` (f32), optionally `h0` (f32, `[N, H, K, V]`)
 //! and `cu_seqlens` (i32 or i64). Token tensors are `[T, H, D]`; a leading batch dimension is
@@ -20,7 +21,7 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
-use crate::{Dims, KdaError, Outputs, Plan, Problem};
+use crate::{Dims, KdaError, Outputs, Plan, Problem, Tensor};
 use half::bf16;
 use kda_kernel::layout::{K_DIM, V_DIM};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -37,33 +38,40 @@ pub fn read_problem(path: &Path) -> Result<(Problem, Option<Outputs>), KdaError>
 pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outputs>), KdaError> {
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
-    let k = require(&file, "k")?;
-    let (batch, tokens, heads) = token_dims("k", k.shape(), K_DIM)?;
+    let k = require(&file, Tensor::K)?;
+    let (batch, tokens, heads) = token_dims(Tensor::K, k.shape(), K_DIM)?;
+    if heads == 0 {
+        return Err(KdaError::Argument { name: "heads", reason: "k has H = 0 heads; must be at least 1".into() });
+    }
     let plan = match optional(&file, "cu_seqlens") {
         Some(cu) => plan_from_cu_seqlens(&cu, batch, tokens)?,
-        None => Plan::dense(batch, tokens),
+        None => Plan::try_dense(batch, tokens)?,
     };
     let lead: Vec<usize> = if k.shape().len() == 4 { vec![batch, tokens] } else { vec![tokens] };
     let token_shape = |d: usize| [lead.as_slice(), &[heads, d]].concat();
     let dims = Dims::new(&plan, heads);
-    let state_shape = dims.shape_of("ht");
+    // Outputs of these sizes must be allocatable (a dense file of empty sequences holds no data
+    // but may name a huge batch).
+    dims.check()?;
+    let state_shape = dims.shape_of(Tensor::Ht);
 
-    let k = bf16_values("k", &k, &token_shape(K_DIM))?;
-    let w = bf16_values("w", &require(&file, "w")?, &token_shape(K_DIM))?;
-    let u = bf16_values("u", &require(&file, "u")?, &token_shape(V_DIM))?;
-    let gk = f32_values("gk", &require(&file, "gk")?, &token_shape(K_DIM))?;
-    let h0 = optional(&file, "h0").map(|t| f32_values("h0", &t, &state_shape)).transpose()?;
+    let k = bf16_values(Tensor::K, &k, &token_shape(K_DIM))?;
+    let w = bf16_values(Tensor::W, &require(&file, Tensor::W)?, &token_shape(K_DIM))?;
+    let u = bf16_values(Tensor::U, &require(&file, Tensor::U)?, &token_shape(V_DIM))?;
+    let gk = f32_values(Tensor::Gk, &require(&file, Tensor::Gk)?, &token_shape(K_DIM))?;
+    let h0 = optional(&file, Tensor::H0.name()).map(|t| f32_values(Tensor::H0, &t, &state_shape)).transpose()?;
     let problem = Problem { plan, heads, k, w, u, gk, h0 };
 
-    let expected = match (optional(&file, "h"), optional(&file, "v_new"), optional(&file, "ht")) {
-        (Some(h), Some(v_new), Some(ht)) => {
-            let h_shape = dims.shape_of("h");
+    let outputs = [Tensor::H, Tensor::VNew, Tensor::Ht].map(|t| optional(&file, t.name()));
+    let expected = match outputs {
+        [Some(h), Some(v_new), Some(ht)] => {
+            let h_shape = dims.shape_of(Tensor::H);
             // Producers that keep a batch dimension write `h` as `[1, NT, H, K, V]`.
             let h_shape = if h.shape().len() == 5 { [&[1], h_shape.as_slice()].concat() } else { h_shape };
             Some(Outputs {
-                h: bf16_values("h", &h, &h_shape)?,
-                v_new: bf16_values("v_new", &v_new, &token_shape(V_DIM))?,
-                ht: f32_values("ht", &ht, &state_shape)?,
+                h: bf16_values(Tensor::H, &h, &h_shape)?,
+                v_new: bf16_values(Tensor::VNew, &v_new, &token_shape(V_DIM))?,
+                ht: f32_values(Tensor::Ht, &ht, &state_shape)?,
             })
         }
         _ => None,
@@ -76,12 +84,13 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
 pub fn read_outputs(path: &Path, dims: &Dims) -> Result<Outputs, KdaError> {
     let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
     let origin = path.display().to_string();
-    let file = SafeTensors::deserialize(&bytes)
-        .map_err(|e| KdaError::Safetensors { path: origin, reason: e.to_string() })?;
+    let file =
+        SafeTensors::deserialize(&bytes).map_err(|e| KdaError::Safetensors { path: origin, reason: e.to_string() })?;
+    dims.check()?;
     Ok(Outputs {
-        h: bf16_values("h", &require(&file, "h")?, &dims.shape_of("h"))?,
-        v_new: bf16_values("v_new", &require(&file, "v_new")?, &dims.shape_of("v_new"))?,
-        ht: f32_values("ht", &require(&file, "ht")?, &dims.shape_of("ht"))?,
+        h: bf16_values(Tensor::H, &require(&file, Tensor::H)?, &dims.shape_of(Tensor::H))?,
+        v_new: bf16_values(Tensor::VNew, &require(&file, Tensor::VNew)?, &dims.shape_of(Tensor::VNew))?,
+        ht: f32_values(Tensor::Ht, &require(&file, Tensor::Ht)?, &dims.shape_of(Tensor::Ht))?,
     })
 }
 
@@ -117,25 +126,30 @@ impl TensorFile {
         self.tensors.push((name, dtype, shape, bytes));
     }
 
+    /// Contract tensor `t` of a problem of sizes `d`, in its stored type.
+    fn tensor(&mut self, d: &Dims, t: Tensor, bytes: Vec<u8>) {
+        self.push(t.name(), Stored::of(t).dtype(), d.shape_of(t), bytes);
+    }
+
     /// `k`, `w`, `u`, `gk` and, when present, `h0` of `p`, in that order.
     fn inputs(&mut self, p: &Problem) {
         let d = p.dims();
-        self.push("k", Dtype::BF16, d.shape_of("k"), bf16_bytes(&p.k));
-        self.push("w", Dtype::BF16, d.shape_of("w"), bf16_bytes(&p.w));
-        self.push("u", Dtype::BF16, d.shape_of("u"), bf16_bytes(&p.u));
-        self.push("gk", Dtype::F32, d.shape_of("gk"), f32_bytes(&p.gk));
+        self.tensor(&d, Tensor::K, bf16_bytes(&p.k));
+        self.tensor(&d, Tensor::W, bf16_bytes(&p.w));
+        self.tensor(&d, Tensor::U, bf16_bytes(&p.u));
+        self.tensor(&d, Tensor::Gk, f32_bytes(&p.gk));
         if let Some(h0) = &p.h0 {
-            self.push("h0", Dtype::F32, d.shape_of("h0"), f32_bytes(h0));
+            self.tensor(&d, Tensor::H0, f32_bytes(h0));
         }
     }
 
     fn outputs(&mut self, out: &Outputs, d: &Dims) -> Result<(), KdaError> {
-        d.check_len("h", out.h.len())?;
-        d.check_len("v_new", out.v_new.len())?;
-        d.check_len("ht", out.ht.len())?;
-        self.push("h", Dtype::BF16, d.shape_of("h"), bf16_bytes(&out.h));
-        self.push("v_new", Dtype::BF16, d.shape_of("v_new"), bf16_bytes(&out.v_new));
-        self.push("ht", Dtype::F32, d.shape_of("ht"), f32_bytes(&out.ht));
+        d.check_len(Tensor::H, out.h.len())?;
+        d.check_len(Tensor::VNew, out.v_new.len())?;
+        d.check_len(Tensor::Ht, out.ht.len())?;
+        self.tensor(d, Tensor::H, bf16_bytes(&out.h));
+        self.tensor(d, Tensor::VNew, bf16_bytes(&out.v_new));
+        self.tensor(d, Tensor::Ht, f32_bytes(&out.ht));
         Ok(())
     }
 
@@ -144,9 +158,7 @@ impl TensorFile {
         let views = self
             .tensors
             .iter()
-            .map(|(name, dtype, shape, bytes)| {
-                TensorView::new(*dtype, shape.clone(), bytes).map(|v| (*name, v))
-            })
+            .map(|(name, dtype, shape, bytes)| TensorView::new(*dtype, shape.clone(), bytes).map(|v| (*name, v)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| KdaError::Safetensors { path: origin(), reason: e.to_string() })?;
         let metadata = HashMap::from([("producer".to_string(), "kda".to_string())]);
@@ -161,8 +173,8 @@ fn io_error(path: &Path, source: std::io::Error) -> KdaError {
     KdaError::Io { path: path.display().to_string(), source }
 }
 
-fn require<'a>(file: &SafeTensors<'a>, tensor: &'static str) -> Result<TensorView<'a>, KdaError> {
-    optional(file, tensor).ok_or(KdaError::MissingTensor { tensor })
+fn require<'a>(file: &SafeTensors<'a>, tensor: Tensor) -> Result<TensorView<'a>, KdaError> {
+    optional(file, tensor.name()).ok_or(KdaError::MissingTensor { tensor: tensor.name() })
 }
 
 fn optional<'a>(file: &SafeTensors<'a>, tensor: &str) -> Option<TensorView<'a>> {
@@ -170,12 +182,12 @@ fn optional<'a>(file: &SafeTensors<'a>, tensor: &str) -> Option<TensorView<'a>> 
 }
 
 /// `(B, T, H)` of a token tensor `[T, H, d]` or `[B, T, H, d]` (B = 1 for the first form).
-fn token_dims(tensor: &'static str, shape: &[usize], d: usize) -> Result<(usize, usize, usize), KdaError> {
+fn token_dims(tensor: Tensor, shape: &[usize], d: usize) -> Result<(usize, usize, usize), KdaError> {
     match *shape {
         [t, h, last] if last == d => Ok((1, t, h)),
         [b, t, h, last] if last == d => Ok((b, t, h)),
         _ => Err(KdaError::Shape {
-            tensor,
+            tensor: tensor.name(),
             expected: format!("[T, H, {d}] or [B, T, H, {d}]"),
             expected_len: 0,
             actual: format!("shape {shape:?}"),
@@ -199,60 +211,86 @@ fn plan_from_cu_seqlens(cu: &TensorView, batch: usize, tokens: usize) -> Result<
             actual: format!("shape {:?}", cu.shape()),
         });
     }
+    // The safetensors header fixes the data length to the shape, so there is no remainder.
     let values: Vec<i64> = match cu.dtype() {
-        Dtype::I32 => cu.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()).into()).collect(),
-        Dtype::I64 => cu.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
+        Dtype::I32 => cu.data().as_chunks::<4>().0.iter().map(|&b| i32::from_le_bytes(b).into()).collect(),
+        Dtype::I64 => cu.data().as_chunks::<8>().0.iter().map(|&b| i64::from_le_bytes(b)).collect(),
         other => {
-            return Err(KdaError::Dtype { tensor: "cu_seqlens".into(), expected: "I32 or I64", actual: format!("{other:?}") })
+            return Err(KdaError::Dtype {
+                tensor: "cu_seqlens".into(),
+                expected: "I32 or I64",
+                actual: format!("{other:?}"),
+            });
         }
     };
     let plan = Plan::from_cu_seqlens(&values)?;
     if plan.tokens() != tokens {
         return Err(KdaError::CuSeqlens {
-            index: values.len() - 1,
+            index: values.len().saturating_sub(1),
             reason: format!("the last boundary is {}, but k holds T = {tokens} tokens", plan.tokens()),
         });
     }
     Ok(plan)
 }
 
+/// The element types the contract stores.
+#[derive(Clone, Copy)]
+enum Stored {
+    Bf16,
+    F32,
+}
+
+impl Stored {
+    fn of(t: Tensor) -> Self {
+        if t.element_bytes() == 2 { Stored::Bf16 } else { Stored::F32 }
+    }
+
+    fn dtype(self) -> Dtype {
+        match self {
+            Stored::Bf16 => Dtype::BF16,
+            Stored::F32 => Dtype::F32,
+        }
+    }
+
+    /// The name safetensors gives the type.
+    fn name(self) -> &'static str {
+        match self {
+            Stored::Bf16 => "BF16",
+            Stored::F32 => "F32",
+        }
+    }
+}
+
 /// Checks a tensor's dtype and exact shape; returns its bytes.
-fn checked<'a>(
-    tensor: &'static str,
-    view: &TensorView<'a>,
-    dtype: Dtype,
-    shape: &[usize],
-) -> Result<&'a [u8], KdaError> {
-    if view.dtype() != dtype {
-        return Err(KdaError::Dtype { tensor: tensor.into(), expected: dtype_name(dtype), actual: format!("{:?}", view.dtype()) });
+fn checked<'a>(tensor: Tensor, view: &TensorView<'a>, shape: &[usize]) -> Result<&'a [u8], KdaError> {
+    let stored = Stored::of(tensor);
+    if view.dtype() != stored.dtype() {
+        return Err(KdaError::Dtype {
+            tensor: tensor.name().into(),
+            expected: stored.name(),
+            actual: format!("{:?}", view.dtype()),
+        });
     }
     if view.shape() != shape {
         return Err(KdaError::Shape {
-            tensor,
+            tensor: tensor.name(),
             expected: format!("{shape:?}"),
-            expected_len: shape.iter().product(),
+            // Saturating, like `Dims::key_len` (the shapes come from checked `Dims`).
+            expected_len: shape.iter().fold(1, |n, &d| n.saturating_mul(d)),
             actual: format!("shape {:?}", view.shape()),
         });
     }
     Ok(view.data())
 }
 
-fn dtype_name(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::BF16 => "BF16",
-        Dtype::F32 => "F32",
-        _ => unreachable!("the contract only stores bf16 and f32 tensors"),
-    }
+fn bf16_values(tensor: Tensor, view: &TensorView, shape: &[usize]) -> Result<Vec<bf16>, KdaError> {
+    let bytes = checked(tensor, view, shape)?;
+    Ok(bytes.as_chunks::<2>().0.iter().map(|&b| bf16::from_bits(u16::from_le_bytes(b))).collect())
 }
 
-fn bf16_values(tensor: &'static str, view: &TensorView, shape: &[usize]) -> Result<Vec<bf16>, KdaError> {
-    let bytes = checked(tensor, view, Dtype::BF16, shape)?;
-    Ok(bytes.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))).collect())
-}
-
-fn f32_values(tensor: &'static str, view: &TensorView, shape: &[usize]) -> Result<Vec<f32>, KdaError> {
-    let bytes = checked(tensor, view, Dtype::F32, shape)?;
-    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+fn f32_values(tensor: Tensor, view: &TensorView, shape: &[usize]) -> Result<Vec<f32>, KdaError> {
+    let bytes = checked(tensor, view, shape)?;
+    Ok(bytes.as_chunks::<4>().0.iter().map(|&b| f32::from_le_bytes(b)).collect())
 }
 
 fn bf16_bytes(values: &[bf16]) -> Vec<u8> {
@@ -275,11 +313,8 @@ mod tests {
         let cu: Vec<u8> = p.plan.cu_seqlens().iter().flat_map(|&c| (c as i32).to_le_bytes()).collect();
         f.push("cu_seqlens", Dtype::I32, vec![p.plan.num_seqs() + 1], cu);
         edit(&mut f);
-        let views: Vec<_> = f
-            .tensors
-            .iter()
-            .map(|(n, dt, s, b)| (*n, TensorView::new(*dt, s.clone(), b).unwrap()))
-            .collect();
+        let views: Vec<_> =
+            f.tensors.iter().map(|(n, dt, s, b)| (*n, TensorView::new(*dt, s.clone(), b).unwrap())).collect();
         safetensors::serialize(views, None).unwrap()
     }
 
@@ -342,7 +377,7 @@ mod tests {
         let p = small();
         let bytes = bytes_with(&p, |f| {
             remove(f, "gk");
-            f.push("gk", Dtype::BF16, p.dims().shape_of("gk"), bf16_bytes(&p.k));
+            f.push("gk", Dtype::BF16, p.dims().shape_of(Tensor::Gk), bf16_bytes(&p.k));
         });
         let err = parse_problem(&bytes, "mem").unwrap_err();
         assert!(matches!(&err, KdaError::Dtype { tensor, .. } if tensor == "gk"), "{err}");
@@ -385,6 +420,32 @@ mod tests {
         });
         let err = parse_problem(&float, "mem").unwrap_err();
         assert!(matches!(&err, KdaError::Dtype { tensor, .. } if tensor == "cu_seqlens"), "{err}");
+    }
+
+    #[test]
+    fn degenerate_dense_files_are_errors_not_panics() {
+        let empty = |shape: Vec<usize>| {
+            let mut f = TensorFile::default();
+            for (name, dtype) in [("k", Dtype::BF16), ("w", Dtype::BF16), ("u", Dtype::BF16), ("gk", Dtype::F32)] {
+                f.push(name, dtype, shape.clone(), vec![]);
+            }
+            let views: Vec<_> =
+                f.tensors.iter().map(|(n, dt, s, b)| (*n, TensorView::new(*dt, s.clone(), b).unwrap())).collect();
+            safetensors::serialize(views, None).unwrap()
+        };
+        // No heads.
+        let err = parse_problem(&empty(vec![5, 0, 128]), "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
+        // A dense batch of empty sequences too many for any table, or for the outputs' memory.
+        let err = parse_problem(&empty(vec![usize::MAX, 0, 1, 128]), "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "lengths", .. }), "{err}");
+        let err = parse_problem(&empty(vec![1 << 50, 0, 1, 128]), "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "lengths", .. } | KdaError::TooLarge { .. }), "{err}");
+        let err = parse_problem(&empty(vec![2, 0, 1 << 50, 128]), "mem").unwrap_err();
+        assert!(matches!(err, KdaError::TooLarge { tensor: "h0", .. }), "{err}");
+        // A few empty sequences are a valid problem.
+        let (p, _) = parse_problem(&empty(vec![3, 0, 2, 128]), "mem").unwrap();
+        assert_eq!((p.plan, p.heads), (Plan::dense(3, 0), 2));
     }
 
     #[test]

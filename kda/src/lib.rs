@@ -1,23 +1,43 @@
 #![doc = include_str!("../../README.md")]
 #![warn(missing_docs)]
 
+mod device;
 mod error;
-pub mod floor;
-pub mod gpu;
 mod launch;
+mod plan;
+mod problem;
+
 pub mod inputs;
 pub mod io;
-mod plan;
-pub mod ptx;
-mod problem;
+pub mod precision;
 pub mod reference;
 pub mod schedule;
 
-pub use error::KdaError;
+/// The embedded PTX and its kernel names, for the PTX checks in `tests/` and `xtask` (not part
+/// of the model-facing API).
+#[doc(hidden)]
+pub mod ptx;
+
+/// Superseded by `kda_cli::floor`; kept only until `xtask` takes it from there.
+#[doc(hidden)]
+pub mod floor;
+/// Superseded by `kda_cli` (`DeviceProblem`, `median_us`, `copy_bandwidth`); kept only until
+/// `xtask` takes them from there.
+#[doc(hidden)]
+pub mod gpu;
+#[doc(hidden)]
 pub use gpu::DeviceProblem;
+
+pub use error::KdaError;
+pub use half::bf16;
 pub use launch::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, TENSOR_ALIGN};
 pub use plan::{Plan, SeqDesc};
-pub use schedule::Schedule;
-pub use problem::{rel_error, Dims, Outputs, Problem};
-pub use half::bf16;
+pub use precision::rel_error;
+pub use problem::{Dims, Outputs, Problem, Tensor};
+
+/// The layout constants shared with the device crate: head sizes, the chunk length, the
+/// descriptor and work-record formats, and each kernel's launch shape.
 pub use kda_kernel::layout;
+
+/// The work schedule, for the launcher (`crate::Schedule`); public as [`schedule::Schedule`].
+pub(crate) use schedule::Schedule;

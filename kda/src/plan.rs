@@ -34,12 +34,13 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans a batch from its boundaries `cu_seqlens` (`[N + 1]`, `0 = cu[0] <= ... <= cu[N] = T`).
+    /// Plans a batch from its boundaries `cu_seqlens` (`[N + 1]`, `0 = cu[0] <= ... <= cu[N] = T`;
+    /// docs/CONTRACT.md#shapes-and-layouts).
     ///
     /// Accepts `i32` or `i64` entries. An empty slice is rejected (there is no `cu[0]`); `[0]` is a
     /// valid batch of no sequences.
     pub fn from_cu_seqlens<I: Copy + Into<i64>>(cu_seqlens: &[I]) -> Result<Self, KdaError> {
-        let Some(first) = cu_seqlens.first() else {
+        let Some((first, rest)) = cu_seqlens.split_first() else {
             return Err(KdaError::CuSeqlens {
                 index: 0,
                 reason: "must have N + 1 >= 1 entries, got an empty list".into(),
@@ -49,36 +50,78 @@ impl Plan {
         if first != 0 {
             return Err(KdaError::CuSeqlens { index: 0, reason: format!("must be 0, got {first}") });
         }
-        let mut lengths = Vec::with_capacity(cu_seqlens.len() - 1);
-        for (i, pair) in cu_seqlens.windows(2).enumerate() {
-            let (a, b): (i64, i64) = (pair[0].into(), pair[1].into());
-            if b < a {
-                return Err(KdaError::CuSeqlens {
-                    index: i + 1,
-                    reason: format!("boundaries must not decrease, got {b} after {a}"),
-                });
-            }
-            lengths.push((b - a) as usize);
+        let mut lengths = Vec::with_capacity(rest.len());
+        let mut prev = first;
+        for (i, &b) in rest.iter().enumerate() {
+            let b: i64 = b.into();
+            // `b >= prev >= 0`, so the difference is in `0..=i64::MAX`.
+            let len = b.checked_sub(prev).and_then(|d| usize::try_from(d).ok()).ok_or_else(|| KdaError::CuSeqlens {
+                index: i + 1,
+                reason: format!("boundaries must not decrease, got {b} after {prev}"),
+            })?;
+            lengths.push(len);
+            prev = b;
         }
-        Ok(Self::from_lengths(&lengths))
+        Self::try_from_lengths(&lengths)
     }
 
     /// Plans a batch of sequences of the given lengths, packed in order.
+    ///
+    /// # Panics
+    /// If the lengths add up to more than `i64::MAX` tokens; [`Plan::try_from_lengths`] returns
+    /// that as an error instead.
     pub fn from_lengths(lengths: &[usize]) -> Self {
-        let mut seqs = Vec::with_capacity(lengths.len());
-        let (mut tokens, mut chunks) = (0usize, 0usize);
-        for &len in lengths {
-            let seq = SeqDesc { token_start: tokens, len, chunk_start: chunks };
-            tokens += len;
-            chunks += seq.chunks();
-            seqs.push(seq);
+        match Self::try_from_lengths(lengths) {
+            Ok(plan) => plan,
+            Err(e) => panic!("{e}"),
         }
-        Self { seqs, tokens, chunks }
+    }
+
+    /// Plans a batch of sequences of the given lengths, packed in order; fails when they add up to
+    /// more than `i64::MAX` tokens (`cu_seqlens` is `i64`).
+    pub fn try_from_lengths(lengths: &[usize]) -> Result<Self, KdaError> {
+        Self::build(lengths.iter().copied(), lengths.len())
     }
 
     /// Plans a dense batch `[batch, seq_len]`: the ragged case with equal lengths.
+    ///
+    /// # Panics
+    /// If the batch holds more than `i64::MAX` tokens or its sequence table cannot be allocated;
+    /// [`Plan::try_dense`] returns those as errors instead.
     pub fn dense(batch: usize, seq_len: usize) -> Self {
-        Self::from_lengths(&vec![seq_len; batch])
+        match Self::try_dense(batch, seq_len) {
+            Ok(plan) => plan,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Plans a dense batch `[batch, seq_len]`; fails when it holds more than `i64::MAX` tokens or
+    /// more sequences than a table of them in memory can hold.
+    pub fn try_dense(batch: usize, seq_len: usize) -> Result<Self, KdaError> {
+        Self::build(std::iter::repeat_n(seq_len, batch), batch)
+    }
+
+    /// The plan of `count` sequences of lengths `lengths`.
+    fn build(lengths: impl Iterator<Item = usize>, count: usize) -> Result<Self, KdaError> {
+        let too_many = || KdaError::Argument {
+            name: "lengths",
+            reason: format!(
+                "{count} sequences cannot be planned: more than i64::MAX tokens, or too many sequences for memory"
+            ),
+        };
+        // A file may name a huge dense batch of empty sequences: its table must not abort the
+        // process when memory cannot hold it.
+        let mut seqs = Vec::new();
+        seqs.try_reserve_exact(count).map_err(|_| too_many())?;
+        let (mut tokens, mut chunks) = (0usize, 0usize);
+        for len in lengths {
+            let seq = SeqDesc { token_start: tokens, len, chunk_start: chunks };
+            tokens = tokens.checked_add(len).filter(|&t| i64::try_from(t).is_ok()).ok_or_else(too_many)?;
+            // Never more chunks than tokens.
+            chunks += seq.chunks();
+            seqs.push(seq);
+        }
+        Ok(Self { seqs, tokens, chunks })
     }
 
     /// The sequences, in packing order.
@@ -108,11 +151,13 @@ impl Plan {
 
     /// The boundaries `cu_seqlens` of this batch (`[N + 1]`).
     pub fn cu_seqlens(&self) -> Vec<i64> {
+        // Lossless: a plan holds at most `i64::MAX` tokens.
         core::iter::once(0).chain(self.seqs.iter().map(|s| (s.token_start + s.len) as i64)).collect()
     }
 
     /// The descriptor table the kernels read: `SEQ_DESC_WORDS` `i64` words per sequence.
     pub fn descriptors(&self) -> Vec<i64> {
+        // Every offset and length is at most the token count, so the casts are lossless.
         let mut out = vec![0i64; self.seqs.len() * SEQ_DESC_WORDS];
         for (d, s) in out.chunks_exact_mut(SEQ_DESC_WORDS).zip(&self.seqs) {
             d[DESC_TOKEN_START] = s.token_start as i64;
@@ -161,5 +206,20 @@ mod tests {
         let err = Plan::from_cu_seqlens(&[0i64, 70, 69]).unwrap_err();
         assert!(matches!(err, KdaError::CuSeqlens { index: 2, .. }), "{err}");
         assert!(err.to_string().contains("69 after 70"), "{err}");
+        let err = Plan::from_cu_seqlens(&[0i64, i64::MAX, i64::MIN]).unwrap_err();
+        assert!(matches!(err, KdaError::CuSeqlens { index: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn token_counts_past_i64_are_errors_not_wraps() {
+        let huge = i64::MAX as usize;
+        assert_eq!(Plan::try_from_lengths(&[huge]).unwrap().cu_seqlens(), vec![0, i64::MAX]);
+        let err = Plan::try_from_lengths(&[huge, 1]).unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "lengths", .. }), "{err}");
+        assert!(Plan::try_from_lengths(&[usize::MAX, usize::MAX]).is_err());
+        assert!(Plan::try_dense(2, huge).is_err());
+        assert!(Plan::try_dense(usize::MAX, 0).is_err());
+        assert_eq!(Plan::try_dense(3, 5).unwrap(), Plan::from_lengths(&[5, 5, 5]));
+        assert!(std::panic::catch_unwind(|| Plan::from_lengths(&[huge, 1])).is_err());
     }
 }

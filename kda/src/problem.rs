@@ -1,11 +1,111 @@
 //! Host-side tensors of one problem (inputs and outputs) and the shape rules both the host and the
-//! device launcher check.
+//! device launcher check (docs/CONTRACT.md#shapes-and-layouts).
 
 use crate::{KdaError, Plan};
+use core::fmt;
 use half::bf16;
 use kda_kernel::layout::{K_DIM, V_DIM};
 
+/// A tensor of the contract (docs/CONTRACT.md#shapes-and-layouts): the four inputs, the
+/// optional initial state and the three outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    /// `k`: `[T, H, K]` bf16 keys.
+    K,
+    /// `w`: `[T, H, K]` bf16 WY weights.
+    W,
+    /// `u`: `[T, H, V]` bf16 WY values.
+    U,
+    /// `gk`: `[T, H, K]` f32 cumulative log2 gates.
+    Gk,
+    /// `h0`: `[N, H, K, V]` f32 initial states.
+    H0,
+    /// `h`: `[NT, H, K, V]` bf16 state entering every chunk (output).
+    H,
+    /// `v_new`: `[T, H, V]` bf16 corrected values (output).
+    VNew,
+    /// `ht`: `[N, H, K, V]` f32 final states (output).
+    Ht,
+}
+
+impl Tensor {
+    /// Every tensor, inputs first.
+    pub const ALL: [Tensor; 8] =
+        [Tensor::K, Tensor::W, Tensor::U, Tensor::Gk, Tensor::H0, Tensor::H, Tensor::VNew, Tensor::Ht];
+
+    /// The contract's name of the tensor (`"k"`, `"v_new"`, ...), as in files and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Tensor::K => "k",
+            Tensor::W => "w",
+            Tensor::U => "u",
+            Tensor::Gk => "gk",
+            Tensor::H0 => "h0",
+            Tensor::H => "h",
+            Tensor::VNew => "v_new",
+            Tensor::Ht => "ht",
+        }
+    }
+
+    /// The tensor of a contract name, or `None` when no tensor has that name.
+    pub fn from_name(name: &str) -> Option<Tensor> {
+        Tensor::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Names of the dimensions, outermost first, e.g. `["T", "H", "K"]`.
+    pub const fn dim_names(self) -> &'static [&'static str] {
+        match self {
+            Tensor::K | Tensor::W | Tensor::Gk => &["T", "H", "K"],
+            Tensor::U | Tensor::VNew => &["T", "H", "V"],
+            Tensor::H0 | Tensor::Ht => &["N", "H", "K", "V"],
+            Tensor::H => &["NT", "H", "K", "V"],
+        }
+    }
+
+    /// Bytes of one element: 2 for the bf16 tensors, 4 for the f32 ones.
+    pub const fn element_bytes(self) -> usize {
+        match self {
+            Tensor::K | Tensor::W | Tensor::U | Tensor::H | Tensor::VNew => 2,
+            Tensor::Gk | Tensor::H0 | Tensor::Ht => 4,
+        }
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What [`Dims::check_len`] accepts as a tensor: a [`Tensor`], or (for now) its name.
+///
+/// Only a transition aid: `check_len` will take a [`Tensor`] alone once every caller passes one.
+#[doc(hidden)]
+pub trait AsTensor: Copy {
+    /// The tensor, or an error when a name names none.
+    fn as_tensor(self) -> Result<Tensor, KdaError>;
+}
+
+impl AsTensor for Tensor {
+    fn as_tensor(self) -> Result<Tensor, KdaError> {
+        Ok(self)
+    }
+}
+
+impl AsTensor for &'static str {
+    fn as_tensor(self) -> Result<Tensor, KdaError> {
+        Tensor::from_name(self).ok_or_else(|| KdaError::Argument {
+            name: "tensor",
+            reason: format!("no tensor named `{self}` in the contract"),
+        })
+    }
+}
+
 /// The sizes every tensor's shape is derived from.
+///
+/// The fields are plain numbers, so a `Dims` may describe tensors too large for memory: the
+/// element counts are checked where it matters ([`Dims::len_of`], [`Dims::check_len`],
+/// [`Dims::check`]), and the shorthand counts ([`Dims::key_len`] and its siblings) saturate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
     /// Total tokens `T`.
@@ -19,64 +119,79 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// The sizes of `plan` with `heads` heads.
+    /// The sizes of `plan` with `heads` heads (not checked: see [`Dims::check`]).
     pub fn new(plan: &Plan, heads: usize) -> Self {
         Self { tokens: plan.tokens(), heads, seqs: plan.num_seqs(), chunks: plan.chunks() }
     }
 
-    /// Elements of `k`, `w` and `gk`: `[T, H, K]`.
+    /// Elements of `k`, `w` and `gk`: `[T, H, K]` (`usize::MAX` if that overflows).
     pub fn key_len(&self) -> usize {
-        self.tokens * self.heads * K_DIM
+        self.saturating_len(Tensor::K)
     }
-    /// Elements of `u` and `v_new`: `[T, H, V]`.
+    /// Elements of `u` and `v_new`: `[T, H, V]` (`usize::MAX` if that overflows).
     pub fn value_len(&self) -> usize {
-        self.tokens * self.heads * V_DIM
+        self.saturating_len(Tensor::U)
     }
-    /// Elements of `h0` and `ht`: `[N, H, K, V]`.
+    /// Elements of `h0` and `ht`: `[N, H, K, V]` (`usize::MAX` if that overflows).
     pub fn state_len(&self) -> usize {
-        self.seqs * self.heads * K_DIM * V_DIM
+        self.saturating_len(Tensor::Ht)
     }
-    /// Elements of `h`: `[NT, H, K, V]`.
+    /// Elements of `h`: `[NT, H, K, V]` (`usize::MAX` if that overflows).
     pub fn h_len(&self) -> usize {
-        self.chunks * self.heads * K_DIM * V_DIM
+        self.saturating_len(Tensor::H)
     }
 
-    /// The contract's shape of tensor `name` (one of the SPEC's names).
-    pub fn shape_of(&self, name: &str) -> Vec<usize> {
+    fn saturating_len(&self, tensor: Tensor) -> usize {
+        self.shape_of(tensor).into_iter().fold(1, usize::saturating_mul)
+    }
+
+    /// The contract's shape of `tensor`, outermost dimension first.
+    pub fn shape_of(&self, tensor: Tensor) -> Vec<usize> {
         let (t, h, n, nt) = (self.tokens, self.heads, self.seqs, self.chunks);
-        match name {
-            "k" | "w" | "gk" => vec![t, h, K_DIM],
-            "u" | "v_new" => vec![t, h, V_DIM],
-            "h0" | "ht" => vec![n, h, K_DIM, V_DIM],
-            "h" => vec![nt, h, K_DIM, V_DIM],
-            other => unreachable!("no tensor named {other} in the contract"),
+        match tensor {
+            Tensor::K | Tensor::W | Tensor::Gk => vec![t, h, K_DIM],
+            Tensor::U | Tensor::VNew => vec![t, h, V_DIM],
+            Tensor::H0 | Tensor::Ht => vec![n, h, K_DIM, V_DIM],
+            Tensor::H => vec![nt, h, K_DIM, V_DIM],
         }
     }
 
+    /// Elements of `tensor`, or [`KdaError::TooLarge`] when its byte size would exceed
+    /// `isize::MAX` (no buffer can be that large).
+    pub fn len_of(&self, tensor: Tensor) -> Result<usize, KdaError> {
+        let max = isize::MAX.unsigned_abs() / tensor.element_bytes();
+        self.shape_of(tensor)
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul)
+            .filter(|&n| n <= max)
+            .ok_or_else(|| KdaError::TooLarge { tensor: tensor.name(), shape: self.describe(tensor) })
+    }
+
+    /// Checks that every tensor of these sizes, outputs included, fits in memory's address
+    /// range (see [`Dims::len_of`]).
+    pub fn check(&self) -> Result<(), KdaError> {
+        Tensor::ALL.into_iter().try_for_each(|t| self.len_of(t).map(drop))
+    }
+
     /// Checks that `tensor` has `actual` elements, as its contract shape requires.
-    pub fn check_len(&self, tensor: &'static str, actual: usize) -> Result<(), KdaError> {
-        let shape = self.shape_of(tensor);
-        let expected_len = shape.iter().product();
+    pub fn check_len(&self, tensor: impl AsTensor, actual: usize) -> Result<(), KdaError> {
+        let tensor = tensor.as_tensor()?;
+        let expected_len = self.len_of(tensor)?;
         if actual == expected_len {
             return Ok(());
         }
         Err(KdaError::Shape {
-            tensor,
-            expected: self.describe(tensor, &shape),
+            tensor: tensor.name(),
+            expected: self.describe(tensor),
             expected_len,
             actual: format!("{actual} elements"),
         })
     }
 
-    /// Shape with dimension names, e.g. `[T=200, H=2, K=128]`.
-    pub fn describe(&self, tensor: &str, shape: &[usize]) -> String {
-        let names: &[&str] = match tensor {
-            "k" | "w" | "gk" => &["T", "H", "K"],
-            "u" | "v_new" => &["T", "H", "V"],
-            "h0" | "ht" => &["N", "H", "K", "V"],
-            _ => &["NT", "H", "K", "V"],
-        };
-        let dims: Vec<String> = names.iter().zip(shape).map(|(n, d)| format!("{n}={d}")).collect();
+    /// The shape of `tensor` with dimension names, e.g. `[T=200, H=2, K=128]`.
+    pub fn describe(&self, tensor: Tensor) -> String {
+        let dims: Vec<String> =
+            tensor.dim_names().iter().zip(self.shape_of(tensor)).map(|(n, d)| format!("{n}={d}")).collect();
         format!("[{}]", dims.join(", "))
     }
 }
@@ -106,20 +221,22 @@ impl Problem {
         Dims::new(&self.plan, self.heads)
     }
 
-    /// Checks every tensor against the shapes implied by the plan and `heads`.
+    /// Checks `heads >= 1`, every input tensor against the shape implied by the plan and `heads`,
+    /// and that the outputs' sizes fit in memory's address range.
     pub fn validate(&self) -> Result<(), KdaError> {
         if self.heads == 0 {
             return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
         }
         let d = self.dims();
-        d.check_len("k", self.k.len())?;
-        d.check_len("w", self.w.len())?;
-        d.check_len("u", self.u.len())?;
-        d.check_len("gk", self.gk.len())?;
+        d.check_len(Tensor::K, self.k.len())?;
+        d.check_len(Tensor::W, self.w.len())?;
+        d.check_len(Tensor::U, self.u.len())?;
+        d.check_len(Tensor::Gk, self.gk.len())?;
         if let Some(h0) = &self.h0 {
-            d.check_len("h0", h0.len())?;
+            d.check_len(Tensor::H0, h0.len())?;
         }
-        Ok(())
+        // The outputs' sizes too, so that whoever allocates them can.
+        d.check()
     }
 }
 
@@ -134,20 +251,76 @@ pub struct Outputs {
     pub ht: Vec<f32>,
 }
 
-/// Relative Frobenius error `||out - reference|| / ||reference||`, in f64.
-///
-/// Returns `f64::INFINITY` when `out` holds a NaN or infinity where the reference is finite, and
-/// the absolute norm of the difference when the reference is all zeros.
-pub fn rel_error<A: Copy + Into<f64>, B: Copy + Into<f64>>(out: &[A], reference: &[B]) -> f64 {
-    assert_eq!(out.len(), reference.len(), "rel_error: lengths differ");
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&o, &r) in out.iter().zip(reference) {
-        let (o, r): (f64, f64) = (o.into(), r.into());
-        if !o.is_finite() && r.is_finite() {
-            return f64::INFINITY;
-        }
-        diff += (o - r) * (o - r);
-        norm += r * r;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims() -> Dims {
+        Dims::new(&Plan::from_lengths(&[200, 0, 65]), 2)
     }
-    if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() }
+
+    #[test]
+    fn tensor_names_round_trip() {
+        for t in Tensor::ALL {
+            assert_eq!(Tensor::from_name(t.name()), Some(t));
+            assert_eq!(t.to_string(), t.name());
+            assert_eq!(t.dim_names().len(), dims().shape_of(t).len());
+        }
+        assert_eq!(Tensor::from_name("cu_seqlens"), None);
+    }
+
+    #[test]
+    fn shapes_and_lengths_follow_the_contract() {
+        let d = dims();
+        assert_eq!(d.describe(Tensor::W), "[T=265, H=2, K=128]");
+        assert_eq!(d.describe(Tensor::VNew), "[T=265, H=2, V=128]");
+        assert_eq!(d.describe(Tensor::H0), "[N=3, H=2, K=128, V=128]");
+        assert_eq!(d.describe(Tensor::H), "[NT=6, H=2, K=128, V=128]");
+        let lens = [
+            d.key_len(),
+            d.key_len(),
+            d.value_len(),
+            d.key_len(),
+            d.state_len(),
+            d.h_len(),
+            d.value_len(),
+            d.state_len(),
+        ];
+        for (t, len) in Tensor::ALL.into_iter().zip(lens) {
+            assert_eq!(d.len_of(t).unwrap(), len, "{t}");
+            d.check_len(t, len).unwrap();
+            let err = d.check_len(t, len + 1).unwrap_err();
+            match &err {
+                KdaError::Shape { tensor, expected_len, .. } => assert_eq!((*tensor, *expected_len), (t.name(), len)),
+                other => panic!("{t}: unexpected {other}"),
+            }
+        }
+        // The transitional name form behaves the same, and an unknown name is an error.
+        d.check_len("ht", d.state_len()).unwrap();
+        assert!(matches!(d.check_len("q", 0), Err(KdaError::Argument { name: "tensor", .. })));
+    }
+
+    #[test]
+    fn huge_sizes_are_errors_not_wraps() {
+        // 2^57 tokens x 128 wraps to 0 elements in 64 bits.
+        let d = Dims { tokens: 1 << 57, heads: 1, seqs: 1, chunks: 1 << 51 };
+        assert_eq!(d.key_len(), usize::MAX);
+        let err = d.check_len(Tensor::K, 0).unwrap_err();
+        assert!(matches!(err, KdaError::TooLarge { tensor: "k", .. }), "{err}");
+        assert!(err.to_string().contains("T=144115188075855872"), "{err}");
+        // Fits in usize, but not in bytes.
+        let d = Dims { tokens: 1, heads: (isize::MAX as usize) / 128, seqs: 0, chunks: 0 };
+        assert!(matches!(d.len_of(Tensor::Gk), Err(KdaError::TooLarge { tensor: "gk", .. })));
+        assert!(d.check().is_err());
+        let p = Problem {
+            plan: Plan::from_lengths(&[1]),
+            heads: usize::MAX,
+            k: vec![],
+            w: vec![],
+            u: vec![],
+            gk: vec![],
+            h0: None,
+        };
+        assert!(matches!(p.validate(), Err(KdaError::TooLarge { .. })));
+    }
 }

@@ -1,4 +1,4 @@
-//! The CPU f64 reference of the recurrence in `SPEC.md`.
+//! The CPU f64 reference of the recurrence (docs/CONTRACT.md#the-recurrence).
 //!
 //! It is a direct transcription of the contract, in f64, parallel over (sequence, head):
 //!
@@ -12,8 +12,9 @@
 //! ht[n, h] = S
 //! ```
 //!
-//! `S` and `Vn` are rounded to bf16 before the two products, as the kernels do, so the only
-//! difference between a correct kernel and this reference is f32 against f64 accumulation.
+//! `S` and `Vn` are rounded to bf16 before the two products, as the kernels do
+//! (docs/CONTRACT.md#rounding-points), so the only difference between a correct kernel and this
+//! reference is f32 against f64 accumulation; [`crate::precision`] says how large it may be.
 //!
 //! ```
 //! use kda::{inputs, reference, Plan};
@@ -32,7 +33,14 @@ const STATE: usize = K_DIM * V_DIM;
 
 /// The number type the recurrence accumulates in: f64 for the reference, f32 for the emulation
 /// of a kernel's arithmetic ([`reference_f32`]).
-trait Acc: Copy + Send + core::ops::AddAssign + core::ops::MulAssign + core::ops::Mul<Output = Self> + core::ops::Sub<Output = Self> {
+trait Acc:
+    Copy
+    + Send
+    + core::ops::AddAssign
+    + core::ops::MulAssign
+    + core::ops::Mul<Output = Self>
+    + core::ops::Sub<Output = Self>
+{
     const ZERO: Self;
     fn of_bf16(x: bf16) -> Self;
     fn of_f32(x: f32) -> Self;
@@ -103,9 +111,10 @@ pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
 ///
 /// Its error against [`reference()`] is the rounding floor of f32 arithmetic on a problem: the
 /// recurrence rounds `S` and `Vn` to bf16 every chunk, so a last-bit difference of an f32 sum
-/// sometimes flips a bf16 rounding, and on long sequences these flips add up. On SPEC's random
-/// inputs this floor grows with the sequence length (about 4e-4 at 2048 tokens, 9e-4 at 8192 and
-/// 1.7e-3 at 32768), so no f32 kernel can be held to less than it.
+/// sometimes flips a bf16 rounding, and on long sequences these flips add up. On the realistic
+/// inputs ([`crate::inputs`]) this floor grows with the sequence length (about 4e-4 at 2048
+/// tokens, 9e-4 at 8192 and 1.7e-3 at 32768), so no f32 kernel can be held to less than it:
+/// [`crate::precision::bound`] takes it into account (docs/CONTRACT.md#precision).
 pub fn reference_f32(p: &Problem) -> Result<Outputs, KdaError> {
     run::<f32>(p)
 }
@@ -114,10 +123,8 @@ fn run<F: Acc>(p: &Problem) -> Result<Outputs, KdaError> {
     p.validate()?;
     let d = p.dims();
     let heads = p.heads;
-    let items: Vec<(usize, usize)> =
-        (0..d.seqs).flat_map(|n| (0..heads).map(move |h| (n, h))).collect();
-    let results: Vec<ItemOut> =
-        items.par_iter().map(|&(n, h)| item::<F>(p, &p.plan.seqs()[n], n, h)).collect();
+    let items: Vec<(usize, usize)> = (0..d.seqs).flat_map(|n| (0..heads).map(move |h| (n, h))).collect();
+    let results: Vec<ItemOut> = items.par_iter().map(|&(n, h)| item::<F>(p, &p.plan.seqs()[n], n, h)).collect();
 
     let mut out = Outputs {
         h: vec![bf16::ZERO; d.h_len()],
@@ -155,8 +162,8 @@ fn item<F: Acc>(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
         v_new: Vec::with_capacity(seq.len * V_DIM),
         ht: Vec::new(),
     };
-    let mut s_bf = vec![F::ZERO; STATE];
-    let mut vn_bf = vec![F::ZERO; CHUNK * V_DIM];
+    // 192 KiB in f64: on the heap, not on a rayon worker's stack.
+    let (mut s_bf, mut vn_bf) = (vec![F::ZERO; STATE], vec![F::ZERO; CHUNK * V_DIM]);
     for c in 0..seq.chunks() {
         let rows = c * CHUNK..seq.len.min((c + 1) * CHUNK);
         let len = rows.len();
@@ -211,7 +218,7 @@ fn item<F: Acc>(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{inputs, Plan};
+    use crate::{Plan, inputs};
 
     #[test]
     fn empty_sequences_pass_h0_through() {

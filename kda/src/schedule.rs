@@ -16,9 +16,9 @@
 //! two SMs and share their `k` and `w` tiles through L2.
 //!
 //! The schedule is a pure function of the lengths, the head count and the worker count, built
-//! once per batch layout (in [`crate::gpu::DevicePlan`]) and uploaded with it.
+//! once per batch layout (in [`crate::DevicePlan`]) and uploaded with it.
 
-use crate::Plan;
+use crate::{KdaError, Plan};
 use kda_kernel::layout::{
     ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
     ITEM_WORDS, V_DIM,
@@ -33,7 +33,7 @@ pub const ITEM_OVERHEAD: u64 = 2;
 
 /// Modelled cost of one item of a sequence of `len` tokens.
 pub fn item_cost(len: usize) -> u64 {
-    kda_kernel::layout::chunks_of(len) as u64 + ITEM_OVERHEAD
+    (kda_kernel::layout::chunks_of(len) as u64).saturating_add(ITEM_OVERHEAD)
 }
 
 /// Work lists of a persistent grid: worker `b` runs items `items[offsets[b] .. offsets[b + 1]]`
@@ -51,33 +51,63 @@ impl Schedule {
     /// `max_workers` workers (fewer when there are fewer items; none for an empty batch; one if
     /// `max_workers` is 0).
     ///
-    /// # Panics
-    /// If the item count does not fit in `u32` (the launcher rejects such batches first).
-    pub fn lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Self {
+    /// Fails when the item count `N * heads * col_blocks` does not fit in `u32`, or `col_blocks`
+    /// is 0 or does not divide the value columns `V`.
+    pub fn try_lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Result<Self, KdaError> {
+        // `is_multiple_of(0)` is false for V > 0: a zero block count fails here too.
+        if !V_DIM.is_multiple_of(col_blocks) {
+            return Err(KdaError::Argument {
+                name: "col_blocks",
+                reason: format!("must divide the {V_DIM} value columns, got {col_blocks}"),
+            });
+        }
         let lengths = plan.lengths();
-        let count = lengths.len() * heads * col_blocks;
-        let count32 = u32::try_from(count).expect("work items exceed u32");
+        let count = lengths.len().checked_mul(heads).and_then(|n| n.checked_mul(col_blocks));
+        let Some((count, count32)) = count.and_then(|n| Some((n, u32::try_from(n).ok()?))) else {
+            return Err(KdaError::Argument {
+                name: "heads",
+                reason: format!(
+                    "N * H * column blocks = {} x {heads} x {col_blocks} work items do not fit in 32 bits",
+                    lengths.len()
+                ),
+            });
+        };
         let workers = max_workers.max(1).min(count);
+        // Items per sequence: at least 1 whenever there is an item.
+        let per_seq = heads * col_blocks;
+        let cost = |item: u32| item_cost(lengths[item as usize / per_seq]);
         // Longest first; ties in item order, so the column blocks of a head stay adjacent.
         let mut order: Vec<u32> = (0..count32).collect();
-        let cost = |item: u32| item_cost(lengths[item as usize / (heads * col_blocks)]);
         order.sort_by_key(|&i| (Reverse(cost(i)), i));
         // Min-heap of (load, worker): the least-loaded worker, the lowest index on ties.
         let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..workers).map(|w| Reverse((0, w))).collect();
         let mut lists: Vec<Vec<u32>> = vec![Vec::new(); workers];
         for item in order {
-            let Reverse((load, w)) = heap.pop().expect("at least one worker when there are items");
+            // There is a worker whenever there is an item (`workers >= 1` when `count >= 1`).
+            let Some(Reverse((load, w))) = heap.pop() else { break };
             lists[w].push(item);
-            heap.push(Reverse((load + cost(item), w)));
+            heap.push(Reverse((load.saturating_add(cost(item)), w)));
         }
         let mut offsets = Vec::with_capacity(workers + 1);
         offsets.push(0u32);
         let mut items = Vec::with_capacity(count);
         for list in lists {
             items.extend(list);
+            // At most `count`, which fits in `u32`.
             offsets.push(items.len() as u32);
         }
-        Self { offsets, items, heads, col_blocks }
+        Ok(Self { offsets, items, heads, col_blocks })
+    }
+
+    /// [`Schedule::try_lpt`], panicking where it fails.
+    ///
+    /// Kept only until the launcher calls [`Schedule::try_lpt`].
+    #[doc(hidden)]
+    pub fn lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Self {
+        match Self::try_lpt(plan, heads, col_blocks, max_workers) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
     }
 
     /// Workers (CTAs of the persistent grid).
@@ -85,9 +115,10 @@ impl Schedule {
         self.offsets.len().saturating_sub(1)
     }
 
-    /// The items of worker `w`, in the order it runs them.
+    /// The items of worker `w`, in the order it runs them (none for `w >= workers()`).
     pub fn items_of(&self, w: usize) -> &[u32] {
-        &self.items[self.offsets[w] as usize..self.offsets[w + 1] as usize]
+        let bounds = self.offsets.get(w).zip(w.checked_add(1).and_then(|next| self.offsets.get(next)));
+        bounds.and_then(|(&a, &b)| self.items.get(a as usize..b as usize)).unwrap_or(&[])
     }
 
     /// The table the Hopper kernel reads for `plan` (the plan this schedule was made for): one
@@ -95,7 +126,8 @@ impl Schedule {
     /// first item is record `w`, so a CTA reaches its first item's sequence in one read; the rest
     /// of its list follows the records' next words, through the records after the first items.
     /// `None` when a token or chunk offset does not fit in 32 bits (the launcher takes the
-    /// baseline kernel for such batches).
+    /// baseline kernel for such batches), or when `plan` has fewer sequences than this schedule's
+    /// items name.
     pub fn table(&self, plan: &Plan) -> Option<Vec<u32>> {
         let workers = self.workers();
         // Record of worker `w`'s `n`-th item: the first items, then each worker's others in turn.
@@ -105,8 +137,12 @@ impl Schedule {
             let list = self.items_of(w);
             for (n, &item) in list.iter().enumerate() {
                 let item = item as usize;
-                let (seq, head, block) = (item / (self.heads * self.col_blocks), (item / self.col_blocks) % self.heads, item % self.col_blocks);
-                let desc = &plan.seqs()[seq];
+                let (seq, head, block) = (
+                    item / (self.heads * self.col_blocks),
+                    (item / self.col_blocks) % self.heads,
+                    item % self.col_blocks,
+                );
+                let desc = plan.seqs().get(seq)?;
                 let next = if n + 1 < list.len() { u32::try_from(record(w, n + 1)).ok()? } else { ITEM_LAST };
                 let r = &mut table[record(w, n) * ITEM_WORDS..][..ITEM_WORDS];
                 r[ITEM_STATE_ROW] = u32::try_from(seq * self.heads + head).ok()?;
@@ -121,9 +157,12 @@ impl Schedule {
         Some(table)
     }
 
-    /// The modelled finishing time of the busiest worker, given each item's cost.
+    /// The modelled finishing time of the busiest worker, given each item's cost (saturating).
     pub fn makespan(&self, cost: impl Fn(u32) -> u64) -> u64 {
-        (0..self.workers()).map(|w| self.items_of(w).iter().map(|&i| cost(i)).sum()).max().unwrap_or(0)
+        (0..self.workers())
+            .map(|w| self.items_of(w).iter().map(|&i| cost(i)).fold(0, u64::saturating_add))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -134,7 +173,7 @@ mod tests {
     #[test]
     fn longest_items_start_first_and_blocks_of_a_head_are_adjacent() {
         let plan = Plan::from_lengths(&[64, 4096, 0]);
-        let s = Schedule::lpt(&plan, 2, 2, 4);
+        let s = Schedule::try_lpt(&plan, 2, 2, 4).unwrap();
         assert_eq!(s.workers(), 4);
         // Sequence 1's four items (2 heads x 2 blocks) are the longest: one per worker, in order.
         let firsts: Vec<u32> = (0..4).map(|w| s.items_of(w)[0]).collect();
@@ -147,7 +186,7 @@ mod tests {
         // Two sequences (lengths 64 and 200), one head, two blocks, two workers: the four items
         // cost 3, 3, 6, 6 chunks; worker 0 runs items 2 then 0, worker 1 items 3 then 1.
         let plan = Plan::from_lengths(&[64, 200]);
-        let s = Schedule::lpt(&plan, 1, 2, 2);
+        let s = Schedule::try_lpt(&plan, 1, 2, 2).unwrap();
         assert_eq!((s.items_of(0), s.items_of(1)), (&[2u32, 0][..], &[3u32, 1][..]));
         let t = s.table(&plan).unwrap();
         let rec = |r: usize| &t[r * ITEM_WORDS..][..ITEM_WORDS];
@@ -162,19 +201,40 @@ mod tests {
     #[test]
     fn offsets_beyond_32_bits_have_no_table() {
         let plan = Plan::from_lengths(&[1 << 32, 64]);
-        let s = Schedule::lpt(&plan, 1, 2, 4);
+        let s = Schedule::try_lpt(&plan, 1, 2, 4).unwrap();
         assert_eq!(s.table(&plan), None);
         let small = Plan::from_lengths(&[1 << 31, 64]);
-        assert!(Schedule::lpt(&small, 1, 2, 4).table(&small).is_some());
+        assert!(Schedule::try_lpt(&small, 1, 2, 4).unwrap().table(&small).is_some());
     }
 
     #[test]
     fn fewer_items_than_workers_and_empty_batches() {
-        let s = Schedule::lpt(&Plan::from_lengths(&[10]), 1, 2, 132);
+        let s = Schedule::try_lpt(&Plan::from_lengths(&[10]), 1, 2, 132).unwrap();
         assert_eq!((s.workers(), s.items_of(0), s.items_of(1)), (2, &[0u32][..], &[1u32][..]));
-        let empty = Schedule::lpt(&Plan::from_lengths(&[]), 4, 2, 132);
+        let empty = Schedule::try_lpt(&Plan::from_lengths(&[]), 4, 2, 132).unwrap();
         assert_eq!((empty.workers(), empty.table(&Plan::from_lengths(&[]))), (0, Some(vec![])));
-        let one = Schedule::lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0);
+        let one = Schedule::try_lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0).unwrap();
         assert_eq!((one.workers(), one.items_of(0)), (1, &[0u32, 1, 2, 3][..]));
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let plan = Plan::from_lengths(&[10, 20]);
+        let err = Schedule::try_lpt(&plan, usize::MAX, 2, 4).unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
+        let err = Schedule::try_lpt(&plan, 1 << 31, 2, 4).unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
+        for col_blocks in [0, 3] {
+            let err = Schedule::try_lpt(&plan, 1, col_blocks, 4).unwrap_err();
+            assert!(matches!(err, KdaError::Argument { name: "col_blocks", .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn out_of_range_workers_and_foreign_plans_do_not_panic() {
+        let plan = Plan::from_lengths(&[10, 20]);
+        let s = Schedule::try_lpt(&plan, 1, 2, 4).unwrap();
+        assert_eq!((s.items_of(4), s.items_of(usize::MAX)), (&[][..], &[][..]));
+        assert_eq!(s.table(&Plan::from_lengths(&[10])), None);
     }
 }

@@ -3,7 +3,8 @@
 //! every malformed boundary list is rejected with the offending index.
 
 use kda::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
-use kda::{KdaError, Plan, Schedule};
+use kda::schedule::Schedule;
+use kda::{KdaError, Plan};
 use kda_tests::ragged_lengths;
 use proptest::prelude::*;
 
@@ -54,7 +55,11 @@ proptest! {
     }
 
     #[test]
-    fn a_decreasing_boundary_is_rejected_at_its_index(lengths in ragged_lengths(), at in any::<prop::sample::Index>(), by in 1i64..50) {
+    fn a_decreasing_boundary_is_rejected_at_its_index(
+        lengths in ragged_lengths(),
+        at in any::<prop::sample::Index>(),
+        by in 1i64..50,
+    ) {
         let mut cu = Plan::from_lengths(&lengths).cu_seqlens();
         let i = 1 + at.index(cu.len() - 1);
         cu[i] = cu[i - 1] - by;
@@ -84,7 +89,7 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
     use kda::schedule::item_cost;
     const COL_BLOCKS: usize = kda::layout::hopper::COL_BLOCKS;
     let plan = Plan::from_lengths(lengths);
-    let s = Schedule::lpt(&plan, heads, COL_BLOCKS, workers);
+    let s = Schedule::try_lpt(&plan, heads, COL_BLOCKS, workers).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let count = lengths.len() * heads * COL_BLOCKS;
     prop_assert_eq!(s.workers(), workers.min(count));
     let cost = |item: u32| item_cost(lengths[item as usize / (heads * COL_BLOCKS)]);
@@ -103,7 +108,10 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
     prop_assert!(seen.iter().all(|&n| n == 1), "items not scheduled exactly once");
     // The table the kernel reads: walking the records from record `w` gives worker `w`'s items
     // in order, each with its sequence's offsets, and reaches every record exactly once.
-    use kda::layout::{ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS};
+    use kda::layout::{
+        ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
+        ITEM_WORDS,
+    };
     let table = s.table(&plan).expect("small offsets fit the records");
     prop_assert_eq!(table.len(), count * ITEM_WORDS);
     let mut visited = vec![0u32; count];
@@ -117,7 +125,8 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
             let (seq, head, block) = (item / (heads * COL_BLOCKS), (item / COL_BLOCKS) % heads, item % COL_BLOCKS);
             let d = &plan.seqs()[seq];
             let want = [seq * heads + head, head, block * kda::layout::hopper::BV, d.token_start, d.len, d.chunk_start];
-            let got = [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START].map(|i| rec[i] as usize);
+            let got = [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START]
+                .map(|i| rec[i] as usize);
             prop_assert_eq!(got, want, "worker {}, item {}", w, item);
             r = rec[ITEM_NEXT];
         }
@@ -151,7 +160,7 @@ proptest! {
 #[test]
 fn schedule_of_the_bench_shapes_is_near_ideal() {
     const H200_SMS: usize = 132;
-    for (name, lengths) in kda::inputs::bench_shapes() {
+    for (name, lengths) in kda_cli::bench_shapes() {
         let (makespan, bound) = check_schedule(&lengths, kda::inputs::REFERENCE_HEADS, H200_SMS).unwrap();
         let ratio = makespan as f64 / bound as f64;
         println!("{name}: modelled makespan {makespan}, lower bound {bound} ({ratio:.3})");

@@ -1,11 +1,12 @@
 //! The f64 reference on the CPU: it reproduces the golden fixtures, agrees with an independent
-//! element-by-element transcription of SPEC.md, and handles ragged batches, tails and empty
-//! sequences the way the contract says (proptest).
+//! element-by-element transcription of the recurrence (docs/CONTRACT.md#the-recurrence), and
+//! handles ragged batches, tails and empty sequences the way the contract says
+//! (docs/CONTRACT.md#ragged-batches-tails-and-empty-sequences; proptest).
 
 use half::bf16;
 use kda::layout::{CHUNK, K_DIM, V_DIM};
-use kda::{inputs, io, reference, Outputs, Plan, Problem};
-use kda_tests::{assert_close, errors, fixture, ragged_lengths, FIXTURES};
+use kda::{Outputs, Plan, Problem, inputs, io, reference};
+use kda_tests::{FIXTURES, assert_close, errors, fixture, ragged_lengths};
 use proptest::prelude::*;
 
 #[test]
@@ -49,8 +50,10 @@ fn sub_problem(p: &Problem, n: usize) -> Problem {
     }
 }
 
-/// SPEC.md's recurrence written out element by element with explicit index arithmetic, in f64,
-/// independently of `kda::reference` (which works on per-item slices in parallel).
+/// The contract's recurrence (docs/CONTRACT.md#the-recurrence) written out element by element with
+/// explicit index arithmetic, in f64, independently of `kda::reference` (which works on per-item
+/// slices in parallel).
+#[expect(clippy::needless_range_loop, reason = "the transcription indexes as the contract's formulas do")]
 fn literal(p: &Problem) -> Outputs {
     let d = p.dims();
     let hh = p.heads;
@@ -157,7 +160,12 @@ proptest! {
     /// Each sequence's outputs depend on its own tokens only: the batch result is the
     /// concatenation of the single-sequence results, bit for bit.
     #[test]
-    fn a_batch_is_its_sequences_side_by_side(lengths in ragged_lengths(), heads in 1usize..=2, with_h0: bool, seed: u64) {
+    fn a_batch_is_its_sequences_side_by_side(
+        lengths in ragged_lengths(),
+        heads in 1usize..=2,
+        with_h0: bool,
+        seed: u64,
+    ) {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), heads, with_h0, seed);
         let out = reference::reference(&p).unwrap();
         for n in 0..p.plan.num_seqs() {
@@ -191,7 +199,8 @@ proptest! {
                 prop_assert!(state.h.is_empty());
                 prop_assert_eq!(&state.ht[..], &h0[n * K_DIM * V_DIM..(n + 1) * K_DIM * V_DIM]);
             } else {
-                let first: Vec<bf16> = h0[n * K_DIM * V_DIM..(n + 1) * K_DIM * V_DIM].iter().map(|&x| bf16::from_f32(x)).collect();
+                let initial = &h0[n * K_DIM * V_DIM..(n + 1) * K_DIM * V_DIM];
+                let first: Vec<bf16> = initial.iter().map(|&x| bf16::from_f32(x)).collect();
                 prop_assert_eq!(&state.h[..K_DIM * V_DIM], &first[..], "h of the first chunk is bf16(h0)");
             }
         }
@@ -203,7 +212,12 @@ proptest! {
 
     /// The parallel reference and the literal transcription agree bit for bit on random layouts.
     #[test]
-    fn agrees_with_the_literal_transcription(lengths in prop::collection::vec(0usize..=140, 1..4), heads in 1usize..=2, with_h0: bool, seed: u64) {
+    fn agrees_with_the_literal_transcription(
+        lengths in prop::collection::vec(0usize..=140, 1..4),
+        heads in 1usize..=2,
+        with_h0: bool,
+        seed: u64,
+    ) {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), heads, with_h0, seed);
         prop_assert_eq!(reference::reference(&p).unwrap(), literal(&p));
     }

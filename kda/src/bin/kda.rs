@@ -6,7 +6,7 @@
 //! ```
 
 use kda::gpu::{copy_bandwidth, median_us};
-use kda::{inputs, io, reference, rel_error, DeviceProblem, Kda, KdaError, Kernel, Outputs, Plan, Problem};
+use kda::{DeviceProblem, Kda, KdaError, Kernel, Outputs, Plan, Problem, inputs, io, reference, rel_error};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -122,7 +122,11 @@ fn demo(args: &[String]) -> Result<(), CliError> {
     let us = median_us(&stream, WARMUP, DEMO_REPEAT, |_| dev.launch(&kda, &stream, kernel))?;
     let bw = copy_bandwidth(&stream, COPY_REPEAT)?;
     let floor = kda::floor::floor_us(&p.dims(), bw);
-    println!("kernel {kernel:?}: {us:.1} us (median of {DEMO_REPEAT}); memory floor {floor:.1} us at {:.2} TB/s copy bandwidth; floor/time = {:.3}", bw / 1e12, floor / us);
+    println!(
+        "kernel {kernel:?}: {us:.1} us (median of {DEMO_REPEAT}); memory floor {floor:.1} us at {:.2} TB/s copy bandwidth; floor/time = {:.3}",
+        bw / 1e12,
+        floor / us
+    );
     let out = dev.download(&stream)?;
     let t = Instant::now();
     let want = reference::reference(&p)?;
@@ -139,7 +143,7 @@ fn check_errors(out: &Outputs, want: &Outputs) -> Result<(), CliError> {
     ];
     let line: Vec<String> = errs.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
     println!("relative error vs f64 reference: {}", line.join(", "));
-    match errs.iter().find(|(_, e)| !(*e < ERROR_BOUND)) {
+    match errs.iter().find(|(_, e)| *e >= ERROR_BOUND) {
         Some((n, e)) => Err(CliError::Check(format!("{n}: relative error {e:.3e} >= {ERROR_BOUND:e}"))),
         None => Ok(()),
     }
@@ -149,9 +153,7 @@ fn run(args: &[String]) -> Result<(), CliError> {
     let (mut input, mut output, mut repeat, mut cpu) = (None, None, None, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = |flag: &str| {
-            it.next().cloned().ok_or_else(|| CliError::Usage(format!("{flag} needs a value")))
-        };
+        let mut value = |flag: &str| it.next().cloned().ok_or_else(|| CliError::Usage(format!("{flag} needs a value")));
         match a.as_str() {
             "--inputs" => input = Some(PathBuf::from(value("--inputs")?)),
             "--out" => output = Some(PathBuf::from(value("--out")?)),
@@ -173,7 +175,11 @@ fn run(args: &[String]) -> Result<(), CliError> {
     let d = p.dims();
     println!(
         "{}: N = {}, T = {}, H = {}, NT = {}, h0 {}",
-        input.display(), d.seqs, d.tokens, d.heads, d.chunks,
+        input.display(),
+        d.seqs,
+        d.tokens,
+        d.heads,
+        d.chunks,
         if p.h0.is_some() { "given" } else { "zeros" }
     );
     let out = if cpu {
@@ -182,9 +188,8 @@ fn run(args: &[String]) -> Result<(), CliError> {
         }
         reference::reference(&p)?
     } else {
-        let (kda, stream) = open_gpu().map_err(|why| {
-            CliError::Check(format!("{why}; pass --cpu to compute with the f64 reference instead"))
-        })?;
+        let (kda, stream) = open_gpu()
+            .map_err(|why| CliError::Check(format!("{why}; pass --cpu to compute with the f64 reference instead")))?;
         run_gpu(&kda, &stream, &p, repeat)?
     };
     io::write_outputs(&output, &out, &d)?;

@@ -1,12 +1,10 @@
 //! The `kda` binary's file path on the CPU: `kda run --cpu` on the golden fixtures reproduces the
 //! independent implementation's outputs, and bad input files fail with the tensor named.
 
-use kda::{io, rel_error, Plan, Problem};
+use kda::{Plan, Problem, io, precision, rel_error};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// SPEC's bound on the relative Frobenius error of every output.
-const ERROR_BOUND: f64 = 1e-3;
 const FIXTURES: [&str; 3] = ["tail_h2", "ragged_h3", "two_seq_no_h0"];
 
 fn fixture(name: &str) -> PathBuf {
@@ -20,7 +18,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn kda(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
+    Command::new(env!("CARGO_BIN_EXE_kda-cli-tmp")).args(args).output().expect("the kda binary runs")
 }
 
 fn text(o: &Output) -> String {
@@ -44,7 +42,7 @@ fn run_cpu_reproduces_the_golden_fixtures() {
         ];
         println!("{name}: {errs:?}");
         for (tensor, e) in errs {
-            assert!(e < ERROR_BOUND, "{name}: {tensor} relative error {e:.3e}");
+            assert!(e < precision::ERROR_BOUND, "{name}: {tensor} relative error {e:.3e}");
         }
     }
 }
@@ -81,6 +79,27 @@ fn demo_without_a_gpu_says_so_and_runs_the_reference() {
     let o = kda(&["demo", "--cpu"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("no GPU run (--cpu given)"), "{}", text(&o));
+}
+
+/// Without a GPU (CI) `kda run` fails with the typed reason and the way out, never a panic; with
+/// one it runs.
+#[test]
+fn run_without_cpu_needs_a_gpu_or_says_why() {
+    let p = kda::inputs::random_problem(Plan::from_lengths(&[3]), 1, false, 5);
+    let input = scratch("gpu_or_not.safetensors");
+    io::write_problem(&input, &p, None).unwrap();
+    let out = scratch("gpu_or_not.out.safetensors");
+    let o = kda(&["run", "--inputs", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let t = text(&o);
+    assert!(!t.contains("panicked"), "{t}");
+    if o.status.success() {
+        println!("ran on a GPU: {t}");
+    } else {
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(t.contains("pass --cpu"), "{t}");
+        assert!(t.contains("CUDA driver library") || t.contains("no CUDA device"), "{t}");
+        println!("no GPU: {t}");
+    }
 }
 
 #[test]

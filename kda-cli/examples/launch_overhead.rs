@@ -6,7 +6,7 @@
 //! timed launch is the launch itself.
 //!
 //! ```text
-//! cargo run --release -p kda --example launch_overhead
+//! cargo run --release -p kda-cli --example launch_overhead
 //! ```
 
 use std::sync::Arc;
@@ -14,9 +14,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use kda::gpu::median_us;
 use kda::KdaError;
-use kda_kernel::layout::hopper;
+use kda::layout::hopper;
+use kda_cli::median_us;
 
 /// How long each kernel waits, in nanoseconds of `%globaltimer`: longer than the host takes to
 /// issue a launch and an event (6 to 7 us), so that the host stays ahead of the GPU.
@@ -74,7 +74,8 @@ unsafe impl DeviceRepr for Map {}
 /// One launch of `f` on `stream`: with the Hopper kernel's parameters (`maps` and eleven
 /// scalars) when `large`, else two pointers.
 fn launch(stream: &Arc<CudaStream>, f: &CudaFunction, maps: &[Map], large: bool, smem: u32) -> Result<(), KdaError> {
-    let cfg = LaunchConfig { grid_dim: (GRID, 1, 1), block_dim: (hopper::THREADS as u32, 1, 1), shared_mem_bytes: smem };
+    let cfg =
+        LaunchConfig { grid_dim: (GRID, 1, 1), block_dim: (hopper::THREADS as u32, 1, 1), shared_mem_bytes: smem };
     let (p, heads) = (0u64, 0u32);
     let mut b = stream.launch_builder(f);
     if large {
@@ -94,8 +95,8 @@ fn launch(stream: &Arc<CudaStream>, f: &CudaFunction, maps: &[Map], large: bool,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = CudaContext::new(0)?;
-    let stream = ctx.default_stream();
+    let (kda, stream) = kda::Kda::open(0)?;
+    let ctx: &Arc<CudaContext> = kda.context();
     let module = ctx.load_module(Ptx::from_src(ptx()))?;
     let smem = hopper::SMEM_BYTES as u32;
     let maps: Vec<Map> = (0..MAPS).map(|_| Map([0; 128])).collect();

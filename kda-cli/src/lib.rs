@@ -1,0 +1,23 @@
+//! The measurement harness around the `kda` library, and the `kda` command line (`src/main.rs`).
+//!
+//! Tools and tests that start from host data and time the kernels use these; a model needs none of
+//! them (it launches through [`kda::Kda::launch`] on its own device tensors):
+//!
+//! * [`DeviceProblem`]: a [`kda::Problem`] copied to the device with output buffers;
+//! * [`median_us`], [`copy_bandwidth`]: event timing of launches and of device copies;
+//! * [`floor_bytes`], [`floor_us`]: the memory floor (docs/CONTRACT.md#the-memory-floor);
+//! * [`bench_shapes`]: the benchmark's batch layouts (docs/CONTRACT.md#reference-shapes);
+//! * [`cuda_tool`]: where NVIDIA's `ptxas`, `cuobjdump` and `nvdisasm` are.
+#![warn(missing_docs)]
+
+pub mod device;
+pub mod floor;
+pub mod shapes;
+pub mod timing;
+pub mod tools;
+
+pub use device::DeviceProblem;
+pub use floor::{floor_bytes, floor_us};
+pub use shapes::bench_shapes;
+pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
+pub use tools::{TOOLS_VENV, cuda_tool};

@@ -1,0 +1,56 @@
+//! The batch layouts `cargo xtask bench` runs (docs/CONTRACT.md#reference-shapes).
+
+use kda::inputs::{random_words, reference_shapes, unit_uniform};
+use kda::layout::CHUNK;
+
+/// Seed of the benchmark's random ragged layouts (fixed, so every run measures the same batch).
+const BENCH_LAYOUT_SEED: u64 = 0x4B44_4131;
+
+/// The shapes `cargo xtask bench` runs, all with [`kda::inputs::REFERENCE_HEADS`] heads: the
+/// reference shapes ([`kda::inputs::reference_shapes`]), then two ragged layouts of the
+/// scheduling work:
+/// * `random_ragged_32k`: 40 sequences with lengths drawn log-uniformly from 1 to 4096, then
+///   scaled to 32768 tokens in all (rounded down, the remainder given to the longest);
+/// * `decode_like`: 256 sequences of 1 to 64 tokens (uniform), the state load and store bound
+///   case of many tiny prefills.
+pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
+    const RAGGED_SEQS: usize = 40;
+    const RAGGED_MAX: f64 = 4096.0;
+    const RAGGED_TOKENS: usize = 32768;
+    const DECODE_SEQS: usize = 256;
+    let drawn: Vec<f64> =
+        random_words(BENCH_LAYOUT_SEED, 0).take(RAGGED_SEQS).map(|x| RAGGED_MAX.powf(unit_uniform(x))).collect();
+    let scale = RAGGED_TOKENS as f64 / drawn.iter().sum::<f64>();
+    let mut ragged: Vec<usize> = drawn.iter().map(|&d| ((d * scale) as usize).max(1)).collect();
+    if let Some(longest) = (0..RAGGED_SEQS).max_by_key(|&i| ragged[i]) {
+        ragged[longest] += RAGGED_TOKENS - ragged.iter().sum::<usize>();
+    }
+    let decode =
+        random_words(BENCH_LAYOUT_SEED, 1).take(DECODE_SEQS).map(|x| 1 + (x % CHUNK as u64) as usize).collect();
+    let mut shapes = reference_shapes();
+    shapes.push(("random_ragged_32k", ragged));
+    shapes.push(("decode_like", decode));
+    shapes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drawn layouts are the ones docs/CONTRACT.md and the benchmark history record.
+    #[test]
+    fn the_drawn_layouts_are_the_recorded_ones() {
+        let shapes = bench_shapes();
+        let names: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+        let lengths = |name: &str| shapes.iter().find(|s| s.0 == name).map(|s| s.1.clone()).unwrap_or_default();
+        assert_eq!(
+            names,
+            ["fixed_8192", "mixed_6", "fixed_32k", "many_short", "tiny", "random_ragged_32k", "decode_like"]
+        );
+        let (ragged, decode) = (lengths("random_ragged_32k"), lengths("decode_like"));
+        assert_eq!((ragged.len(), ragged.iter().sum::<usize>()), (40, 32768));
+        assert_eq!((ragged.iter().min(), ragged.iter().max()), (Some(&2), Some(&4727)));
+        assert_eq!((decode.len(), decode.iter().sum::<usize>()), (256, 8401));
+        assert!(decode.iter().all(|&l| (1..=CHUNK).contains(&l)));
+    }
+}
