@@ -32,8 +32,8 @@ mod tests {
     #[test]
     fn fixed_8192_floor_matches_the_spec_formula() {
         let d = Dims::new(&Plan::from_lengths(&[8192]), 64);
-        let expected = 2 * 8192 * 64 * 128 * 2 * 2 + 128 * 64 * 128 * 128 * 2 + 128 * 64 * 128 * 4
-            + 2 * 64 * 128 * 128 * 4;
+        let expected =
+            2 * 8192 * 64 * 128 * 2 * 2 + 128 * 64 * 128 * 128 * 2 + 128 * 64 * 128 * 4 + 2 * 64 * 128 * 128 * 4;
         assert_eq!(floor_bytes(&d), expected as u64);
         // At the SPEC's 4.27 TB/s the best peer's 228 us is 0.84 of the floor.
         let ratio = floor_us(&d, 4.27e12) / 228.0;

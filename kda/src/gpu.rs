@@ -1,7 +1,7 @@
 //! Host-data helpers for tools and tests: a problem copied to the device, event timing and the
 //! copy bandwidth.
 
-use crate::{Dims, DevicePlan, Kda, KdaError, KdaInputs, KdaOutputs, Kernel, Outputs, Problem};
+use crate::{DevicePlan, Dims, Kda, KdaError, KdaInputs, KdaOutputs, Kernel, Outputs, Problem};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
@@ -144,4 +144,3 @@ pub fn copy_bandwidth(stream: &Arc<CudaStream>, repeat: usize) -> Result<f64, Kd
     let us = median_us(stream, 2, repeat, |_| Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
     Ok(2.0 * COPY_BENCH_BYTES as f64 / (us * 1e-6))
 }
-
