@@ -6,10 +6,11 @@
 //! `kda::precision::bound(e32)`; a build that fails is not timed. Then, round by round
 //! (the build order reversed every other round), each build times each shape with
 //! `kda run --repeat N`. Prints a table of the median over rounds of each run's median and each
-//! build's ratio to the first, and writes it all to `DIR/ab.json` (default `target/ab`).
+//! build's ratio to the first, and writes it all to `DIR/ab.json` (default `target/ab`), every
+//! run's output to `DIR/ab.log`.
 
 use crate::args::Args;
-use crate::proc::{Scratch, create_dir, run_logged, tail};
+use crate::proc::{Combined, Scratch, create_dir, describe, run_logged, tail};
 use crate::shapes;
 use kda::{Outputs, io, precision, reference, rel_error};
 use serde_json::json;
@@ -80,9 +81,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     create_dir(&o.out)?;
-    let logs = o.out.join("logs");
-    create_dir(&logs)?;
     let scratch = Scratch::new("ab")?;
+    let book = Combined::create(o.out.join("ab.log"))?;
+    let run_log = scratch.join("run.log");
     for (i, b) in o.builds.iter().enumerate() {
         println!("{} = {}", label(i), b.display());
     }
@@ -101,7 +102,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let ref_path = scratch.join("reference.safetensors");
         let mut cmd = Command::new(&o.builds[0]);
         cmd.args(["run", "--cpu", "--inputs"]).arg(&input).arg("--out").arg(&ref_path);
-        let (f, text) = run_logged(&mut cmd, REFERENCE_TIMEOUT, &logs.join(format!("reference_{shape}.txt")))?;
+        let (f, text) = run_logged(&mut cmd, REFERENCE_TIMEOUT, &run_log)?;
+        book.run(&format!("reference {shape}"), &describe(&cmd), &f, &text)?;
         if !f.ok() {
             return Err(format!("ab: the f64 reference of {shape} {}:\n{}", f.describe(), tail(&text, 10)));
         }
@@ -115,8 +117,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let _ = std::fs::remove_file(&got_path);
             let mut cmd = Command::new(b);
             cmd.arg("run").arg("--inputs").arg(&input).arg("--out").arg(&got_path);
-            let log = logs.join(format!("check_{shape}_{}.txt", label(i)));
-            let (f, text) = run_logged(&mut cmd, o.timeout, &log)?;
+            let (f, text) = run_logged(&mut cmd, o.timeout, &run_log)?;
+            book.run(&format!("check {shape} {}", label(i)), &describe(&cmd), &f, &text)?;
             let errs = if f.ok() { io::read_outputs(&got_path, &d).ok().map(|got| errors(&got, &want)) } else { None };
             let ok = errs.is_some_and(|e| e.iter().zip(&bounds).all(|(e, b)| *e < *b));
             passed[i] &= ok;
@@ -153,8 +155,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 let mut cmd = Command::new(&o.builds[i]);
                 cmd.arg("run").arg("--inputs").arg(scratch.join(&format!("{shape}.safetensors")));
                 cmd.arg("--out").arg(scratch.join("timed.safetensors")).args(["--repeat", &o.repeat.to_string()]);
-                let log = logs.join(format!("time_{shape}_{}_{}.txt", label(i), round + 1));
-                let (f, text) = run_logged(&mut cmd, o.timeout, &log)?;
+                let (f, text) = run_logged(&mut cmd, o.timeout, &run_log)?;
+                book.run(&format!("round {} {shape} {}", round + 1, label(i)), &describe(&cmd), &f, &text)?;
                 match parse_median(&text).filter(|_| f.ok()) {
                     Some(us) => {
                         println!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, o.rounds, label(i));
@@ -179,7 +181,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let medians = summarize(&times);
     let shape_names: Vec<&str> = o.shapes.iter().map(String::as_str).collect();
     println!("\nmedian over {} rounds of each run's median of {} launches, us (ratio to A)\n", o.rounds, o.repeat);
-    println!("{}", table(&shape_names, o.builds.len(), &medians));
+    let table = table(&shape_names, o.builds.len(), &medians);
+    println!("{table}");
+    book.append(&format!("######## table\n{table}\n"))?;
     let rows: Vec<_> = o
         .shapes
         .iter()
@@ -204,7 +208,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     });
     let path = o.out.join("ab.json");
     write_json(&path, &doc)?;
-    println!("\nwrote {} (run logs in {})", path.display(), logs.display());
+    println!("\nwrote {} (every run's output in {})", path.display(), book.0.display());
     let failed_checks: Vec<String> = (0..o.builds.len()).filter(|&i| !passed[i]).map(label).collect();
     if !failed_checks.is_empty() {
         return Err(format!("ab: build(s) {} failed the check against the f64 reference", failed_checks.join(", ")));

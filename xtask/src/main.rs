@@ -18,11 +18,7 @@ use std::process::ExitCode;
 
 /// The measuring harness shared with the `kda` CLI, imported from one place.
 mod harness {
-    pub use kda::DeviceProblem;
-    pub use kda::floor::floor_us;
-    pub use kda::gpu::{copy_bandwidth, median_us};
-    pub use kda::inputs::bench_shapes;
-    pub use kda::ptx::cuda_tool;
+    pub use kda_cli::{DeviceProblem, bench_shapes, copy_bandwidth, cuda_tool, floor_us, median_us};
 }
 
 const USAGE: &str = "\

@@ -92,9 +92,47 @@ pub fn run_logged(cmd: &mut Command, limit: Duration, log: &Path) -> Result<(Fin
     Ok((f, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
+/// One log file gathering the logs of many runs, appended to as each run ends (so a session cut
+/// short still leaves what ran). A device call returns at most 8 files, so commands leave one
+/// combined log rather than a file per run.
+pub struct Combined(pub PathBuf);
+
+impl Combined {
+    /// Starts `path` afresh.
+    pub fn create(path: PathBuf) -> Result<Self, String> {
+        std::fs::write(&path, "").map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self(path))
+    }
+
+    /// Appends `text`.
+    pub fn append(&self, text: &str) -> Result<(), String> {
+        use std::io::Write;
+        let mut f =
+            std::fs::OpenOptions::new().append(true).open(&self.0).map_err(|e| format!("{}: {e}", self.0.display()))?;
+        f.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", self.0.display()))
+    }
+
+    /// Appends the log of run `name` (command `what`, ended as `f`) between two marker lines.
+    pub fn run(&self, name: &str, what: &str, f: &Finished, log: &str) -> Result<(), String> {
+        let nl = if log.is_empty() || log.ends_with('\n') { "" } else { "\n" };
+        self.append(&format!("######## {name}: {what}\n{log}{nl}######## {name}: {}\n", f.describe()))
+    }
+}
+
 /// The program and arguments of `cmd`, for progress lines.
 pub fn describe(cmd: &Command) -> String {
     std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+}
+
+/// `text` if it has at most `head + tail` lines, else its first `head` and last `tail` lines
+/// around a line saying how many were left out.
+pub fn abridge(text: &str, head: usize, tail: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() <= head + tail {
+        return lines.join("\n");
+    }
+    let cut = lines.len() - head - tail;
+    format!("{}\n[... {cut} lines ...]\n{}", lines[..head].join("\n"), lines[lines.len() - tail..].join("\n"))
 }
 
 /// The last `n` lines of `text`.
@@ -224,5 +262,21 @@ mod tests {
     fn tail_keeps_the_last_lines() {
         assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
         assert_eq!(tail("a", 5), "a");
+        assert_eq!(abridge("1\n2\n3\n4\n5\n", 1, 2), "1\n[... 2 lines ...]\n4\n5");
+        assert_eq!(abridge("1\n2\n3\n", 1, 2), "1\n2\n3");
+    }
+
+    #[test]
+    fn a_combined_log_gathers_runs() {
+        let dir = Scratch::new("test-combined").unwrap();
+        let c = Combined::create(dir.join("all.log")).unwrap();
+        let f = Finished { code: Some(0), timed_out: false, secs: 1.0 };
+        c.run("one", "echo 1", &f, "1\n").unwrap();
+        c.run("two", "printf 2", &f, "2").unwrap();
+        let text = std::fs::read_to_string(dir.join("all.log")).unwrap();
+        assert_eq!(
+            text,
+            "######## one: echo 1\n1\n######## one: rc=0 in 1.0 s\n######## two: printf 2\n2\n######## two: rc=0 in 1.0 s\n"
+        );
     }
 }

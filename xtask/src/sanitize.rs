@@ -1,11 +1,12 @@
 //! `xtask sanitize [--out DIR] [--bundle DIR]`: compute-sanitizer's memcheck, racecheck and
 //! synccheck over `kda run` on two ragged inputs with tails: the golden fixture `ragged_h3` (one
 //! item per CTA) and `ragged_many` (512 items, so CTAs of the persistent grid run several back to
-//! back). Prints each run's summary line; fails if any run reports an error or hazard, fails or
-//! times out. Full logs in DIR (default `target/sanitize`).
+//! back). Prints each run's summary line, and the log of a run that reports an error or hazard,
+//! fails or times out (the first and last 60 lines); fails if any does. Each run's whole log is
+//! in DIR (default `target/sanitize`), six files.
 
 use crate::args::Args;
-use crate::proc::{Scratch, bundle_bin, bundle_dir, create_dir, cuda_cli, repo_root, run_logged, tail};
+use crate::proc::{Scratch, abridge, bundle_bin, bundle_dir, create_dir, cuda_cli, repo_root, run_logged};
 use crate::shapes;
 use std::process::Command;
 use std::time::Duration;
@@ -40,7 +41,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let clean = summary.is_some_and(reports_nothing);
             println!("   {tool:<9} {name:<11} {}; {}", summary.unwrap_or("no summary line"), f.describe());
             if !(f.ok() && clean) {
-                println!("{}", tail(&text, 30));
+                println!("{}", abridge(&text, 60, 60));
                 failed.push(format!("{tool} on {name}"));
             }
         }

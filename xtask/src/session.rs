@@ -1,9 +1,13 @@
 //! `xtask gpu-session [--out DIR] [--quick] [--bundle DIR]`: one whole GPU session on a machine
-//! without Rust, from the bundle. Steps, each under a timeout with its log in `DIR/<step>.log`:
-//! `nvidia-smi`, the GPU suite, `kda demo`, a PyTorch-written file through `kda run` on the GPU and
-//! with `--cpu` (compared in Python), the benchmark (`DIR/results.json`) and the sanitizers (their
-//! logs in `DIR/sanitize/`). `--quick`: device info, the suite and the benchmark only. Ends with a
-//! summary of the steps' exit statuses; `DIR/session.log` holds every log and that summary.
+//! without Rust, from the bundle. Steps, each under a timeout: `nvidia-smi`, the GPU suite,
+//! `kda demo`, a PyTorch-written file through `kda run` on the GPU and with `--cpu` (compared in
+//! Python), the benchmark and the sanitizers. `--quick`: device info, the suite and the benchmark
+//! only. Ends with a summary of the steps' exit statuses.
+//!
+//! Two files are left in DIR (default `target/gpu-session`): `results.json` (the benchmark's) and
+//! `session.log`, every step's whole log in turn and the summary, rewritten after each step so a
+//! session cut short still leaves what ran. (A device call returns at most 8 files, so the steps'
+//! own logs stay in a scratch directory.)
 
 use crate::args::Args;
 use crate::proc::{Finished, Scratch, bundle_bin, bundle_dir, create_dir, describe, repo_root, run_logged, tail};
@@ -75,14 +79,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if !quick {
         // Six sanitizer runs of at most 120 s each.
         let mut s = step("sanitize", 780, &me);
-        s.cmd.arg("sanitize").arg("--bundle").arg(&bundle).arg("--out").arg(out.join("sanitize"));
+        s.cmd.arg("sanitize").arg("--bundle").arg(&bundle).arg("--out").arg(scratch.join("sanitize"));
         steps.push(s);
     }
 
     let mut results: Vec<(&str, Finished)> = Vec::new();
     let mut combined = String::new();
     for mut s in steps {
-        let log = out.join(format!("{}.log", s.name));
+        let log = scratch.join(&format!("{}.log", s.name));
         let what = describe(&s.cmd);
         println!("== {}: {what} (timeout {} s)", s.name, s.limit.as_secs());
         let (f, text) = match run_logged(&mut s.cmd, s.limit, &log) {
