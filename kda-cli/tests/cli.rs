@@ -18,7 +18,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn kda(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kda-cli-tmp")).args(args).output().expect("the kda binary runs")
+    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
 }
 
 fn text(o: &Output) -> String {

@@ -33,37 +33,13 @@ pub fn reference_shapes() -> Vec<(&'static str, Vec<usize>)> {
     ]
 }
 
-/// Seed of the benchmark's random ragged layouts (fixed, so every run measures the same batch).
-const BENCH_LAYOUT_SEED: u64 = 0x4B44_4131;
-
-/// The benchmark's shapes, kept here until `xtask` takes them from `kda_cli::bench_shapes`.
-#[doc(hidden)]
-pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
-    const RAGGED_SEQS: usize = 40;
-    const RAGGED_MAX: f64 = 4096.0;
-    const RAGGED_TOKENS: usize = 32768;
-    const DECODE_SEQS: usize = 256;
-    let drawn: Vec<f64> =
-        random_words(BENCH_LAYOUT_SEED, 0).take(RAGGED_SEQS).map(|x| RAGGED_MAX.powf(unit_uniform(x))).collect();
-    let scale = RAGGED_TOKENS as f64 / drawn.iter().sum::<f64>();
-    let mut ragged: Vec<usize> = drawn.iter().map(|&d| ((d * scale) as usize).max(1)).collect();
-    if let Some(longest) = (0..RAGGED_SEQS).max_by_key(|&i| ragged[i]) {
-        ragged[longest] += RAGGED_TOKENS - ragged.iter().sum::<usize>();
-    }
-    let decode =
-        random_words(BENCH_LAYOUT_SEED, 1).take(DECODE_SEQS).map(|x| 1 + (x % CHUNK as u64) as usize).collect();
-    let mut shapes = reference_shapes();
-    shapes.push(("random_ragged_32k", ragged));
-    shapes.push(("decode_like", decode));
-    shapes
-}
-
 /// The generator's stream `stream` under `seed`: an endless sequence of well-mixed 64-bit words
 /// (SplitMix64), a pure function of its arguments.
 ///
 /// [`random_problem`] draws every tensor row from its own stream of this generator (stream ids 1
-/// to 5 with a row index); this is the same generator for other random draws, e.g. the layouts
-/// of benchmark batches. [`unit_uniform`] turns a word into a uniform number.
+/// to 5 with a row index); this is the same generator for other random draws, e.g. random batch
+/// layouts (the `kda-cli` crate draws its ragged layouts from streams 0 and 1). [`unit_uniform`]
+/// turns a word into a uniform number.
 ///
 /// ```
 /// let a: Vec<u64> = kda::inputs::random_words(7, 0).take(3).collect();

@@ -18,16 +18,6 @@ pub mod schedule;
 #[doc(hidden)]
 pub mod ptx;
 
-/// Superseded by `kda_cli::floor`; kept only until `xtask` takes it from there.
-#[doc(hidden)]
-pub mod floor;
-/// Superseded by `kda_cli` (`DeviceProblem`, `median_us`, `copy_bandwidth`); kept only until
-/// `xtask` takes them from there.
-#[doc(hidden)]
-pub mod gpu;
-#[doc(hidden)]
-pub use gpu::DeviceProblem;
-
 pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, TENSOR_ALIGN};
