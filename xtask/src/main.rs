@@ -29,8 +29,8 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
   bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
   profile [--shape NAME] [--out DIR]    GPU: ncu profile of kda_fwd_h_hopper on a shape (fixed_8192); details and SASS source CSV in DIR (target/profile)
   sanitize [--out DIR]                  GPU: compute-sanitizer memcheck, racecheck, synccheck over `kda run` on ragged inputs; logs in DIR (target/sanitize)
-  ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; DIR/ab.json (target/ab)
-  gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize; logs and session.log in DIR (target/gpu-session)
+  ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
+  gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize (--quick: suite, bench); session.log, results.json in DIR (target/gpu-session)
 GPU commands find kda and gpu next to this executable, or in --bundle DIR. Shapes (H = 64 unless said):
   fixed_8192 mixed_6 fixed_32k many_short tiny random_ragged_32k decode_like ragged_many (8 ragged lengths, H = 32)";
 
