@@ -77,30 +77,6 @@ impl fmt::Display for Tensor {
     }
 }
 
-/// What [`Dims::check_len`] accepts as a tensor: a [`Tensor`], or (for now) its name.
-///
-/// Only a transition aid: `check_len` will take a [`Tensor`] alone once every caller passes one.
-#[doc(hidden)]
-pub trait AsTensor: Copy {
-    /// The tensor, or an error when a name names none.
-    fn as_tensor(self) -> Result<Tensor, KdaError>;
-}
-
-impl AsTensor for Tensor {
-    fn as_tensor(self) -> Result<Tensor, KdaError> {
-        Ok(self)
-    }
-}
-
-impl AsTensor for &'static str {
-    fn as_tensor(self) -> Result<Tensor, KdaError> {
-        Tensor::from_name(self).ok_or_else(|| KdaError::Argument {
-            name: "tensor",
-            reason: format!("no tensor named `{self}` in the contract"),
-        })
-    }
-}
-
 /// The sizes every tensor's shape is derived from.
 ///
 /// The fields are plain numbers, so a `Dims` may describe tensors too large for memory: the
@@ -174,8 +150,7 @@ impl Dims {
     }
 
     /// Checks that `tensor` has `actual` elements, as its contract shape requires.
-    pub fn check_len(&self, tensor: impl AsTensor, actual: usize) -> Result<(), KdaError> {
-        let tensor = tensor.as_tensor()?;
+    pub fn check_len(&self, tensor: Tensor, actual: usize) -> Result<(), KdaError> {
         let expected_len = self.len_of(tensor)?;
         if actual == expected_len {
             return Ok(());
@@ -295,9 +270,6 @@ mod tests {
                 other => panic!("{t}: unexpected {other}"),
             }
         }
-        // The transitional name form behaves the same, and an unknown name is an error.
-        d.check_len("ht", d.state_len()).unwrap();
-        assert!(matches!(d.check_len("q", 0), Err(KdaError::Argument { name: "tensor", .. })));
     }
 
     #[test]

@@ -99,17 +99,6 @@ impl Schedule {
         Ok(Self { offsets, items, heads, col_blocks })
     }
 
-    /// [`Schedule::try_lpt`], panicking where it fails.
-    ///
-    /// Kept only until the launcher calls [`Schedule::try_lpt`].
-    #[doc(hidden)]
-    pub fn lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Self {
-        match Self::try_lpt(plan, heads, col_blocks, max_workers) {
-            Ok(s) => s,
-            Err(e) => panic!("{e}"),
-        }
-    }
-
     /// Workers (CTAs of the persistent grid).
     pub fn workers(&self) -> usize {
         self.offsets.len().saturating_sub(1)

@@ -5,7 +5,8 @@
 //! Needs NVIDIA's `ptxas` and `cuobjdump` (`.ci/setup` installs them from PyPI into `.venv-cuda`;
 //! `$KDA_CUDA_BIN` overrides). Without them these tests fail with that instruction.
 
-use kda::ptx::{SM80, SM90A, cuda_tool};
+use kda::ptx::{SM80, SM90A};
+use kda_cli::cuda_tool;
 use kda_kernel::abi::{BASELINE, HOPPER, KERNELS};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -26,7 +26,7 @@ impl DevicePlan {
         if heads == 0 {
             return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
         }
-        let items = plan.num_seqs().checked_mul(heads * hopper::COL_BLOCKS);
+        let items = heads.checked_mul(hopper::COL_BLOCKS).and_then(|n| plan.num_seqs().checked_mul(n));
         if items.is_none_or(|n| n > i32::MAX as usize) {
             return Err(KdaError::Argument {
                 name: "heads",
@@ -37,7 +37,7 @@ impl DevicePlan {
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as usize;
-        let schedule = Schedule::lpt(&plan, heads, hopper::COL_BLOCKS, sms * hopper::CTAS_PER_SM);
+        let schedule = Schedule::try_lpt(&plan, heads, hopper::COL_BLOCKS, sms * hopper::CTAS_PER_SM)?;
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
         if table.is_empty() {

@@ -14,7 +14,7 @@ mod validate;
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use validate::TENSOR_ALIGN;
 
-use crate::{Dims, KdaError, ptx};
+use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
@@ -229,14 +229,14 @@ impl Kda {
             }
         }
         let args = [
-            Some(TensorArg::of("k", &inputs.k, stream)),
-            Some(TensorArg::of("w", &inputs.w, stream)),
-            Some(TensorArg::of("u", &inputs.u, stream)),
-            Some(TensorArg::of("gk", &inputs.gk, stream)),
-            inputs.h0.as_ref().map(|t| TensorArg::of("h0", t, stream)),
-            Some(TensorArg::of("h", &outputs.h, stream)),
-            Some(TensorArg::of("v_new", &outputs.v_new, stream)),
-            outputs.ht.as_ref().map(|t| TensorArg::of("ht", t, stream)),
+            Some(TensorArg::of(Tensor::K, &inputs.k, stream)),
+            Some(TensorArg::of(Tensor::W, &inputs.w, stream)),
+            Some(TensorArg::of(Tensor::U, &inputs.u, stream)),
+            Some(TensorArg::of(Tensor::Gk, &inputs.gk, stream)),
+            inputs.h0.as_ref().map(|t| TensorArg::of(Tensor::H0, t, stream)),
+            Some(TensorArg::of(Tensor::H, &outputs.h, stream)),
+            Some(TensorArg::of(Tensor::VNew, &outputs.v_new, stream)),
+            outputs.ht.as_ref().map(|t| TensorArg::of(Tensor::Ht, t, stream)),
         ];
         args.into_iter().flatten().try_for_each(|a| check_arg(dims, ordinal, a))
     }

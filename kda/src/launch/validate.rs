@@ -1,7 +1,7 @@
 //! Argument validation: every device tensor's length against its contract shape, its alignment
 //! and its device.
 
-use crate::{Dims, KdaError};
+use crate::{Dims, KdaError, Tensor};
 use cudarc::driver::{CudaStream, DevicePtr};
 use std::sync::Arc;
 
@@ -12,27 +12,27 @@ pub const TENSOR_ALIGN: usize = 16;
 /// What validation needs to know of one device tensor argument.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TensorArg {
-    name: &'static str,
+    tensor: Tensor,
     len: usize,
     address: u64,
     ordinal: usize,
 }
 
 impl TensorArg {
-    pub(super) fn of<T, S: DevicePtr<T>>(name: &'static str, t: &S, stream: &Arc<CudaStream>) -> Self {
+    pub(super) fn of<T, S: DevicePtr<T>>(tensor: Tensor, t: &S, stream: &Arc<CudaStream>) -> Self {
         let (address, _record) = t.device_ptr(stream);
-        Self { name, len: t.len(), address, ordinal: t.stream().context().ordinal() }
+        Self { tensor, len: t.len(), address, ordinal: t.stream().context().ordinal() }
     }
 }
 
 /// Checks one argument's length against its contract shape, its alignment and its device.
 pub(super) fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(), KdaError> {
-    dims.check_len(arg.name, arg.len)?;
+    dims.check_len(arg.tensor, arg.len)?;
     if arg.ordinal != ordinal {
-        return Err(KdaError::WrongDevice { tensor: arg.name, expected: ordinal, actual: arg.ordinal });
+        return Err(KdaError::WrongDevice { tensor: arg.tensor.name(), expected: ordinal, actual: arg.ordinal });
     }
     if !arg.address.is_multiple_of(TENSOR_ALIGN as u64) {
-        return Err(KdaError::Alignment { tensor: arg.name, required: TENSOR_ALIGN, address: arg.address });
+        return Err(KdaError::Alignment { tensor: arg.tensor.name(), required: TENSOR_ALIGN, address: arg.address });
     }
     Ok(())
 }
@@ -47,7 +47,8 @@ mod tests {
     }
 
     fn arg(name: &'static str, len: usize) -> TensorArg {
-        TensorArg { name, len, address: 0x7000_0000, ordinal: 0 }
+        let tensor = Tensor::from_name(name).expect("a tensor of the contract");
+        TensorArg { tensor, len, address: 0x7000_0000, ordinal: 0 }
     }
 
     #[test]
