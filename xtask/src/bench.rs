@@ -41,13 +41,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         std::process::exit(124);
     });
     let err = |e: kda::KdaError| e.to_string();
-    // cudarc panics when the driver library is missing: that is "no GPU" too.
-    let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(0))
-        .map_err(|_| "bench needs a GPU: the CUDA driver library (libcuda) cannot be loaded".to_string())?
-        .map_err(|e| format!("bench needs a GPU: {e}"))?;
-    let gpu = ctx.name().map_err(|e| e.to_string())?;
-    let stream = ctx.default_stream();
-    let kda = Kda::new(ctx).map_err(err)?;
+    let (kda, stream) = Kda::open(0).map_err(|e| format!("bench needs a GPU: {e}"))?;
+    let gpu = kda.context().name().map_err(|e| e.to_string())?;
     let date = chrono_free_date();
     println!("GPU: {gpu} (compute capability {:?}), {date}", kda.compute_capability());
     let bw = copy_bandwidth(&stream, COPY_REPEAT).map_err(err)?;
