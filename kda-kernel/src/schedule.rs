@@ -5,7 +5,7 @@
 //! the worker's next one, or `ITEM_LAST`. Every role of a CTA walks the same list, so producer and
 //! consumer agree on the items without talking.
 
-use crate::arch::sm80::block_idx_x;
+use crate::arch::sm80::block_idx_x_in_role;
 use crate::layout::{
     CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
     ITEM_WORDS, K_DIM,
@@ -32,9 +32,10 @@ impl Work {
         Self { records: records.cast(), heads }
     }
 
-    /// This CTA's items, in order.
-    pub fn items(&self) -> Items<'_> {
-        Items { work: self, next: block_idx_x() as u32 }
+    /// This CTA's items, in order, as warp role `ROLE` walks them (see
+    /// [`block_idx_x_in_role`]: each role reads its CTA's index itself).
+    pub fn items<const ROLE: u32>(&self) -> Items<'_> {
+        Items { work: self, next: block_idx_x_in_role::<ROLE>() as u32 }
     }
 }
 

@@ -50,7 +50,7 @@ pub unsafe fn run(work: &Work, smem: Smem, tid: usize, maps: StoreMaps, has_h0: 
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
     // bulk-group read, not a barrier).
     let mut staging = PipelineState::<STAGING>::consumer_start();
-    for item in work.items() {
+    for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = [0f32; STATE_REGS];
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.

@@ -35,6 +35,11 @@ use crate::schedule::Work;
 use maps::{LoadMaps, StoreMaps};
 use smem::Smem;
 
+/// The consumer role's number, for what each role must compute itself (`Work::items`).
+const CONSUMER_ROLE: u32 = 0;
+/// The producer role's number.
+const PRODUCER_ROLE: u32 = 1;
+
 /// The role of a thread of the CTA.
 enum Role {
     /// Warps 0-3: the consumer warpgroup (warpgroup-aligned, as wgmma needs).

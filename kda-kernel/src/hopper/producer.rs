@@ -30,7 +30,7 @@ const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
 pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
     let mut stage = PipelineState::<STAGES>::producer_start();
     let mut slot = PipelineState::<1>::producer_start();
-    for item in work.items() {
+    for item in work.items::<{ super::PRODUCER_ROLE }>() {
         if let Some(h0) = maps.h0 {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
             unsafe { load_initial_state(&item, smem, lane, h0, slot) };
