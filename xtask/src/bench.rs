@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: the benchmark of record (run on the GPU machine).
 //!
-//! In one process: measures device-to-device copy bandwidth, then for every SPEC reference shape
+//! In one process: measures device-to-device copy bandwidth, then for every reference shape
 //! times each kernel (median of `--repeat` warm launches, each between its own CUDA events, inputs
 //! rotated over enough copies that the L2 cannot keep them), checks the outputs against the f64
 //! reference, prints a table and writes `bench/results.json`.
