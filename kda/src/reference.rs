@@ -149,12 +149,9 @@ fn run<F: Acc>(p: &Problem) -> Result<Outputs, KdaError> {
 
 /// Runs the recurrence of sequence `n` (described by `seq`), head `h`.
 fn item<F: Acc>(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
-    let heads = p.heads;
-    let key_row = |t: usize| ((seq.token_start + t) * heads + h) * K_DIM;
-    let value_row = |t: usize| ((seq.token_start + t) * heads + h) * V_DIM;
-
+    let at = Rows { token_start: seq.token_start, heads: p.heads, head: h };
     let mut s: Vec<F> = match &p.h0 {
-        Some(h0) => h0[(n * heads + h) * STATE..][..STATE].iter().map(|&x| F::of_f32(x)).collect(),
+        Some(h0) => h0[(n * p.heads + h) * STATE..][..STATE].iter().map(|&x| F::of_f32(x)).collect(),
         None => vec![F::ZERO; STATE],
     };
     let mut out = ItemOut {
@@ -165,54 +162,83 @@ fn item<F: Acc>(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
     // 192 KiB in f64: on the heap, not on a rayon worker's stack.
     let (mut s_bf, mut vn_bf) = (vec![F::ZERO; STATE], vec![F::ZERO; CHUNK * V_DIM]);
     for c in 0..seq.chunks() {
+        // The chunk's rows, 1 to CHUNK of them.
         let rows = c * CHUNK..seq.len.min((c + 1) * CHUNK);
-        let len = rows.len();
-
         // h = bf16(S); the products see the same rounded state.
         for (dst, &x) in s_bf.iter_mut().zip(&s) {
             let b = x.to_bf16();
             out.h.push(b);
             *dst = F::of_bf16(b);
         }
-
-        // Vn = u - w @ bf16(S), rounded to bf16 for v_new and for the state update.
-        for (i, t) in rows.clone().enumerate() {
-            let mut acc = [F::ZERO; V_DIM];
-            let w = &p.w[key_row(t)..][..K_DIM];
-            for (kk, &wk) in w.iter().enumerate() {
-                let wk = F::of_bf16(wk);
-                for (a, &sv) in acc.iter_mut().zip(&s_bf[kk * V_DIM..][..V_DIM]) {
-                    *a += wk * sv;
-                }
-            }
-            let u = &p.u[value_row(t)..][..V_DIM];
-            for (v, (&uv, &a)) in u.iter().zip(&acc).enumerate() {
-                let b = (F::of_bf16(uv) - a).to_bf16();
-                out.v_new.push(b);
-                vn_bf[i * V_DIM + v] = F::of_bf16(b);
-            }
-        }
-
-        // S = exp2(gk[last]) * S + k^T @ bf16(Vn).
-        let last = rows.end - 1;
-        let gk = &p.gk[key_row(last)..][..K_DIM];
-        for (kk, &g) in gk.iter().enumerate() {
-            let decay = F::of_f32(g).exp2();
-            let srow = &mut s[kk * V_DIM..][..V_DIM];
-            for x in srow.iter_mut() {
-                *x *= decay;
-            }
-            for (i, t) in rows.clone().enumerate() {
-                let kv = F::of_bf16(p.k[key_row(t) + kk]);
-                for (x, &vn) in srow.iter_mut().zip(&vn_bf[i * V_DIM..][..V_DIM]) {
-                    *x += kv * vn;
-                }
-            }
-        }
-        debug_assert!(len > 0);
+        corrected_values(p, &at, rows.clone(), &s_bf, &mut vn_bf, &mut out.v_new);
+        update_state(p, &at, rows, &vn_bf, &mut s);
     }
     out.ht = s.iter().map(|&x| x.to_f32()).collect();
     out
+}
+
+/// Where one (sequence, head)'s rows sit in the token tensors.
+struct Rows {
+    token_start: usize,
+    heads: usize,
+    head: usize,
+}
+
+impl Rows {
+    /// Element offset of token `t`'s row (counted from the sequence's start) of a `[T, H, K]`
+    /// tensor.
+    fn key(&self, t: usize) -> usize {
+        ((self.token_start + t) * self.heads + self.head) * K_DIM
+    }
+
+    /// The same for a `[T, H, V]` tensor.
+    fn value(&self, t: usize) -> usize {
+        ((self.token_start + t) * self.heads + self.head) * V_DIM
+    }
+}
+
+/// `Vn = u - w @ bf16(S)` over the chunk's `rows`, rounded to bf16: appended to `v_new` and kept
+/// in `vn_bf` (`[CHUNK][V]`, row `i` for the chunk's `i`-th token) for the state update.
+fn corrected_values<F: Acc>(
+    p: &Problem,
+    at: &Rows,
+    rows: std::ops::Range<usize>,
+    s_bf: &[F],
+    vn_bf: &mut [F],
+    v_new: &mut Vec<bf16>,
+) {
+    for (i, t) in rows.enumerate() {
+        let mut acc = [F::ZERO; V_DIM];
+        for (kk, &wk) in p.w[at.key(t)..][..K_DIM].iter().enumerate() {
+            let wk = F::of_bf16(wk);
+            for (a, &sv) in acc.iter_mut().zip(&s_bf[kk * V_DIM..][..V_DIM]) {
+                *a += wk * sv;
+            }
+        }
+        for (v, (&uv, &a)) in p.u[at.value(t)..][..V_DIM].iter().zip(&acc).enumerate() {
+            let b = (F::of_bf16(uv) - a).to_bf16();
+            v_new.push(b);
+            vn_bf[i * V_DIM + v] = F::of_bf16(b);
+        }
+    }
+}
+
+/// `S = exp2(gk[last]) * S + k^T @ bf16(Vn)` over the chunk's `rows` (`last` its last token).
+fn update_state<F: Acc>(p: &Problem, at: &Rows, rows: std::ops::Range<usize>, vn_bf: &[F], s: &mut [F]) {
+    let last = rows.end - 1;
+    for (kk, &g) in p.gk[at.key(last)..][..K_DIM].iter().enumerate() {
+        let decay = F::of_f32(g).exp2();
+        let srow = &mut s[kk * V_DIM..][..V_DIM];
+        for x in srow.iter_mut() {
+            *x *= decay;
+        }
+        for (i, t) in rows.clone().enumerate() {
+            let kv = F::of_bf16(p.k[at.key(t) + kk]);
+            for (x, &vn) in srow.iter_mut().zip(&vn_bf[i * V_DIM..][..V_DIM]) {
+                *x += kv * vn;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
