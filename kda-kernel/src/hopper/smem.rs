@@ -95,4 +95,4 @@ impl StageTiles {
     }
 }
 
-const _: () = assert!(STAGING >= 1 && size_of::<InitialState>() % 1024 == 0);
+const _: () = assert!(STAGING >= 1 && size_of::<InitialState>().is_multiple_of(1024));
