@@ -10,10 +10,11 @@
 //! run's output to `DIR/ab.log`.
 
 use crate::args::Args;
-use crate::proc::{Combined, Scratch, create_dir, describe, run_logged, tail};
+use crate::outputs::{NAMES, rel_errors};
+use crate::proc::{Combined, Finished, Scratch, create_dir, describe, run_logged, tail, write_json};
 use crate::shapes;
-use kda::{Outputs, io, precision, reference, rel_error};
-use serde_json::json;
+use kda::{Dims, Outputs, io, precision, reference};
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -27,7 +28,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 const REFERENCE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Checked besides the timed shapes: ragged tails over 512 items.
 const CHECK_SHAPE: &str = "ragged_many";
-const OUTPUTS: [&str; 3] = ["h", "v_new", "ht"];
+/// Scratch files: the f64 reference of the input under check, and a build's outputs on it.
+const REFERENCE_FILE: &str = "reference.safetensors";
+const CHECKED_FILE: &str = "gpu.safetensors";
 
 #[derive(Debug, PartialEq)]
 struct Options {
@@ -74,142 +77,247 @@ fn label(i: usize) -> String {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
-    for b in &o.builds {
-        if !b.is_file() {
-            return Err(format!("ab: {} is not a file", b.display()));
-        }
-    }
-    create_dir(&o.out)?;
-    let scratch = Scratch::new("ab")?;
-    let book = Combined::create(o.out.join("ab.log"))?;
-    let run_log = scratch.join("run.log");
-    for (i, b) in o.builds.iter().enumerate() {
+    let ab = Ab::new(parse(args)?)?;
+    for (i, b) in ab.o.builds.iter().enumerate() {
         println!("{} = {}", label(i), b.display());
     }
-
     // Correctness first, on every timed shape and on ragged_many.
-    let mut check_shapes = o.shapes.clone();
-    check_shapes.push(CHECK_SHAPE.into());
-    dedup(&mut check_shapes);
-    let mut passed = vec![true; o.builds.len()];
-    let mut checks = Vec::new();
-    for shape in &check_shapes {
-        let input = scratch.join(&format!("{shape}.safetensors"));
+    let checks = ab.check()?;
+    let timed: Vec<usize> = (0..ab.o.builds.len()).filter(|&i| checks.passed[i]).collect();
+    for i in (0..ab.o.builds.len()).filter(|i| !checks.passed[*i]) {
+        println!("{} failed its check: not timed", label(i));
+    }
+    let timing = ab.time(&timed)?;
+    ab.report(&checks, &timing)?;
+    verdict(&checks.passed, &timing.failures)
+}
+
+/// One comparison: its options, its scratch space (the inputs, outputs and the log of the run
+/// under way) and the log book gathering every run's output.
+struct Ab {
+    o: Options,
+    scratch: Scratch,
+    book: Combined,
+    run_log: PathBuf,
+}
+
+/// What the checks found: per build, whether it passed on every shape; a record per run.
+struct Checks {
+    passed: Vec<bool>,
+    records: Vec<Value>,
+}
+
+/// The f64 reference outputs of one input (of sizes `dims`), the f32 rounding floor of each
+/// output and the bound a build's error must stay under.
+struct Expected {
+    dims: Dims,
+    want: Outputs,
+    f32_floor: [f64; 3],
+    bounds: [f64; 3],
+}
+
+/// The timed runs: `times[shape][build]` holds each round's median; `failures` names the runs
+/// that gave none.
+struct Timing {
+    times: Vec<Vec<Vec<f64>>>,
+    failures: Vec<String>,
+}
+
+impl Ab {
+    /// Checks that the builds exist, then makes the output directory, the scratch space and the
+    /// log book.
+    fn new(o: Options) -> Result<Self, String> {
+        for b in &o.builds {
+            if !b.is_file() {
+                return Err(format!("ab: {} is not a file", b.display()));
+            }
+        }
+        create_dir(&o.out)?;
+        let scratch = Scratch::new("ab")?;
+        let book = Combined::create(o.out.join("ab.log"))?;
+        let run_log = scratch.join("run.log");
+        Ok(Self { o, scratch, book, run_log })
+    }
+
+    /// Runs `cmd` under `limit` and adds its output to the book as run `name`.
+    fn run(&self, name: &str, cmd: &mut Command, limit: Duration) -> Result<(Finished, String), String> {
+        let (f, text) = run_logged(cmd, limit, &self.run_log)?;
+        self.book.run(name, &describe(cmd), &f, &text)?;
+        Ok((f, text))
+    }
+
+    /// The input file of `shape` in the scratch space.
+    fn input(&self, shape: &str) -> PathBuf {
+        self.scratch.join(&format!("{shape}.safetensors"))
+    }
+
+    /// Checks every build against the f64 reference on each timed shape and on [`CHECK_SHAPE`].
+    fn check(&self) -> Result<Checks, String> {
+        let mut check_shapes = self.o.shapes.clone();
+        check_shapes.push(CHECK_SHAPE.into());
+        dedup(&mut check_shapes);
+        let mut checks = Checks { passed: vec![true; self.o.builds.len()], records: Vec::new() };
+        for shape in &check_shapes {
+            self.check_shape(shape, &mut checks)?;
+        }
+        Ok(checks)
+    }
+
+    /// Writes the input of `shape`, computes its reference and checks every build on it. The
+    /// input stays only when `shape` is timed.
+    fn check_shape(&self, shape: &str, checks: &mut Checks) -> Result<(), String> {
+        let input = self.input(shape);
         println!("== check {shape}: inputs, f64 reference (--cpu, {}) ...", label(0));
-        let p = shapes::write(shape, &input)?;
-        let d = p.dims();
-        let ref_path = scratch.join("reference.safetensors");
-        let mut cmd = Command::new(&o.builds[0]);
-        cmd.args(["run", "--cpu", "--inputs"]).arg(&input).arg("--out").arg(&ref_path);
-        let (f, text) = run_logged(&mut cmd, REFERENCE_TIMEOUT, &run_log)?;
-        book.run(&format!("reference {shape}"), &describe(&cmd), &f, &text)?;
+        let expected = self.expect(shape, &input)?;
+        for i in 0..self.o.builds.len() {
+            let (ok, record) = self.check_build(i, shape, &input, &expected)?;
+            checks.passed[i] &= ok;
+            checks.records.push(record);
+        }
+        let _ = std::fs::remove_file(self.scratch.join(REFERENCE_FILE));
+        if !self.o.shapes.iter().any(|s| s == shape) {
+            let _ = std::fs::remove_file(&input);
+        }
+        Ok(())
+    }
+
+    /// Writes the input of `shape` to `input` and runs the f64 reference on it (`--cpu`, with the
+    /// first build).
+    fn expect(&self, shape: &str, input: &Path) -> Result<Expected, String> {
+        let p = shapes::write(shape, input)?;
+        let dims = p.dims();
+        let ref_path = self.scratch.join(REFERENCE_FILE);
+        let mut cmd = Command::new(&self.o.builds[0]);
+        cmd.args(["run", "--cpu", "--inputs"]).arg(input).arg("--out").arg(&ref_path);
+        let (f, text) = self.run(&format!("reference {shape}"), &mut cmd, REFERENCE_TIMEOUT)?;
         if !f.ok() {
             return Err(format!("ab: the f64 reference of {shape} {}:\n{}", f.describe(), tail(&text, 10)));
         }
-        let want = io::read_outputs(&ref_path, &d).map_err(|e| e.to_string())?;
+        let want = io::read_outputs(&ref_path, &dims).map_err(|e| e.to_string())?;
         // The f32 rounding floor e32 of this problem, which sets the bound on long sequences.
-        let e32 = errors(&reference::reference_f32(&p).map_err(|e| e.to_string())?, &want);
-        drop(p);
-        let bounds = e32.map(precision::bound);
-        for (i, b) in o.builds.iter().enumerate() {
-            let got_path = scratch.join("gpu.safetensors");
-            let _ = std::fs::remove_file(&got_path);
-            let mut cmd = Command::new(b);
-            cmd.arg("run").arg("--inputs").arg(&input).arg("--out").arg(&got_path);
-            let (f, text) = run_logged(&mut cmd, o.timeout, &run_log)?;
-            book.run(&format!("check {shape} {}", label(i)), &describe(&cmd), &f, &text)?;
-            let errs = if f.ok() { io::read_outputs(&got_path, &d).ok().map(|got| errors(&got, &want)) } else { None };
-            let ok = errs.is_some_and(|e| e.iter().zip(&bounds).all(|(e, b)| *e < *b));
-            passed[i] &= ok;
-            match errs {
-                Some(e) => {
-                    let cols: Vec<String> =
-                        (0..3).map(|k| format!("{} {:.2e} (< {:.2e})", OUTPUTS[k], e[k], bounds[k])).collect();
-                    println!("   {} {}: {}", label(i), if ok { "pass" } else { "FAIL" }, cols.join(", "));
-                }
-                None => println!("   {} FAIL: {}\n{}", label(i), f.describe(), tail(&text, 10)),
+        let e32 = rel_errors(&reference::reference_f32(&p).map_err(|e| e.to_string())?, &want);
+        Ok(Expected { dims, want, f32_floor: e32, bounds: e32.map(precision::bound) })
+    }
+
+    /// Runs build `i` on `input` (of `shape`) and judges its outputs: whether it passed, and the
+    /// run's record.
+    fn check_build(&self, i: usize, shape: &str, input: &Path, x: &Expected) -> Result<(bool, Value), String> {
+        let got_path = self.scratch.join(CHECKED_FILE);
+        let _ = std::fs::remove_file(&got_path);
+        let mut cmd = Command::new(&self.o.builds[i]);
+        cmd.arg("run").arg("--inputs").arg(input).arg("--out").arg(&got_path);
+        let (f, text) = self.run(&format!("check {shape} {}", label(i)), &mut cmd, self.o.timeout)?;
+        let errs =
+            if f.ok() { io::read_outputs(&got_path, &x.dims).ok().map(|got| rel_errors(&got, &x.want)) } else { None };
+        let ok = errs.is_some_and(|e| e.iter().zip(&x.bounds).all(|(e, b)| *e < *b));
+        match errs {
+            Some(e) => {
+                let cols: Vec<String> =
+                    (0..3).map(|k| format!("{} {:.2e} (< {:.2e})", NAMES[k], e[k], x.bounds[k])).collect();
+                println!("   {} {}: {}", label(i), if ok { "pass" } else { "FAIL" }, cols.join(", "));
             }
-            checks.push(json!({
+            None => println!("   {} FAIL: {}\n{}", label(i), f.describe(), tail(&text, 10)),
+        }
+        Ok((
+            ok,
+            json!({
                 "shape": shape, "build": label(i), "pass": ok, "run": f.describe(),
-                "rel_err": errs, "bound": bounds, "f32_floor": e32,
-            }));
-        }
-        let _ = std::fs::remove_file(&ref_path);
-        if !o.shapes.contains(shape) {
-            let _ = std::fs::remove_file(&input);
-        }
-    }
-    let timed: Vec<usize> = (0..o.builds.len()).filter(|&i| passed[i]).collect();
-    for i in (0..o.builds.len()).filter(|i| !passed[*i]) {
-        println!("{} failed its check: not timed", label(i));
+                "rel_err": errs, "bound": x.bounds, "f32_floor": x.f32_floor,
+            }),
+        ))
     }
 
-    // Timing: times[shape][build] holds each round's median.
-    let mut times = vec![vec![Vec::new(); o.builds.len()]; o.shapes.len()];
-    let mut failures = Vec::new();
-    for round in 0..o.rounds {
-        let order: Vec<usize> = if round % 2 == 0 { timed.clone() } else { timed.iter().rev().copied().collect() };
-        for (s, shape) in o.shapes.iter().enumerate() {
-            for &i in &order {
-                let mut cmd = Command::new(&o.builds[i]);
-                cmd.arg("run").arg("--inputs").arg(scratch.join(&format!("{shape}.safetensors")));
-                cmd.arg("--out").arg(scratch.join("timed.safetensors")).args(["--repeat", &o.repeat.to_string()]);
-                let (f, text) = run_logged(&mut cmd, o.timeout, &run_log)?;
-                book.run(&format!("round {} {shape} {}", round + 1, label(i)), &describe(&cmd), &f, &text)?;
-                match parse_median(&text).filter(|_| f.ok()) {
-                    Some(us) => {
-                        println!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, o.rounds, label(i));
-                        times[s][i].push(us);
-                    }
-                    None => {
-                        let last = tail(&text, 1);
-                        println!(
-                            "round {}/{} {shape:<18} {} no median: {} {last}",
-                            round + 1,
-                            o.rounds,
-                            label(i),
-                            f.describe()
-                        );
-                        failures.push(format!("{shape} {}: {}", label(i), f.describe()));
-                    }
+    /// Times the builds `timed` on every shape, round by round, the order reversed every other
+    /// round.
+    fn time(&self, timed: &[usize]) -> Result<Timing, String> {
+        let mut timing =
+            Timing { times: vec![vec![Vec::new(); self.o.builds.len()]; self.o.shapes.len()], failures: Vec::new() };
+        for round in 0..self.o.rounds {
+            let order: Vec<usize> = if round % 2 == 0 { timed.to_vec() } else { timed.iter().rev().copied().collect() };
+            for s in 0..self.o.shapes.len() {
+                for &i in &order {
+                    self.time_run(round, s, i, &mut timing)?;
                 }
             }
         }
+        Ok(timing)
     }
 
-    let medians = summarize(&times);
-    let shape_names: Vec<&str> = o.shapes.iter().map(String::as_str).collect();
-    println!("\nmedian over {} rounds of each run's median of {} launches, us (ratio to A)\n", o.rounds, o.repeat);
-    let table = table(&shape_names, o.builds.len(), &medians);
-    println!("{table}");
-    book.append(&format!("######## table\n{table}\n"))?;
-    let rows: Vec<_> = o
-        .shapes
-        .iter()
-        .enumerate()
-        .map(|(s, shape)| {
+    /// One timed run (`kda run --repeat N`) of build `i` on shape `s` in `round`: its median, or
+    /// a failure.
+    fn time_run(&self, round: usize, s: usize, i: usize, timing: &mut Timing) -> Result<(), String> {
+        let shape = &self.o.shapes[s];
+        let mut cmd = Command::new(&self.o.builds[i]);
+        cmd.arg("run").arg("--inputs").arg(self.input(shape));
+        cmd.arg("--out").arg(self.scratch.join("timed.safetensors")).args(["--repeat", &self.o.repeat.to_string()]);
+        let (f, text) = self.run(&format!("round {} {shape} {}", round + 1, label(i)), &mut cmd, self.o.timeout)?;
+        match parse_median(&text).filter(|_| f.ok()) {
+            Some(us) => {
+                println!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, self.o.rounds, label(i));
+                timing.times[s][i].push(us);
+            }
+            None => {
+                let last = tail(&text, 1);
+                println!(
+                    "round {}/{} {shape:<18} {} no median: {} {last}",
+                    round + 1,
+                    self.o.rounds,
+                    label(i),
+                    f.describe()
+                );
+                timing.failures.push(format!("{shape} {}: {}", label(i), f.describe()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the table of medians (into the book too) and writes `ab.json`.
+    fn report(&self, checks: &Checks, timing: &Timing) -> Result<(), String> {
+        let medians = summarize(&timing.times);
+        let shape_names: Vec<&str> = self.o.shapes.iter().map(String::as_str).collect();
+        println!(
+            "\nmedian over {} rounds of each run's median of {} launches, us (ratio to A)\n",
+            self.o.rounds, self.o.repeat
+        );
+        let table = table(&shape_names, self.o.builds.len(), &medians);
+        println!("{table}");
+        self.book.append(&format!("######## table\n{table}\n"))?;
+        let doc = json!({
+            "builds": self.build_records(&checks.passed), "rounds": self.o.rounds, "repeat": self.o.repeat,
+            "seed": shapes::INPUT_SEED, "shapes": self.shape_records(&timing.times, &medians),
+            "checks": checks.records, "failures": timing.failures,
+        });
+        let path = self.o.out.join("ab.json");
+        write_json(&path, &doc)?;
+        println!("\nwrote {} (every run's output in {})", path.display(), self.book.0.display());
+        Ok(())
+    }
+
+    /// Per shape: its sizes, every round's median of each build, their medians and ratios.
+    fn shape_records(&self, times: &[Vec<Vec<f64>>], medians: &[Vec<Option<f64>>]) -> Vec<Value> {
+        let records = self.o.shapes.iter().enumerate().map(|(s, shape)| {
             let (lengths, heads) = shapes::lookup(shape).unwrap_or_default();
             json!({
                 "shape": shape, "heads": heads, "seqs": lengths.len(), "tokens": lengths.iter().sum::<usize>(),
                 "runs_us": times[s], "median_us": medians[s], "ratio": ratios(&medians[s]),
             })
-        })
-        .collect();
-    let builds: Vec<_> = o
-        .builds
-        .iter()
-        .enumerate()
-        .map(|(i, b)| json!({ "label": label(i), "path": b.display().to_string(), "check": passed[i] }))
-        .collect();
-    let doc = json!({
-        "builds": builds, "rounds": o.rounds, "repeat": o.repeat, "seed": shapes::INPUT_SEED,
-        "shapes": rows, "checks": checks, "failures": failures,
-    });
-    let path = o.out.join("ab.json");
-    write_json(&path, &doc)?;
-    println!("\nwrote {} (every run's output in {})", path.display(), book.0.display());
-    let failed_checks: Vec<String> = (0..o.builds.len()).filter(|&i| !passed[i]).map(label).collect();
+        });
+        records.collect()
+    }
+
+    /// Per build: its label, path and whether it passed its check.
+    fn build_records(&self, passed: &[bool]) -> Vec<Value> {
+        let records = self.o.builds.iter().enumerate();
+        records
+            .map(|(i, b)| json!({ "label": label(i), "path": b.display().to_string(), "check": passed[i] }))
+            .collect()
+    }
+}
+
+/// The outcome: an error naming the builds that failed their check, else one naming the timed
+/// runs that failed.
+fn verdict(passed: &[bool], failures: &[String]) -> Result<(), String> {
+    let failed_checks: Vec<String> = (0..passed.len()).filter(|&i| !passed[i]).map(label).collect();
     if !failed_checks.is_empty() {
         return Err(format!("ab: build(s) {} failed the check against the f64 reference", failed_checks.join(", ")));
     }
@@ -217,16 +325,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Err(format!("ab: {} timed run(s) failed: {}", failures.len(), failures.join("; ")));
     }
     Ok(())
-}
-
-fn write_json(path: &Path, doc: &serde_json::Value) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())? + "\n";
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// Relative errors of `h`, `v_new`, `ht` against the reference.
-fn errors(got: &Outputs, want: &Outputs) -> [f64; 3] {
-    [rel_error(&got.h, &want.h), rel_error(&got.v_new, &want.v_new), rel_error(&got.ht, &want.ht)]
 }
 
 /// The time `kda run --repeat N` prints: the number in its last `median X us`.
@@ -355,5 +453,16 @@ mod tests {
              | mixed_6 | 100.0 | 110.0 (1.100) | - |"
         );
         assert_eq!((label(0), label(25), label(26)), ("A".into(), "Z".into(), "#27".into()));
+    }
+
+    #[test]
+    fn the_verdict_names_failed_checks_first() {
+        assert_eq!(verdict(&[true, true], &[]), Ok(()));
+        let timed = strings(&["tiny B: rc=1 in 0.1 s"]);
+        assert_eq!(verdict(&[true, true], &timed).unwrap_err(), "ab: 1 timed run(s) failed: tiny B: rc=1 in 0.1 s");
+        assert_eq!(
+            verdict(&[true, false, false], &timed).unwrap_err(),
+            "ab: build(s) B, C failed the check against the f64 reference"
+        );
     }
 }

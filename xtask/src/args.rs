@@ -48,6 +48,15 @@ impl Args {
         Ok(out)
     }
 
+    /// Fails, as subcommand `cmd`, when a positional argument was given (for a command that takes
+    /// none).
+    pub fn no_positional(&self, cmd: &str) -> Result<(), String> {
+        match self.positional.first() {
+            Some(p) => Err(format!("{cmd}: unexpected argument {p}")),
+            None => Ok(()),
+        }
+    }
+
     /// The value of the last `flag` given.
     pub fn value(&self, flag: &str) -> Option<&str> {
         self.flags.iter().rev().find(|(f, _)| f == flag).and_then(|(_, v)| v.as_deref())
@@ -135,6 +144,9 @@ mod tests {
         assert!(e.contains("needs a value"), "{e}");
         let e = Args::parse("x", &strings(&["--quick=1"]), &[], &["--quick"]).unwrap_err();
         assert!(e.contains("--quick=1"), "{e}");
+        let a = Args::parse("bench", &strings(&["extra"]), &[], &[]).unwrap();
+        assert_eq!(a.no_positional("bench").unwrap_err(), "bench: unexpected argument extra");
+        assert!(Args::parse("bench", &[], &[], &[]).unwrap().no_positional("bench").is_ok());
         let a =
             Args::parse("x", &strings(&["--repeat", "0", "--timeout", "z"]), &["--repeat", "--timeout"], &[]).unwrap();
         assert!(a.count("--repeat", 1).is_err());

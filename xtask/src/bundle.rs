@@ -13,9 +13,7 @@ const CARRY_LIMIT: u64 = 64 << 20;
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("bundle", args, &["--out"], &[])?;
-    if let Some(p) = a.positional.first() {
-        return Err(format!("bundle: unexpected argument {p}"));
-    }
+    a.no_positional("bundle")?;
     let root = repo_root();
     let out = a.path("--out", root.join("target/gpu-bundle"));
     // Three builds: `--bin kda` finds the CLI in whichever workspace package holds it, and would

@@ -6,6 +6,7 @@ mod ab;
 mod args;
 mod bench;
 mod bundle;
+mod outputs;
 mod proc;
 mod profile;
 mod ptx;

@@ -1,5 +1,5 @@
 //! Child processes under a timeout, and where things are: the repository root, the bundle's
-//! binaries, CUDA tools, scratch space.
+//! binaries, CUDA tools, scratch space, files written whole.
 //!
 //! A timed child runs in its own process group, so that on timeout the whole group (ncu or
 //! compute-sanitizer and the `kda` process under it) is killed and a hang is reported instead of
@@ -212,6 +212,17 @@ impl Drop for Scratch {
 /// Creates `dir` (and its parents).
 pub fn create_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// Writes `text` to `path`, replacing it.
+pub fn write_text(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes `doc` to `path` as pretty-printed JSON with a final newline.
+pub fn write_json(path: &Path, doc: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())? + "\n";
+    write_text(path, &text)
 }
 
 #[cfg(test)]

@@ -24,9 +24,7 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("profile", args, &["--shape", "--out", "--bundle"], &[])?;
-    if let Some(p) = a.positional.first() {
-        return Err(format!("profile: unexpected argument {p}"));
-    }
+    a.no_positional("profile")?;
     let shape = a.value("--shape").unwrap_or("fixed_8192");
     let out = a.path("--out", "target/profile");
     let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;

@@ -16,9 +16,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
-    if let Some(p) = a.positional.first() {
-        return Err(format!("sanitize: unexpected argument {p}"));
-    }
+    a.no_positional("sanitize")?;
     let out = a.path("--out", "target/sanitize");
     let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
     let sanitizer = cuda_cli("compute-sanitizer");

@@ -10,8 +10,11 @@
 //! own logs stay in a scratch directory.)
 
 use crate::args::Args;
-use crate::proc::{Finished, Scratch, bundle_bin, bundle_dir, create_dir, describe, repo_root, run_logged, tail};
-use std::path::Path;
+use crate::proc::{
+    Finished, Scratch, bundle_bin, bundle_dir, create_dir, describe, repo_root, run_logged, tail, write_text,
+};
+use std::ffi::OsStr;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,90 +27,132 @@ struct Step {
     cmd: Command,
 }
 
-fn step(name: &'static str, secs: u64, program: impl AsRef<std::ffi::OsStr>) -> Step {
+fn step(name: &'static str, secs: u64, program: impl AsRef<OsStr>) -> Step {
     Step { name, limit: Duration::from_secs(secs), cmd: Command::new(program) }
+}
+
+impl Step {
+    /// Adds an argument to the step's command.
+    fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Adds arguments to the step's command.
+    fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.cmd.args(args);
+        self
+    }
+}
+
+/// Where the session's programs are and where its files go.
+struct Places {
+    /// The output directory.
+    out: PathBuf,
+    bundle: PathBuf,
+    /// The bundle's `kda`.
+    kda: PathBuf,
+    /// This executable.
+    me: PathBuf,
+    /// The repository root.
+    root: PathBuf,
+    scratch: Scratch,
+}
+
+impl Places {
+    /// Finds the bundle (in `bundle`, else next to this executable) with its `kda` and `gpu`,
+    /// creates `out` and the scratch space.
+    fn find(out: PathBuf, bundle: Option<&str>) -> Result<Self, String> {
+        let bundle = bundle_dir(bundle)?;
+        let kda = bundle_bin(&bundle, "kda")?;
+        bundle_bin(&bundle, "gpu")?;
+        let me = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+        let root = repo_root();
+        create_dir(&out)?;
+        let scratch = Scratch::new("session")?;
+        Ok(Self { out, bundle, kda, me, root, scratch })
+    }
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("gpu-session", args, &["--out", "--bundle"], &["--quick"])?;
-    if let Some(p) = a.positional.first() {
-        return Err(format!("gpu-session: unexpected argument {p}"));
-    }
-    let out = a.path("--out", "target/gpu-session");
+    a.no_positional("gpu-session")?;
     let quick = a.has("--quick");
-    let bundle = bundle_dir(a.value("--bundle"))?;
-    let kda = bundle_bin(&bundle, "kda")?;
-    bundle_bin(&bundle, "gpu")?;
-    let me = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    let root = repo_root();
-    create_dir(&out)?;
-    let scratch = Scratch::new("session")?;
-    let file = |name: &str| scratch.join(name);
-
-    let mut steps = Vec::new();
-    let mut s = step("device", 30, "nvidia-smi");
-    s.cmd.args(["--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv"]);
-    steps.push(s);
-    // The suite's own timeout is 300 s; the step's is a little longer so the suite reports first.
-    let mut s = step("gpu_suite", 330, &me);
-    s.cmd.arg("gpu-suite").arg("--bundle").arg(&bundle);
-    steps.push(s);
-    if !quick {
-        let mut s = step("demo", 60, &kda);
-        s.cmd.arg("demo");
-        steps.push(s);
-        let mut s = step("interop_make", 60, "python3");
-        s.cmd.arg(root.join(INTEROP)).arg("make").arg(file("torch_in.safetensors"));
-        steps.push(s);
-        let mut s = step("interop_gpu", 60, &kda);
-        s.cmd.args(["run", "--inputs"]).arg(file("torch_in.safetensors"));
-        s.cmd.arg("--out").arg(file("torch_gpu.safetensors")).args(["--repeat", "50"]);
-        steps.push(s);
-        let mut s = step("interop_cpu", 60, &kda);
-        s.cmd.args(["run", "--cpu", "--inputs"]).arg(file("torch_in.safetensors"));
-        s.cmd.arg("--out").arg(file("torch_cpu.safetensors"));
-        steps.push(s);
-        let mut s = step("interop_compare", 60, "python3");
-        s.cmd.arg(root.join(INTEROP)).arg("compare").arg(file("torch_in.safetensors"));
-        s.cmd.arg(file("torch_gpu.safetensors")).arg(file("torch_cpu.safetensors"));
-        steps.push(s);
-    }
-    // The benchmark's own limit is 300 s (it runs in one process, under a watchdog).
-    let mut s = step("bench", 330, &me);
-    s.cmd.args(["bench", "--repeat", "100", "--timeout", "300", "--out"]).arg(&out);
-    steps.push(s);
-    if !quick {
-        // Six sanitizer runs of at most 120 s each.
-        let mut s = step("sanitize", 780, &me);
-        s.cmd.arg("sanitize").arg("--bundle").arg(&bundle).arg("--out").arg(scratch.join("sanitize"));
-        steps.push(s);
-    }
-
-    let mut results: Vec<(&str, Finished)> = Vec::new();
-    let mut combined = String::new();
-    for mut s in steps {
-        let log = scratch.join(&format!("{}.log", s.name));
-        let what = describe(&s.cmd);
-        println!("== {}: {what} (timeout {} s)", s.name, s.limit.as_secs());
-        let (f, text) = match run_logged(&mut s.cmd, s.limit, &log) {
-            Ok(r) => r,
-            Err(e) => (Finished { code: Some(127), timed_out: false, secs: 0.0 }, e),
-        };
-        println!("   {}: {}", s.name, f.describe());
-        println!("{}", tail(&text, 25));
-        combined += &format!("######## {}: {what}\n{text}\n######## {}: {}\n", s.name, s.name, f.describe());
-        results.push((s.name, f));
-        // Written after every step, so a session cut short still leaves its log.
-        write(&out.join("session.log"), &format!("{combined}######## summary\n{}\n", summary(&results)))?;
-    }
+    let places = Places::find(a.path("--out", "target/gpu-session"), a.value("--bundle"))?;
+    let results = run_steps(steps(&places, quick), &places)?;
     println!("\n{}", summary(&results));
-    println!("wrote {}", out.join("session.log").display());
+    println!("wrote {}", places.out.join("session.log").display());
     let failed: Vec<&str> = results.iter().filter(|(_, f)| !f.ok()).map(|(n, _)| *n).collect();
     if failed.is_empty() { Ok(()) } else { Err(format!("gpu-session: failed steps: {}", failed.join(", "))) }
 }
 
-fn write(path: &Path, text: &str) -> Result<(), String> {
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+/// The session's steps in order; `quick` keeps only the device info, the suite and the benchmark.
+fn steps(p: &Places, quick: bool) -> Vec<Step> {
+    let mut steps = vec![
+        step("device", 30, "nvidia-smi").args(["--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv"]),
+        // The suite's own timeout is 300 s; the step's is a little longer so the suite reports first.
+        step("gpu_suite", 330, &p.me).arg("gpu-suite").arg("--bundle").arg(&p.bundle),
+    ];
+    if !quick {
+        steps.push(step("demo", 60, &p.kda).arg("demo"));
+        steps.extend(interop_steps(p));
+    }
+    // The benchmark's own limit is 300 s (it runs in one process, under a watchdog).
+    steps.push(step("bench", 330, &p.me).args(["bench", "--repeat", "100", "--timeout", "300", "--out"]).arg(&p.out));
+    if !quick {
+        // Six sanitizer runs of at most 120 s each.
+        let sanitize = step("sanitize", 780, &p.me).arg("sanitize").arg("--bundle").arg(&p.bundle);
+        steps.push(sanitize.arg("--out").arg(p.scratch.join("sanitize")));
+    }
+    steps
+}
+
+/// The PyTorch round trip: a PyTorch-written file through `kda run` on the GPU and with `--cpu`,
+/// the two outputs compared in Python.
+fn interop_steps(p: &Places) -> [Step; 4] {
+    let file = |name: &str| p.scratch.join(name);
+    let (input, gpu, cpu) =
+        (file("torch_in.safetensors"), file("torch_gpu.safetensors"), file("torch_cpu.safetensors"));
+    [
+        step("interop_make", 60, "python3").arg(p.root.join(INTEROP)).arg("make").arg(&input),
+        step("interop_gpu", 60, &p.kda)
+            .args(["run", "--inputs"])
+            .arg(&input)
+            .arg("--out")
+            .arg(&gpu)
+            .args(["--repeat", "50"]),
+        step("interop_cpu", 60, &p.kda).args(["run", "--cpu", "--inputs"]).arg(&input).arg("--out").arg(&cpu),
+        step("interop_compare", 60, "python3").arg(p.root.join(INTEROP)).arg("compare").arg(&input).arg(&gpu).arg(&cpu),
+    ]
+}
+
+/// Runs the steps in turn and returns how each ended. `session.log` gathers their logs and is
+/// rewritten, with the summary so far, after every step, so a session cut short still leaves it.
+fn run_steps(steps: Vec<Step>, p: &Places) -> Result<Vec<(&'static str, Finished)>, String> {
+    let mut results = Vec::new();
+    let mut combined = String::new();
+    for mut s in steps {
+        let what = describe(&s.cmd);
+        let (f, text) = run_step(&mut s, &what, &p.scratch);
+        combined += &format!("######## {}: {what}\n{text}\n######## {}: {}\n", s.name, s.name, f.describe());
+        results.push((s.name, f));
+        write_text(&p.out.join("session.log"), &format!("{combined}######## summary\n{}\n", summary(&results)))?;
+    }
+    Ok(results)
+}
+
+/// Runs step `s` (command `what`) with its log in `scratch`, and prints how it ended and the
+/// log's last lines. A step that cannot start ends as `rc=127`, its log the reason.
+fn run_step(s: &mut Step, what: &str, scratch: &Scratch) -> (Finished, String) {
+    let log = scratch.join(&format!("{}.log", s.name));
+    println!("== {}: {what} (timeout {} s)", s.name, s.limit.as_secs());
+    let (f, text) = match run_logged(&mut s.cmd, s.limit, &log) {
+        Ok(r) => r,
+        Err(e) => (Finished { code: Some(127), timed_out: false, secs: 0.0 }, e),
+    };
+    println!("   {}: {}", s.name, f.describe());
+    println!("{}", tail(&text, 25));
+    (f, text)
 }
 
 /// One line per step: name, `ok`/`FAIL`, how it ended.
@@ -129,5 +174,46 @@ mod tests {
         let hung = Finished { code: None, timed_out: true, secs: 300.0 };
         let s = summary(&[("gpu_suite", ok), ("bench", hung)]);
         assert_eq!(s, "gpu_suite        ok   rc=0 in 12.0 s\nbench            FAIL timed out after 300.0 s");
+    }
+
+    #[test]
+    fn the_steps_and_their_commands() {
+        let p = Places {
+            out: "/o".into(),
+            bundle: "/b".into(),
+            kda: "/b/kda".into(),
+            me: "/b/xtask".into(),
+            root: "/r".into(),
+            scratch: Scratch::new("test-steps").unwrap(),
+        };
+        let s = p.scratch.0.display();
+        let py = "python3 /r/tests/interop/torch_roundtrip.py";
+        let expected = [
+            ("device", 30, "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv".to_string()),
+            ("gpu_suite", 330, "/b/xtask gpu-suite --bundle /b".into()),
+            ("demo", 60, "/b/kda demo".into()),
+            ("interop_make", 60, format!("{py} make {s}/torch_in.safetensors")),
+            (
+                "interop_gpu",
+                60,
+                format!("/b/kda run --inputs {s}/torch_in.safetensors --out {s}/torch_gpu.safetensors --repeat 50"),
+            ),
+            (
+                "interop_cpu",
+                60,
+                format!("/b/kda run --cpu --inputs {s}/torch_in.safetensors --out {s}/torch_cpu.safetensors"),
+            ),
+            (
+                "interop_compare",
+                60,
+                format!("{py} compare {s}/torch_in.safetensors {s}/torch_gpu.safetensors {s}/torch_cpu.safetensors"),
+            ),
+            ("bench", 330, "/b/xtask bench --repeat 100 --timeout 300 --out /o".into()),
+            ("sanitize", 780, format!("/b/xtask sanitize --bundle /b --out {s}/sanitize")),
+        ];
+        let got: Vec<_> = steps(&p, false).iter().map(|s| (s.name, s.limit.as_secs(), describe(&s.cmd))).collect();
+        assert_eq!(got, expected);
+        let quick: Vec<_> = steps(&p, true).iter().map(|s| s.name).collect();
+        assert_eq!(quick, ["device", "gpu_suite", "bench"]);
     }
 }
