@@ -4,6 +4,7 @@
 //! Every tensor is drawn from a small counter-based generator seeded per (tensor, token), so a
 //! problem is a pure function of `(plan, heads, with_h0, seed)` whatever the thread count.
 
+use crate::model::{ModelProblem, ModelShape};
 use crate::{Dims, KdaError, Plan, Problem};
 use half::bf16;
 use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
@@ -130,26 +131,42 @@ pub fn try_random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) ->
     // Every count below is at most one of these, so none overflows.
     Dims::new(&plan, heads).check()?;
     let t = plan.tokens();
-    let row = heads * K_DIM;
-    let mut k = vec![bf16::ZERO; t * row];
-    k.par_chunks_mut(K_DIM).enumerate().for_each(|(r, dst)| {
+    let k = unit_rows(t * heads, K_DIM, seed);
+    let w = normal_rows(t, heads * K_DIM, seed, W_ID, W_STD);
+    let u = normal_rows(t, heads * V_DIM, seed, U_ID, U_STD);
+    let gk = chunk_gates(&plan, heads * K_DIM, seed, G_ID);
+    let h0 = with_h0.then(|| initial_states(plan.num_seqs() * heads * K_DIM * V_DIM, V_DIM, seed));
+    Ok(Problem { plan, heads, k, w, u, gk, h0 })
+}
+
+/// `rows` rows of `width` bf16, each drawn from N(0, 1) and L2-normalised (the keys).
+fn unit_rows(rows: usize, width: usize, seed: u64) -> Vec<bf16> {
+    let mut k = vec![bf16::ZERO; rows * width];
+    k.par_chunks_mut(width).enumerate().for_each(|(r, dst)| {
         let mut rng = Rng::for_row(seed, K_ID, r as u64);
-        let x: Vec<f64> = (0..K_DIM).map(|_| rng.normal()).collect();
+        let x: Vec<f64> = (0..width).map(|_| rng.normal()).collect();
         let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
         for (d, v) in dst.iter_mut().zip(x) {
             *d = bf16::from_f64(v / norm);
         }
     });
-    let mut w = vec![bf16::ZERO; t * row];
-    fill_rows(&mut w, row, seed, W_ID, |r| bf16::from_f64(W_STD * r.normal()));
-    let mut u = vec![bf16::ZERO; t * heads * V_DIM];
-    fill_rows(&mut u, heads * V_DIM, seed, U_ID, |r| bf16::from_f64(U_STD * r.normal()));
+    k
+}
 
-    // Per-token gates, then the cumulative sum inside each chunk of each sequence.
-    let mut gk = vec![0f32; t * row];
-    fill_rows(&mut gk, row, seed, G_ID, |r| (-GATE_MAX * r.uniform()) as f32);
+/// `tokens` rows of `width` bf16 drawn from N(0, std^2), generator stream `id`.
+fn normal_rows(tokens: usize, width: usize, seed: u64, id: u64, std: f64) -> Vec<bf16> {
+    let mut out = vec![bf16::ZERO; tokens * width];
+    fill_rows(&mut out, width, seed, id, |r| bf16::from_f64(std * r.normal()));
+    out
+}
+
+/// Log2 gates for every token of `plan` (rows of `row` f32): per token uniform in
+/// `(-GATE_MAX, 0)`, then summed cumulatively inside each chunk of each sequence.
+fn chunk_gates(plan: &Plan, row: usize, seed: u64, id: u64) -> Vec<f32> {
+    let mut gates = vec![0f32; plan.tokens() * row];
+    fill_rows(&mut gates, row, seed, id, |r| (-GATE_MAX * r.uniform()) as f32);
     let mut chunks: Vec<&mut [f32]> = Vec::with_capacity(plan.chunks());
-    let mut rest = gk.as_mut_slice();
+    let mut rest = gates.as_mut_slice();
     for s in plan.seqs() {
         let (mut seq, tail) = rest.split_at_mut(s.len * row);
         rest = tail;
@@ -167,13 +184,45 @@ pub fn try_random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) ->
             }
         }
     });
+    gates
+}
 
-    let h0 = with_h0.then(|| {
-        let mut h0 = vec![0f32; plan.num_seqs() * heads * K_DIM * V_DIM];
-        fill_rows(&mut h0, V_DIM, seed, H0_ID, |r| (H0_STD * r.normal()) as f32);
-        h0
-    });
-    Ok(Problem { plan, heads, k, w, u, gk, h0 })
+/// `len` initial-state elements drawn from N(0, H0_STD^2), in rows of `width`.
+fn initial_states(len: usize, width: usize, seed: u64) -> Vec<f32> {
+    let mut h0 = vec![0f32; len];
+    fill_rows(&mut h0, width, seed, H0_ID, |r| (H0_STD * r.normal()) as f32);
+    h0
+}
+
+/// Generator stream of the scalar gate `g`.
+const G_SCALAR_ID: u64 = 6;
+
+/// A random generalized problem in the same distributions ([`try_random_problem`]): keys of the
+/// shape's `H` heads, weights, values and gates of its `HV` value heads, the gates the shape
+/// names, initial states when `with_h0`.
+pub fn try_random_model_problem(
+    plan: Plan,
+    shape: ModelShape,
+    with_h0: bool,
+    seed: u64,
+) -> Result<ModelProblem, KdaError> {
+    shape.validate()?;
+    let (t, hv, kd, vd) = (plan.tokens(), shape.value_heads, shape.key_dim, shape.value_dim);
+    let too_large = || KdaError::Argument { name: "plan", reason: "the problem's tensors do not fit in memory".into() };
+    let sizes = [t * shape.heads * kd, t * hv * kd, t * hv * vd, plan.num_seqs() * hv * kd * vd];
+    if sizes.iter().any(|&n| n > isize::MAX as usize / 8) || t.checked_mul(hv * kd.max(vd)).is_none() {
+        return Err(too_large());
+    }
+    Ok(ModelProblem {
+        k: unit_rows(t * shape.heads, kd, seed),
+        w: normal_rows(t, hv * kd, seed, W_ID, W_STD),
+        u: normal_rows(t, hv * vd, seed, U_ID, U_STD),
+        g: shape.gates.g.then(|| chunk_gates(&plan, hv, seed, G_SCALAR_ID)),
+        gk: shape.gates.gk.then(|| chunk_gates(&plan, hv * kd, seed, G_ID)),
+        h0: with_h0.then(|| initial_states(plan.num_seqs() * hv * kd * vd, vd, seed)),
+        shape,
+        plan,
+    })
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
+use crate::model::{Gates, ModelProblem, ModelShape, StateLayout};
 use crate::{Dims, KdaError, Outputs, Plan, Problem, Tensor};
 use half::bf16;
 use kda_kernel::layout::{K_DIM, V_DIM};
@@ -74,6 +75,77 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
                 ht: f32_values(Tensor::Ht, &ht, &state_shape)?,
             })
         }
+        _ => None,
+    };
+    Ok((problem, expected))
+}
+
+/// Reads a generalized problem (docs/CONTRACT.md#the-generalized-recurrence), and the expected
+/// outputs when the file holds them: `k` `[T, H, K]`, `w` `[T, HV, K]`, `u` `[T, HV, V]` (bf16),
+/// `g` `[T, HV]` and/or `gk` `[T, HV, K]` (f32; either, both or neither), `cu_seqlens`, optional
+/// `h0`; outputs `h`, `v_new`, `ht`. The state layout is the metadata entry `state_layout`
+/// (`"[K, V]"` or `"[V, K]"`); without it, key-first.
+pub fn read_model_problem(path: &Path) -> Result<(ModelProblem, Option<Outputs>), KdaError> {
+    let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
+    parse_model_problem(&bytes, &path.display().to_string())
+}
+
+/// Parses a generalized problem from the bytes of a safetensors file; `origin` names it in errors.
+pub fn parse_model_problem(bytes: &[u8], origin: &str) -> Result<(ModelProblem, Option<Outputs>), KdaError> {
+    let bad_file = |reason: String| KdaError::Safetensors { path: origin.into(), reason };
+    let file = SafeTensors::deserialize(bytes).map_err(|e| bad_file(e.to_string()))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad_file(e.to_string()))?;
+    let layout = match header.metadata().as_ref().and_then(|m| m.get("state_layout")).map(String::as_str) {
+        None | Some("[K, V]") => StateLayout::KeyFirst,
+        Some("[V, K]") => StateLayout::ValueFirst,
+        Some(other) => return Err(bad_file(format!("state_layout `{other}`: expected `[K, V]` or `[V, K]`"))),
+    };
+    let dims3 = |name: &'static str| -> Result<[usize; 3], KdaError> {
+        let t = file.tensor(name).map_err(|_| KdaError::MissingTensor { tensor: name })?;
+        t.shape().try_into().map_err(|_| KdaError::Shape {
+            tensor: name,
+            expected: "[T, heads, size]".into(),
+            expected_len: 0,
+            actual: format!("shape {:?}", t.shape()),
+        })
+    };
+    let ([tokens, heads, key_dim], [_, value_heads, _], [_, _, value_dim]) = (dims3("k")?, dims3("w")?, dims3("u")?);
+    let gates = Gates { g: optional(&file, "g").is_some(), gk: optional(&file, "gk").is_some() };
+    let shape = ModelShape { heads, value_heads, key_dim, value_dim, gates, layout };
+    shape.validate()?;
+    let plan = match optional(&file, "cu_seqlens") {
+        Some(cu) => plan_from_cu_seqlens(&cu, 1, tokens)?,
+        None => Plan::try_dense(1, tokens)?,
+    };
+    let state = |lead: usize| match layout {
+        StateLayout::KeyFirst => vec![lead, value_heads, key_dim, value_dim],
+        StateLayout::ValueFirst => vec![lead, value_heads, value_dim, key_dim],
+    };
+    let bf16_tensor = |name: &'static str, dims: &[usize]| -> Result<Vec<bf16>, KdaError> {
+        let view = file.tensor(name).map_err(|_| KdaError::MissingTensor { tensor: name })?;
+        Ok(bf16_of(checked_named(name, Stored::Bf16, &view, dims)?))
+    };
+    let f32_tensor = |name: &'static str, dims: &[usize]| -> Result<Option<Vec<f32>>, KdaError> {
+        let Some(view) = optional(&file, name) else { return Ok(None) };
+        Ok(Some(f32_of(checked_named(name, Stored::F32, &view, dims)?)))
+    };
+    let problem = ModelProblem {
+        shape,
+        k: bf16_tensor("k", &[tokens, heads, key_dim])?,
+        w: bf16_tensor("w", &[tokens, value_heads, key_dim])?,
+        u: bf16_tensor("u", &[tokens, value_heads, value_dim])?,
+        g: f32_tensor("g", &[tokens, value_heads])?,
+        gk: f32_tensor("gk", &[tokens, value_heads, key_dim])?,
+        h0: f32_tensor("h0", &state(plan.num_seqs()))?,
+        plan,
+    };
+    problem.view().validate()?;
+    let expected = match ["h", "v_new", "ht"].map(|t| optional(&file, t)) {
+        [Some(_), Some(_), Some(_)] => Some(Outputs {
+            h: bf16_tensor("h", &state(problem.plan.chunks()))?,
+            v_new: bf16_tensor("v_new", &[tokens, value_heads, value_dim])?,
+            ht: f32_tensor("ht", &state(problem.plan.num_seqs()))?.unwrap_or_default(),
+        }),
         _ => None,
     };
     Ok((problem, expected))
@@ -263,17 +335,26 @@ impl Stored {
 
 /// Checks a tensor's dtype and exact shape; returns its bytes.
 fn checked<'a>(tensor: Tensor, view: &TensorView<'a>, shape: &[usize]) -> Result<&'a [u8], KdaError> {
-    let stored = Stored::of(tensor);
+    checked_named(tensor.name(), Stored::of(tensor), view, shape)
+}
+
+/// [`checked`] for a tensor by name, stored as `stored`.
+fn checked_named<'a>(
+    name: &'static str,
+    stored: Stored,
+    view: &TensorView<'a>,
+    shape: &[usize],
+) -> Result<&'a [u8], KdaError> {
     if view.dtype() != stored.dtype() {
         return Err(KdaError::Dtype {
-            tensor: tensor.name().into(),
+            tensor: name.into(),
             expected: stored.name(),
             actual: format!("{:?}", view.dtype()),
         });
     }
     if view.shape() != shape {
         return Err(KdaError::Shape {
-            tensor: tensor.name(),
+            tensor: name,
             expected: format!("{shape:?}"),
             // Saturating, like `Dims::key_len` (the shapes come from checked `Dims`).
             expected_len: shape.iter().fold(1, |n, &d| n.saturating_mul(d)),
@@ -284,13 +365,19 @@ fn checked<'a>(tensor: Tensor, view: &TensorView<'a>, shape: &[usize]) -> Result
 }
 
 fn bf16_values(tensor: Tensor, view: &TensorView, shape: &[usize]) -> Result<Vec<bf16>, KdaError> {
-    let bytes = checked(tensor, view, shape)?;
-    Ok(bytes.as_chunks::<2>().0.iter().map(|&b| bf16::from_bits(u16::from_le_bytes(b))).collect())
+    Ok(bf16_of(checked(tensor, view, shape)?))
 }
 
 fn f32_values(tensor: Tensor, view: &TensorView, shape: &[usize]) -> Result<Vec<f32>, KdaError> {
-    let bytes = checked(tensor, view, shape)?;
-    Ok(bytes.as_chunks::<4>().0.iter().map(|&b| f32::from_le_bytes(b)).collect())
+    Ok(f32_of(checked(tensor, view, shape)?))
+}
+
+fn bf16_of(bytes: &[u8]) -> Vec<bf16> {
+    bytes.as_chunks::<2>().0.iter().map(|&b| bf16::from_bits(u16::from_le_bytes(b))).collect()
+}
+
+fn f32_of(bytes: &[u8]) -> Vec<f32> {
+    bytes.as_chunks::<4>().0.iter().map(|&b| f32::from_le_bytes(b)).collect()
 }
 
 fn bf16_bytes(values: &[bf16]) -> Vec<u8> {

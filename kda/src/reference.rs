@@ -23,13 +23,11 @@
 //! assert_eq!(out.h.len(), p.dims().h_len());
 //! ```
 
-use crate::{KdaError, Outputs, Problem, SeqDesc};
+use crate::model::{ModelShape, ModelView};
+use crate::{KdaError, Outputs, Problem};
 use half::bf16;
-use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
+use kda_kernel::layout::CHUNK;
 use rayon::prelude::*;
-
-/// Elements of one `[K, V]` state.
-const STATE: usize = K_DIM * V_DIM;
 
 /// The number type the recurrence accumulates in: f64 for the reference, f32 for the emulation
 /// of a kernel's arithmetic ([`reference_f32`]).
@@ -89,13 +87,14 @@ impl Acc for f32 {
     }
 }
 
-/// The outputs of one (sequence, head) pair before they are scattered into the batch tensors.
+/// The outputs of one (sequence, value head) pair before they are scattered into the batch
+/// tensors.
 struct ItemOut {
-    /// `[NT_n, K, V]`: the state entering each chunk.
+    /// `[NT_n, state]`: the state entering each chunk, in the problem's layout.
     h: Vec<bf16>,
     /// `[len_n, V]`: the corrected values.
     v_new: Vec<bf16>,
-    /// `[K, V]`: the final state.
+    /// `[state]`: the final state, in the problem's layout.
     ht: Vec<f32>,
 }
 
@@ -103,7 +102,8 @@ struct ItemOut {
 ///
 /// Fails only when `p`'s tensors do not have the shapes its plan implies.
 pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
-    run::<f64>(p)
+    p.validate()?;
+    run::<f64>(&p.model_view())
 }
 
 /// The same recurrence with every sum and the state in f32, as a kernel computes it (bf16
@@ -116,125 +116,179 @@ pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
 /// tokens, 9e-4 at 8192 and 1.7e-3 at 32768), so no f32 kernel can be held to less than it:
 /// [`crate::precision::bound`] takes it into account (docs/CONTRACT.md#precision).
 pub fn reference_f32(p: &Problem) -> Result<Outputs, KdaError> {
+    p.validate()?;
+    run::<f32>(&p.model_view())
+}
+
+/// The generalized recurrence (scalar and per-key gates, grouped value heads, any head sizes,
+/// either state layout; docs/CONTRACT.md#the-generalized-recurrence) in f64. On a
+/// [`Problem::model_view`] it computes exactly what [`reference()`] does.
+pub fn model_reference(p: &ModelView<'_>) -> Result<Outputs, KdaError> {
+    run::<f64>(p)
+}
+
+/// [`model_reference`] in f32 arithmetic: the rounding floor of an f32 kernel, as
+/// [`reference_f32`].
+pub fn model_reference_f32(p: &ModelView<'_>) -> Result<Outputs, KdaError> {
     run::<f32>(p)
 }
 
-fn run<F: Acc>(p: &Problem) -> Result<Outputs, KdaError> {
+fn run<F: Acc>(p: &ModelView<'_>) -> Result<Outputs, KdaError> {
     p.validate()?;
-    let d = p.dims();
-    let heads = p.heads;
-    let items: Vec<(usize, usize)> = (0..d.seqs).flat_map(|n| (0..heads).map(move |h| (n, h))).collect();
-    let results: Vec<ItemOut> = items.par_iter().map(|&(n, h)| item::<F>(p, &p.plan.seqs()[n], n, h)).collect();
+    let (s, plan) = (p.shape, p.plan);
+    let hv = s.value_heads;
+    let items: Vec<(usize, usize)> = (0..plan.num_seqs()).flat_map(|n| (0..hv).map(move |i| (n, i))).collect();
+    let results: Vec<ItemOut> = items.par_iter().map(|&(n, i)| item::<F>(p, n, i)).collect();
 
-    let mut out = Outputs {
-        h: vec![bf16::ZERO; d.h_len()],
-        v_new: vec![bf16::ZERO; d.value_len()],
-        ht: vec![0.0; d.state_len()],
-    };
-    for (&(n, h), r) in items.iter().zip(results) {
-        let seq = &p.plan.seqs()[n];
-        for (c, state) in r.h.chunks_exact(STATE).enumerate() {
-            let at = ((seq.chunk_start + c) * heads + h) * STATE;
-            out.h[at..at + STATE].copy_from_slice(state);
+    let [h_len, v_len, ht_len] = p.output_lens();
+    let mut out = Outputs { h: vec![bf16::ZERO; h_len], v_new: vec![bf16::ZERO; v_len], ht: vec![0.0; ht_len] };
+    let (state, vd) = (s.state_len(), s.value_dim);
+    for (&(n, i), r) in items.iter().zip(results) {
+        let seq = &plan.seqs()[n];
+        for (c, chunk_state) in r.h.chunks_exact(state).enumerate() {
+            let at = ((seq.chunk_start + c) * hv + i) * state;
+            out.h[at..at + state].copy_from_slice(chunk_state);
         }
-        for (i, row) in r.v_new.chunks_exact(V_DIM).enumerate() {
-            let at = ((seq.token_start + i) * heads + h) * V_DIM;
-            out.v_new[at..at + V_DIM].copy_from_slice(row);
+        for (t, row) in r.v_new.chunks_exact(vd).enumerate() {
+            let at = ((seq.token_start + t) * hv + i) * vd;
+            out.v_new[at..at + vd].copy_from_slice(row);
         }
-        let at = (n * heads + h) * STATE;
-        out.ht[at..at + STATE].copy_from_slice(&r.ht);
+        let at = (n * hv + i) * state;
+        out.ht[at..at + state].copy_from_slice(&r.ht);
     }
     Ok(out)
 }
 
-/// Runs the recurrence of sequence `n` (described by `seq`), head `h`.
-fn item<F: Acc>(p: &Problem, seq: &SeqDesc, n: usize, h: usize) -> ItemOut {
-    let at = Rows { token_start: seq.token_start, heads: p.heads, head: h };
-    let mut s: Vec<F> = match &p.h0 {
-        Some(h0) => h0[(n * p.heads + h) * STATE..][..STATE].iter().map(|&x| F::of_f32(x)).collect(),
-        None => vec![F::ZERO; STATE],
-    };
-    let mut out = ItemOut {
-        h: Vec::with_capacity(seq.chunks() * STATE),
-        v_new: Vec::with_capacity(seq.len * V_DIM),
-        ht: Vec::new(),
-    };
-    // 192 KiB in f64: on the heap, not on a rayon worker's stack.
-    let (mut s_bf, mut vn_bf) = (vec![F::ZERO; STATE], vec![F::ZERO; CHUNK * V_DIM]);
-    for c in 0..seq.chunks() {
-        // The chunk's rows, 1 to CHUNK of them.
-        let rows = c * CHUNK..seq.len.min((c + 1) * CHUNK);
-        // h = bf16(S); the products see the same rounded state.
-        for (dst, &x) in s_bf.iter_mut().zip(&s) {
-            let b = x.to_bf16();
-            out.h.push(b);
-            *dst = F::of_bf16(b);
-        }
-        corrected_values(p, &at, rows.clone(), &s_bf, &mut vn_bf, &mut out.v_new);
-        update_state(p, &at, rows, &vn_bf, &mut s);
-    }
-    out.ht = s.iter().map(|&x| x.to_f32()).collect();
-    out
-}
-
-/// Where one (sequence, head)'s rows sit in the token tensors.
+/// Where one (sequence, value head)'s rows sit in the token tensors.
 struct Rows {
     token_start: usize,
-    heads: usize,
+    shape: ModelShape,
+    /// The value head.
     head: usize,
 }
 
 impl Rows {
-    /// Element offset of token `t`'s row (counted from the sequence's start) of a `[T, H, K]`
-    /// tensor.
+    /// Element offset of token `t`'s row (counted from the sequence's start) of `k` (`[T, H, K]`,
+    /// this value head's key head).
     fn key(&self, t: usize) -> usize {
-        ((self.token_start + t) * self.heads + self.head) * K_DIM
+        let s = &self.shape;
+        ((self.token_start + t) * s.heads + s.key_head(self.head)) * s.key_dim
     }
 
-    /// The same for a `[T, H, V]` tensor.
+    /// The same for `w` and `gk` (`[T, HV, K]`).
+    fn weight(&self, t: usize) -> usize {
+        ((self.token_start + t) * self.shape.value_heads + self.head) * self.shape.key_dim
+    }
+
+    /// The same for `u` and `v_new` (`[T, HV, V]`).
     fn value(&self, t: usize) -> usize {
-        ((self.token_start + t) * self.heads + self.head) * V_DIM
+        ((self.token_start + t) * self.shape.value_heads + self.head) * self.shape.value_dim
+    }
+
+    /// The same for `g` (`[T, HV]`).
+    fn gate(&self, t: usize) -> usize {
+        (self.token_start + t) * self.shape.value_heads + self.head
     }
 }
 
-/// `Vn = u - w @ bf16(S)` over the chunk's `rows`, rounded to bf16: appended to `v_new` and kept
-/// in `vn_bf` (`[CHUNK][V]`, row `i` for the chunk's `i`-th token) for the state update.
+/// Runs the recurrence of sequence `n`, value head `i`. The state is kept key-first (`[K][V]`)
+/// and stored in the problem's layout.
+fn item<F: Acc>(p: &ModelView<'_>, n: usize, i: usize) -> ItemOut {
+    let (s, seq) = (p.shape, p.plan.seqs()[n]);
+    let at = Rows { token_start: seq.token_start, shape: s, head: i };
+    let (state, kd, vd) = (s.state_len(), s.key_dim, s.value_dim);
+    let mut st = vec![F::ZERO; state];
+    if let Some(h0) = p.h0 {
+        let h0 = &h0[(n * s.value_heads + i) * state..][..state];
+        for kk in 0..kd {
+            for v in 0..vd {
+                st[kk * vd + v] = F::of_f32(h0[s.state_index(kk, v)]);
+            }
+        }
+    }
+    let mut out = ItemOut {
+        h: vec![bf16::ZERO; seq.chunks() * state],
+        v_new: Vec::with_capacity(seq.len * vd),
+        ht: vec![0.0; state],
+    };
+    // The rounded state and values: on the heap, not on a rayon worker's stack.
+    let (mut s_bf, mut vn_bf) = (vec![F::ZERO; state], vec![F::ZERO; CHUNK * vd]);
+    for c in 0..seq.chunks() {
+        // The chunk's rows, 1 to CHUNK of them.
+        let rows = c * CHUNK..seq.len.min((c + 1) * CHUNK);
+        // h = bf16(S); the products see the same rounded state.
+        let h_chunk = &mut out.h[c * state..][..state];
+        for kk in 0..kd {
+            for v in 0..vd {
+                let b = st[kk * vd + v].to_bf16();
+                h_chunk[s.state_index(kk, v)] = b;
+                s_bf[kk * vd + v] = F::of_bf16(b);
+            }
+        }
+        corrected_values(p, &at, rows.clone(), &s_bf, &mut vn_bf, &mut out.v_new);
+        update_state(p, &at, rows, &vn_bf, &mut st);
+    }
+    for kk in 0..kd {
+        for v in 0..vd {
+            out.ht[s.state_index(kk, v)] = st[kk * vd + v].to_f32();
+        }
+    }
+    out
+}
+
+/// `Vn = u - w @ bf16(S)` over the chunk's `rows`: rounded to bf16 into `v_new`, then (with the
+/// scalar gate) scaled by `exp2(g[last] - g[t])` and rounded again into `vn_bf` (`[CHUNK][V]`,
+/// row `r` for the chunk's `r`-th token) for the state update.
 fn corrected_values<F: Acc>(
-    p: &Problem,
+    p: &ModelView<'_>,
     at: &Rows,
     rows: std::ops::Range<usize>,
     s_bf: &[F],
     vn_bf: &mut [F],
     v_new: &mut Vec<bf16>,
 ) {
-    for (i, t) in rows.enumerate() {
-        let mut acc = [F::ZERO; V_DIM];
-        for (kk, &wk) in p.w[at.key(t)..][..K_DIM].iter().enumerate() {
+    let (kd, vd) = (at.shape.key_dim, at.shape.value_dim);
+    let g_last = p.g.map(|g| F::of_f32(g[at.gate(rows.end - 1)]));
+    let mut acc = vec![F::ZERO; vd];
+    for (r, t) in rows.enumerate() {
+        acc.fill(F::ZERO);
+        for (kk, &wk) in p.w[at.weight(t)..][..kd].iter().enumerate() {
             let wk = F::of_bf16(wk);
-            for (a, &sv) in acc.iter_mut().zip(&s_bf[kk * V_DIM..][..V_DIM]) {
+            for (a, &sv) in acc.iter_mut().zip(&s_bf[kk * vd..][..vd]) {
                 *a += wk * sv;
             }
         }
-        for (v, (&uv, &a)) in p.u[at.value(t)..][..V_DIM].iter().zip(&acc).enumerate() {
-            let b = (F::of_bf16(uv) - a).to_bf16();
+        let scale = g_last.zip(p.g).map(|(gl, g)| (gl - F::of_f32(g[at.gate(t)])).exp2());
+        for (v, (&uv, &a)) in p.u[at.value(t)..][..vd].iter().zip(&acc).enumerate() {
+            let vn = F::of_bf16(uv) - a;
+            let b = vn.to_bf16();
             v_new.push(b);
-            vn_bf[i * V_DIM + v] = F::of_bf16(b);
+            vn_bf[r * vd + v] = match scale {
+                Some(scale) => F::of_bf16((vn * scale).to_bf16()),
+                None => F::of_bf16(b),
+            };
         }
     }
 }
 
-/// `S = exp2(gk[last]) * S + k^T @ bf16(Vn)` over the chunk's `rows` (`last` its last token).
-fn update_state<F: Acc>(p: &Problem, at: &Rows, rows: std::ops::Range<usize>, vn_bf: &[F], s: &mut [F]) {
+/// `S = exp2(g[last]) * exp2(gk[last])[:, None] * S + k^T @ bf16(Vn)` over the chunk's `rows`
+/// (each gate's factor only when the problem has it).
+fn update_state<F: Acc>(p: &ModelView<'_>, at: &Rows, rows: std::ops::Range<usize>, vn_bf: &[F], s: &mut [F]) {
+    let (kd, vd) = (at.shape.key_dim, at.shape.value_dim);
     let last = rows.end - 1;
-    for (kk, &g) in p.gk[at.key(last)..][..K_DIM].iter().enumerate() {
-        let decay = F::of_f32(g).exp2();
-        let srow = &mut s[kk * V_DIM..][..V_DIM];
-        for x in srow.iter_mut() {
-            *x *= decay;
+    let g_decay = p.g.map(|g| F::of_f32(g[at.gate(last)]).exp2());
+    for kk in 0..kd {
+        let srow = &mut s[kk * vd..][..vd];
+        if let Some(d) = g_decay {
+            srow.iter_mut().for_each(|x| *x *= d);
         }
-        for (i, t) in rows.clone().enumerate() {
+        if let Some(gk) = p.gk {
+            let d = F::of_f32(gk[at.weight(last) + kk]).exp2();
+            srow.iter_mut().for_each(|x| *x *= d);
+        }
+        for (r, t) in rows.clone().enumerate() {
             let kv = F::of_bf16(p.k[at.key(t) + kk]);
-            for (x, &vn) in srow.iter_mut().zip(&vn_bf[i * V_DIM..][..V_DIM]) {
+            for (x, &vn) in srow.iter_mut().zip(&vn_bf[r * vd..][..vd]) {
                 *x += kv * vn;
             }
         }
@@ -244,6 +298,10 @@ fn update_state<F: Acc>(p: &Problem, at: &Rows, rows: std::ops::Range<usize>, vn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kda_kernel::layout::{K_DIM, V_DIM};
+
+    /// Elements of one `[K, V]` state.
+    const STATE: usize = K_DIM * V_DIM;
     use crate::{Plan, inputs};
 
     #[test]

@@ -148,6 +148,15 @@ pub const OUTPUTS: [&str; 3] = ["h", "v_new", "ht"];
 /// `tests/fixtures/README.md`).
 pub const FIXTURES: [&str; 3] = ["tail_h2", "ragged_h3", "two_seq_no_h0"];
 
+/// The golden fixtures of the generalized recurrence (`tests/fixtures/models/README.md`).
+pub const MODEL_FIXTURES: [&str; 6] =
+    ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "kda_k64", "gdn_k256_v512", "plain_delta_k128_v256"];
+
+/// Path of model fixture `name` (see [`fixture`] for where fixtures are looked for).
+pub fn model_fixture(name: &str) -> PathBuf {
+    fixture(&format!("models/{name}"))
+}
+
 /// Path of fixture `name`: under `$KDA_FIXTURES` when set (a test binary run away from its source
 /// tree), else this crate's `fixtures/` directory.
 pub fn fixture(name: &str) -> PathBuf {
