@@ -8,7 +8,7 @@
 use cudarc::driver::CudaStream;
 use kda::{Kda, KdaError, Kernel, Outputs, Plan, Problem, inputs, io, precision, reference, rel_error};
 use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, median_us};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -170,7 +170,14 @@ fn run(args: &[String]) -> Result<(), CliError> {
     }
     let input = input.ok_or_else(|| CliError::Usage("run: --inputs is required".into()))?;
     let output = output.ok_or_else(|| CliError::Usage("run: --out is required".into()))?;
-    let (p, _expected) = io::read_problem(&input)?;
+    let p = match io::read_problem(&input) {
+        Ok((p, _expected)) => p,
+        // Not the KDA slice the kernels run: a generalized problem, or the KDA reader's error.
+        Err(kda_error) => match io::read_model_problem(&input) {
+            Ok((m, _expected)) => return run_model(&input, &output, &m, cpu, repeat),
+            Err(_) => return Err(kda_error.into()),
+        },
+    };
     let d = p.dims();
     println!(
         "{}: N = {}, T = {}, H = {}, NT = {}, h0 {}",
@@ -191,6 +198,51 @@ fn run(args: &[String]) -> Result<(), CliError> {
         run_gpu(&kda, &stream, &p, repeat)?
     };
     io::write_outputs(&output, &out, &d)?;
+    println!("wrote h, v_new, ht to {}", output.display());
+    Ok(())
+}
+
+/// `kda run` on a generalized problem (docs/CONTRACT.md#the-generalized-recurrence): the f64
+/// reference with `--cpu`; without it, the typed error saying which feature no kernel runs yet.
+fn run_model(
+    input: &Path,
+    output: &Path,
+    m: &kda::model::ModelProblem,
+    cpu: bool,
+    repeat: Option<usize>,
+) -> Result<(), CliError> {
+    let s = m.shape;
+    let gates = match (s.gates.g, s.gates.gk) {
+        (true, true) => "g and gk",
+        (true, false) => "g",
+        (false, true) => "gk",
+        (false, false) => "none",
+    };
+    println!(
+        "{}: N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, gates {gates}, state {:?}, h0 {}",
+        input.display(),
+        m.plan.num_seqs(),
+        m.plan.tokens(),
+        s.heads,
+        s.value_heads,
+        s.key_dim,
+        s.value_dim,
+        s.layout,
+        if m.h0.is_some() { "given" } else { "zeros" }
+    );
+    if !cpu {
+        let reason = format!(
+            "H = {}, HV = {}, K = {}, V = {}, gates {gates}, {:?} state; the kernels run gk, HV = H, K = V = 128, \
+             KeyFirst",
+            s.heads, s.value_heads, s.key_dim, s.value_dim, s.layout
+        );
+        return Err(KdaError::Unsupported { argument: "inputs", reason }.into());
+    }
+    if repeat.is_some() {
+        return Err(CliError::Usage("--repeat times the GPU kernel; it cannot go with --cpu".into()));
+    }
+    let out = reference::model_reference(&m.view())?;
+    io::write_model_outputs(output, &out, &m.view())?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }

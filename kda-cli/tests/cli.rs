@@ -11,6 +11,10 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(format!("{name}.safetensors"))
 }
 
+/// The generalized-recurrence fixtures (`tests/fixtures/models/`).
+const MODEL_FIXTURES: [&str; 6] =
+    ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "kda_k64", "gdn_k256_v512", "plain_delta_k128_v256"];
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kda-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -112,4 +116,25 @@ fn a_written_problem_runs_and_matches_the_library_reference() {
     assert!(o.status.success(), "{}", text(&o));
     let got = io::read_outputs(&output, &p.dims()).unwrap();
     assert_eq!(got, kda::reference::reference(&p).unwrap());
+}
+
+#[test]
+fn run_cpu_computes_the_generalized_fixtures_and_the_gpu_path_names_what_it_lacks() {
+    for name in MODEL_FIXTURES {
+        let input = fixture(&format!("models/{name}"));
+        let out_path = scratch(&format!("{name}.out.safetensors"));
+        let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", out_path.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let (p, golden) = io::read_model_problem(&input).unwrap();
+        let golden = golden.expect("fixtures hold outputs");
+        let got = io::read_model_outputs(&out_path, &p.view()).unwrap();
+        let errs = [rel_error(&got.h, &golden.h), rel_error(&got.v_new, &golden.v_new), rel_error(&got.ht, &golden.ht)];
+        println!("{name}: {errs:?}");
+        assert!(errs.iter().all(|&e| e < precision::ERROR_BOUND), "{name}: {errs:?}");
+
+        // Without --cpu: a typed error before any GPU is touched, naming what the kernels lack.
+        let o = kda(&["run", "--inputs", input.to_str().unwrap(), "--out", scratch("none").to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{name}: {}", text(&o));
+        assert!(text(&o).contains("no GPU kernel runs this yet"), "{name}: {}", text(&o));
+    }
 }

@@ -31,6 +31,14 @@ pub enum KdaError {
         /// The shape, e.g. `[T=200, H=2, K=128]`.
         shape: String,
     },
+    /// A problem the contract allows but no GPU kernel runs yet (a scalar gate, grouped value
+    /// heads, another head size, the value-first layout): the f64 reference computes it.
+    Unsupported {
+        /// The argument or tensor that needs what is missing.
+        argument: &'static str,
+        /// What the problem needs and what the kernels support.
+        reason: String,
+    },
     /// A tensor's device address is not aligned as the kernels need.
     Alignment {
         /// Argument name.
@@ -116,6 +124,9 @@ impl fmt::Display for KdaError {
                 "tensor `{tensor}`: shape {shape} has more elements than memory can address; \
                  split the batch or use fewer heads"
             ),
+            Self::Unsupported { argument, reason } => {
+                write!(f, "`{argument}`: {reason}; no GPU kernel runs this yet (the f64 reference does: `--cpu`)")
+            }
             Self::Alignment { tensor, required, address } => {
                 write!(f, "tensor `{tensor}`: device address {address:#x} is not {required}-byte aligned")
             }

@@ -21,7 +21,7 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
-use crate::model::{Gates, ModelProblem, ModelShape, StateLayout};
+use crate::model::{Gates, ModelProblem, ModelShape, ModelView, StateLayout};
 use crate::{Dims, KdaError, Outputs, Plan, Problem, Tensor};
 use half::bf16;
 use kda_kernel::layout::{K_DIM, V_DIM};
@@ -39,6 +39,17 @@ pub fn read_problem(path: &Path) -> Result<(Problem, Option<Outputs>), KdaError>
 pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outputs>), KdaError> {
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
+    // A file of the generalized recurrence is not silently read as a KDA one.
+    if optional(&file, "g").is_some() {
+        let reason = "the scalar gate `g` is part of the generalized recurrence (io::read_model_problem)".into();
+        return Err(KdaError::Unsupported { argument: "g", reason });
+    }
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
+    if header.metadata().as_ref().and_then(|m| m.get("state_layout")).is_some_and(|l| l != "[K, V]") {
+        let reason = "a value-first state is part of the generalized recurrence (io::read_model_problem)".into();
+        return Err(KdaError::Unsupported { argument: "state_layout", reason });
+    }
     let k = require(&file, Tensor::K)?;
     let (batch, tokens, heads) = token_dims(Tensor::K, k.shape(), K_DIM)?;
     if heads == 0 {
@@ -170,6 +181,56 @@ pub fn read_outputs(path: &Path, dims: &Dims) -> Result<Outputs, KdaError> {
 pub fn write_outputs(path: &Path, out: &Outputs, dims: &Dims) -> Result<(), KdaError> {
     let mut file = TensorFile::default();
     file.outputs(out, dims)?;
+    file.write(path)
+}
+
+/// The shapes of the outputs `h`, `v_new` and `ht` of the generalized problem `p`.
+fn model_output_shapes(p: &ModelView<'_>) -> [Vec<usize>; 3] {
+    let s = p.shape;
+    let state = |lead: usize| match s.layout {
+        StateLayout::KeyFirst => vec![lead, s.value_heads, s.key_dim, s.value_dim],
+        StateLayout::ValueFirst => vec![lead, s.value_heads, s.value_dim, s.key_dim],
+    };
+    [state(p.plan.chunks()), vec![p.plan.tokens(), s.value_heads, s.value_dim], state(p.plan.num_seqs())]
+}
+
+/// Reads the outputs `h`, `v_new` and `ht` of the generalized problem `p` from `path` (a file
+/// [`write_model_outputs`] or `kda run --cpu` wrote).
+pub fn read_model_outputs(path: &Path, p: &ModelView<'_>) -> Result<Outputs, KdaError> {
+    let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
+    let file = SafeTensors::deserialize(&bytes)
+        .map_err(|e| KdaError::Safetensors { path: path.display().to_string(), reason: e.to_string() })?;
+    let [h, v, t] = model_output_shapes(p);
+    let get = |name: &'static str| file.tensor(name).map_err(|_| KdaError::MissingTensor { tensor: name });
+    Ok(Outputs {
+        h: bf16_of(checked_named("h", Stored::Bf16, &get("h")?, &h)?),
+        v_new: bf16_of(checked_named("v_new", Stored::Bf16, &get("v_new")?, &v)?),
+        ht: f32_of(checked_named("ht", Stored::F32, &get("ht")?, &t)?),
+    })
+}
+
+/// Writes the outputs `h`, `v_new` and `ht` of the generalized problem `p` to `path`, in its
+/// state layout.
+pub fn write_model_outputs(path: &Path, out: &Outputs, p: &ModelView<'_>) -> Result<(), KdaError> {
+    p.validate()?;
+    let shapes = model_output_shapes(p);
+    let lens = [out.h.len(), out.v_new.len(), out.ht.len()];
+    for ((name, shape), len) in ["h", "v_new", "ht"].into_iter().zip(&shapes).zip(lens) {
+        let expected_len: usize = shape.iter().product();
+        if len != expected_len {
+            return Err(KdaError::Shape {
+                tensor: name,
+                expected: format!("{shape:?}"),
+                expected_len,
+                actual: format!("{len} elements"),
+            });
+        }
+    }
+    let [h, v, t] = shapes;
+    let mut file = TensorFile::default();
+    file.push("h", Dtype::BF16, h, bf16_bytes(&out.h));
+    file.push("v_new", Dtype::BF16, v, bf16_bytes(&out.v_new));
+    file.push("ht", Dtype::F32, t, f32_bytes(&out.ht));
     file.write(path)
 }
 

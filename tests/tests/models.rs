@@ -190,3 +190,17 @@ proptest! {
         prop_assert_eq!(reference::model_reference(&p.view()).unwrap(), reference::model_reference(&q.view()).unwrap());
     }
 }
+
+/// The KDA reader never reads a generalized file as a KDA one (dropping `g`, or taking a
+/// value-first state for a key-first one): it names what it does not read.
+#[test]
+fn the_kda_reader_refuses_generalized_files() {
+    use kda::KdaError;
+    let err = io::read_problem(&model_fixture("g_and_gk")).unwrap_err();
+    assert!(matches!(err, KdaError::Unsupported { argument: "g", .. }), "{err}");
+    let err = io::read_problem(&model_fixture("kda_gva_vfirst")).unwrap_err();
+    assert!(matches!(err, KdaError::Unsupported { argument: "state_layout", .. }), "{err}");
+    for name in ["gdn_k256_v512", "kda_k64", "plain_delta_k128_v256", "gdn_gva_ragged"] {
+        assert!(io::read_problem(&model_fixture(name)).is_err(), "{name} read as a KDA problem");
+    }
+}
