@@ -2,7 +2,7 @@
 //! measured copy bandwidth (docs/CONTRACT.md#the-memory-floor).
 
 use kda::Dims;
-use kda::layout::{K_DIM, V_DIM};
+use kda::model::ModelShape;
 
 const BF16_BYTES: u64 = 2;
 const F32_BYTES: u64 = 4;
@@ -10,15 +10,26 @@ const F32_BYTES: u64 = 4;
 /// Bytes read and written at the least: `k`, `w`, `u` and `v_new` once, `h` once, each chunk's last
 /// gate row once, and `h0`, `ht` once (saturating at `u64::MAX`).
 pub fn floor_bytes(d: &Dims) -> u64 {
-    let (t, h, n, nt) = (d.tokens as u64, d.heads as u64, d.seqs as u64, d.chunks as u64);
-    let (k, v) = (K_DIM as u64, V_DIM as u64);
+    model_floor_bytes(d.tokens, d.seqs, d.chunks, &ModelShape::kda(d.heads))
+}
+
+/// [`floor_bytes`] of the generalized recurrence (docs/CONTRACT.md#the-generalized-recurrence), for
+/// `tokens`, `seqs` and `chunks` of a batch of `shape`, with `h0` and `ht`: `k` (H heads), `w`, `u`,
+/// `v_new`, `h`, `h0` and `ht` (HV heads) once, the scalar gate's every row and the per-key gate's
+/// last row per chunk (saturating at `u64::MAX`).
+pub fn model_floor_bytes(tokens: usize, seqs: usize, chunks: usize, shape: &ModelShape) -> u64 {
+    let (t, n, nt) = (tokens as u64, seqs as u64, chunks as u64);
+    let (h, hv) = (shape.heads as u64, shape.value_heads as u64);
+    let (k, v) = (shape.key_dim as u64, shape.value_dim as u64);
     let product = |factors: &[u64]| factors.iter().fold(1u64, |p, &f| p.saturating_mul(f));
     [
-        product(&[2, t, h, k, BF16_BYTES]),
-        product(&[2, t, h, v, BF16_BYTES]),
-        product(&[nt, h, k, v, BF16_BYTES]),
-        product(&[nt, h, k, F32_BYTES]),
-        product(&[2, n, h, k, v, F32_BYTES]),
+        product(&[t, h, k, BF16_BYTES]),
+        product(&[t, hv, k, BF16_BYTES]),
+        product(&[2, t, hv, v, BF16_BYTES]),
+        product(&[nt, hv, k, v, BF16_BYTES]),
+        product(&[2, n, hv, k, v, F32_BYTES]),
+        if shape.gates.g { product(&[t, hv, F32_BYTES]) } else { 0 },
+        if shape.gates.gk { product(&[nt, hv, k, F32_BYTES]) } else { 0 },
     ]
     .into_iter()
     .fold(0, u64::saturating_add)
@@ -43,6 +54,21 @@ mod tests {
         // At 4.27 TB/s the best Triton peer's 228 us is 0.84 of the floor.
         let ratio = floor_us(&d, 4.27e12) / 228.0;
         assert!((ratio - 0.84).abs() < 0.01, "{ratio}");
+    }
+
+    #[test]
+    fn the_model_floor_counts_each_tensor_of_its_shape() {
+        use kda::model::Gates;
+        // qwen3_next_8192: 16 key heads, 32 value heads, scalar gate.
+        let s = ModelShape { heads: 16, value_heads: 32, gates: Gates { g: true, gk: false }, ..ModelShape::kda(16) };
+        let (t, nt) = (8192u64, 128u64);
+        let expected = t * 16 * 128 * 2
+            + t * 32 * 128 * 2
+            + 2 * t * 32 * 128 * 2
+            + nt * 32 * 128 * 128 * 2
+            + 2 * 32 * 128 * 128 * 4
+            + t * 32 * 4;
+        assert_eq!(model_floor_bytes(8192, 1, 128, &s), expected);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod timing;
 pub mod tools;
 
 pub use device::DeviceProblem;
-pub use floor::{floor_bytes, floor_us};
-pub use shapes::bench_shapes;
+pub use floor::{floor_bytes, floor_us, model_floor_bytes};
+pub use shapes::{bench_shapes, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

@@ -2,6 +2,7 @@
 
 use kda::inputs::{random_words, reference_shapes, unit_uniform};
 use kda::layout::CHUNK;
+use kda::model::{Gates, ModelShape, StateLayout};
 
 /// Seed of the benchmark's random ragged layouts (fixed, so every run measures the same batch).
 const BENCH_LAYOUT_SEED: u64 = 0x4B44_4131;
@@ -33,6 +34,30 @@ pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
     shapes
 }
 
+/// The shapes of the generalized recurrence the benchmark is to run once kernels support them
+/// (docs/CONTRACT.md#the-generalized-recurrence): name, sequence lengths, and heads, sizes, gates
+/// and layout.
+/// * `qwen3_next_8192`, `qwen3_next_mixed6`: Qwen3-Next's Gated DeltaNet (16 key heads, 32 value
+///   heads, K = V = 128, scalar gate) on one sequence of 8192 and on mixed_6's lengths;
+/// * `tp_qwen3_next_h2`: its tensor-parallel shard of 2 key / 4 value heads on 65536 tokens;
+/// * `gdn_k256_v512`: a Gated DeltaNet research model, 6 heads of K = 256, V = 512;
+/// * `kda_k64_8192`: KDA with 64 heads of K = V = 64;
+/// * `fixed_8192_vfirst`: fixed_8192 with the value-first state layout.
+pub fn model_bench_shapes() -> Vec<(&'static str, Vec<usize>, ModelShape)> {
+    let kda = ModelShape::kda;
+    let scalar = Gates { g: true, gk: false };
+    let qwen = |heads: usize| ModelShape { heads, value_heads: 2 * heads, gates: scalar, ..kda(heads) };
+    let mixed = reference_shapes().into_iter().find(|s| s.0 == "mixed_6").map(|s| s.1).unwrap_or_default();
+    vec![
+        ("qwen3_next_8192", vec![8192], qwen(16)),
+        ("qwen3_next_mixed6", mixed, qwen(16)),
+        ("tp_qwen3_next_h2", vec![65536], qwen(2)),
+        ("gdn_k256_v512", vec![8192], ModelShape { key_dim: 256, value_dim: 512, gates: scalar, ..kda(6) }),
+        ("kda_k64_8192", vec![8192], ModelShape { key_dim: 64, value_dim: 64, ..kda(64) }),
+        ("fixed_8192_vfirst", vec![8192], ModelShape { layout: StateLayout::ValueFirst, ..kda(64) }),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +77,17 @@ mod tests {
         assert_eq!((ragged.iter().min(), ragged.iter().max()), (Some(&2), Some(&4727)));
         assert_eq!((decode.len(), decode.iter().sum::<usize>()), (256, 8401));
         assert!(decode.iter().all(|&l| (1..=CHUNK).contains(&l)));
+    }
+
+    #[test]
+    fn the_model_shapes_are_valid_and_named_once() {
+        let shapes = model_bench_shapes();
+        for (name, lengths, shape) in &shapes {
+            shape.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!lengths.is_empty(), "{name}");
+        }
+        let mut names: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+        names.dedup();
+        assert_eq!(names.len(), 6);
     }
 }
