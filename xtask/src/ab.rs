@@ -383,10 +383,7 @@ fn table(shapes: &[&str], builds: usize, medians: &[Vec<Option<f64>>]) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn options() {

@@ -105,13 +105,15 @@ impl Args {
     }
 }
 
+/// Owned arguments, for the tests of every command's parser.
+#[cfg(test)]
+pub fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
 
     #[test]
     fn flags_values_switches_and_positional() {

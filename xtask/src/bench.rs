@@ -234,10 +234,7 @@ fn chrono_free_date() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::args::strings;
 
     #[test]
     fn options() {
