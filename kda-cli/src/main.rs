@@ -170,6 +170,13 @@ fn run(args: &[String]) -> Result<(), CliError> {
     }
     let input = input.ok_or_else(|| CliError::Usage("run: --inputs is required".into()))?;
     let output = output.ok_or_else(|| CliError::Usage("run: --out is required".into()))?;
+    if same_file(&input, &output) {
+        return Err(CliError::Usage(format!(
+            "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
+            output.display(),
+            input.display()
+        )));
+    }
     let p = match io::read_problem(&input) {
         Ok((p, _expected)) => p,
         // Not the KDA slice the kernels run: a generalized problem, or the KDA reader's error.
@@ -200,6 +207,34 @@ fn run(args: &[String]) -> Result<(), CliError> {
     io::write_outputs(&output, &out, &d)?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
+}
+
+/// Whether `output` names the file `input` is: the same file through another spelling (`./`,
+/// `..`), a symbolic link, or a hard link. An output that does not exist yet is compared through
+/// its directory.
+fn same_file(input: &Path, output: &Path) -> bool {
+    let Ok(input) = std::fs::canonicalize(input) else {
+        return false; // no input file: reading it fails with its own error
+    };
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(&input), std::fs::metadata(output)) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                return true;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (a, b);
+    }
+    let dir = match output.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (std::fs::canonicalize(dir), output.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name) == input,
+        _ => false,
+    }
 }
 
 /// `kda run` on a generalized problem (docs/CONTRACT.md#the-generalized-recurrence): the f64

@@ -138,3 +138,53 @@ fn run_cpu_computes_the_generalized_fixtures_and_the_gpu_path_names_what_it_lack
         assert!(text(&o).contains("no GPU kernel runs this yet"), "{name}: {}", text(&o));
     }
 }
+
+#[test]
+fn an_output_that_names_the_input_is_refused_and_the_input_kept() {
+    let dir = scratch("same");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.safetensors");
+    let p = kda::inputs::random_problem(Plan::from_lengths(&[10, 3]), 1, true, 5);
+    io::write_problem(&input, &p, None).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let link = dir.join("link.safetensors");
+    let hard = dir.join("hard.safetensors");
+    let _ = std::fs::remove_file(&link);
+    let _ = std::fs::remove_file(&hard);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    std::fs::hard_link(&input, &hard).unwrap();
+    let dotted = dir.join(".").join("in.safetensors");
+    let up = dir.join("..").join(dir.file_name().unwrap()).join("in.safetensors");
+    let mut names = vec![input.clone(), dotted, up, hard];
+    if cfg!(unix) {
+        names.push(link);
+    }
+    for out in &names {
+        let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}: {}", out.display(), text(&o));
+        assert!(text(&o).contains("names the input file"), "{}", text(&o));
+        assert_eq!(std::fs::read(&input).unwrap(), before, "{}: the input changed", out.display());
+    }
+    // A distinct path in the same directory is fine.
+    let o = kda(&[
+        "run",
+        "--cpu",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--out",
+        dir.join("out.safetensors").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn a_failed_run_leaves_an_existing_output_untouched() {
+    let out = scratch("kept.safetensors");
+    std::fs::write(&out, b"previous results").unwrap();
+    let bad = scratch("bad.safetensors");
+    std::fs::write(&bad, b"not a safetensors file").unwrap();
+    let o = kda(&["run", "--cpu", "--inputs", bad.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), b"previous results");
+}

@@ -286,6 +286,9 @@ impl TensorFile {
         Ok(())
     }
 
+    /// Writes the file atomically: into a temporary file beside `path`, renamed over `path` only
+    /// once complete, so `path` holds either its old content or the whole new file, never a part
+    /// (the temporary file is removed on error).
     fn write(&self, path: &Path) -> Result<(), KdaError> {
         let origin = || path.display().to_string();
         let views = self
@@ -295,11 +298,26 @@ impl TensorFile {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| KdaError::Safetensors { path: origin(), reason: e.to_string() })?;
         let metadata = HashMap::from([("producer".to_string(), "kda".to_string())]);
-        safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
-            safetensors::SafeTensorError::IoError(source) => io_error(path, source),
-            other => KdaError::Safetensors { path: origin(), reason: other.to_string() },
-        })
+        let temp = temporary_beside(path);
+        let written = safetensors::serialize_to_file(views, Some(metadata), &temp)
+            .map_err(|e| match e {
+                safetensors::SafeTensorError::IoError(source) => io_error(path, source),
+                other => KdaError::Safetensors { path: origin(), reason: other.to_string() },
+            })
+            .and_then(|()| std::fs::rename(&temp, path).map_err(|source| io_error(path, source)));
+        if written.is_err() {
+            // Best effort: the temporary file may not exist (the directory may be missing).
+            let _ = std::fs::remove_file(&temp);
+        }
+        written
     }
+}
+
+/// A temporary file name in `path`'s directory (a rename within one directory is atomic):
+/// `.NAME.kda-PID.tmp`.
+fn temporary_beside(path: &Path) -> std::path::PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.kda-{}.tmp", std::process::id()))
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> KdaError {
@@ -472,6 +490,29 @@ mod tests {
 
     fn remove(f: &mut TensorFile, name: &str) {
         f.tensors.retain(|t| t.0 != name);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("kda-io-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.safetensors");
+        std::fs::write(&path, b"old").unwrap();
+        let p = small();
+        let out = reference::reference(&p).unwrap();
+        // Outputs of the wrong size: nothing is written, the old file stays.
+        let wrong = Dims::new(&Plan::from_lengths(&[1]), 1);
+        assert!(write_outputs(&path, &out, &wrong).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        // A good write replaces it whole; no temporary file is left beside it.
+        write_outputs(&path, &out, &p.dims()).unwrap();
+        assert_eq!(read_outputs(&path, &p.dims()).unwrap(), out);
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["out.safetensors"], "{names:?}");
+        // A missing directory: an error naming the path, and nothing created.
+        let err = write_outputs(&dir.join("missing/out.safetensors"), &out, &p.dims()).unwrap_err();
+        assert!(matches!(err, KdaError::Io { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
