@@ -37,7 +37,7 @@ impl DeviceProblem {
         let up_bf = |v: &[bf16]| stream.clone_htod(non_empty(v, bf16::ZERO).as_ref());
         let up_f = |v: &[f32]| stream.clone_htod(non_empty(v, 0.0).as_ref());
         Ok(Self {
-            plan: DevicePlan::new(stream, p.plan.clone(), p.heads)?,
+            plan: DevicePlan::grouped(stream, p.plan.clone(), p.heads, p.value_heads)?,
             k: up_bf(&p.k)?,
             w: up_bf(&p.w)?,
             u: up_bf(&p.u)?,
@@ -51,7 +51,7 @@ impl DeviceProblem {
 
     /// The sizes of the problem.
     pub fn dims(&self) -> Dims {
-        Dims::new(self.plan.plan(), self.plan.heads())
+        self.plan.dims()
     }
 
     /// Launches `kernel` on the uploaded tensors.

@@ -10,7 +10,12 @@ const F32_BYTES: u64 = 4;
 /// Bytes read and written at the least: `k`, `w`, `u` and `v_new` once, `h` once, each chunk's last
 /// gate row once, and `h0`, `ht` once (saturating at `u64::MAX`).
 pub fn floor_bytes(d: &Dims) -> u64 {
-    model_floor_bytes(d.tokens, d.seqs, d.chunks, &ModelShape::kda(d.heads))
+    model_floor_bytes(
+        d.tokens,
+        d.seqs,
+        d.chunks,
+        &ModelShape { value_heads: d.value_heads, ..ModelShape::kda(d.heads) },
+    )
 }
 
 /// [`floor_bytes`] of the generalized recurrence (docs/CONTRACT.md#the-generalized-recurrence), for
@@ -73,7 +78,7 @@ mod tests {
 
     #[test]
     fn huge_sizes_saturate() {
-        let d = Dims { tokens: usize::MAX, heads: usize::MAX, seqs: 1, chunks: 1 };
+        let d = Dims { tokens: usize::MAX, heads: usize::MAX, value_heads: usize::MAX, seqs: 1, chunks: 1 };
         assert_eq!(floor_bytes(&d), u64::MAX);
     }
 }

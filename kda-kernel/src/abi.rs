@@ -111,7 +111,8 @@ impl Param {
     }
 }
 
-/// The Hopper kernel's parameters, in order. Pointers are the tensors the kernel reaches without
+/// The Hopper kernel's parameters, in order (`heads` counts value heads; each work record names
+/// its key head). Pointers are the tensors the kernel reaches without
 /// a tensor map: `gk` (each chunk's last row), `h0` (only tested for null: the map loads it),
 /// `v_new` (the tail chunk's valid rows), `ht`, and the schedule's work records.
 pub const HOPPER_PARAMS: [Param; 7] = [
@@ -124,8 +125,9 @@ pub const HOPPER_PARAMS: [Param; 7] = [
     Param::u32("heads"),
 ];
 
-/// The baseline kernel's parameters, in order.
-pub const BASELINE_PARAMS: [Param; 10] = [
+/// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
+/// of `k`).
+pub const BASELINE_PARAMS: [Param; 11] = [
     Param::pointer("k"),
     Param::pointer("w"),
     Param::pointer("u"),
@@ -136,6 +138,7 @@ pub const BASELINE_PARAMS: [Param; 10] = [
     Param::pointer("ht"),
     Param::pointer("seqs"),
     Param::u32("heads"),
+    Param::u32("key_heads"),
 ];
 
 /// The Hopper target: wgmma, TMA and mbarrier transaction counts are `sm_90a` features.

@@ -51,7 +51,7 @@ impl Tiles {
     }
 }
 
-/// Baseline recurrence kernel (`abi::BASELINE`, parameters `abi::BASELINE_PARAMS`). Grid: `N * H * COL_BLOCKS` CTAs of `THREADS`
+/// Baseline recurrence kernel (`abi::BASELINE`, parameters `abi::BASELINE_PARAMS`). Grid: `N * HV * COL_BLOCKS` CTAs of `THREADS`
 /// threads, `layout::baseline::SMEM_BYTES` of dynamic shared memory.
 ///
 /// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
@@ -73,14 +73,16 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_baseline(
     ht: *mut f32,
     seqs: *const i64,
     heads: u32,
+    key_heads: u32,
 ) {
-    if heads == 0 {
-        return; // the launcher never launches with no heads; this proves `% heads` below safe
+    let (heads, key_heads) = (heads as usize, key_heads as usize);
+    let group = heads.checked_div(key_heads).unwrap_or(0);
+    if heads == 0 || group == 0 {
+        return; // the launcher never launches so; this proves the divisions below safe
     }
-    let heads = heads as usize;
     let item = block_idx_x();
     let (seq, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
-    let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads);
+    let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads, key_heads);
     // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
     let (token_start, len, chunk_start) = unsafe {
         let desc = seqs.add(seq * SEQ_DESC_WORDS);
@@ -127,16 +129,24 @@ struct Place {
     vcol: usize,
     /// First of this thread's `STATE_ROWS` state rows.
     row0: usize,
+    /// The value head.
     head: usize,
+    /// Value heads of the batch.
     heads: usize,
+    /// The head of `k` the value head reads.
+    key_head: usize,
+    /// Key heads of the batch.
+    key_heads: usize,
     /// Element offset of the item's `[K][V]` state in `h0` and `ht`.
     state_base: usize,
 }
 
 impl Place {
     #[inline(always)]
-    fn of(tid: usize, col_block: usize, seq: usize, head: usize, heads: usize) -> Self {
+    fn of(tid: usize, col_block: usize, seq: usize, head: usize, heads: usize, key_heads: usize) -> Self {
         let (col, group) = (tid % BV, tid / BV);
+        // `heads` is a nonzero multiple of `key_heads` (the caller returned otherwise).
+        let key_head = head / (heads / key_heads);
         Self {
             tid,
             col,
@@ -145,6 +155,8 @@ impl Place {
             row0: group * STATE_ROWS,
             head,
             heads,
+            key_head,
+            key_heads,
             state_base: (seq * heads + head) * K_DIM * V_DIM,
         }
     }
@@ -175,7 +187,7 @@ unsafe fn stage_chunk(
             *tiles.s.add((at.row0 + r) * BV + at.col) = bits;
             *h_item.add((at.row0 + r) * V_DIM + at.vcol) = bits;
         }
-        stage_rows(tiles.k, k, tok0, rows, at.head, at.heads, at.tid);
+        stage_rows(tiles.k, k, tok0, rows, at.key_head, at.key_heads, at.tid);
         stage_rows(tiles.w, w, tok0, rows, at.head, at.heads, at.tid);
         if at.tid < K_DIM {
             let last = ((tok0 + rows - 1) * at.heads + at.head) * K_DIM + at.tid;

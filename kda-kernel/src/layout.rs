@@ -27,9 +27,9 @@ pub const DESC_CHUNK_START: usize = 2;
 /// the path to the item's first loads). Worker `b`'s first item is record `b`; each record names
 /// the worker's next one (or [`ITEM_LAST`]).
 pub const ITEM_WORDS: usize = 8;
-/// Index of the state row word (`seq * H + head`, the item's row of `h0` and `ht`) in a record.
+/// Index of the state row word (`seq * HV + head`, the item's row of `h0` and `ht`) in a record.
 pub const ITEM_STATE_ROW: usize = 0;
-/// Index of the head word in a record.
+/// Index of the (value) head word in a record.
 pub const ITEM_HEAD: usize = 1;
 /// Index of the first-value-column word (the column block times its width) in a record.
 pub const ITEM_VCOL0: usize = 2;
@@ -41,6 +41,9 @@ pub const ITEM_LEN: usize = 4;
 pub const ITEM_CHUNK_START: usize = 5;
 /// Index of the word naming the worker's next record in a record.
 pub const ITEM_NEXT: usize = 6;
+/// Index of the key head word (`head / (HV / H)`: the head of `k` a grouped value head reads) in
+/// a record.
+pub const ITEM_KEY_HEAD: usize = 7;
 /// The next-record word of a worker's last item.
 pub const ITEM_LAST: u32 = u32::MAX;
 

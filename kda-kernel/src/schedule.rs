@@ -7,8 +7,8 @@
 
 use crate::arch::sm80::block_idx_x_in_role;
 use crate::layout::{
-    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
-    ITEM_WORDS, K_DIM,
+    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW,
+    ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS, K_DIM,
 };
 
 /// The launcher's schedule table, for a batch of `heads` heads.
@@ -23,7 +23,8 @@ pub struct Work {
 struct Record([u32; ITEM_WORDS]);
 
 impl Work {
-    /// The table at `records` (`ITEM_WORDS` words per record, 32-byte aligned).
+    /// The table at `records` (`ITEM_WORDS` words per record, 32-byte aligned) of a batch of
+    /// `heads` value heads.
     ///
     /// # Safety
     /// `records` holds a record for every worker of the grid, and every record's next word names
@@ -62,6 +63,7 @@ impl Iterator for Items<'_> {
             chunk_start: r[ITEM_CHUNK_START] as usize,
             state_row: r[ITEM_STATE_ROW] as usize,
             head: r[ITEM_HEAD] as usize,
+            key_head: r[ITEM_KEY_HEAD] as usize,
             heads: self.work.heads,
             vcol0: r[ITEM_VCOL0] as usize,
         })
@@ -80,9 +82,11 @@ pub struct Item {
     pub chunk_start: usize,
     /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
     pub state_row: usize,
-    /// The head.
+    /// The (value) head.
     pub head: usize,
-    /// Heads of the batch.
+    /// The head of `k` this value head reads (itself when every key head has one value head).
+    pub key_head: usize,
+    /// Value heads of the batch.
     pub heads: usize,
     /// First value column of this item's block.
     pub vcol0: usize,
@@ -107,7 +111,7 @@ impl Item {
         self.token_start + c * CHUNK
     }
 
-    /// Element offset of token `t`'s row of a `[T, H, K]` tensor for this head.
+    /// Element offset of token `t`'s row of a `[T, HV, K]` tensor (`gk`) for this head.
     #[inline(always)]
     pub fn key_row(&self, t: usize) -> usize {
         (t * self.heads + self.head) * K_DIM

@@ -125,18 +125,27 @@ pub fn random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Pro
 /// [`random_problem`], or an error when `heads` is 0 or the problem's tensors (outputs included)
 /// are too large for memory's address range.
 pub fn try_random_problem(plan: Plan, heads: usize, with_h0: bool, seed: u64) -> Result<Problem, KdaError> {
-    if heads == 0 {
-        return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
-    }
-    // Every count below is at most one of these, so none overflows.
-    Dims::new(&plan, heads).check()?;
-    let t = plan.tokens();
+    try_random_grouped_problem(plan, heads, heads, with_h0, seed)
+}
+
+/// [`try_random_problem`] with grouped value heads: `heads` key heads, `value_heads` value heads
+/// (a multiple of `heads`). With `value_heads == heads` it is [`try_random_problem`]'s problem.
+pub fn try_random_grouped_problem(
+    plan: Plan,
+    heads: usize,
+    value_heads: usize,
+    with_h0: bool,
+    seed: u64,
+) -> Result<Problem, KdaError> {
+    // The head counts, and every count below is at most one of the checked sizes: none overflows.
+    Dims::grouped(&plan, heads, value_heads).check()?;
+    let (t, hv) = (plan.tokens(), value_heads);
     let k = unit_rows(t * heads, K_DIM, seed);
-    let w = normal_rows(t, heads * K_DIM, seed, W_ID, W_STD);
-    let u = normal_rows(t, heads * V_DIM, seed, U_ID, U_STD);
-    let gk = chunk_gates(&plan, heads * K_DIM, seed, G_ID);
-    let h0 = with_h0.then(|| initial_states(plan.num_seqs() * heads * K_DIM * V_DIM, V_DIM, seed));
-    Ok(Problem { plan, heads, k, w, u, gk, h0 })
+    let w = normal_rows(t, hv * K_DIM, seed, W_ID, W_STD);
+    let u = normal_rows(t, hv * V_DIM, seed, U_ID, U_STD);
+    let gk = chunk_gates(&plan, hv * K_DIM, seed, G_ID);
+    let h0 = with_h0.then(|| initial_states(plan.num_seqs() * hv * K_DIM * V_DIM, V_DIM, seed));
+    Ok(Problem { plan, heads, value_heads, k, w, u, gk, h0 })
 }
 
 /// `rows` rows of `width` bf16, each drawn from N(0, 1) and L2-normalised (the keys).

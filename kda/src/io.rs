@@ -55,24 +55,26 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
     if heads == 0 {
         return Err(KdaError::Argument { name: "heads", reason: "k has H = 0 heads; must be at least 1".into() });
     }
+    // Value heads from `w` (`[.., T, HV, K]`); its full shape is checked below.
+    let (_, _, value_heads) = token_dims(Tensor::W, require(&file, Tensor::W)?.shape(), K_DIM)?;
     let plan = match optional(&file, "cu_seqlens") {
         Some(cu) => plan_from_cu_seqlens(&cu, batch, tokens)?,
         None => Plan::try_dense(batch, tokens)?,
     };
     let lead: Vec<usize> = if k.shape().len() == 4 { vec![batch, tokens] } else { vec![tokens] };
-    let token_shape = |d: usize| [lead.as_slice(), &[heads, d]].concat();
-    let dims = Dims::new(&plan, heads);
+    let token_shape = |heads: usize, d: usize| [lead.as_slice(), &[heads, d]].concat();
+    let dims = Dims::grouped(&plan, heads, value_heads);
     // Outputs of these sizes must be allocatable (a dense file of empty sequences holds no data
     // but may name a huge batch).
     dims.check()?;
     let state_shape = dims.shape_of(Tensor::Ht);
 
-    let k = bf16_values(Tensor::K, &k, &token_shape(K_DIM))?;
-    let w = bf16_values(Tensor::W, &require(&file, Tensor::W)?, &token_shape(K_DIM))?;
-    let u = bf16_values(Tensor::U, &require(&file, Tensor::U)?, &token_shape(V_DIM))?;
-    let gk = f32_values(Tensor::Gk, &require(&file, Tensor::Gk)?, &token_shape(K_DIM))?;
+    let k = bf16_values(Tensor::K, &k, &token_shape(heads, K_DIM))?;
+    let w = bf16_values(Tensor::W, &require(&file, Tensor::W)?, &token_shape(value_heads, K_DIM))?;
+    let u = bf16_values(Tensor::U, &require(&file, Tensor::U)?, &token_shape(value_heads, V_DIM))?;
+    let gk = f32_values(Tensor::Gk, &require(&file, Tensor::Gk)?, &token_shape(value_heads, K_DIM))?;
     let h0 = optional(&file, Tensor::H0.name()).map(|t| f32_values(Tensor::H0, &t, &state_shape)).transpose()?;
-    let problem = Problem { plan, heads, k, w, u, gk, h0 };
+    let problem = Problem { plan, heads, value_heads, k, w, u, gk, h0 };
 
     let outputs = [Tensor::H, Tensor::VNew, Tensor::Ht].map(|t| optional(&file, t.name()));
     let expected = match outputs {
@@ -82,7 +84,7 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
             let h_shape = if h.shape().len() == 5 { [&[1], h_shape.as_slice()].concat() } else { h_shape };
             Some(Outputs {
                 h: bf16_values(Tensor::H, &h, &h_shape)?,
-                v_new: bf16_values(Tensor::VNew, &v_new, &token_shape(V_DIM))?,
+                v_new: bf16_values(Tensor::VNew, &v_new, &token_shape(value_heads, V_DIM))?,
                 ht: f32_values(Tensor::Ht, &ht, &state_shape)?,
             })
         }
@@ -588,6 +590,23 @@ mod tests {
         let bytes = bytes_with(&p, |f| f.push("h0", Dtype::F32, vec![1, 2, 128, 128], vec![0; 4 * 2 * 128 * 128]));
         let err = parse_problem(&bytes, "mem").unwrap_err();
         assert!(matches!(err, KdaError::Shape { tensor: "h0", .. }), "{err}");
+    }
+
+    #[test]
+    fn grouped_value_heads_round_trip_and_must_divide() {
+        let p = inputs::try_random_grouped_problem(Plan::from_lengths(&[5, 0, 70]), 2, 6, true, 3).unwrap();
+        let bytes = bytes_with(&p, |_| {});
+        let (back, _) = parse_problem(&bytes, "mem").unwrap();
+        assert_eq!((back.heads, back.value_heads), (2, 6));
+        assert_eq!((back.k, back.w, back.h0), (p.k.clone(), p.w.clone(), p.h0.clone()));
+        // 6 value heads over 4 key heads: not a grouping.
+        let t = p.plan.tokens();
+        let bytes = bytes_with(&p, |f| {
+            f.tensors[0].2 = vec![t, 4, 128];
+            f.tensors[0].3 = vec![0; t * 4 * 128 * 2];
+        });
+        let err = parse_problem(&bytes, "mem").unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "value_heads", .. }), "{err}");
     }
 
     #[test]

@@ -199,11 +199,11 @@ impl ModelProblem {
 }
 
 impl Problem {
-    /// This KDA problem as a generalized one ([`ModelShape::kda`]).
+    /// This KDA problem as a generalized one ([`ModelShape::kda`], with its value heads).
     pub fn model_view(&self) -> ModelView<'_> {
         ModelView {
             plan: &self.plan,
-            shape: ModelShape::kda(self.heads),
+            shape: ModelShape { value_heads: self.value_heads, ..ModelShape::kda(self.heads) },
             k: &self.k,
             w: &self.w,
             u: &self.u,

@@ -12,19 +12,19 @@ use kda_kernel::layout::{K_DIM, V_DIM};
 pub enum Tensor {
     /// `k`: `[T, H, K]` bf16 keys.
     K,
-    /// `w`: `[T, H, K]` bf16 WY weights.
+    /// `w`: `[T, HV, K]` bf16 WY weights.
     W,
-    /// `u`: `[T, H, V]` bf16 WY values.
+    /// `u`: `[T, HV, V]` bf16 WY values.
     U,
-    /// `gk`: `[T, H, K]` f32 cumulative log2 gates.
+    /// `gk`: `[T, HV, K]` f32 cumulative log2 gates.
     Gk,
-    /// `h0`: `[N, H, K, V]` f32 initial states.
+    /// `h0`: `[N, HV, K, V]` f32 initial states.
     H0,
-    /// `h`: `[NT, H, K, V]` bf16 state entering every chunk (output).
+    /// `h`: `[NT, HV, K, V]` bf16 state entering every chunk (output).
     H,
-    /// `v_new`: `[T, H, V]` bf16 corrected values (output).
+    /// `v_new`: `[T, HV, V]` bf16 corrected values (output).
     VNew,
-    /// `ht`: `[N, H, K, V]` f32 final states (output).
+    /// `ht`: `[N, HV, K, V]` f32 final states (output).
     Ht,
 }
 
@@ -52,13 +52,15 @@ impl Tensor {
         Tensor::ALL.into_iter().find(|t| t.name() == name)
     }
 
-    /// Names of the dimensions, outermost first, e.g. `["T", "H", "K"]`.
+    /// Names of the dimensions, outermost first, e.g. `["T", "HV", "K"]` (`H` counts key heads,
+    /// `HV` value heads).
     pub const fn dim_names(self) -> &'static [&'static str] {
         match self {
-            Tensor::K | Tensor::W | Tensor::Gk => &["T", "H", "K"],
-            Tensor::U | Tensor::VNew => &["T", "H", "V"],
-            Tensor::H0 | Tensor::Ht => &["N", "H", "K", "V"],
-            Tensor::H => &["NT", "H", "K", "V"],
+            Tensor::K => &["T", "H", "K"],
+            Tensor::W | Tensor::Gk => &["T", "HV", "K"],
+            Tensor::U | Tensor::VNew => &["T", "HV", "V"],
+            Tensor::H0 | Tensor::Ht => &["N", "HV", "K", "V"],
+            Tensor::H => &["NT", "HV", "K", "V"],
         }
     }
 
@@ -86,8 +88,11 @@ impl fmt::Display for Tensor {
 pub struct Dims {
     /// Total tokens `T`.
     pub tokens: usize,
-    /// Heads `H`.
+    /// Key heads `H`.
     pub heads: usize,
+    /// Value heads `HV`, a multiple of `H` (grouped value heads: value head `i` reads key head
+    /// `i / (HV / H)`); `H` when every key head has its own.
+    pub value_heads: usize,
     /// Sequences `N`.
     pub seqs: usize,
     /// Total chunks `NT`.
@@ -95,24 +100,41 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// The sizes of `plan` with `heads` heads (not checked: see [`Dims::check`]).
+    /// The sizes of `plan` with `heads` heads, one value head per key head (not checked: see
+    /// [`Dims::check`]).
     pub fn new(plan: &Plan, heads: usize) -> Self {
-        Self { tokens: plan.tokens(), heads, seqs: plan.num_seqs(), chunks: plan.chunks() }
+        Self::grouped(plan, heads, heads)
     }
 
-    /// Elements of `k`, `w` and `gk`: `[T, H, K]` (`usize::MAX` if that overflows).
+    /// The sizes of `plan` with `heads` key heads and `value_heads` value heads (not checked: see
+    /// [`Dims::check`]).
+    pub fn grouped(plan: &Plan, heads: usize, value_heads: usize) -> Self {
+        Self { tokens: plan.tokens(), heads, value_heads, seqs: plan.num_seqs(), chunks: plan.chunks() }
+    }
+
+    /// Value heads per key head, `HV / H` (0 when `H` is 0).
+    pub fn group(&self) -> usize {
+        self.value_heads.checked_div(self.heads).unwrap_or(0)
+    }
+
+    /// Elements of `k`: `[T, H, K]` (`usize::MAX` if that overflows).
     pub fn key_len(&self) -> usize {
         self.saturating_len(Tensor::K)
     }
-    /// Elements of `u` and `v_new`: `[T, H, V]` (`usize::MAX` if that overflows).
+    /// Elements of `w` and `gk`: `[T, HV, K]` (`usize::MAX` if that overflows); `key_len()` when
+    /// `HV = H`.
+    pub fn weight_len(&self) -> usize {
+        self.saturating_len(Tensor::W)
+    }
+    /// Elements of `u` and `v_new`: `[T, HV, V]` (`usize::MAX` if that overflows).
     pub fn value_len(&self) -> usize {
         self.saturating_len(Tensor::U)
     }
-    /// Elements of `h0` and `ht`: `[N, H, K, V]` (`usize::MAX` if that overflows).
+    /// Elements of `h0` and `ht`: `[N, HV, K, V]` (`usize::MAX` if that overflows).
     pub fn state_len(&self) -> usize {
         self.saturating_len(Tensor::Ht)
     }
-    /// Elements of `h`: `[NT, H, K, V]` (`usize::MAX` if that overflows).
+    /// Elements of `h`: `[NT, HV, K, V]` (`usize::MAX` if that overflows).
     pub fn h_len(&self) -> usize {
         self.saturating_len(Tensor::H)
     }
@@ -123,12 +145,13 @@ impl Dims {
 
     /// The contract's shape of `tensor`, outermost dimension first.
     pub fn shape_of(&self, tensor: Tensor) -> Vec<usize> {
-        let (t, h, n, nt) = (self.tokens, self.heads, self.seqs, self.chunks);
+        let (t, h, hv, n, nt) = (self.tokens, self.heads, self.value_heads, self.seqs, self.chunks);
         match tensor {
-            Tensor::K | Tensor::W | Tensor::Gk => vec![t, h, K_DIM],
-            Tensor::U | Tensor::VNew => vec![t, h, V_DIM],
-            Tensor::H0 | Tensor::Ht => vec![n, h, K_DIM, V_DIM],
-            Tensor::H => vec![nt, h, K_DIM, V_DIM],
+            Tensor::K => vec![t, h, K_DIM],
+            Tensor::W | Tensor::Gk => vec![t, hv, K_DIM],
+            Tensor::U | Tensor::VNew => vec![t, hv, V_DIM],
+            Tensor::H0 | Tensor::Ht => vec![n, hv, K_DIM, V_DIM],
+            Tensor::H => vec![nt, hv, K_DIM, V_DIM],
         }
     }
 
@@ -143,9 +166,19 @@ impl Dims {
             .ok_or_else(|| KdaError::TooLarge { tensor: tensor.name(), shape: self.describe(tensor) })
     }
 
-    /// Checks that every tensor of these sizes, outputs included, fits in memory's address
-    /// range (see [`Dims::len_of`]).
+    /// Checks the head counts (at least one key head, `HV` a multiple of `H`) and that every
+    /// tensor of these sizes, outputs included, fits in memory's address range (see
+    /// [`Dims::len_of`]).
     pub fn check(&self) -> Result<(), KdaError> {
+        if self.heads == 0 {
+            return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
+        }
+        if self.value_heads == 0 || !self.value_heads.is_multiple_of(self.heads) {
+            return Err(KdaError::Argument {
+                name: "value_heads",
+                reason: format!("HV = {} must be a positive multiple of H = {}", self.value_heads, self.heads),
+            });
+        }
         Tensor::ALL.into_iter().try_for_each(|t| self.len_of(t).map(drop))
     }
 
@@ -163,10 +196,12 @@ impl Dims {
         })
     }
 
-    /// The shape of `tensor` with dimension names, e.g. `[T=200, H=2, K=128]`.
+    /// The shape of `tensor` with dimension names, e.g. `[T=200, H=2, K=128]` (value heads are
+    /// named `HV` only when they differ from the key heads).
     pub fn describe(&self, tensor: Tensor) -> String {
+        let name = |n: &str| if n == "HV" && self.value_heads == self.heads { "H".to_string() } else { n.to_string() };
         let dims: Vec<String> =
-            tensor.dim_names().iter().zip(self.shape_of(tensor)).map(|(n, d)| format!("{n}={d}")).collect();
+            tensor.dim_names().iter().zip(self.shape_of(tensor)).map(|(n, d)| format!("{}={d}", name(n))).collect();
         format!("[{}]", dims.join(", "))
     }
 }
@@ -176,33 +211,36 @@ impl Dims {
 pub struct Problem {
     /// The batch layout.
     pub plan: Plan,
-    /// Heads `H`.
+    /// Key heads `H`.
     pub heads: usize,
+    /// Value heads `HV`, a multiple of `H` (`H` for one value head per key head).
+    pub value_heads: usize,
     /// `[T, H, K]` gated keys.
     pub k: Vec<bf16>,
-    /// `[T, H, K]` WY weights.
+    /// `[T, HV, K]` WY weights.
     pub w: Vec<bf16>,
-    /// `[T, H, V]` WY values.
+    /// `[T, HV, V]` WY values.
     pub u: Vec<bf16>,
-    /// `[T, H, K]` cumulative log2 gates inside each chunk.
+    /// `[T, HV, K]` cumulative log2 gates inside each chunk.
     pub gk: Vec<f32>,
-    /// `[N, H, K, V]` initial states; `None` means zeros.
+    /// `[N, HV, K, V]` initial states; `None` means zeros.
     pub h0: Option<Vec<f32>>,
 }
 
 impl Problem {
     /// The sizes of this problem.
     pub fn dims(&self) -> Dims {
-        Dims::new(&self.plan, self.heads)
+        Dims::grouped(&self.plan, self.heads, self.value_heads)
     }
 
     /// Checks `heads >= 1`, every input tensor against the shape implied by the plan and `heads`,
     /// and that the outputs' sizes fit in memory's address range.
     pub fn validate(&self) -> Result<(), KdaError> {
-        if self.heads == 0 {
-            return Err(KdaError::Argument { name: "heads", reason: "must be at least 1".into() });
-        }
         let d = self.dims();
+        // Head counts first (a length error would be meaningless under a bad grouping).
+        if d.heads == 0 || d.value_heads == 0 || !d.value_heads.is_multiple_of(d.heads) {
+            return d.check();
+        }
         d.check_len(Tensor::K, self.k.len())?;
         d.check_len(Tensor::W, self.w.len())?;
         d.check_len(Tensor::U, self.u.len())?;
@@ -253,9 +291,9 @@ mod tests {
         assert_eq!(d.describe(Tensor::H), "[NT=6, H=2, K=128, V=128]");
         let lens = [
             d.key_len(),
-            d.key_len(),
+            d.weight_len(),
             d.value_len(),
-            d.key_len(),
+            d.weight_len(),
             d.state_len(),
             d.h_len(),
             d.value_len(),
@@ -273,20 +311,34 @@ mod tests {
     }
 
     #[test]
+    fn grouped_value_heads_shape_all_but_the_keys() {
+        let d = Dims::grouped(&Plan::from_lengths(&[200, 0, 65]), 2, 6);
+        assert_eq!((d.group(), d.describe(Tensor::K)), (3, "[T=265, H=2, K=128]".to_string()));
+        assert_eq!(d.describe(Tensor::W), "[T=265, HV=6, K=128]");
+        assert_eq!(d.describe(Tensor::Ht), "[N=3, HV=6, K=128, V=128]");
+        assert_eq!((d.key_len(), d.weight_len()), (265 * 2 * 128, 265 * 6 * 128));
+        d.check().unwrap();
+        let odd = Dims::grouped(&Plan::from_lengths(&[5]), 2, 3);
+        assert!(matches!(odd.check(), Err(KdaError::Argument { name: "value_heads", .. })));
+    }
+
+    #[test]
     fn huge_sizes_are_errors_not_wraps() {
         // 2^57 tokens x 128 wraps to 0 elements in 64 bits.
-        let d = Dims { tokens: 1 << 57, heads: 1, seqs: 1, chunks: 1 << 51 };
+        let d = Dims { tokens: 1 << 57, heads: 1, value_heads: 1, seqs: 1, chunks: 1 << 51 };
         assert_eq!(d.key_len(), usize::MAX);
         let err = d.check_len(Tensor::K, 0).unwrap_err();
         assert!(matches!(err, KdaError::TooLarge { tensor: "k", .. }), "{err}");
         assert!(err.to_string().contains("T=144115188075855872"), "{err}");
         // Fits in usize, but not in bytes.
-        let d = Dims { tokens: 1, heads: (isize::MAX as usize) / 128, seqs: 0, chunks: 0 };
+        let heads = (isize::MAX as usize) / 128;
+        let d = Dims { tokens: 1, heads, value_heads: heads, seqs: 0, chunks: 0 };
         assert!(matches!(d.len_of(Tensor::Gk), Err(KdaError::TooLarge { tensor: "gk", .. })));
         assert!(d.check().is_err());
         let p = Problem {
             plan: Plan::from_lengths(&[1]),
             heads: usize::MAX,
+            value_heads: usize::MAX,
             k: vec![],
             w: vec![],
             u: vec![],

@@ -20,8 +20,8 @@
 
 use crate::{KdaError, Plan};
 use kda_kernel::layout::{
-    ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
-    ITEM_WORDS, V_DIM,
+    ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
+    ITEM_VCOL0, ITEM_WORDS, V_DIM,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -110,14 +110,15 @@ impl Schedule {
         bounds.and_then(|(&a, &b)| self.items.get(a as usize..b as usize)).unwrap_or(&[])
     }
 
-    /// The table the Hopper kernel reads for `plan` (the plan this schedule was made for): one
+    /// The table the Hopper kernel reads for `plan` (the plan this schedule was made for, its
+    /// heads the value heads, `group` of them per key head): one
     /// record of `ITEM_WORDS` words per item (see `kda_kernel::layout::ITEM_WORDS`). Worker `w`'s
     /// first item is record `w`, so a CTA reaches its first item's sequence in one read; the rest
     /// of its list follows the records' next words, through the records after the first items.
     /// `None` when a token or chunk offset does not fit in 32 bits (the launcher takes the
     /// baseline kernel for such batches), or when `plan` has fewer sequences than this schedule's
     /// items name.
-    pub fn table(&self, plan: &Plan) -> Option<Vec<u32>> {
+    pub fn table(&self, plan: &Plan, group: usize) -> Option<Vec<u32>> {
         let workers = self.workers();
         // Record of worker `w`'s `n`-th item: the first items, then each worker's others in turn.
         let record = |w: usize, n: usize| if n == 0 { w } else { workers + self.offsets[w] as usize - w + n - 1 };
@@ -141,6 +142,7 @@ impl Schedule {
                 r[ITEM_LEN] = u32::try_from(desc.len).ok()?;
                 r[ITEM_CHUNK_START] = u32::try_from(desc.chunk_start).ok()?;
                 r[ITEM_NEXT] = next;
+                r[ITEM_KEY_HEAD] = u32::try_from(head.checked_div(group)?).ok()?;
             }
         }
         Some(table)
@@ -167,7 +169,7 @@ mod tests {
         // Sequence 1's four items (2 heads x 2 blocks) are the longest: one per worker, in order.
         let firsts: Vec<u32> = (0..4).map(|w| s.items_of(w)[0]).collect();
         assert_eq!(firsts, vec![4, 5, 6, 7]);
-        assert_eq!(s.table(&plan).unwrap().len(), 12 * ITEM_WORDS);
+        assert_eq!(s.table(&plan, 1).unwrap().len(), 12 * ITEM_WORDS);
     }
 
     #[test]
@@ -177,7 +179,7 @@ mod tests {
         let plan = Plan::from_lengths(&[64, 200]);
         let s = Schedule::try_lpt(&plan, 1, 2, 2).unwrap();
         assert_eq!((s.items_of(0), s.items_of(1)), (&[2u32, 0][..], &[3u32, 1][..]));
-        let t = s.table(&plan).unwrap();
+        let t = s.table(&plan, 1).unwrap();
         let rec = |r: usize| &t[r * ITEM_WORDS..][..ITEM_WORDS];
         // Records 0 and 1: the workers' first items (sequence 1, blocks 0 and 1), each naming its
         // worker's second item (records 2 and 3: sequence 0).
@@ -191,9 +193,9 @@ mod tests {
     fn offsets_beyond_32_bits_have_no_table() {
         let plan = Plan::from_lengths(&[1 << 32, 64]);
         let s = Schedule::try_lpt(&plan, 1, 2, 4).unwrap();
-        assert_eq!(s.table(&plan), None);
+        assert_eq!(s.table(&plan, 1), None);
         let small = Plan::from_lengths(&[1 << 31, 64]);
-        assert!(Schedule::try_lpt(&small, 1, 2, 4).unwrap().table(&small).is_some());
+        assert!(Schedule::try_lpt(&small, 1, 2, 4).unwrap().table(&small, 1).is_some());
     }
 
     #[test]
@@ -201,7 +203,7 @@ mod tests {
         let s = Schedule::try_lpt(&Plan::from_lengths(&[10]), 1, 2, 132).unwrap();
         assert_eq!((s.workers(), s.items_of(0), s.items_of(1)), (2, &[0u32][..], &[1u32][..]));
         let empty = Schedule::try_lpt(&Plan::from_lengths(&[]), 4, 2, 132).unwrap();
-        assert_eq!((empty.workers(), empty.table(&Plan::from_lengths(&[]))), (0, Some(vec![])));
+        assert_eq!((empty.workers(), empty.table(&Plan::from_lengths(&[]), 1)), (0, Some(vec![])));
         let one = Schedule::try_lpt(&Plan::from_lengths(&[70, 3]), 1, 2, 0).unwrap();
         assert_eq!((one.workers(), one.items_of(0)), (1, &[0u32, 1, 2, 3][..]));
     }
@@ -224,6 +226,6 @@ mod tests {
         let plan = Plan::from_lengths(&[10, 20]);
         let s = Schedule::try_lpt(&plan, 1, 2, 4).unwrap();
         assert_eq!((s.items_of(4), s.items_of(usize::MAX)), (&[][..], &[][..]));
-        assert_eq!(s.table(&Plan::from_lengths(&[10])), None);
+        assert_eq!(s.table(&Plan::from_lengths(&[10]), 1), None);
     }
 }

@@ -77,13 +77,13 @@ pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
     let mut h = guarded(s, &poison_bf[..d.h_len()], sent_bf);
     let mut v_new = guarded(s, &poison_bf[..d.value_len()], sent_bf);
     let mut ht = guarded(s, &poison_f, sent_f);
-    let plan = DevicePlan::new(s, p.plan.clone(), p.heads).expect("plan upload");
+    let plan = DevicePlan::grouped(s, p.plan.clone(), p.heads, p.value_heads).expect("plan upload");
     {
         let inputs = KdaInputs {
             k: k.slice(GUARD..GUARD + d.key_len()),
-            w: w.slice(GUARD..GUARD + d.key_len()),
+            w: w.slice(GUARD..GUARD + d.weight_len()),
             u: u.slice(GUARD..GUARD + d.value_len()),
-            gk: gk.slice(GUARD..GUARD + d.key_len()),
+            gk: gk.slice(GUARD..GUARD + d.weight_len()),
             h0: h0.as_ref().map(|h0| h0.slice(GUARD..GUARD + d.state_len())),
         };
         let mut outputs = KdaOutputs {

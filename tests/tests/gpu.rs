@@ -95,4 +95,20 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    /// Grouped value heads (HV = 2H or 3H): each value head reads its group's key head.
+    #[test]
+    fn grouped_value_heads(lengths in ragged_lengths(), heads in 1usize..=2, group in 2usize..=3, with_h0: bool, seed: u64) {
+        let gpu = GPU.get_or_init(Gpu::open);
+        let plan = Plan::from_lengths(&lengths);
+        let p = inputs::try_random_grouped_problem(plan, heads, heads * group, with_h0, seed).unwrap();
+        let want = reference::reference(&p).unwrap();
+        for kernel in kernels() {
+            let out = run_guarded(gpu, &p, kernel);
+            record(&format!("{lengths:?} H={heads} HV={} h0={with_h0} {kernel:?}", heads * group), errors(&out, &want));
+        }
+    }
+}
+
 static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();

@@ -83,9 +83,10 @@ fn an_empty_boundary_list_is_rejected_and_a_lone_zero_is_an_empty_batch() {
     assert_eq!((empty.num_seqs(), empty.tokens(), empty.chunks()), (0, 0, 0));
 }
 
-/// Checks the schedule's contract for one batch layout; returns the modelled makespan and its
-/// lower bound `max(total / workers, longest item)`.
-fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u64, u64), TestCaseError> {
+/// Checks the schedule's contract for one batch layout of `heads` value heads, `group` of them per
+/// key head; returns the modelled makespan and its lower bound `max(total / workers, longest
+/// item)`.
+fn check_schedule(lengths: &[usize], heads: usize, group: usize, workers: usize) -> Result<(u64, u64), TestCaseError> {
     use kda::schedule::item_cost;
     const COL_BLOCKS: usize = kda::layout::hopper::COL_BLOCKS;
     let plan = Plan::from_lengths(lengths);
@@ -109,10 +110,10 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
     // The table the kernel reads: walking the records from record `w` gives worker `w`'s items
     // in order, each with its sequence's offsets, and reaches every record exactly once.
     use kda::layout::{
-        ITEM_CHUNK_START, ITEM_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START, ITEM_VCOL0,
-        ITEM_WORDS,
+        ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
+        ITEM_VCOL0, ITEM_WORDS,
     };
-    let table = s.table(&plan).expect("small offsets fit the records");
+    let table = s.table(&plan, group).expect("small offsets fit the records");
     prop_assert_eq!(table.len(), count * ITEM_WORDS);
     let mut visited = vec![0u32; count];
     for w in 0..s.workers() {
@@ -124,9 +125,18 @@ fn check_schedule(lengths: &[usize], heads: usize, workers: usize) -> Result<(u6
             let item = item as usize;
             let (seq, head, block) = (item / (heads * COL_BLOCKS), (item / COL_BLOCKS) % heads, item % COL_BLOCKS);
             let d = &plan.seqs()[seq];
-            let want = [seq * heads + head, head, block * kda::layout::hopper::BV, d.token_start, d.len, d.chunk_start];
-            let got = [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START]
-                .map(|i| rec[i] as usize);
+            let want = [
+                seq * heads + head,
+                head,
+                block * kda::layout::hopper::BV,
+                d.token_start,
+                d.len,
+                d.chunk_start,
+                head / group,
+            ];
+            let got =
+                [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START, ITEM_KEY_HEAD]
+                    .map(|i| rec[i] as usize);
             prop_assert_eq!(got, want, "worker {}, item {}", w, item);
             r = rec[ITEM_NEXT];
         }
@@ -148,10 +158,11 @@ proptest! {
     #[test]
     fn schedule_runs_every_item_once_within_the_list_scheduling_bound(
         lengths in ragged_lengths(),
-        heads in 1usize..6,
+        key_heads in 1usize..4,
+        group in 1usize..4,
         workers in 1usize..140,
     ) {
-        check_schedule(&lengths, heads, workers)?;
+        check_schedule(&lengths, key_heads * group, group, workers)?;
     }
 }
 
@@ -161,7 +172,7 @@ proptest! {
 fn schedule_of_the_bench_shapes_is_near_ideal() {
     const H200_SMS: usize = 132;
     for (name, lengths) in kda_cli::bench_shapes() {
-        let (makespan, bound) = check_schedule(&lengths, kda::inputs::REFERENCE_HEADS, H200_SMS).unwrap();
+        let (makespan, bound) = check_schedule(&lengths, kda::inputs::REFERENCE_HEADS, 1, H200_SMS).unwrap();
         let ratio = makespan as f64 / bound as f64;
         println!("{name}: modelled makespan {makespan}, lower bound {bound} ({ratio:.3})");
         assert!(ratio <= 1.05, "{name}: makespan {makespan} is {ratio:.3} x its lower bound {bound}");

@@ -42,6 +42,7 @@ fn sub_problem(p: &Problem, n: usize) -> Problem {
     Problem {
         plan: Plan::from_lengths(&[s.len]),
         heads: p.heads,
+        value_heads: p.value_heads,
         k: p.k[kr.clone()].to_vec(),
         w: p.w[kr.clone()].to_vec(),
         u: p.u[vr].to_vec(),

@@ -251,7 +251,7 @@ mod tests {
         let shape = Shape {
             name: "tiny",
             lengths: vec![256],
-            dims: Dims { tokens: 256, heads: 64, seqs: 1, chunks: 4 },
+            dims: Dims { tokens: 256, heads: 64, value_heads: 64, seqs: 1, chunks: 4 },
             copies: 8,
             us: 20.0,
             floor_us: 10.0,

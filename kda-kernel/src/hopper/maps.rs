@@ -74,16 +74,32 @@ pub struct ChunkLoad<'a> {
 }
 
 impl ChunkLoad<'_> {
-    /// A TMA load of the box at column `col` of token `token` (this item's head) through `map`
-    /// into shared address `dst`, completing on the stage's `full` barrier.
+    /// A TMA load of the box at column `col` of token `token` (this item's value head) through
+    /// `map` (`w` or `u`) into shared address `dst`, completing on the stage's `full` barrier.
     ///
     /// # Safety
     /// The box lies inside the sequence's valid rows and the tensor; `dst` is inside the stage's
     /// tiles, aligned as the map's swizzle needs; the bytes are announced on the barrier.
     #[inline(always)]
     pub unsafe fn load_box(self, dst: u32, map: u64, col: usize, token: usize) {
-        let full = self.ring.full(self.stage);
         // SAFETY: see the function's contract.
-        unsafe { tma_load_3d(dst, map, col as i32, self.item.head as i32, token as i32, full) }
+        unsafe { self.load_box_of_head(dst, map, col, self.item.head, token) }
+    }
+
+    /// [`Self::load_box`] of `k`, whose head is the item's key head.
+    ///
+    /// # Safety
+    /// As for [`Self::load_box`].
+    #[inline(always)]
+    pub unsafe fn load_key_box(self, dst: u32, map: u64, col: usize, token: usize) {
+        // SAFETY: see the function's contract.
+        unsafe { self.load_box_of_head(dst, map, col, self.item.key_head, token) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_box_of_head(self, dst: u32, map: u64, col: usize, head: usize, token: usize) {
+        let full = self.ring.full(self.stage);
+        // SAFETY: the callers' contract.
+        unsafe { tma_load_3d(dst, map, col as i32, head as i32, token as i32, full) }
     }
 }

@@ -132,7 +132,7 @@ unsafe fn load_full_chunk(load: ChunkLoad<'_>) {
         unsafe {
             load.ring.producer_commit_tx(load.stage, STAGE_TX_BYTES);
             for b in 0..KEY_BOXES {
-                load.load_box(tiles.k(b), maps.k, b * BOX_COLS, t);
+                load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
             load.load_box(tiles.u(), maps.u, load.item.vcol0, t);

@@ -49,7 +49,7 @@ pub unsafe fn load_partial_chunk(load: ChunkLoad<'_>) {
         while r < rows {
             let off = r as u32 * ROW_BYTES;
             for b in 0..KEY_BOXES {
-                load.load_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
+                load.load_key_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
                 load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
             load.load_box(tiles.u() + off, maps.u_row, item.vcol0, tok0 + r);

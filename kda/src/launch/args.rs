@@ -80,7 +80,10 @@ impl HopperArgs {
 pub(super) struct BaselineArgs {
     pub ptrs: [Address; 8],
     pub seqs: Address,
+    /// Value heads `HV`.
     pub heads: u32,
+    /// Key heads `H`.
+    pub key_heads: u32,
 }
 
 impl BaselineArgs {
@@ -88,8 +91,8 @@ impl BaselineArgs {
     const TENSORS: [&'static str; 8] = ["k", "w", "u", "gk", "h0", "h", "v_new", "ht"];
 
     /// The arguments of a launch over `p`.
-    pub fn new(p: &Pointers<'_>, seqs: Address, heads: u32) -> Self {
-        Self { ptrs: [p.k, p.w, p.u, p.gk, p.h0, p.h, p.v_new, p.ht], seqs, heads }
+    pub fn new(p: &Pointers<'_>, seqs: Address, heads: u32, key_heads: u32) -> Self {
+        Self { ptrs: [p.k, p.w, p.u, p.gk, p.h0, p.h, p.v_new, p.ht], seqs, heads, key_heads }
     }
 
     /// Pushes the arguments in the kernel's parameter order.
@@ -99,6 +102,7 @@ impl BaselineArgs {
         }
         sink.push("seqs", &self.seqs);
         sink.push("heads", &self.heads);
+        sink.push("key_heads", &self.key_heads);
     }
 }
 
@@ -244,7 +248,7 @@ mod tests {
         hopper.push(&mut pushed);
         check_entry(&HOPPER, &pushed.0);
 
-        let baseline = BaselineArgs { ptrs: [1, 2, 3, 4, 5, 6, 7, 8], seqs: 9, heads: 10 };
+        let baseline = BaselineArgs { ptrs: [1, 2, 3, 4, 5, 6, 7, 8], seqs: 9, heads: 10, key_heads: 5 };
         let mut pushed = Recorder::default();
         baseline.push(&mut pushed);
         check_entry(&BASELINE, &pushed.0);

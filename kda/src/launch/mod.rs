@@ -138,7 +138,7 @@ impl Kda {
         outputs: &mut KdaOutputs<'_>,
         kernel: Kernel,
     ) -> Result<(), KdaError> {
-        let dims = Dims::new(&plan.plan, plan.heads);
+        let dims = plan.dims();
         self.validate(stream, plan, &dims, inputs, outputs)?;
         let hopper = match self.resolve(kernel) {
             Kernel::Hopper => Some(self.loaded(Kernel::Hopper)?),
@@ -146,11 +146,11 @@ impl Kda {
         };
         let ptrs = Pointers::of(stream, inputs, outputs);
         // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
-        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * H), take the baseline
+        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * HV), take the baseline
         // (which also covers every batch whose work records would not fit in 32 bits).
         let fits_tma = dims.tokens > 0
             && dims.tokens <= i32::MAX as usize
-            && dims.chunks.checked_mul(dims.heads).is_some_and(|rows| rows <= i32::MAX as usize);
+            && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize);
         match (hopper, &plan.work) {
             (Some(f), Some(work)) if fits_tma => self.launch_hopper(stream, f, plan, &dims, &ptrs, work),
             _ => self.launch_baseline(stream, plan, &dims, &ptrs),
@@ -179,7 +179,7 @@ impl Kda {
             v_new: ptrs.v_new,
             ht: ptrs.ht,
             work,
-            heads: heads_u32(dims.heads)?,
+            heads: heads_u32(dims.value_heads)?,
         };
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
         // alignment and its device; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
@@ -198,7 +198,7 @@ impl Kda {
         dims: &Dims,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let items = dims.seqs.checked_mul(dims.heads * kda_kernel::layout::baseline::COL_BLOCKS);
+        let items = dims.seqs.checked_mul(dims.value_heads * kda_kernel::layout::baseline::COL_BLOCKS);
         let Some(items) = items.filter(|&n| n > 0) else {
             return match items {
                 Some(_) => Ok(()),
@@ -206,7 +206,7 @@ impl Kda {
             };
         };
         let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
-        let args = BaselineArgs::new(ptrs, seqs, heads_u32(dims.heads)?);
+        let args = BaselineArgs::new(ptrs, seqs, heads_u32(dims.value_heads)?, heads_u32(dims.heads)?);
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
         // alignment and its device; the descriptors were built from the same plan; one CTA per
         // item; outputs are `&mut` borrows, so they cannot alias the inputs.
@@ -251,7 +251,7 @@ fn heads_u32(heads: usize) -> Result<u32, KdaError> {
 fn grid_error(dims: &Dims) -> KdaError {
     KdaError::Argument {
         name: "heads",
-        reason: format!("N * H = {} x {} work items exceed the grid limit", dims.seqs, dims.heads),
+        reason: format!("N * HV = {} x {} work items exceed the grid limit", dims.seqs, dims.value_heads),
     }
 }
 

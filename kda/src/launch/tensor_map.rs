@@ -7,19 +7,20 @@ use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 
 /// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order.
 pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
-    let (tokens, heads) = (d.tokens, d.heads);
+    // `k` has the key heads; every other tensor the value heads.
+    let (tokens, heads, hv) = (d.tokens, d.heads, d.value_heads);
     let mut maps = [TensorMapArg::unused().0; TENSOR_MAPS];
     let mut set = |slot: MapSlot, map: TensorMapArg| maps[slot as usize] = map.0;
     set(MapSlot::K, TensorMapArg::tokens(p.k, tokens, heads, K_DIM)?);
-    set(MapSlot::W, TensorMapArg::tokens(p.w, tokens, heads, K_DIM)?);
-    set(MapSlot::U, TensorMapArg::tokens(p.u, tokens, heads, V_DIM)?);
+    set(MapSlot::W, TensorMapArg::tokens(p.w, tokens, hv, K_DIM)?);
+    set(MapSlot::U, TensorMapArg::tokens(p.u, tokens, hv, V_DIM)?);
     set(MapSlot::KRow, TensorMapArg::rows(p.k, tokens, heads, K_DIM)?);
-    set(MapSlot::WRow, TensorMapArg::rows(p.w, tokens, heads, K_DIM)?);
-    set(MapSlot::URow, TensorMapArg::rows(p.u, tokens, heads, V_DIM)?);
-    set(MapSlot::H, TensorMapArg::states(p.h, d.chunks * heads)?);
-    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, tokens, heads, V_DIM)?);
+    set(MapSlot::WRow, TensorMapArg::rows(p.w, tokens, hv, K_DIM)?);
+    set(MapSlot::URow, TensorMapArg::rows(p.u, tokens, hv, V_DIM)?);
+    set(MapSlot::H, TensorMapArg::states(p.h, d.chunks * hv)?);
+    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, tokens, hv, V_DIM)?);
     if p.h0 != 0 {
-        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d.seqs * heads)?);
+        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d.seqs * hv)?);
     }
     Ok(maps.map(|m| TensorMap(m.opaque)))
 }
