@@ -187,11 +187,12 @@ fn run(args: &[String]) -> Result<(), CliError> {
     };
     let d = p.dims();
     println!(
-        "{}: N = {}, T = {}, H = {}, NT = {}, h0 {}",
+        "{}: N = {}, T = {}, H = {}, HV = {}, NT = {}, h0 {}",
         input.display(),
         d.seqs,
         d.tokens,
         d.heads,
+        d.value_heads,
         d.chunks,
         if p.h0.is_some() { "given" } else { "zeros" }
     );
