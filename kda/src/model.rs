@@ -146,7 +146,15 @@ impl ModelView<'_> {
             StateLayout::KeyFirst => [n, hv, kd, vd],
             StateLayout::ValueFirst => [n, hv, vd, kd],
         };
-        check("h0", self.h0.map(<[f32]>::len), &state, self.h0.is_some())
+        check("h0", self.h0.map(<[f32]>::len), &state, self.h0.is_some())?;
+        // The outputs must be allocatable: every count below is then at most one of these.
+        let outputs = [("h", [self.plan.chunks(), hv, kd, vd]), ("ht", [n, hv, kd, vd])];
+        for (name, dims) in outputs {
+            if len(&dims).is_none_or(|l| l > isize::MAX as usize / 4) {
+                return Err(KdaError::TooLarge { tensor: name, shape: format!("{dims:?}") });
+            }
+        }
+        Ok(())
     }
 
     /// Element counts of the outputs `h`, `v_new` and `ht`.
@@ -242,6 +250,8 @@ mod tests {
         let view =
             ModelView { plan: &plan, shape: ModelShape::kda(1), k: &k, w: &k, u: &u, g: None, gk: Some(&gk), h0: None };
         view.validate().unwrap();
+        let huge = ModelView { shape: ModelShape { key_dim: usize::MAX / 2, ..ModelShape::kda(1) }, ..view };
+        assert!(huge.validate().is_err());
         let with_g = ModelView { g: Some(&g), ..view };
         assert!(matches!(with_g.validate(), Err(KdaError::Shape { tensor: "g", .. })));
         let no_gk = ModelView { gk: None, ..view };
