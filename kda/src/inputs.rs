@@ -4,7 +4,7 @@
 //! Every tensor is drawn from a small counter-based generator seeded per (tensor, token), so a
 //! problem is a pure function of `(plan, heads, with_h0, seed)` whatever the thread count.
 
-use crate::model::{ModelProblem, ModelShape};
+use crate::model::{ModelProblem, ModelShape, checked_product};
 use crate::{Dims, KdaError, Plan, Problem};
 use half::bf16;
 use kda_kernel::layout::{CHUNK, K_DIM, V_DIM};
@@ -217,10 +217,11 @@ pub fn try_random_model_problem(
 ) -> Result<ModelProblem, KdaError> {
     shape.validate()?;
     let (t, hv, kd, vd) = (plan.tokens(), shape.value_heads, shape.key_dim, shape.value_dim);
-    let too_large = || KdaError::Argument { name: "plan", reason: "the problem's tensors do not fit in memory".into() };
-    let sizes = [t * shape.heads * kd, t * hv * kd, t * hv * vd, plan.num_seqs() * hv * kd * vd];
-    if sizes.iter().any(|&n| n > isize::MAX as usize / 8) || t.checked_mul(hv * kd.max(vd)).is_none() {
-        return Err(too_large());
+    // Every count below is a factor of one of these, so none overflows once they fit.
+    let sizes = [[t, shape.heads, kd, 1], [t, hv, kd, 1], [t, hv, vd, 1], [plan.num_seqs(), hv, kd, vd]];
+    if sizes.iter().any(|dims| checked_product(dims).is_none_or(|n| n > isize::MAX as usize / 8)) {
+        let reason = "the problem's tensors do not fit in memory".into();
+        return Err(KdaError::Argument { name: "plan", reason });
     }
     Ok(ModelProblem {
         k: unit_rows(t * shape.heads, kd, seed),

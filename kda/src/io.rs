@@ -44,9 +44,7 @@ pub fn parse_problem(bytes: &[u8], origin: &str) -> Result<(Problem, Option<Outp
         let reason = "the scalar gate `g` is part of the generalized recurrence (io::read_model_problem)".into();
         return Err(KdaError::Unsupported { argument: "g", reason });
     }
-    let (_, header) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
-    if header.metadata().as_ref().and_then(|m| m.get("state_layout")).is_some_and(|l| l != "[K, V]") {
+    if metadata_entry(bytes, origin, "state_layout")?.is_some_and(|l| l != "[K, V]") {
         let reason = "a value-first state is part of the generalized recurrence (io::read_model_problem)".into();
         return Err(KdaError::Unsupported { argument: "state_layout", reason });
     }
@@ -107,8 +105,7 @@ pub fn read_model_problem(path: &Path) -> Result<(ModelProblem, Option<Outputs>)
 pub fn parse_model_problem(bytes: &[u8], origin: &str) -> Result<(ModelProblem, Option<Outputs>), KdaError> {
     let bad_file = |reason: String| KdaError::Safetensors { path: origin.into(), reason };
     let file = SafeTensors::deserialize(bytes).map_err(|e| bad_file(e.to_string()))?;
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad_file(e.to_string()))?;
-    let layout = match header.metadata().as_ref().and_then(|m| m.get("state_layout")).map(String::as_str) {
+    let layout = match metadata_entry(bytes, origin, "state_layout")?.as_deref() {
         None | Some("[K, V]") => StateLayout::KeyFirst,
         Some("[V, K]") => StateLayout::ValueFirst,
         Some(other) => return Err(bad_file(format!("state_layout `{other}`: expected `[K, V]` or `[V, K]`"))),
@@ -313,6 +310,13 @@ impl TensorFile {
         }
         written
     }
+}
+
+/// The file metadata's entry `key`, if any.
+fn metadata_entry(bytes: &[u8], origin: &str, key: &str) -> Result<Option<String>, KdaError> {
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| KdaError::Safetensors { path: origin.into(), reason: e.to_string() })?;
+    Ok(header.metadata().as_ref().and_then(|m| m.get(key)).cloned())
 }
 
 /// A temporary file name in `path`'s directory (a rename within one directory is atomic):

@@ -97,6 +97,11 @@ impl ModelShape {
     }
 }
 
+/// The product of `dims` (a tensor's element count), or `None` when it overflows `usize`.
+pub(crate) fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
 /// The inputs of a generalized problem, borrowed.
 #[derive(Clone, Copy, Debug)]
 pub struct ModelView<'a> {
@@ -125,7 +130,7 @@ impl ModelView<'_> {
         let s = &self.shape;
         s.validate()?;
         let (t, n) = (self.plan.tokens(), self.plan.num_seqs());
-        let len = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let len = checked_product;
         let check = |name: &'static str, actual: Option<usize>, dims: &[usize], wanted: bool| match (actual, wanted) {
             (None, false) => Ok(()),
             (Some(actual), true) if Some(actual) == len(dims) => Ok(()),

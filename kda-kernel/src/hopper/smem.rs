@@ -2,7 +2,7 @@
 
 use crate::arch::sm80::smem_base_shared;
 use crate::layout::K_DIM;
-use crate::layout::hopper::{InitialState, STAGES, STAGING, SharedStorage, Stage, StateTile, TileBox, ValueTile};
+use crate::layout::hopper::{STAGES, SharedStorage, Stage, StateTile, TileBox, ValueTile};
 use crate::pipeline::Pipeline;
 use core::mem::{offset_of, size_of};
 
@@ -12,7 +12,7 @@ pub struct Smem {
     base: u32,
 }
 
-/// The shared address `offset` bytes into the storage, as a `u32` constant.
+/// The byte offset of field `$field` of [`SharedStorage`], as a `u32`.
 macro_rules! at {
     ($field:ident) => {
         offset_of!(SharedStorage, $field) as u32
@@ -94,5 +94,3 @@ impl StageTiles {
         self.base + offset_of!(Stage, u) as u32
     }
 }
-
-const _: () = assert!(STAGING >= 1 && size_of::<InitialState>().is_multiple_of(1024));

@@ -198,13 +198,12 @@ impl Kda {
         dims: &Dims,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let items = dims.seqs.checked_mul(dims.value_heads * kda_kernel::layout::baseline::COL_BLOCKS);
-        let Some(items) = items.filter(|&n| n > 0) else {
-            return match items {
-                Some(_) => Ok(()),
-                None => Err(grid_error(dims)),
-            };
-        };
+        let items = (dims.value_heads.checked_mul(kda_kernel::layout::baseline::COL_BLOCKS))
+            .and_then(|n| dims.seqs.checked_mul(n))
+            .ok_or_else(|| grid_error(dims))?;
+        if items == 0 {
+            return Ok(());
+        }
         let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
         let args = BaselineArgs::new(ptrs, seqs, heads_u32(dims.value_heads)?, heads_u32(dims.heads)?);
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
