@@ -2,13 +2,14 @@
 //! from host data.
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kda::{DevicePlan, Dims, Kda, KdaError, KdaInputs, KdaOutputs, Kernel, Outputs, Problem, Tensor, bf16};
+use kda::model::ModelView;
+use kda::{DevicePlan, Dims, Kda, KdaError, KdaInputs, KdaOutputs, Kernel, Outputs, Problem, Strides, Tensor, bf16};
 use std::sync::Arc;
 
-/// A [`Problem`] copied to the device with output buffers, for tools and tests that start from
-/// host data.
+/// A problem's inputs copied to the device (at chosen strides) with output buffers, for tools and
+/// tests that start from host data.
 pub struct DeviceProblem {
-    /// The uploaded plan (with its head count).
+    /// The uploaded plan (with its shape and strides).
     pub plan: DevicePlan,
     /// `k` on the device.
     pub k: CudaSlice<bf16>,
@@ -16,36 +17,55 @@ pub struct DeviceProblem {
     pub w: CudaSlice<bf16>,
     /// `u` on the device.
     pub u: CudaSlice<bf16>,
-    /// `gk` on the device.
-    pub gk: CudaSlice<f32>,
+    /// `g` on the device, when the shape has it.
+    pub g: Option<CudaSlice<f32>>,
+    /// `gk` on the device, when the shape has it.
+    pub gk: Option<CudaSlice<f32>>,
     /// `h0` on the device.
     pub h0: Option<CudaSlice<f32>>,
     /// Output `h`.
     pub h: CudaSlice<bf16>,
-    /// Output `v_new`.
+    /// Output `v_new` (at the plan's `v_new` strides).
     pub v_new: CudaSlice<bf16>,
     /// Output `ht`.
     pub ht: CudaSlice<f32>,
 }
 
 impl DeviceProblem {
-    /// Uploads `p` and allocates zeroed outputs (a one-element buffer stands in for an empty one,
-    /// since the driver cannot allocate zero bytes; views passed to the launch are exact).
+    /// Uploads KDA problem `p`, packed; see [`DeviceProblem::upload_model`].
     pub fn upload(stream: &Arc<CudaStream>, p: &Problem) -> Result<Self, KdaError> {
         p.validate()?;
-        let d = p.dims();
-        let up_bf = |v: &[bf16]| stream.clone_htod(non_empty(v, bf16::ZERO).as_ref());
-        let up_f = |v: &[f32]| stream.clone_htod(non_empty(v, 0.0).as_ref());
+        Self::upload_model(stream, &p.model_view(), Strides::PACKED)
+    }
+
+    /// Uploads `p` with its token-major tensors at `strides` (the elements between rows NaN, so
+    /// that a read outside the rows shows) and allocates zeroed outputs (a one-element buffer
+    /// stands in for an empty one, since the driver cannot allocate zero bytes; views passed to
+    /// the launch are exact).
+    pub fn upload_model(stream: &Arc<CudaStream>, p: &ModelView<'_>, strides: Strides) -> Result<Self, KdaError> {
+        p.validate()?;
+        let plan = DevicePlan::model(stream, p.plan.clone(), &p.shape)?.with_strides(strides)?;
+        let d = plan.dims();
+        let up_bf = |t: Tensor, v: &[bf16]| {
+            let v = strides.scatter(&d, t, v, bf16::NAN);
+            stream.clone_htod(non_empty(&v, bf16::ZERO).as_ref())
+        };
+        let up_f = |t: Tensor, v: &[f32]| {
+            let v = strides.scatter(&d, t, v, f32::NAN);
+            stream.clone_htod(non_empty(&v, 0.0).as_ref())
+        };
+        let v_new_len = strides.len_of(&d, Tensor::VNew).ok_or_else(|| too_short(&d, Tensor::VNew, 0))?;
         Ok(Self {
-            plan: DevicePlan::grouped(stream, p.plan.clone(), p.heads, p.value_heads)?,
-            k: up_bf(&p.k)?,
-            w: up_bf(&p.w)?,
-            u: up_bf(&p.u)?,
-            gk: up_f(&p.gk)?,
-            h0: p.h0.as_deref().map(up_f).transpose()?,
+            k: up_bf(Tensor::K, p.k)?,
+            w: up_bf(Tensor::W, p.w)?,
+            u: up_bf(Tensor::U, p.u)?,
+            g: p.g.map(|g| up_f(Tensor::G, g)).transpose()?,
+            gk: p.gk.map(|gk| up_f(Tensor::Gk, gk)).transpose()?,
+            h0: p.h0.map(|h0| up_f(Tensor::H0, h0)).transpose()?,
             h: stream.alloc_zeros(d.len_of(Tensor::H)?.max(1))?,
-            v_new: stream.alloc_zeros(d.len_of(Tensor::VNew)?.max(1))?,
+            v_new: stream.alloc_zeros(v_new_len.max(1))?,
             ht: stream.alloc_zeros(d.len_of(Tensor::Ht)?.max(1))?,
+            plan,
         })
     }
 
@@ -58,18 +78,22 @@ impl DeviceProblem {
     ///
     /// Fails with a shape error when a buffer was replaced by one shorter than the plan needs.
     pub fn launch(&mut self, kda: &Kda, stream: &Arc<CudaStream>, kernel: Kernel) -> Result<(), KdaError> {
-        let d = self.dims();
+        let (d, strides) = (self.dims(), *self.plan.strides());
+        let len = |t: Tensor| -> Result<usize, KdaError> {
+            strides.len_of(&d, t).ok_or_else(|| KdaError::TooLarge { tensor: t.name(), shape: d.describe(t) })
+        };
         let inputs = KdaInputs {
-            k: prefix(&self.k, &d, Tensor::K)?,
-            w: prefix(&self.w, &d, Tensor::W)?,
-            u: prefix(&self.u, &d, Tensor::U)?,
-            gk: prefix(&self.gk, &d, Tensor::Gk)?,
-            h0: self.h0.as_ref().map(|h0| prefix(h0, &d, Tensor::H0)).transpose()?,
+            k: prefix(&self.k, &d, Tensor::K, len(Tensor::K)?)?,
+            w: prefix(&self.w, &d, Tensor::W, len(Tensor::W)?)?,
+            u: prefix(&self.u, &d, Tensor::U, len(Tensor::U)?)?,
+            g: self.g.as_ref().map(|g| prefix(g, &d, Tensor::G, len(Tensor::G)?)).transpose()?,
+            gk: self.gk.as_ref().map(|gk| prefix(gk, &d, Tensor::Gk, len(Tensor::Gk)?)).transpose()?,
+            h0: self.h0.as_ref().map(|h0| prefix(h0, &d, Tensor::H0, d.len_of(Tensor::H0)?)).transpose()?,
         };
         let mut outputs = KdaOutputs {
-            h: prefix_mut(&mut self.h, &d, Tensor::H)?,
-            v_new: prefix_mut(&mut self.v_new, &d, Tensor::VNew)?,
-            ht: Some(prefix_mut(&mut self.ht, &d, Tensor::Ht)?),
+            h: prefix_mut(&mut self.h, &d, Tensor::H, d.len_of(Tensor::H)?)?,
+            v_new: prefix_mut(&mut self.v_new, &d, Tensor::VNew, len(Tensor::VNew)?)?,
+            ht: Some(prefix_mut(&mut self.ht, &d, Tensor::Ht, d.len_of(Tensor::Ht)?)?),
         };
         kda.launch(stream, &self.plan, &inputs, &mut outputs, kernel)
     }
@@ -85,22 +109,39 @@ impl DeviceProblem {
         Ok(())
     }
 
-    /// Copies the outputs back (synchronises `stream`).
+    /// Copies the outputs back, `v_new` packed (synchronises `stream`).
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Outputs, KdaError> {
         let d = self.dims();
         let mut h = stream.clone_dtoh(&self.h)?;
-        let mut v_new = stream.clone_dtoh(&self.v_new)?;
+        let v_new = stream.clone_dtoh(&self.v_new)?;
         let mut ht = stream.clone_dtoh(&self.ht)?;
         h.truncate(d.h_len());
-        v_new.truncate(d.value_len());
         ht.truncate(d.state_len());
+        let mut v_new = self.plan.strides().gather(&d, Tensor::VNew, &v_new);
+        v_new.truncate(d.value_len());
         Ok(Outputs { h, v_new, ht })
+    }
+
+    /// The elements of the strided `v_new` buffer outside its rows (what a launch must leave
+    /// alone), downloaded (synchronises `stream`).
+    pub fn v_new_gaps(&self, stream: &Arc<CudaStream>) -> Result<Vec<bf16>, KdaError> {
+        let d = self.dims();
+        let all = stream.clone_dtoh(&self.v_new)?;
+        let mut inside = vec![false; all.len()];
+        for (_, at, width) in self.plan.strides().rows(&d, Tensor::VNew) {
+            inside[at..at + width].iter_mut().for_each(|x| *x = true);
+        }
+        Ok(all.into_iter().zip(inside).filter(|(_, i)| !i).map(|(x, _)| x).collect())
     }
 }
 
-/// The first elements of `buf`, as many as `tensor` of sizes `d` has.
-fn prefix<'a, T>(buf: &'a CudaSlice<T>, d: &Dims, tensor: Tensor) -> Result<cudarc::driver::CudaView<'a, T>, KdaError> {
-    let len = d.len_of(tensor)?;
+/// The first `len` elements of `buf` (what `tensor` of sizes `d` spans).
+fn prefix<'a, T>(
+    buf: &'a CudaSlice<T>,
+    d: &Dims,
+    tensor: Tensor,
+    len: usize,
+) -> Result<cudarc::driver::CudaView<'a, T>, KdaError> {
     buf.try_slice(..len).ok_or_else(|| too_short(d, tensor, buf.len()))
 }
 
@@ -109,8 +150,9 @@ fn prefix_mut<'a, T>(
     buf: &'a mut CudaSlice<T>,
     d: &Dims,
     tensor: Tensor,
+    len: usize,
 ) -> Result<cudarc::driver::CudaViewMut<'a, T>, KdaError> {
-    let (len, have) = (d.len_of(tensor)?, buf.len());
+    let have = buf.len();
     buf.try_slice_mut(..len).ok_or_else(|| too_short(d, tensor, have))
 }
 

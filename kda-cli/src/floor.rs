@@ -1,21 +1,24 @@
 //! The memory floor: the fewest bytes the recurrence must move, and the time they take at a
 //! measured copy bandwidth (docs/CONTRACT.md#the-memory-floor).
 
-use kda::Dims;
 use kda::model::ModelShape;
+use kda::{Dims, Plan};
 
 const BF16_BYTES: u64 = 2;
 const F32_BYTES: u64 = 4;
 
 /// Bytes read and written at the least: `k`, `w`, `u` and `v_new` once, `h` once, each chunk's last
-/// gate row once, and `h0`, `ht` once (saturating at `u64::MAX`).
+/// gate row once, and `h0`, `ht` once (saturating at `u64::MAX`). The gate is KDA's per-key gate
+/// `gk` (sizes `d` do not say which gates a problem has: [`model_floor_bytes`] takes them).
 pub fn floor_bytes(d: &Dims) -> u64 {
-    model_floor_bytes(
-        d.tokens,
-        d.seqs,
-        d.chunks,
-        &ModelShape { value_heads: d.value_heads, ..ModelShape::kda(d.heads) },
-    )
+    let shape = ModelShape {
+        value_heads: d.value_heads,
+        key_dim: d.key_dim,
+        value_dim: d.value_dim,
+        layout: d.layout,
+        ..ModelShape::kda(d.heads)
+    };
+    model_floor_bytes(d.tokens, d.seqs, d.chunks, &shape)
 }
 
 /// [`floor_bytes`] of the generalized recurrence (docs/CONTRACT.md#the-generalized-recurrence), for
@@ -43,6 +46,11 @@ pub fn model_floor_bytes(tokens: usize, seqs: usize, chunks: usize, shape: &Mode
 /// Floor time in microseconds at `copy_bw_bytes_per_s` (read plus write bytes per second).
 pub fn floor_us(d: &Dims, copy_bw_bytes_per_s: f64) -> f64 {
     floor_bytes(d) as f64 / copy_bw_bytes_per_s * 1e6
+}
+
+/// [`model_floor_bytes`] of batch `plan` with `shape`, as microseconds at `copy_bw_bytes_per_s`.
+pub fn model_floor_us(plan: &Plan, shape: &ModelShape, copy_bw_bytes_per_s: f64) -> f64 {
+    model_floor_bytes(plan.tokens(), plan.num_seqs(), plan.chunks(), shape) as f64 / copy_bw_bytes_per_s * 1e6
 }
 
 #[cfg(test)]
@@ -77,8 +85,22 @@ mod tests {
     }
 
     #[test]
+    fn the_floor_in_time_and_of_sizes_agree_with_the_bytes() {
+        use kda::model::Gates;
+        let plan = Plan::from_lengths(&[100, 28]);
+        let s = ModelShape { key_dim: 64, value_dim: 256, ..ModelShape::kda(4) };
+        let bytes = model_floor_bytes(128, 2, 3, &s);
+        assert_eq!(model_floor_us(&plan, &s, bytes as f64 * 1e6), 1.0);
+        // Sizes carry the head sizes (the gate is `gk`).
+        assert_eq!(floor_bytes(&Dims::model(&plan, &s)), bytes);
+        let g = ModelShape { gates: Gates { g: true, gk: false }, ..s };
+        assert_ne!(model_floor_us(&plan, &g, 1.0), model_floor_us(&plan, &s, 1.0));
+    }
+
+    #[test]
     fn huge_sizes_saturate() {
-        let d = Dims { tokens: usize::MAX, heads: usize::MAX, value_heads: usize::MAX, seqs: 1, chunks: 1 };
+        let kda = Dims::new(&Plan::from_lengths(&[]), 1);
+        let d = Dims { tokens: usize::MAX, heads: usize::MAX, value_heads: usize::MAX, seqs: 1, chunks: 1, ..kda };
         assert_eq!(floor_bytes(&d), u64::MAX);
     }
 }

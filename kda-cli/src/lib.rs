@@ -5,8 +5,10 @@
 //!
 //! * [`DeviceProblem`]: a [`kda::Problem`] copied to the device with output buffers;
 //! * [`median_us`], [`copy_bandwidth`]: event timing of launches and of device copies;
-//! * [`floor_bytes`], [`floor_us`]: the memory floor (docs/CONTRACT.md#the-memory-floor);
-//! * [`bench_shapes`]: the benchmark's batch layouts (docs/CONTRACT.md#reference-shapes);
+//! * [`floor_bytes`], [`floor_us`], [`model_floor_bytes`], [`model_floor_us`]: the memory floor
+//!   (docs/CONTRACT.md#the-memory-floor);
+//! * [`bench_shapes`], [`model_bench_shapes`]: the benchmark's batch layouts and model shapes
+//!   (docs/CONTRACT.md#reference-shapes);
 //! * [`cuda_tool`]: where NVIDIA's `ptxas`, `cuobjdump` and `nvdisasm` are.
 #![warn(missing_docs)]
 
@@ -17,7 +19,7 @@ pub mod timing;
 pub mod tools;
 
 pub use device::DeviceProblem;
-pub use floor::{floor_bytes, floor_us, model_floor_bytes};
-pub use shapes::{bench_shapes, model_bench_shapes};
+pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
+pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

@@ -34,9 +34,9 @@ pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
     shapes
 }
 
-/// The shapes of the generalized recurrence the benchmark is to run once kernels support them
-/// (docs/CONTRACT.md#the-generalized-recurrence): name, sequence lengths, and heads, sizes, gates
-/// and layout.
+/// The shapes of the generalized recurrence `cargo xtask bench` runs after [`bench_shapes`]
+/// (docs/CONTRACT.md#the-generalized-recurrence; one the launcher refuses is reported as
+/// unsupported): name, sequence lengths, and heads, sizes, gates and layout.
 /// * `qwen3_next_8192`, `qwen3_next_mixed6`: Qwen3-Next's Gated DeltaNet (16 key heads, 32 value
 ///   heads, K = V = 128, scalar gate) on one sequence of 8192 and on mixed_6's lengths;
 /// * `tp_qwen3_next_h2`: its tensor-parallel shard of 2 key / 4 value heads on 65536 tokens;
@@ -56,6 +56,25 @@ pub fn model_bench_shapes() -> Vec<(&'static str, Vec<usize>, ModelShape)> {
         ("kda_k64_8192", vec![8192], ModelShape { key_dim: 64, value_dim: 64, ..kda(64) }),
         ("fixed_8192_vfirst", vec![8192], ModelShape { layout: StateLayout::ValueFirst, ..kda(64) }),
     ]
+}
+
+/// How tables and summaries name `gates`: `g`, `gk`, `g and gk` or `none`.
+pub fn gates_name(gates: Gates) -> &'static str {
+    match (gates.g, gates.gk) {
+        (true, true) => "g and gk",
+        (true, false) => "g",
+        (false, true) => "gk",
+        (false, false) => "none",
+    }
+}
+
+/// How tables and files name a state layout: `[K, V]` or `[V, K]` (the `state_layout` metadata of
+/// a model file).
+pub fn layout_name(layout: StateLayout) -> &'static str {
+    match layout {
+        StateLayout::KeyFirst => "[K, V]",
+        StateLayout::ValueFirst => "[V, K]",
+    }
 }
 
 #[cfg(test)]
@@ -89,5 +108,14 @@ mod tests {
         let mut names: Vec<&str> = shapes.iter().map(|s| s.0).collect();
         names.dedup();
         assert_eq!(names.len(), 6);
+    }
+
+    #[test]
+    fn gates_and_layouts_are_named() {
+        let names: Vec<&str> = [(false, false), (true, false), (false, true), (true, true)]
+            .map(|(g, gk)| gates_name(Gates { g, gk }))
+            .into();
+        assert_eq!(names, ["none", "g", "gk", "g and gk"]);
+        assert_eq!((layout_name(StateLayout::KeyFirst), layout_name(StateLayout::ValueFirst)), ("[K, V]", "[V, K]"));
     }
 }

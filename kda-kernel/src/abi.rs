@@ -111,19 +111,41 @@ impl Param {
     }
 }
 
-/// The Hopper kernel's parameters, in order (`heads` counts value heads; each work record names
-/// its key head). Pointers are the tensors the kernel reaches without
-/// a tensor map: `gk` (each chunk's last row), `h0` (only tested for null: the map loads it),
-/// `v_new` (the tail chunk's valid rows), `ht`, and the schedule's work records.
-pub const HOPPER_PARAMS: [Param; 7] = [
+/// The Hopper kernel's parameters, in order. Pointers are the tensors the kernel reaches without
+/// a tensor map: `g` and `gk` (null when the gate is absent; each chunk's rows of `g`, each
+/// chunk's last row of `gk`), `h0` (only tested for null: the map loads it), `v_new` (the tail
+/// chunk's valid rows), `ht`, and the schedule's work records. `heads` counts value heads (each
+/// work record names its key head); `value_dim` is `V`; `state_layout` is a [`StateLayoutCode`];
+/// the strides are in elements, of the token and head dimensions of `g`, `gk` and `v_new` (the
+/// tensor maps carry those of `k`, `w`, `u` and `v_new`'s full boxes).
+pub const HOPPER_PARAMS: [Param; 16] = [
     Param { name: "maps", kind: ParamKind::TensorMaps },
+    Param::pointer("g"),
     Param::pointer("gk"),
     Param::pointer("h0"),
     Param::pointer("v_new"),
     Param::pointer("ht"),
     Param::pointer("work"),
     Param::u32("heads"),
+    Param::u32("value_dim"),
+    Param::u32("state_layout"),
+    Param::u32("g_token_stride"),
+    Param::u32("g_head_stride"),
+    Param::u32("gk_token_stride"),
+    Param::u32("gk_head_stride"),
+    Param::u32("v_new_token_stride"),
+    Param::u32("v_new_head_stride"),
 ];
+
+/// How `h`, `h0` and `ht` store each `[K, V]` state, as the kernels' `state_layout` parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum StateLayoutCode {
+    /// `[.., K, V]`.
+    KeyFirst = 0,
+    /// `[.., V, K]`.
+    ValueFirst = 1,
+}
 
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
 /// of `k`).

@@ -9,8 +9,11 @@
 pub const CHUNK: usize = 64;
 /// Key dimension `K` of the contract.
 pub const K_DIM: usize = 128;
-/// Value dimension `V` of the contract.
+/// Value dimension `V` of KDA models, and the only one the baseline kernel runs.
 pub const V_DIM: usize = 128;
+/// The largest value dimension `V` of the contract (the Hopper kernel runs every multiple of its
+/// column block `hopper::BV` up to this).
+pub const MAX_V_DIM: usize = 512;
 
 /// Words (`i64`) per sequence descriptor in the plan the host uploads:
 /// `[first token, length in tokens, first chunk in h]`.
@@ -92,14 +95,12 @@ pub mod baseline {
 /// S^T  = S^T * d + bf16(Vn^T) @ k  m64 n128 k64   (B = k tile, MN-major, transposed read)
 /// ```
 pub mod hopper {
-    use super::{CHUNK, K_DIM, V_DIM};
+    use super::{CHUNK, K_DIM, MAX_V_DIM, V_DIM};
 
     /// V columns per CTA: the wgmma M of both products (rows of `S^T`). 64 is the only M a single
     /// warpgroup's wgmma has, and gives two CTAs per head, so `fixed_8192`'s 64 heads fill 128 of
     /// the H200's 132 SMs.
     pub const BV: usize = 64;
-    /// V-column blocks per (sequence, head).
-    pub const COL_BLOCKS: usize = V_DIM / BV;
     /// Threads of the consumer warpgroup (wgmma runs on four warps together).
     pub const CONSUMER_THREADS: usize = 128;
     /// Threads of the producer: one warp issues the TMA loads and copies tail chunks.
@@ -150,9 +151,13 @@ pub mod hopper {
         pub u: TileBox,
     }
 
-    /// A `bf16(S)` staging tile (`[K][BV]`, 128-byte swizzled) read by the `h` TMA store.
+    /// A `bf16(S)` staging tile read by the `h` TMA store, 128-byte swizzled: `[K][BV]` (one
+    /// box of `K` rows) for key-first states, `[BV][K]` as `KEY_BOXES` boxes of `[BV][BOX_COLS]`
+    /// side by side for value-first ones.
     #[repr(C, align(1024))]
     pub struct StateTile(pub [u8; K_DIM * BV * 2]);
+    /// Bytes of one `[BV][BOX_COLS]` box of a value-first [`StateTile`].
+    pub const STATE_BOX_BYTES: usize = BV * BOX_COLS * 2;
 
     /// A `bf16(Vn)` staging tile (`[CHUNK][BV]`, 128-byte swizzled) read by the `v_new` store.
     #[repr(C, align(1024))]
@@ -169,8 +174,13 @@ pub mod hopper {
     pub struct SharedStorage {
         /// The ring of chunk tiles the producer loads and the consumer reads.
         pub stages: [Stage; STAGES],
-        /// Per stage, `exp2` of the chunk's last gate row (f32 `[K]`), written by the producer.
+        /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
+        /// row plus its last `g`; ones without gates), written by the producer.
         pub decay: [[f32; K_DIM]; STAGES],
+        /// Per stage, the scalar gate's scale of each token's `Vn` row (f32 `[CHUNK]`:
+        /// `exp2(g_last - g[r])`; rows past the chunk's valid ones are never read), written by
+        /// the producer.
+        pub row_scale: [[f32; CHUNK]; STAGES],
         /// `bf16(S)` staging for the `h` stores.
         pub h_staging: [StateTile; STAGING],
         /// `bf16(Vn)` staging for the `v_new` stores.
@@ -197,7 +207,8 @@ pub mod hopper {
     /// has this many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
-    const _: () = assert!(V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
+    const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
+    const _: () = assert!(KEY_BOXES * STATE_BOX_BYTES == core::mem::size_of::<StateTile>());
     const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
     const _: () = assert!(STAGE_BYTES == (2 * KEY_BOXES + 1) * BOX_BYTES, "a stage is exactly its boxes");
     const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");

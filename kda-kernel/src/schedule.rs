@@ -8,7 +8,7 @@
 use crate::arch::sm80::block_idx_x_in_role;
 use crate::layout::{
     CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW,
-    ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS, K_DIM,
+    ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS,
 };
 
 /// The launcher's schedule table, for a batch of `heads` heads.
@@ -110,10 +110,28 @@ impl Item {
     pub fn first_token(&self, c: usize) -> usize {
         self.token_start + c * CHUNK
     }
+}
 
-    /// Element offset of token `t`'s row of a `[T, HV, K]` tensor (`gk`) for this head.
+/// Element strides of a token-major tensor's token and head dimensions (its last dimension is
+/// contiguous).
+#[derive(Clone, Copy)]
+pub struct RowStrides {
+    /// Elements from one token's row to the next token's.
+    pub token: usize,
+    /// Elements from one head's row to the next head's.
+    pub head: usize,
+}
+
+impl RowStrides {
+    /// The strides of kernel parameters `token` and `head`.
     #[inline(always)]
-    pub fn key_row(&self, t: usize) -> usize {
-        (t * self.heads + self.head) * K_DIM
+    pub fn new(token: u32, head: u32) -> Self {
+        Self { token: token as usize, head: head as usize }
+    }
+
+    /// Element offset of the row of token `t`, head `head`.
+    #[inline(always)]
+    pub fn row(self, t: usize, head: usize) -> usize {
+        t * self.token + head * self.head
     }
 }

@@ -13,6 +13,7 @@ pub mod model;
 pub mod precision;
 pub mod reference;
 pub mod schedule;
+pub mod strides;
 
 /// The embedded PTX and its kernel names, for the PTX checks in `tests/` and `xtask` (not part
 /// of the model-facing API).
@@ -22,9 +23,11 @@ pub mod ptx;
 pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, TENSOR_ALIGN};
+pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};
 pub use precision::rel_error;
 pub use problem::{Dims, Outputs, Problem, Tensor};
+pub use strides::{RowStrides, Strides};
 
 /// The layout constants shared with the device crate: head sizes, the chunk length, the
 /// descriptor and work-record formats, and each kernel's launch shape.

@@ -1,10 +1,10 @@
 //! Host-side tensors of one problem (inputs and outputs) and the shape rules both the host and the
 //! device launcher check (docs/CONTRACT.md#shapes-and-layouts).
 
+use crate::model::{ModelShape, StateLayout};
 use crate::{KdaError, Plan};
 use core::fmt;
 use half::bf16;
-use kda_kernel::layout::{K_DIM, V_DIM};
 
 /// A tensor of the contract (docs/CONTRACT.md#shapes-and-layouts): the four inputs, the
 /// optional initial state and the three outputs.
@@ -16,8 +16,10 @@ pub enum Tensor {
     W,
     /// `u`: `[T, HV, V]` bf16 WY values.
     U,
-    /// `gk`: `[T, HV, K]` f32 cumulative log2 gates.
+    /// `gk`: `[T, HV, K]` f32 cumulative log2 per-key gates.
     Gk,
+    /// `g`: `[T, HV]` f32 cumulative log2 scalar gates.
+    G,
     /// `h0`: `[N, HV, K, V]` f32 initial states.
     H0,
     /// `h`: `[NT, HV, K, V]` bf16 state entering every chunk (output).
@@ -30,8 +32,8 @@ pub enum Tensor {
 
 impl Tensor {
     /// Every tensor, inputs first.
-    pub const ALL: [Tensor; 8] =
-        [Tensor::K, Tensor::W, Tensor::U, Tensor::Gk, Tensor::H0, Tensor::H, Tensor::VNew, Tensor::Ht];
+    pub const ALL: [Tensor; 9] =
+        [Tensor::K, Tensor::W, Tensor::U, Tensor::Gk, Tensor::G, Tensor::H0, Tensor::H, Tensor::VNew, Tensor::Ht];
 
     /// The contract's name of the tensor (`"k"`, `"v_new"`, ...), as in files and errors.
     pub const fn name(self) -> &'static str {
@@ -40,6 +42,7 @@ impl Tensor {
             Tensor::W => "w",
             Tensor::U => "u",
             Tensor::Gk => "gk",
+            Tensor::G => "g",
             Tensor::H0 => "h0",
             Tensor::H => "h",
             Tensor::VNew => "v_new",
@@ -53,22 +56,29 @@ impl Tensor {
     }
 
     /// Names of the dimensions, outermost first, e.g. `["T", "HV", "K"]` (`H` counts key heads,
-    /// `HV` value heads).
+    /// `HV` value heads), of key-first states (value-first ones swap the last two).
     pub const fn dim_names(self) -> &'static [&'static str] {
         match self {
             Tensor::K => &["T", "H", "K"],
             Tensor::W | Tensor::Gk => &["T", "HV", "K"],
+            Tensor::G => &["T", "HV"],
             Tensor::U | Tensor::VNew => &["T", "HV", "V"],
             Tensor::H0 | Tensor::Ht => &["N", "HV", "K", "V"],
             Tensor::H => &["NT", "HV", "K", "V"],
         }
     }
 
+    /// Whether the tensor is a state per head (`h`, `h0`, `ht`), laid out as the state layout
+    /// says.
+    pub const fn is_state(self) -> bool {
+        matches!(self, Tensor::H0 | Tensor::H | Tensor::Ht)
+    }
+
     /// Bytes of one element: 2 for the bf16 tensors, 4 for the f32 ones.
     pub const fn element_bytes(self) -> usize {
         match self {
             Tensor::K | Tensor::W | Tensor::U | Tensor::H | Tensor::VNew => 2,
-            Tensor::Gk | Tensor::H0 | Tensor::Ht => 4,
+            Tensor::Gk | Tensor::G | Tensor::H0 | Tensor::Ht => 4,
         }
     }
 }
@@ -97,6 +107,12 @@ pub struct Dims {
     pub seqs: usize,
     /// Total chunks `NT`.
     pub chunks: usize,
+    /// Key size `K`.
+    pub key_dim: usize,
+    /// Value size `V`.
+    pub value_dim: usize,
+    /// How `h`, `h0` and `ht` store each state.
+    pub layout: StateLayout,
 }
 
 impl Dims {
@@ -109,7 +125,22 @@ impl Dims {
     /// The sizes of `plan` with `heads` key heads and `value_heads` value heads (not checked: see
     /// [`Dims::check`]).
     pub fn grouped(plan: &Plan, heads: usize, value_heads: usize) -> Self {
-        Self { tokens: plan.tokens(), heads, value_heads, seqs: plan.num_seqs(), chunks: plan.chunks() }
+        Self::model(plan, &ModelShape { value_heads, ..ModelShape::kda(heads) })
+    }
+
+    /// The sizes of `plan` with `shape`'s heads, head sizes and state layout (not checked: see
+    /// [`Dims::check`]).
+    pub fn model(plan: &Plan, shape: &ModelShape) -> Self {
+        Self {
+            tokens: plan.tokens(),
+            heads: shape.heads,
+            value_heads: shape.value_heads,
+            seqs: plan.num_seqs(),
+            chunks: plan.chunks(),
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            layout: shape.layout,
+        }
     }
 
     /// Value heads per key head, `HV / H` (0 when `H` is 0).
@@ -143,16 +174,31 @@ impl Dims {
         self.shape_of(tensor).into_iter().fold(1, usize::saturating_mul)
     }
 
-    /// The contract's shape of `tensor`, outermost dimension first.
+    /// The contract's shape of `tensor`, outermost dimension first (states in this layout).
     pub fn shape_of(&self, tensor: Tensor) -> Vec<usize> {
         let (t, h, hv, n, nt) = (self.tokens, self.heads, self.value_heads, self.seqs, self.chunks);
+        let (kd, vd) = (self.key_dim, self.value_dim);
+        let state = match self.layout {
+            StateLayout::KeyFirst => [kd, vd],
+            StateLayout::ValueFirst => [vd, kd],
+        };
         match tensor {
-            Tensor::K => vec![t, h, K_DIM],
-            Tensor::W | Tensor::Gk => vec![t, hv, K_DIM],
-            Tensor::U | Tensor::VNew => vec![t, hv, V_DIM],
-            Tensor::H0 | Tensor::Ht => vec![n, hv, K_DIM, V_DIM],
-            Tensor::H => vec![nt, hv, K_DIM, V_DIM],
+            Tensor::K => vec![t, h, kd],
+            Tensor::W | Tensor::Gk => vec![t, hv, kd],
+            Tensor::G => vec![t, hv],
+            Tensor::U | Tensor::VNew => vec![t, hv, vd],
+            Tensor::H0 | Tensor::Ht => vec![n, hv, state[0], state[1]],
+            Tensor::H => vec![nt, hv, state[0], state[1]],
         }
+    }
+
+    /// The contract's dimension names of `tensor` in this layout.
+    fn dim_names_of(&self, tensor: Tensor) -> Vec<&'static str> {
+        let mut names = tensor.dim_names().to_vec();
+        if tensor.is_state() && self.layout == StateLayout::ValueFirst {
+            names.swap(2, 3);
+        }
+        names
     }
 
     /// Elements of `tensor`, or [`KdaError::TooLarge`] when its byte size would exceed
@@ -200,8 +246,12 @@ impl Dims {
     /// named `HV` only when they differ from the key heads).
     pub fn describe(&self, tensor: Tensor) -> String {
         let name = |n: &str| if n == "HV" && self.value_heads == self.heads { "H".to_string() } else { n.to_string() };
-        let dims: Vec<String> =
-            tensor.dim_names().iter().zip(self.shape_of(tensor)).map(|(n, d)| format!("{}={d}", name(n))).collect();
+        let dims: Vec<String> = self
+            .dim_names_of(tensor)
+            .iter()
+            .zip(self.shape_of(tensor))
+            .map(|(n, d)| format!("{}={d}", name(n)))
+            .collect();
         format!("[{}]", dims.join(", "))
     }
 }
@@ -294,6 +344,7 @@ mod tests {
             d.weight_len(),
             d.value_len(),
             d.weight_len(),
+            d.tokens * d.value_heads,
             d.state_len(),
             d.h_len(),
             d.value_len(),
@@ -325,14 +376,15 @@ mod tests {
     #[test]
     fn huge_sizes_are_errors_not_wraps() {
         // 2^57 tokens x 128 wraps to 0 elements in 64 bits.
-        let d = Dims { tokens: 1 << 57, heads: 1, value_heads: 1, seqs: 1, chunks: 1 << 51 };
+        let kda = Dims::new(&Plan::from_lengths(&[]), 1);
+        let d = Dims { tokens: 1 << 57, heads: 1, value_heads: 1, seqs: 1, chunks: 1 << 51, ..kda };
         assert_eq!(d.key_len(), usize::MAX);
         let err = d.check_len(Tensor::K, 0).unwrap_err();
         assert!(matches!(err, KdaError::TooLarge { tensor: "k", .. }), "{err}");
         assert!(err.to_string().contains("T=144115188075855872"), "{err}");
         // Fits in usize, but not in bytes.
         let heads = (isize::MAX as usize) / 128;
-        let d = Dims { tokens: 1, heads, value_heads: heads, seqs: 0, chunks: 0 };
+        let d = Dims { tokens: 1, heads, value_heads: heads, seqs: 0, chunks: 0, ..kda };
         assert!(matches!(d.len_of(Tensor::Gk), Err(KdaError::TooLarge { tensor: "gk", .. })));
         assert!(d.check().is_err());
         let p = Problem {

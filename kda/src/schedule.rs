@@ -21,7 +21,7 @@
 use crate::{KdaError, Plan};
 use kda_kernel::layout::{
     ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
-    ITEM_VCOL0, ITEM_WORDS, V_DIM,
+    ITEM_VCOL0, ITEM_WORDS, hopper::BV,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -51,15 +51,13 @@ impl Schedule {
     /// `max_workers` workers (fewer when there are fewer items; none for an empty batch; one if
     /// `max_workers` is 0).
     ///
+    /// A column block is `hopper::BV` value columns: `col_blocks` is `V / BV`.
+    ///
     /// Fails when the item count `N * heads * col_blocks` does not fit in `u32`, or `col_blocks`
-    /// is 0 or does not divide the value columns `V`.
+    /// is 0.
     pub fn try_lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Result<Self, KdaError> {
-        // `is_multiple_of(0)` is false for V > 0: a zero block count fails here too.
-        if !V_DIM.is_multiple_of(col_blocks) {
-            return Err(KdaError::Argument {
-                name: "col_blocks",
-                reason: format!("must divide the {V_DIM} value columns, got {col_blocks}"),
-            });
+        if col_blocks == 0 {
+            return Err(KdaError::Argument { name: "col_blocks", reason: "must be at least 1".into() });
         }
         let lengths = plan.lengths();
         let count = lengths.len().checked_mul(heads).and_then(|n| n.checked_mul(col_blocks));
@@ -137,7 +135,7 @@ impl Schedule {
                 let r = &mut table[record(w, n) * ITEM_WORDS..][..ITEM_WORDS];
                 r[ITEM_STATE_ROW] = u32::try_from(seq * self.heads + head).ok()?;
                 r[ITEM_HEAD] = u32::try_from(head).ok()?;
-                r[ITEM_VCOL0] = u32::try_from(block * (V_DIM / self.col_blocks)).ok()?;
+                r[ITEM_VCOL0] = u32::try_from(block * BV).ok()?;
                 r[ITEM_TOKEN_START] = u32::try_from(desc.token_start).ok()?;
                 r[ITEM_LEN] = u32::try_from(desc.len).ok()?;
                 r[ITEM_CHUNK_START] = u32::try_from(desc.chunk_start).ok()?;
@@ -215,10 +213,8 @@ mod tests {
         assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
         let err = Schedule::try_lpt(&plan, 1 << 31, 2, 4).unwrap_err();
         assert!(matches!(err, KdaError::Argument { name: "heads", .. }), "{err}");
-        for col_blocks in [0, 3] {
-            let err = Schedule::try_lpt(&plan, 1, col_blocks, 4).unwrap_err();
-            assert!(matches!(err, KdaError::Argument { name: "col_blocks", .. }), "{err}");
-        }
+        let err = Schedule::try_lpt(&plan, 1, 0, 4).unwrap_err();
+        assert!(matches!(err, KdaError::Argument { name: "col_blocks", .. }), "{err}");
     }
 
     #[test]

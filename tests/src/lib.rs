@@ -3,7 +3,8 @@
 //! and no guard byte changed.
 
 use half::bf16;
-use kda::{DevicePlan, KdaInputs, KdaOutputs};
+use kda::model::{Gates, ModelShape, ModelView, StateLayout};
+use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
 use kda::{Kda, Kernel, Outputs, Problem, precision, rel_error};
 use proptest::prelude::*;
 use std::path::PathBuf;
@@ -62,36 +63,47 @@ fn check_guards<T: Copy + PartialEq + std::fmt::Debug>(name: &str, host: &[T], s
 /// every output element was written and every guard is intact. Inputs are surrounded by NaN, so an
 /// out-of-bounds read shows up as a NaN in the outputs.
 pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
+    run_model_guarded(gpu, &p.model_view(), Strides::PACKED, kernel).expect("launch")
+}
+
+/// [`run_guarded`] for a problem of the generalized recurrence with its token-major tensors at
+/// `strides`: the elements between input rows are NaN (a read of one shows in the outputs), those
+/// between `v_new`'s rows hold the guard sentinel and must keep it. A launch the kernels refuse
+/// returns its error, with nothing written.
+pub fn run_model_guarded(gpu: &Gpu, p: &ModelView<'_>, strides: Strides, kernel: Kernel) -> Result<Outputs, KdaError> {
     let s = &gpu.stream;
-    let d = p.dims();
+    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape)?.with_strides(strides)?;
+    let d = plan.dims();
     let nan_bf = bf16::NAN;
-    let k = guarded(s, &p.k, nan_bf);
-    let w = guarded(s, &p.w, nan_bf);
-    let u = guarded(s, &p.u, nan_bf);
-    let gk = guarded(s, &p.gk, f32::NAN);
-    let h0 = p.h0.as_ref().map(|h0| guarded(s, h0, f32::NAN));
-    let poison_bf = vec![bf16::from_bits(POISON_BF16); d.h_len().max(d.value_len())];
-    let poison_f = vec![f32::from_bits(POISON_F32); d.state_len()];
+    let laid_bf = |t: Tensor, v: &[bf16]| guarded(s, &strides.scatter(&d, t, v, nan_bf), nan_bf);
+    let laid_f = |t: Tensor, v: &[f32]| guarded(s, &strides.scatter(&d, t, v, f32::NAN), f32::NAN);
+    let (k, w, u) = (laid_bf(Tensor::K, p.k), laid_bf(Tensor::W, p.w), laid_bf(Tensor::U, p.u));
+    let g = p.g.map(|g| laid_f(Tensor::G, g));
+    let gk = p.gk.map(|gk| laid_f(Tensor::Gk, gk));
+    let h0 = p.h0.map(|h0| guarded(s, h0, f32::NAN));
     let sent_bf = bf16::from_bits(SENTINEL_BF16);
     let sent_f = f32::from_bits(SENTINEL_F32);
-    let mut h = guarded(s, &poison_bf[..d.h_len()], sent_bf);
-    let mut v_new = guarded(s, &poison_bf[..d.value_len()], sent_bf);
-    let mut ht = guarded(s, &poison_f, sent_f);
-    let plan = DevicePlan::grouped(s, p.plan.clone(), p.heads, p.value_heads).expect("plan upload");
+    let poison_bf = bf16::from_bits(POISON_BF16);
+    let v_new_rows = strides.scatter(&d, Tensor::VNew, &vec![poison_bf; d.value_len()], sent_bf);
+    let mut h = guarded(s, &vec![poison_bf; d.h_len()], sent_bf);
+    let mut v_new = guarded(s, &v_new_rows, sent_bf);
+    let mut ht = guarded(s, &vec![f32::from_bits(POISON_F32); d.state_len()], sent_f);
+    let len = |t: Tensor| strides.len_of(&d, t).expect("sizes fit");
     {
         let inputs = KdaInputs {
-            k: k.slice(GUARD..GUARD + d.key_len()),
-            w: w.slice(GUARD..GUARD + d.weight_len()),
-            u: u.slice(GUARD..GUARD + d.value_len()),
-            gk: gk.slice(GUARD..GUARD + d.weight_len()),
+            k: k.slice(GUARD..GUARD + len(Tensor::K)),
+            w: w.slice(GUARD..GUARD + len(Tensor::W)),
+            u: u.slice(GUARD..GUARD + len(Tensor::U)),
+            g: g.as_ref().map(|g| g.slice(GUARD..GUARD + len(Tensor::G))),
+            gk: gk.as_ref().map(|gk| gk.slice(GUARD..GUARD + len(Tensor::Gk))),
             h0: h0.as_ref().map(|h0| h0.slice(GUARD..GUARD + d.state_len())),
         };
         let mut outputs = KdaOutputs {
             h: h.slice_mut(GUARD..GUARD + d.h_len()),
-            v_new: v_new.slice_mut(GUARD..GUARD + d.value_len()),
+            v_new: v_new.slice_mut(GUARD..GUARD + len(Tensor::VNew)),
             ht: Some(ht.slice_mut(GUARD..GUARD + d.state_len())),
         };
-        gpu.kda.launch(s, &plan, &inputs, &mut outputs, kernel).expect("launch");
+        gpu.kda.launch(s, &plan, &inputs, &mut outputs, kernel)?;
     }
     s.synchronize().expect("kernel failed");
     let h = s.clone_dtoh(&h).expect("download");
@@ -100,15 +112,23 @@ pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
     check_guards("h", &h, sent_bf);
     check_guards("v_new", &v_new, sent_bf);
     check_guards("ht", &ht, sent_f);
+    let v_new = &v_new[GUARD..GUARD + len(Tensor::VNew)];
+    // Between strided rows: untouched.
+    let mut inside = vec![false; v_new.len()];
+    for (_, at, width) in strides.rows(&d, Tensor::VNew) {
+        inside[at..at + width].iter_mut().for_each(|x| *x = true);
+    }
+    let gaps = v_new.iter().zip(&inside).filter(|(x, i)| !**i && x.to_bits() != SENTINEL_BF16).count();
+    assert_eq!(gaps, 0, "v_new: elements between the strided rows were written");
     let out = Outputs {
         h: h[GUARD..GUARD + d.h_len()].to_vec(),
-        v_new: v_new[GUARD..GUARD + d.value_len()].to_vec(),
+        v_new: strides.gather(&d, Tensor::VNew, v_new),
         ht: ht[GUARD..GUARD + d.state_len()].to_vec(),
     };
     assert_all_written("h", out.h.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("v_new", out.v_new.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("ht", out.ht.iter().map(|x| x.to_bits()), POISON_F32);
-    out
+    Ok(out)
 }
 
 fn assert_all_written(name: &str, bits: impl Iterator<Item = u32>, poison: u32) {
@@ -183,4 +203,68 @@ pub fn ragged_lengths() -> impl Strategy<Value = Vec<usize>> {
         1 => (300usize..700, prop::collection::vec(1usize..4, 1..24))
             .prop_map(|(big, tiny)| std::iter::once(big).chain(tiny).collect()),
     ]
+}
+
+/// Shapes of the generalized recurrence: 1 or 2 key heads, 1 to 3 value heads per key head, the
+/// head sizes drawn from `key_dims` and `value_dims`, any gates, either state layout.
+pub fn model_shapes(key_dims: Vec<usize>, value_dims: Vec<usize>) -> impl Strategy<Value = ModelShape> {
+    let sizes = (1usize..=2, 1usize..=3, prop::sample::select(key_dims), prop::sample::select(value_dims));
+    (sizes, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |((heads, group, key_dim, value_dim), g, gk, vfirst)| ModelShape {
+            heads,
+            value_heads: heads * group,
+            key_dim,
+            value_dim,
+            gates: Gates { g, gk },
+            layout: if vfirst { StateLayout::ValueFirst } else { StateLayout::KeyFirst },
+        },
+    )
+}
+
+/// How one token-major tensor is laid out in a drawn [`Strides`].
+#[derive(Clone, Copy, Debug)]
+pub enum RowLayout {
+    /// The contract's packed layout.
+    Packed,
+    /// Each head's row padded by `pad` elements and each token's by `2 * pad` more (as a slice of
+    /// a wider fused projection is).
+    Padded { pad: usize },
+    /// `[heads, T, width]`: heads outermost.
+    HeadMajor,
+}
+
+impl RowLayout {
+    /// The strides of a `[tokens, heads, width]` tensor in this layout (`None` when packed).
+    pub fn strides(self, tokens: usize, heads: usize, width: usize) -> Option<RowStrides> {
+        match self {
+            RowLayout::Packed => None,
+            RowLayout::Padded { pad } => Some(RowStrides { token: heads * (width + pad) + 2 * pad, head: width + pad }),
+            RowLayout::HeadMajor => Some(RowStrides { token: width, head: tokens.max(1) * width }),
+        }
+    }
+}
+
+/// A layout per token-major tensor (`k`, `w`, `u`, `g`, `gk`, `v_new`); pads are multiples of 8
+/// elements, so every bf16 stride stays a multiple of 16 bytes as TMA needs.
+pub fn row_layouts() -> impl Strategy<Value = [RowLayout; 6]> {
+    let one = prop_oneof![
+        2 => Just(RowLayout::Packed),
+        2 => prop::sample::select(vec![8usize, 64]).prop_map(|pad| RowLayout::Padded { pad }),
+        1 => Just(RowLayout::HeadMajor),
+    ];
+    [one.clone(), one.clone(), one.clone(), one.clone(), one.clone(), one]
+}
+
+/// The [`Strides`] of `layouts` (in the order of [`row_layouts`]) for a batch of sizes `d`.
+pub fn strides_of(layouts: [RowLayout; 6], d: &kda::Dims) -> Strides {
+    let (t, h, hv, kd, vd) = (d.tokens, d.heads, d.value_heads, d.key_dim, d.value_dim);
+    let [k, w, u, g, gk, v_new] = layouts;
+    Strides {
+        k: k.strides(t, h, kd),
+        w: w.strides(t, hv, kd),
+        u: u.strides(t, hv, vd),
+        g: g.strides(t, hv, 1),
+        gk: gk.strides(t, hv, kd),
+        v_new: v_new.strides(t, hv, vd),
+    }
 }

@@ -6,8 +6,9 @@
 //! NVIDIA GPU (sm_80 or newer). Without a GPU every test here fails with the reason.
 #![cfg(feature = "gpu")]
 
-use kda::{Kernel, Plan, inputs, io, reference};
-use kda_tests::{Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_guarded};
+use kda::model::{Gates, ModelShape, StateLayout};
+use kda::{KdaError, Kernel, Plan, Strides, inputs, io, reference};
+use kda_tests::{Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_guarded, run_model_guarded};
 use proptest::prelude::*;
 use std::sync::Mutex;
 
@@ -109,6 +110,106 @@ proptest! {
             record(&format!("{lengths:?} H={heads} HV={} h0={with_h0} {kernel:?}", heads * group), errors(&out, &want));
         }
     }
+}
+
+/// Whether the Hopper kernel runs `shape` (`K = 128`; the GPU suite's device is a Hopper GPU).
+fn hopper_runs(shape: &ModelShape) -> bool {
+    shape.key_dim == kda::layout::K_DIM
+}
+
+/// Whether the baseline kernel runs `shape`: KDA's slice only.
+fn baseline_runs(shape: &ModelShape) -> bool {
+    *shape == ModelShape { value_heads: shape.value_heads, ..ModelShape::kda(shape.heads) }
+}
+
+/// The model fixtures (FLA's outputs): each kernel that runs the shape matches the reference and
+/// FLA; each that does not refuses it with a typed error naming what it lacks.
+#[test]
+fn model_fixtures() {
+    let gpu = Gpu::open();
+    for name in kda_tests::MODEL_FIXTURES {
+        let (p, golden) = io::read_model_problem(&kda_tests::model_fixture(name)).unwrap();
+        let golden = golden.expect("fixture holds outputs");
+        let want = reference::model_reference(&p.view()).unwrap();
+        for (kernel, runs) in [(Kernel::Auto, hopper_runs(&p.shape)), (Kernel::Baseline, baseline_runs(&p.shape))] {
+            match run_model_guarded(&gpu, &p.view(), Strides::PACKED, kernel) {
+                Ok(out) => {
+                    assert!(runs, "{name} {kernel:?}: ran a shape it does not support");
+                    record(&format!("{name} {kernel:?} vs reference"), errors(&out, &want));
+                    record(&format!("{name} {kernel:?} vs FLA"), errors(&out, &golden));
+                }
+                Err(e) => {
+                    assert!(!runs, "{name} {kernel:?}: {e}");
+                    assert!(matches!(e, KdaError::Unsupported { .. }), "{name} {kernel:?}: {e}");
+                    println!("{name} {kernel:?}: refused: {e}");
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    /// Every gate kind x head grouping x state layout x value size (64 to 512) x strided views on
+    /// the Hopper kernel, against the f64 reference.
+    #[test]
+    fn model_variants(
+        lengths in ragged_lengths(),
+        shape in kda_tests::model_shapes(vec![128], vec![64, 128, 256, 512]),
+        layouts in kda_tests::row_layouts(),
+        with_h0: bool,
+        seed: u64,
+    ) {
+        let gpu = GPU.get_or_init(Gpu::open);
+        let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
+        let strides = kda_tests::strides_of(layouts, &kda::Dims::model(&p.plan, &shape));
+        let want = reference::model_reference(&p.view()).unwrap();
+        let out = run_model_guarded(gpu, &p.view(), strides, Kernel::Auto).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        record(&format!("{lengths:?} {shape:?} {layouts:?} h0={with_h0}"), errors(&out, &want));
+    }
+}
+
+/// Long sequences of each gate kind and layout at Qwen3-Next's grouping, within the bound given
+/// the f32 rounding floor.
+#[test]
+fn model_long_sequences() {
+    let gpu = Gpu::open();
+    let kinds = [(true, false), (false, false), (true, true)];
+    for ((g, gk), layout) in
+        kinds.into_iter().zip([StateLayout::KeyFirst, StateLayout::ValueFirst, StateLayout::ValueFirst])
+    {
+        let shape = ModelShape { heads: 2, value_heads: 4, gates: Gates { g, gk }, layout, ..ModelShape::kda(2) };
+        let p = inputs::try_random_model_problem(Plan::from_lengths(&[4096, 1000]), shape, true, 5).unwrap();
+        let want = reference::model_reference(&p.view()).unwrap();
+        let floor = errors(&reference::model_reference_f32(&p.view()).unwrap(), &want);
+        let out = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap();
+        record_against_floor(&format!("{shape:?} [4096, 1000]"), errors(&out, &want), floor);
+    }
+}
+
+/// Strides TMA cannot express, head sizes no kernel runs yet and gates that do not match the
+/// plan are typed errors, with nothing launched.
+#[test]
+fn unsupported_model_launches_are_typed_errors() {
+    let gpu = Gpu::open();
+    let shape = ModelShape { gates: Gates { g: true, gk: false }, ..ModelShape::kda(1) };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), shape, false, 3).unwrap();
+    let odd = Strides { u: Some(kda::RowStrides { token: 128 + 4, head: 128 }), ..Strides::PACKED };
+    let err = run_model_guarded(&gpu, &p.view(), odd, Kernel::Auto).unwrap_err();
+    assert!(matches!(err, KdaError::Unsupported { argument: "u", .. }), "{err}");
+    let k64 = ModelShape { key_dim: 64, value_dim: 64, ..shape };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), k64, false, 3).unwrap();
+    let err = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap_err();
+    assert!(matches!(err, KdaError::Unsupported { argument: "key_dim", .. }), "{err}");
+    let v96 = ModelShape { value_dim: 96, ..shape };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), v96, false, 3).unwrap();
+    let err = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap_err();
+    assert!(matches!(err, KdaError::Unsupported { argument: "value_dim", .. }), "{err}");
+    // The plan says `g`; inputs without it are refused.
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), shape, false, 3).unwrap();
+    let view = kda::model::ModelView { g: None, ..p.view() };
+    let err = run_model_guarded(&gpu, &view, Strides::PACKED, Kernel::Auto).unwrap_err();
+    assert!(matches!(err, KdaError::Shape { tensor: "g", .. } | KdaError::Argument { name: "g", .. }), "{err}");
 }
 
 static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();

@@ -121,17 +121,7 @@ fn literal(p: &ModelProblem) -> Outputs {
 /// Model shapes the proptests draw: every gate kind, one to two key heads, groups of one to
 /// three value heads, head sizes 64 or 128, either layout.
 fn shapes() -> impl Strategy<Value = ModelShape> {
-    (1usize..=2, 1usize..=3, prop::sample::select(vec![64usize, 128]), prop::sample::select(vec![64usize, 128]))
-        .prop_flat_map(|(heads, group, key_dim, value_dim)| {
-            (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(move |(g, gk, vfirst)| ModelShape {
-                heads,
-                value_heads: heads * group,
-                key_dim,
-                value_dim,
-                gates: Gates { g, gk },
-                layout: if vfirst { StateLayout::ValueFirst } else { StateLayout::KeyFirst },
-            })
-        })
+    kda_tests::model_shapes(vec![64, 128], vec![64, 128])
 }
 
 /// Short ragged layouts (the literal transcription is slow).

@@ -84,11 +84,15 @@ fn an_empty_boundary_list_is_rejected_and_a_lone_zero_is_an_empty_batch() {
 }
 
 /// Checks the schedule's contract for one batch layout of `heads` value heads, `group` of them per
-/// key head; returns the modelled makespan and its lower bound `max(total / workers, longest
-/// item)`.
-fn check_schedule(lengths: &[usize], heads: usize, group: usize, workers: usize) -> Result<(u64, u64), TestCaseError> {
+/// key head, `COL_BLOCKS` column blocks per head (`V / BV`); returns the modelled makespan and its
+/// lower bound `max(total / workers, longest item)`.
+fn check_schedule<const COL_BLOCKS: usize>(
+    lengths: &[usize],
+    heads: usize,
+    group: usize,
+    workers: usize,
+) -> Result<(u64, u64), TestCaseError> {
     use kda::schedule::item_cost;
-    const COL_BLOCKS: usize = kda::layout::hopper::COL_BLOCKS;
     let plan = Plan::from_lengths(lengths);
     let s = Schedule::try_lpt(&plan, heads, COL_BLOCKS, workers).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let count = lengths.len() * heads * COL_BLOCKS;
@@ -161,8 +165,11 @@ proptest! {
         key_heads in 1usize..4,
         group in 1usize..4,
         workers in 1usize..140,
+        value_blocks in 0usize..3,
     ) {
-        check_schedule(&lengths, key_heads * group, group, workers)?;
+        // V = 64, 128 or 512.
+        let check = [check_schedule::<1>, check_schedule::<2>, check_schedule::<8>][value_blocks];
+        check(&lengths, key_heads * group, group, workers)?;
     }
 }
 
@@ -172,7 +179,13 @@ proptest! {
 fn schedule_of_the_bench_shapes_is_near_ideal() {
     const H200_SMS: usize = 132;
     for (name, lengths) in kda_cli::bench_shapes() {
-        let (makespan, bound) = check_schedule(&lengths, kda::inputs::REFERENCE_HEADS, 1, H200_SMS).unwrap();
+        let (makespan, bound) = check_schedule::<{ kda::layout::V_DIM / kda::layout::hopper::BV }>(
+            &lengths,
+            kda::inputs::REFERENCE_HEADS,
+            1,
+            H200_SMS,
+        )
+        .unwrap();
         let ratio = makespan as f64 / bound as f64;
         println!("{name}: modelled makespan {makespan}, lower bound {bound} ({ratio:.3})");
         assert!(ratio <= 1.05, "{name}: makespan {makespan} is {ratio:.3} x its lower bound {bound}");

@@ -3,13 +3,17 @@
 //! In one process: measures device-to-device copy bandwidth, then for every reference shape
 //! times each kernel (median of `--repeat` warm launches, each between its own CUDA events, inputs
 //! rotated over enough copies that the L2 cannot keep them), checks the outputs against the f64
-//! reference, prints a table and writes `bench/results.json`.
+//! reference, prints a table and writes `bench/results.json`. Then the same for every model shape
+//! of the generalized recurrence (`kda_cli::model_bench_shapes`) in a second table; a shape the
+//! launcher refuses (`KdaError::Unsupported`) is a row and a record saying why.
 
 use crate::args::Args;
 use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, floor_us, median_us};
 use crate::outputs::rel_errors;
 use crate::proc::write_json;
-use kda::{Dims, Kda, KdaError, Kernel, Outputs, Plan, Problem, inputs, reference, rel_error};
+use kda::model::{ModelShape, ModelView};
+use kda::{Dims, Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, reference, rel_error};
+use kda_cli::{gates_name, layout_name, model_bench_shapes, model_floor_us};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -61,7 +65,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let bench = Bench {
         best,
         copy_bw,
-        upload: &|p: &Problem| DeviceProblem::upload(&stream, p),
+        upload: &|p: &ModelView<'_>| DeviceProblem::upload_model(&stream, p, Strides::PACKED),
         median_us: &|kernel: Kernel, devs: &mut [DeviceProblem]| {
             let copies = devs.len();
             median_us(&stream, WARMUP, o.repeat, |i| devs[i % copies].launch(&kda, &stream, kernel))
@@ -74,8 +78,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let shapes = bench_shapes().into_iter().map(|(name, lengths)| bench.measure(name, lengths));
     let shapes = shapes.collect::<Result<Vec<_>, _>>()?;
+    let models =
+        model_bench_shapes().into_iter().map(|(name, lengths, shape)| bench.measure_model(name, lengths, shape));
+    let models = models.collect::<Result<Vec<_>, _>>()?;
     println!("\n{}", table(best, &shapes));
-    let rows: Vec<Value> = shapes.iter().map(|s| s.record(best, o.repeat)).collect();
+    println!("\nmodel shapes:\n\n{}", model_table(&models));
+    let rows = shapes.iter().map(|s| s.record(best, o.repeat));
+    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).collect();
     let doc = json!({ "gpu": gpu, "date": date, "copy_bw_Bps": copy_bw, "shapes": rows });
     write_results(&o.out_dir, &doc)
 }
@@ -103,8 +112,8 @@ fn print_occupancy(kda: &Kda, best: Kernel) {
     }
 }
 
-/// Uploads a problem.
-type Upload<'a> = &'a dyn Fn(&Problem) -> Result<DeviceProblem, KdaError>;
+/// Uploads a problem, packed.
+type Upload<'a> = &'a dyn Fn(&ModelView<'_>) -> Result<DeviceProblem, KdaError>;
 /// The median time of a kernel's launches in microseconds, rotated over the copies.
 type MedianUs<'a> = &'a dyn Fn(Kernel, &mut [DeviceProblem]) -> Result<f64, KdaError>;
 /// A kernel's outputs, fresh: poison, run once, download.
@@ -132,7 +141,57 @@ struct Shape {
     f32_floor: f64,
 }
 
+/// Why the launcher refused a problem: a [`KdaError::Unsupported`]'s argument and reason.
+#[derive(Clone, Debug, PartialEq)]
+struct Refusal {
+    argument: &'static str,
+    reason: String,
+}
+
+/// `r`, with a [`KdaError::Unsupported`] as `Ok(Err(refusal))` and any other error as the error.
+fn refusable<T>(r: Result<T, KdaError>) -> Result<Result<T, Refusal>, String> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(KdaError::Unsupported { argument, reason }) => Ok(Err(Refusal { argument, reason })),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// One problem on the device: the best kernel's and the baseline's medians, and the best kernel's
+/// fresh outputs.
+struct Timed {
+    copies: usize,
+    us: f64,
+    /// The baseline's median, or why the launcher refused it the problem.
+    baseline_us: Result<f64, Refusal>,
+    out: Outputs,
+}
+
 impl Bench<'_> {
+    /// Uploads `p` in rotation copies, times the best kernel and the baseline on them and runs the
+    /// best kernel once more on fresh outputs; `Ok(Err(..))` when the launcher refuses the problem
+    /// to the best kernel.
+    fn time(&self, p: &ModelView<'_>) -> Result<Result<Timed, Refusal>, String> {
+        let copies = rotation_copies(input_bytes(p));
+        let devs = (0..copies).map(|_| (self.upload)(p)).collect::<Result<Vec<_>, _>>();
+        let mut devs = match refusable(devs)? {
+            Ok(devs) => devs,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        eprint!(" {copies} copies uploaded; timing ...");
+        let us = match refusable((self.median_us)(self.best, &mut devs))? {
+            Ok(us) => us,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let baseline_us = if self.best == Kernel::Baseline {
+            Ok(us)
+        } else {
+            refusable((self.median_us)(Kernel::Baseline, &mut devs))?
+        };
+        let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
+        Ok(Ok(Timed { copies, us, baseline_us, out }))
+    }
+
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
     /// outputs against the f64 reference.
     fn measure(&self, name: &'static str, lengths: Vec<usize>) -> Result<Shape, String> {
@@ -140,17 +199,9 @@ impl Bench<'_> {
         eprint!("[{name}] generating inputs ...");
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
-        let copies = rotation_copies(&p);
-        let mut devs = (0..copies).map(|_| (self.upload)(&p)).collect::<Result<Vec<_>, _>>().map_err(text)?;
-        eprint!(" {copies} copies uploaded; timing ...");
-        let us = (self.median_us)(self.best, &mut devs).map_err(text)?;
-        let baseline_us = if self.best == Kernel::Baseline {
-            us
-        } else {
-            (self.median_us)(Kernel::Baseline, &mut devs).map_err(text)?
-        };
-        let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
-        drop(devs);
+        let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
+        let Timed { copies, us, baseline_us, out } = self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
+        let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
         let want = reference::reference(&p).map_err(text)?;
         let errs = rel_errors(&out, &want);
@@ -160,11 +211,43 @@ impl Bench<'_> {
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
         Ok(Shape { name, lengths, dims, copies, us, floor_us, baseline_us, errs, f32_floor })
     }
+
+    /// [`Bench::measure`] on model shape `name` (against `reference::model_reference`), or the
+    /// launcher's refusal of it.
+    fn measure_model(&self, name: &'static str, lengths: Vec<usize>, shape: ModelShape) -> Result<ModelRow, String> {
+        let t0 = Instant::now();
+        eprint!("[{name}] generating inputs ...");
+        let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, SEED).map_err(text)?;
+        let view = p.view();
+        let floor_us = model_floor_us(&p.plan, &shape, self.copy_bw);
+        let (seqs, tokens) = (p.plan.num_seqs(), p.plan.tokens());
+        let result = match self.time(&view)? {
+            Err(refusal) => {
+                eprintln!(" unsupported: {}", refusal.reason);
+                Err(refusal)
+            }
+            Ok(Timed { copies, us, baseline_us, out }) => {
+                eprint!(" reference ...");
+                let want = reference::model_reference(&view).map_err(text)?;
+                let errs = rel_errors(&out, &want);
+                let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
+                eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
+                Ok(Measured { copies, us, baseline_us, errs, f32_floor })
+            }
+        };
+        Ok(ModelRow { name, lengths, shape, seqs, tokens, kernel: self.best, floor_us, result })
+    }
 }
 
-/// How many copies of `p`'s inputs to rotate over so that the L2 cannot keep them.
-fn rotation_copies(p: &Problem) -> usize {
-    let input_bytes = (p.k.len() + p.w.len() + p.u.len()) * 2 + p.gk.len() * 4;
+/// Bytes of the inputs `k`, `w`, `u` and the gates of `p` (what each rotation copy holds besides
+/// `h0`).
+fn input_bytes(p: &ModelView<'_>) -> usize {
+    let gates = p.g.map_or(0, <[f32]>::len) + p.gk.map_or(0, <[f32]>::len);
+    (p.k.len() + p.w.len() + p.u.len()) * 2 + gates * 4
+}
+
+/// How many copies of inputs of `input_bytes` to rotate over so that the L2 cannot keep them.
+fn rotation_copies(input_bytes: usize) -> usize {
     ROTATION_BYTES.div_ceil(input_bytes.max(1)).clamp(MIN_COPIES, MAX_COPIES)
 }
 
@@ -204,6 +287,109 @@ fn table(best: Kernel, shapes: &[Shape]) -> String {
     )];
     table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     table.extend(shapes.iter().map(Shape::row));
+    table.join("\n")
+}
+
+/// What the benchmark measured on a shape the launcher ran.
+struct Measured {
+    copies: usize,
+    us: f64,
+    baseline_us: Result<f64, Refusal>,
+    errs: [f64; 3],
+    f32_floor: f64,
+}
+
+/// What the benchmark found on one model shape.
+struct ModelRow {
+    name: &'static str,
+    lengths: Vec<usize>,
+    shape: ModelShape,
+    seqs: usize,
+    tokens: usize,
+    /// The kernel timed (or refused the shape).
+    kernel: Kernel,
+    floor_us: f64,
+    result: Result<Measured, Refusal>,
+}
+
+/// `text` as one markdown table cell (a `|` escaped).
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+impl ModelRow {
+    /// The shape's row of the model table.
+    fn row(&self) -> String {
+        let ModelRow { name, shape: s, seqs, tokens, kernel, floor_us, .. } = self;
+        let kernel = match &self.result {
+            Ok(_) => format!("{kernel:?}"),
+            Err(r) => cell(&format!("unsupported: {}", r.reason)),
+        };
+        let (gates, layout) = (gates_name(s.gates), layout_name(s.layout));
+        let head = format!(
+            "| {name} | {kernel} | {seqs} | {tokens} | {} | {} | {} | {} | {gates} | {layout} |",
+            s.heads, s.value_heads, s.key_dim, s.value_dim
+        );
+        let tail = match &self.result {
+            Err(_) => format!(" | {floor_us:.1} | | | | | | | |"),
+            Ok(Measured { us, baseline_us, errs, f32_floor, .. }) => {
+                let (baseline, speedup) = match baseline_us {
+                    Ok(b) => (format!("{b:.1}"), format!("{:.2}x", b / us)),
+                    Err(_) => ("unsupported".into(), String::new()),
+                };
+                format!(
+                    " {us:.1} | {floor_us:.1} | {:.3} | {baseline} | {speedup} | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
+                    floor_us / us,
+                    errs[0],
+                    errs[1],
+                    errs[2]
+                )
+            }
+        };
+        head + &tail
+    }
+
+    /// The shape's record in `results.json` (`repeat` launches): the fields of [`Shape::record`]
+    /// and the model's sizes; for a refused shape `"kernel": "unsupported"`, the kernel that
+    /// refused it, the argument and the reason, and the floor (no time, no ratio).
+    fn record(&self, repeat: usize) -> Value {
+        let ModelRow { name, lengths, shape: s, kernel, floor_us, .. } = self;
+        let mut r = json!({
+            "shape": name, "lengths": lengths, "heads": s.heads, "value_heads": s.value_heads,
+            "key_dim": s.key_dim, "value_dim": s.value_dim, "gates": gates_name(s.gates),
+            "state_layout": layout_name(s.layout), "floor_us": floor_us,
+        });
+        let fields = match &self.result {
+            Err(Refusal { argument, reason }) => json!({
+                "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
+            }),
+            Ok(Measured { copies, us, baseline_us, errs, f32_floor }) => {
+                let mut m = json!({
+                    "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us,
+                    "baseline_us": baseline_us.as_ref().ok(),
+                    "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
+                    "repeat": repeat, "rotation_copies": copies,
+                });
+                if let Err(refusal) = baseline_us {
+                    m["baseline_unsupported"] = json!(refusal.reason);
+                }
+                m
+            }
+        };
+        if let (Some(r), Value::Object(fields)) = (r.as_object_mut(), fields) {
+            r.extend(fields);
+        }
+        r
+    }
+}
+
+/// The markdown table of the model shapes: one row per shape and the kernel timed.
+fn model_table(rows: &[ModelRow]) -> String {
+    let mut table = vec![
+        "| shape | kernel | N | T | H | HV | K | V | gates | state | us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |".to_string(),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
+    ];
+    table.extend(rows.iter().map(ModelRow::row));
     table.join("\n")
 }
 
@@ -251,7 +437,7 @@ mod tests {
         let shape = Shape {
             name: "tiny",
             lengths: vec![256],
-            dims: Dims { tokens: 256, heads: 64, value_heads: 64, seqs: 1, chunks: 4 },
+            dims: Dims::new(&kda::Plan::from_lengths(&[256]), 64),
             copies: 8,
             us: 20.0,
             floor_us: 10.0,

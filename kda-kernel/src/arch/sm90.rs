@@ -194,6 +194,20 @@ pub unsafe fn stmatrix_x4_trans(addr: u32, r: [u32; 4]) {
     }
 }
 
+/// `stmatrix.sync.aligned.m8n8.x4.shared.b16` (PTX 7.8, sm_90): as [`stmatrix_x4_trans`], each
+/// matrix stored as it is: lane `8i + j` gives the shared address of row `j` of matrix `i`.
+///
+/// # Safety
+/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
+#[inline(always)]
+pub unsafe fn stmatrix_x4(addr: u32, r: [u32; 4]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg32) addr,
+             x = in(reg32) r[0], y = in(reg32) r[1], z = in(reg32) r[2], w = in(reg32) r[3], options(nostack))
+    }
+}
+
 /// A wgmma shared-memory matrix descriptor (sm_90a) with the 128-byte swizzle: start address, leading
 /// and stride byte offsets (all in 16-byte units, 14 bits each), base offset 0 (tiles are
 /// 1024-byte aligned) and swizzle mode 1 (128 B) in bits 62-63.

@@ -11,7 +11,10 @@
 //! past the chunk's end and stage `bf16(Vn)`; start product 2 and, while it runs, store `h` and
 //! `v_new`; wait for it and release the stage.
 
-use super::fragments::{ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, matrix_row, swizzled};
+use super::fragments::{
+    ACC_PER_GROUP, ATOM_BYTES, CHUNKS_PER_ROW, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, matrix_row,
+    swizzled,
+};
 use super::maps::StoreMaps;
 use super::smem::Smem;
 use super::tail;
@@ -19,13 +22,13 @@ use crate::arch::sm80::{
     bf16_to_f32, ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh,
 };
 use crate::arch::sm90::{
-    bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4_trans, sw128_desc, tma_store_3d,
-    wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
+    bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4, stmatrix_x4_trans, sw128_desc,
+    tma_store_3d, wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
 };
-use crate::layout::hopper::{BOX_BYTES, BV, CONSUMER_THREADS, STAGES, STAGING};
-use crate::layout::{CHUNK, K_DIM, V_DIM};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, STAGES, STAGING, STATE_BOX_BYTES};
+use crate::layout::{CHUNK, K_DIM};
 use crate::pipeline::PipelineState;
-use crate::schedule::{Item, Work};
+use crate::schedule::{Item, RowStrides, Work};
 
 /// f32 registers of the state `S^T` per consumer thread (the m64n128 accumulator).
 const STATE_REGS: usize = K_DIM / 2;
@@ -37,14 +40,59 @@ const STORE_THREAD: usize = 0;
 /// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
 const CONSUMER_BARRIER: u32 = 1;
 
-/// The consumer warpgroup's loop over this CTA's items: per item, the initial state from the
-/// producer's `h0` slot (or zeros), the chunks, and the final state.
+/// What the consumer writes: the `h` and `v_new` maps, `v_new`'s rows for the tail stores, and
+/// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32).
+#[derive(Clone, Copy)]
+pub struct Outputs {
+    pub maps: StoreMaps,
+    pub v_new: *mut u16,
+    pub v_new_rows: RowStrides,
+    pub ht: *mut f32,
+    /// `V`.
+    pub value_dim: usize,
+}
+
+/// The launch's variant, as the consumer's loop is specialized for it (each is a generic
+/// parameter of [`consume`], so the chunk loop carries no branch on them).
+#[derive(Clone, Copy)]
+pub struct Variant {
+    /// The launch has the scalar gate `g`: `Vn`'s rows are scaled before product 2.
+    pub scalar_gate: bool,
+    /// The states are value-first (`[V, K]`): `h` is staged untransposed.
+    pub value_first: bool,
+}
+
+/// The consumer warpgroup's loop over this CTA's items, specialized for `kind`.
 ///
 /// # Safety
-/// Called by the 128 consumer threads only, after the barriers are initialised; `v_new` and
-/// (when not null) `ht` are the launch's tensors and the maps describe `h` and `v_new`.
+/// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
+/// launch's outputs.
 #[inline(always)]
-pub unsafe fn run(work: &Work, smem: Smem, tid: usize, maps: StoreMaps, has_h0: bool, v_new: *mut u16, ht: *mut f32) {
+pub unsafe fn run(work: &Work, smem: Smem, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+    // SAFETY (block): as this function's.
+    unsafe {
+        match (kind.scalar_gate, kind.value_first) {
+            (false, false) => consume::<false, false>(work, smem, tid, out, has_h0),
+            (false, true) => consume::<false, true>(work, smem, tid, out, has_h0),
+            (true, false) => consume::<true, false>(work, smem, tid, out, has_h0),
+            (true, true) => consume::<true, true>(work, smem, tid, out, has_h0),
+        }
+    }
+}
+
+/// [`run`] for one variant: per item, the initial state from the producer's `h0` slot (or
+/// zeros), the chunks, and the final state.
+///
+/// # Safety
+/// As for [`run`], with `SCALAR_GATE` and `VALUE_FIRST` the launch's.
+#[inline(always)]
+unsafe fn consume<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+    work: &Work,
+    smem: Smem,
+    tid: usize,
+    out: Outputs,
+    has_h0: bool,
+) {
     let mut stage = PipelineState::<STAGES>::consumer_start();
     let mut slot = PipelineState::<1>::consumer_start();
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
@@ -54,18 +102,19 @@ pub unsafe fn run(work: &Work, smem: Smem, tid: usize, maps: StoreMaps, has_h0: 
         let mut s = [0f32; STATE_REGS];
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.
-            unsafe { load_initial_state(&mut s, smem, tid, slot) };
+            unsafe { load_initial_state::<VALUE_FIRST>(&mut s, smem, tid, slot) };
             slot.advance();
         }
         for c in 0..item.chunks() {
+            let at = ChunkAt { item: &item, c, stage, buf: staging.index() };
             // SAFETY: as this function's; the positions are the consumer's.
-            unsafe { consume_chunk(&item, c, smem, maps, v_new, &mut s, stage, staging.index()) };
+            unsafe { consume_chunk::<SCALAR_GATE, VALUE_FIRST>(at, smem, out, &mut s) };
             stage.advance();
             staging.advance();
         }
-        if !ht.is_null() {
-            // SAFETY: `ht` holds `[N][H][K][V]` f32, this item's block included.
-            unsafe { store_final_state(&s, &item, ht) };
+        if !out.ht.is_null() {
+            // SAFETY: `ht` holds `[N][HV]` states of `K x V` f32, this item's block included.
+            unsafe { store_final_state::<VALUE_FIRST>(&s, &item, out) };
         }
     }
     if tid == STORE_THREAD {
@@ -75,21 +124,27 @@ pub unsafe fn run(work: &Work, smem: Smem, tid: usize, maps: StoreMaps, has_h0: 
     }
 }
 
-/// The item's initial state from the `h0` slot into the accumulator layout, then the slot back
-/// to the producer.
+/// The item's initial state from the `h0` slot (`[K][BV]`, or `[BV][K]` value-first) into the
+/// accumulator layout, then the slot back to the producer.
 ///
 /// # Safety
 /// Consumer threads only; `slot` is the consumer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state(s: &mut [f32; STATE_REGS], smem: Smem, tid: usize, slot: PipelineState<1>) {
+unsafe fn load_initial_state<const VALUE_FIRST: bool>(
+    s: &mut [f32; STATE_REGS],
+    smem: Smem,
+    tid: usize,
+    slot: PipelineState<1>,
+) {
     let h0_slot = smem.h0_slot();
-    // SAFETY: the slot holds this item's `[K][BV]` f32 block once the wait returns; this thread
-    // reads it and releases it right after.
+    // SAFETY: the slot holds this item's block once the wait returns; this thread reads it and
+    // releases it right after.
     unsafe {
         h0_slot.consumer_wait(slot);
         for (e, x) in s.iter_mut().enumerate() {
             let (v, kk) = acc_coords(tid, e);
-            *x = ld_shared_f32(smem.h0() + ((kk * BV + v) * 4) as u32);
+            let at = if VALUE_FIRST { v * K_DIM + kk } else { kk * BV + v };
+            *x = ld_shared_f32(smem.h0() + (at * 4) as u32);
         }
         h0_slot.consumer_release(slot);
     }
@@ -98,34 +153,42 @@ unsafe fn load_initial_state(s: &mut [f32; STATE_REGS], smem: Smem, tid: usize, 
 /// The item's final state from registers to `ht`.
 ///
 /// # Safety
-/// Consumer threads only; `ht` holds `[N][H][K][V]` f32.
+/// Consumer threads only; `out.ht` holds `[N][HV]` states of `K x V` f32 in the launch's layout.
 #[inline(always)]
-unsafe fn store_final_state(s: &[f32; STATE_REGS], item: &Item, ht: *mut f32) {
+unsafe fn store_final_state<const VALUE_FIRST: bool>(s: &[f32; STATE_REGS], item: &Item, out: Outputs) {
     let tid = thread_idx_x_fresh();
-    let base = item.state_row * K_DIM * V_DIM + item.vcol0;
+    let base = item.state_row * K_DIM * out.value_dim;
     for (e, &x) in s.iter().enumerate() {
         let (v, kk) = acc_coords(tid, e);
-        // SAFETY: (kk, vcol0 + v) is inside this item's state.
-        unsafe { *ht.add(base + kk * V_DIM + v) = x };
+        let (col, kk) = (item.vcol0 + v, kk);
+        let at = if VALUE_FIRST { col * K_DIM + kk } else { kk * out.value_dim + col };
+        // SAFETY: (kk, col) is inside this item's state.
+        unsafe { *out.ht.add(base + at) = x };
     }
 }
 
-/// Chunk `c` of `item` from ring position `stage`, staging its outputs in buffer `buf`.
-///
-/// # Safety
-/// As for [`run`]; `stage` is the consumer's position and `buf` the chunk's staging buffer.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn consume_chunk(
-    item: &Item,
+/// Where a chunk is: chunk `c` of `item`, at ring position `stage`, staging its outputs in
+/// buffer `buf`.
+#[derive(Clone, Copy)]
+struct ChunkAt<'a> {
+    item: &'a Item,
     c: usize,
-    smem: Smem,
-    maps: StoreMaps,
-    v_new: *mut u16,
-    s: &mut [f32; STATE_REGS],
     stage: PipelineState<STAGES>,
     buf: usize,
+}
+
+/// One chunk.
+///
+/// # Safety
+/// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
+#[inline(always)]
+unsafe fn consume_chunk<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+    at: ChunkAt<'_>,
+    smem: Smem,
+    out: Outputs,
+    s: &mut [f32; STATE_REGS],
 ) {
+    let (item, c, stage, buf) = (at.item, at.c, at.stage, at.buf);
     let ring = smem.ring();
     let tiles = smem.stage(stage.index());
     let rows = item.rows(c);
@@ -140,7 +203,7 @@ unsafe fn consume_chunk(
         // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for `h`.
         let mut vn = load_u_transposed(tiles.u(), tid);
         let a1: [[u32; 4]; K_DIM / 16] = a_fragments(s);
-        stage_state(smem.h(buf), &a1, tid);
+        stage_state::<VALUE_FIRST>(smem.h(buf), &a1, tid);
 
         // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
         //    written before the product starts: ptxas waits for an in-flight wgmma before any
@@ -149,19 +212,26 @@ unsafe fn consume_chunk(
         wgmma_m64n64k16x8_sub_start(&mut vn, &a1, sw128_desc(tiles.w(0), UNUSED_LEADING, ATOM_BYTES));
         wgmma_wait_m64n64(&mut vn);
 
-        // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) as product 2's A
-        //    fragments, also staged for `v_new`.
+        // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) staged for `v_new`; with
+        //    `g`, each token's row scaled by exp2(g_last - g[r]) after (v_new is stored
+        //    unscaled); bf16 of the result as product 2's A fragments.
         tail::zero_rows_past_end(&mut vn, rows, tid);
-        let a2: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
-        stage_transposed(smem.vn(buf), &a2, tid);
+        let staged: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
+        stage_transposed(smem.vn(buf), &staged, tid);
+        let a2 = if SCALAR_GATE {
+            scale_rows(&mut vn, smem.row_scale(stage.index()), tid);
+            a_fragments(&vn)
+        } else {
+            staged
+        };
 
         // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave.
         wgmma_m64n128k16x4_add_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
         fence_proxy_async();
         named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-        store_outputs(item, c, maps, smem.h(buf), smem.vn(buf), tid);
+        store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), tid);
         if rows < CHUNK {
-            tail::store_value_rows(smem.vn(buf), v_new, item, item.first_token(c), rows, tid);
+            tail::store_value_rows(smem.vn(buf), out.v_new, out.v_new_rows, item, item.first_token(c), rows, tid);
         }
 
         // 5. The state is the next chunk's; the stage goes back to the producer.
@@ -192,12 +262,13 @@ unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
 }
 
 /// Stages `bf16(S)` (product 1's A fragments) for the `h` store, once the store of the chunk
-/// that last used this buffer (`STAGING` chunks back) has read it.
+/// that last used this buffer (`STAGING` chunks back) has read it: transposed (`[K][BV]`) for
+/// key-first states, as it is (`[BV][K]`, in boxes of `BOX_COLS` key columns) for value-first.
 ///
 /// # Safety
-/// The warpgroup calls it together; `tile` is a staging buffer of `[K][BV]` bf16.
+/// The warpgroup calls it together; `tile` is a staging buffer of `K x BV` bf16.
 #[inline(always)]
-unsafe fn stage_state(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
+unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
     if tid == STORE_THREAD {
         // One bulk group per chunk: all but the newest `STAGING - 1` have read their sources.
         bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
@@ -205,7 +276,43 @@ unsafe fn stage_state(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
     // SAFETY: the store thread's wait, published by the barrier, frees the buffer.
     unsafe {
         named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-        stage_transposed(tile, a, tid);
+        if VALUE_FIRST {
+            stage_rows(tile, a, tid);
+        } else {
+            stage_transposed(tile, a, tid);
+        }
+    }
+}
+
+/// Stores the A fragments `a` (rows = value columns, 16 key columns per step) untransposed into a
+/// value-first staging tile (`[BV][K]` as boxes of `BOX_COLS` columns, 128-byte swizzled), one
+/// `stmatrix.x4` per step.
+///
+/// # Safety
+/// The warpgroup calls it together; `tile` is a free staging buffer.
+#[inline(always)]
+unsafe fn stage_rows(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
+    for (step, frag) in a.iter().enumerate() {
+        let (row, chunk) = fragment_row(tid, step);
+        let (bx, chunk) = (chunk / CHUNKS_PER_ROW, chunk % CHUNKS_PER_ROW);
+        // SAFETY: row < BV, box < KEY_BOXES and chunk < 8 address the tile.
+        unsafe { stmatrix_x4(tile + (bx * STATE_BOX_BYTES) as u32 + swizzled(row, chunk), *frag) };
+    }
+}
+
+/// `Vn^T`'s columns (tokens) times the stage's row scales.
+///
+/// # Safety
+/// `scale` is the row-scale array of the stage the consumer holds.
+#[inline(always)]
+unsafe fn scale_rows(vn: &mut [f32; VN_REGS], scale: u32, tid: usize) {
+    for g in 0..VN_REGS / ACC_PER_GROUP {
+        let (_, t) = acc_coords(tid, ACC_PER_GROUP * g);
+        // SAFETY: token `t` (even) and `t + 1` of the row.
+        let [s0, s1] = unsafe { ld_shared_v2_f32(scale + (t * 4) as u32) };
+        for (q, x) in vn[ACC_PER_GROUP * g..ACC_PER_GROUP * (g + 1)].iter_mut().enumerate() {
+            *x *= if q % 2 == 0 { s0 } else { s1 };
+        }
     }
 }
 
@@ -239,21 +346,28 @@ unsafe fn decay_state(s: &mut [f32; STATE_REGS], decay: u32, tid: usize) {
     }
 }
 
-/// One thread stores the chunk's `h` tile and, for a full chunk, its `v_new` tile with TMA, as
-/// one bulk group.
+/// One thread stores the chunk's `h` tile (one box, or `KEY_BOXES` value-first) and, for a full
+/// chunk, its `v_new` tile with TMA, as one bulk group.
 ///
 /// # Safety
 /// Consumer threads, after the staging tiles are written, fenced to the async proxy and published
 /// by the consumer barrier; the boxes lie inside `h` and (full chunk) the sequence's rows of
 /// `v_new`.
 #[inline(always)]
-unsafe fn store_outputs(item: &Item, c: usize, maps: StoreMaps, h: u32, vn: u32, tid: usize) {
+unsafe fn store_outputs<const VALUE_FIRST: bool>(item: &Item, c: usize, maps: StoreMaps, h: u32, vn: u32, tid: usize) {
     if tid == STORE_THREAD {
         let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
         let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
         // SAFETY: see the function's contract.
         unsafe {
-            tma_store_3d(maps.h, vcol0, 0, state_row, h);
+            if VALUE_FIRST {
+                for b in 0..KEY_BOXES {
+                    let src = h + (b * STATE_BOX_BYTES) as u32;
+                    tma_store_3d(maps.h, (b * BOX_COLS) as i32, vcol0, state_row, src);
+                }
+            } else {
+                tma_store_3d(maps.h, vcol0, 0, state_row, h);
+            }
             if item.rows(c) == CHUNK {
                 tma_store_3d(maps.v_new, vcol0, head, item.first_token(c) as i32, vn);
             }

@@ -43,6 +43,18 @@ pub fn matrix_row(tid: usize, step: usize) -> (usize, usize) {
     (16 * step + 8 * (m / 2) + lane % 8, 2 * warp + m % 2)
 }
 
+/// Row and 16-byte chunk (counted over the fragment's whole width) this lane addresses in an
+/// `x4` `stmatrix` (untransposed) of the 16-column step `step` of a wgmma A fragment: matrix
+/// `m = lane / 8` holds fragment rows `16 * warp + 8 * (m % 2) ..+ 8` and columns
+/// `16 * step + 8 * (m / 2) ..+ 8` (register `m` of [`a_fragments`]), and lane `lane % 8` gives
+/// its row.
+#[inline(always)]
+pub fn fragment_row(tid: usize, step: usize) -> (usize, usize) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let m = lane / 8;
+    (16 * warp + 8 * (m % 2) + lane % 8, 2 * step + m / 2)
+}
+
 /// Row (value column inside the block) and key/token column of accumulator element `e` of a
 /// wgmma `m64nN` f32 fragment for thread `tid` of the warpgroup: element `4j + q` is row
 /// `16 * warp + lane / 4 + 8 * (q / 2)`, column `8j + 2 * (lane % 4) + q % 2`.

@@ -23,8 +23,10 @@ pub struct LoadMaps {
     pub w_row: u64,
     /// `u` in one-row boxes.
     pub u_row: u64,
-    /// `h0` in `[1][K][BV]` f32 boxes, when the launch has initial states.
+    /// `h0` in f32 boxes of one item's whole state block, when the launch has initial states.
     pub h0: Option<u64>,
+    /// Whether the states are value-first (`h0`'s coordinates are then (key, value column)).
+    pub value_first: bool,
 }
 
 impl LoadMaps {
@@ -53,7 +55,7 @@ impl LoadMaps {
 /// Generic addresses of the consumer's tensor maps: the `h` and `v_new` stores.
 #[derive(Clone, Copy)]
 pub struct StoreMaps {
-    /// `h` in `[1][K][64]` boxes.
+    /// `h` in `[1][K][64]` boxes (key-first) or `[1][BV][64]` boxes (value-first).
     pub h: u64,
     /// `v_new` in `[CHUNK][1][64]` boxes.
     pub v_new: u64,

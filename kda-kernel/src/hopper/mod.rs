@@ -27,12 +27,14 @@ mod producer;
 mod smem;
 mod tail;
 
-use crate::abi::{MapSlot, TENSOR_MAP_BYTES, TensorMaps};
+use crate::abi::{MapSlot, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::CONSUMER_THREADS;
-use crate::schedule::Work;
+use crate::schedule::{RowStrides, Work};
+use consumer::{Outputs, Variant};
 use maps::{LoadMaps, StoreMaps};
+use producer::Gates;
 use smem::Smem;
 
 /// The consumer role's number, for what each role must compute itself (`Work::items`).
@@ -60,20 +62,32 @@ impl Role {
 /// `abi::HOPPER.smem_bytes` of dynamic shared memory).
 ///
 /// # Safety
-/// The tensor maps (indexed by `abi::MapSlot`) describe exactly the launch's `k`, `w`,
-/// `u`, `h`, `v_new` and (when `h0` is not null) `h0`; `gk`, `v_new` and `ht` (when not null) hold
-/// the contract's shapes for the schedule's items; `work` is a schedule of exactly `gridDim.x`
-/// workers that names each item of the plan once, its every next word naming a record of the
-/// table or being `ITEM_LAST`; `heads >= 1`; outputs do not overlap inputs.
+/// The tensor maps (indexed by `abi::MapSlot`) describe exactly the launch's `k`, `w`, `u`, `h`
+/// (in `state_layout`), `v_new` and (when `h0` is not null) `h0`; `g`, `gk` (when not null),
+/// `v_new` and `ht` (when not null) hold the contract's shapes for the schedule's items, with the
+/// given strides (`h0` and `ht` packed, in `state_layout`); `work` is a schedule of exactly
+/// `gridDim.x` workers that names each item of the plan once, its every next word naming a record
+/// of the table or being `ITEM_LAST`, its columns inside `value_dim`; `heads >= 1`; outputs do
+/// not overlap inputs or each other.
 #[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     _maps: TensorMaps,
+    g: *const f32,
     gk: *const f32,
     h0: *const f32,
     v_new: *mut u16,
     ht: *mut f32,
     work: *const u32,
     heads: u32,
+    value_dim: u32,
+    state_layout: u32,
+    g_token_stride: u32,
+    g_head_stride: u32,
+    gk_token_stride: u32,
+    gk_head_stride: u32,
+    v_new_token_stride: u32,
+    v_new_head_stride: u32,
 ) {
     // The maps stay in the parameter space (64-byte aligned by the builder) and are handed to
     // TMA by address.
@@ -88,8 +102,23 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
         w_row: map(MapSlot::WRow),
         u_row: map(MapSlot::URow),
         h0: if has_h0 { Some(map(MapSlot::H0)) } else { None },
+        value_first: state_layout == StateLayoutCode::ValueFirst as u32,
     };
     let store_maps = StoreMaps { h: map(MapSlot::H), v_new: map(MapSlot::VNew) };
+    let gates = Gates {
+        g,
+        gk,
+        g_rows: RowStrides::new(g_token_stride, g_head_stride),
+        gk_rows: RowStrides::new(gk_token_stride, gk_head_stride),
+    };
+    let outputs = Outputs {
+        maps: store_maps,
+        v_new,
+        v_new_rows: RowStrides::new(v_new_token_stride, v_new_head_stride),
+        ht,
+        value_dim: value_dim as usize,
+    };
+    let kind = Variant { scalar_gate: !g.is_null(), value_first: load_maps.value_first };
     // SAFETY: the kernel's contract on `work`.
     let work = unsafe { Work::new(work, heads as usize) };
     let smem = Smem::of_cta();
@@ -118,8 +147,8 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     match Role::of(tid) {
         // SAFETY: the kernel's contract makes every row and column the consumer reads and
         // writes exist.
-        Role::Consumer => unsafe { consumer::run(&work, smem, tid, store_maps, has_h0, v_new, ht) },
+        Role::Consumer => unsafe { consumer::run(&work, smem, tid, outputs, has_h0, kind) },
         // SAFETY: as above, for the producer's reads.
-        Role::Producer { lane } => unsafe { producer::run(&work, smem, lane, load_maps, gk) },
+        Role::Producer { lane } => unsafe { producer::run(&work, smem, lane, load_maps, gates) },
     }
 }

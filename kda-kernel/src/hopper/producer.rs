@@ -10,34 +10,89 @@ use crate::arch::sm90::tma_load_3d;
 use crate::layout::hopper::{BOX_COLS, BV, KEY_BOXES, PRODUCER_THREADS, STAGE_BYTES, STAGES};
 use crate::layout::{CHUNK, K_DIM};
 use crate::pipeline::PipelineState;
-use crate::schedule::{Item, Work};
+use crate::schedule::{Item, RowStrides, Work};
 
 /// Lanes of the producer warp.
 const LANES: usize = PRODUCER_THREADS;
-/// Gate columns each producer lane reads and exponentiates per chunk.
+/// `gk` columns each producer lane reads and exponentiates per chunk.
 const GATE_PER_LANE: usize = K_DIM / LANES;
+/// `g` rows (tokens) each producer lane reads and exponentiates per chunk.
+const ROWS_PER_LANE: usize = CHUNK / LANES;
 /// Bytes of one item's initial state block (`[K][BV]` f32).
 const H0_TX_BYTES: u32 = (K_DIM * BV * 4) as u32;
 /// Bytes a full chunk's TMA loads deliver to its stage.
 const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
 
+/// The launch's gates: `g` `[T, HV]` and `gk` `[T, HV, K]` f32 (log2, cumulative inside each
+/// chunk), each null when absent, with their strides.
+#[derive(Clone, Copy)]
+pub struct Gates {
+    pub g: *const f32,
+    pub gk: *const f32,
+    pub g_rows: RowStrides,
+    pub gk_rows: RowStrides,
+}
+
+/// One chunk's gate values as one producer lane holds them.
+#[derive(Clone, Copy)]
+struct ChunkGates {
+    /// `gk` of the chunk's last row at columns `lane + LANES * i` (zeros without `gk`).
+    gk_last: [f32; GATE_PER_LANE],
+    /// `g` of rows `lane + LANES * i` (zeros without `g`, and past the chunk's valid rows).
+    g: [f32; ROWS_PER_LANE],
+    /// `g` of the chunk's last valid row (zero without `g`).
+    g_last: f32,
+}
+
+impl ChunkGates {
+    const NONE: Self = Self { gk_last: [0.0; GATE_PER_LANE], g: [0.0; ROWS_PER_LANE], g_last: 0.0 };
+}
+
+impl Gates {
+    /// This lane's gate values of chunk `c` of `item`.
+    ///
+    /// # Safety
+    /// The gates given hold the contract's shapes (with their strides) for `item`.
+    #[inline(always)]
+    unsafe fn read(&self, item: &Item, c: usize, lane: usize) -> ChunkGates {
+        let (t0, rows) = (item.first_token(c), item.rows(c));
+        let last = t0 + rows - 1;
+        let mut out = ChunkGates::NONE;
+        // SAFETY (block): every row read is a valid token of this sequence and head.
+        if !self.gk.is_null() {
+            let row = unsafe { self.gk.add(self.gk_rows.row(last, item.head)) };
+            out.gk_last = core::array::from_fn(|i| unsafe { *row.add(lane + LANES * i) });
+        }
+        if !self.g.is_null() {
+            let at = |t: usize| unsafe { *self.g.add(self.g_rows.row(t, item.head)) };
+            out.g_last = at(last);
+            out.g = core::array::from_fn(|i| {
+                let r = lane + LANES * i;
+                if r < rows { at(t0 + r) } else { 0.0 }
+            });
+        }
+        out
+    }
+}
+
 /// The producer warp's loop over this CTA's items.
 ///
 /// # Safety
 /// Called by the 32 lanes of the producer warp only, after the barriers are initialised; the
-/// maps describe the launch's tensors and `gk` holds `[T][H][K]` f32 for the schedule's items.
+/// maps describe the launch's tensors and the gates hold the contract's shapes for the
+/// schedule's items.
 #[inline(always)]
-pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *const f32) {
+pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gates: Gates) {
     let mut stage = PipelineState::<STAGES>::producer_start();
     let mut slot = PipelineState::<1>::producer_start();
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
         if let Some(h0) = maps.h0 {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
-            unsafe { load_initial_state(&item, smem, lane, h0, slot) };
+            unsafe { load_initial_state(&item, smem, lane, h0, maps.value_first, slot) };
             slot.advance();
         }
         // SAFETY: as this function's.
-        unsafe { load_chunks(&item, smem, lane, &maps, gk, &mut stage) };
+        unsafe { load_chunks(&item, smem, lane, &maps, gates, &mut stage) };
     }
 }
 
@@ -47,15 +102,18 @@ pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gk: *con
 /// # Safety
 /// Producer warp only; `slot` is the producer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state(item: &Item, smem: Smem, lane: usize, h0: u64, slot: PipelineState<1>) {
+unsafe fn load_initial_state(item: &Item, smem: Smem, lane: usize, h0: u64, value_first: bool, slot: PipelineState<1>) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
-    // lies inside `h0` (state row `item.state_row`, columns `vcol0 ..+ BV`).
+    // lies inside `h0` (state row `item.state_row`, columns `vcol0 ..+ BV`: the map's first two
+    // coordinates are (value column, key row) for key-first states and (key row, value column)
+    // for value-first ones, and its box is the whole `K` x `BV` block either way).
     unsafe {
         h0_slot.producer_acquire(slot);
         if lane == 0 {
             h0_slot.producer_commit_tx(slot, H0_TX_BYTES);
-            tma_load_3d(smem.h0(), h0, item.vcol0 as i32, 0, item.state_row as i32, h0_slot.full(slot));
+            let (c0, c1) = if value_first { (0, item.vcol0 as i32) } else { (item.vcol0 as i32, 0) };
+            tma_load_3d(smem.h0(), h0, c0, c1, item.state_row as i32, h0_slot.full(slot));
         }
     }
 }
@@ -70,31 +128,27 @@ unsafe fn load_chunks(
     smem: Smem,
     lane: usize,
     maps: &LoadMaps,
-    gk: *const f32,
+    gates: Gates,
     stage: &mut PipelineState<STAGES>,
 ) {
     let ring = smem.ring();
-    // The chunk's last gate row, `GATE_PER_LANE` columns (`lane + LANES * i`) per lane.
-    // SAFETY: the chunk's last valid row exists (the launcher validated `gk`).
-    let gate_row = |c: usize| -> [f32; GATE_PER_LANE] {
-        let last = unsafe { gk.add(item.key_row(item.first_token(c) + item.rows(c) - 1)) };
-        core::array::from_fn(|i| unsafe { *last.add(lane + LANES * i) })
-    };
     let chunks = item.chunks();
-    let mut gate = if chunks > 0 { gate_row(0) } else { [0.0; GATE_PER_LANE] };
+    // SAFETY (block): `run`'s contract on the gates.
+    let mut gate = if chunks > 0 { unsafe { gates.read(item, 0, lane) } } else { ChunkGates::NONE };
     for c in 0..chunks {
         let s = *stage;
         stage.advance();
-        // The next chunk's gate row is loaded one iteration ahead, so its latency hides behind
+        // The next chunk's gates are loaded one iteration ahead, so their latency hides behind
         // the wait for a free stage instead of delaying this chunk's TMA loads.
-        let next = if c + 1 < chunks { gate_row(c + 1) } else { [0.0; GATE_PER_LANE] };
-        // SAFETY: the barriers are initialised and `s` is the producer's position; the decay row
-        // and the tiles are the stage's, free once the acquire returns; every box read lies
-        // inside the chunk's valid rows of this sequence (a partial chunk takes the tail path).
+        let next = if c + 1 < chunks { unsafe { gates.read(item, c + 1, lane) } } else { ChunkGates::NONE };
+        // SAFETY: the barriers are initialised and `s` is the producer's position; the decay and
+        // scale rows and the tiles are the stage's, free once the acquire returns; every box read
+        // lies inside the chunk's valid rows of this sequence (a partial chunk takes the tail
+        // path).
         unsafe {
             ring.producer_acquire(s);
             let rows = item.rows(c);
-            write_decay_row(smem.decay(s.index()), &gate, lane);
+            write_gate_rows(smem, s.index(), &gate, lane);
             gate = next;
             let load = ChunkLoad { item, c, tiles: smem.stage(s.index()), lane, maps, ring, stage: s };
             if rows == CHUNK {
@@ -106,15 +160,26 @@ unsafe fn load_chunks(
     }
 }
 
-/// `exp2` of this lane's gate columns into the stage's decay row.
+/// The stage's decay row (`exp2(gk_last + g_last)` per key row) and row scales
+/// (`exp2(g_last - g[r])` per token) from this lane's gate values. Without `g` the scales are
+/// never read, and without gates the decay is one.
 ///
 /// # Safety
-/// Producer lanes only; `row` is the decay row of a stage the producer holds.
+/// Producer lanes only; `stage` is a stage the producer holds.
 #[inline(always)]
-unsafe fn write_decay_row(row: u32, gate: &[f32; GATE_PER_LANE], lane: usize) {
-    for (i, &g) in gate.iter().enumerate() {
-        // SAFETY: column `lane + LANES * i < K` of the row.
-        unsafe { st_shared_f32(row + ((lane + LANES * i) * 4) as u32, exp2_approx(g)) };
+unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, lane: usize) {
+    let (decay, scale) = (smem.decay(stage), smem.row_scale(stage));
+    // SAFETY: column `lane + LANES * i < K` of the decay row, row `lane + LANES * i < CHUNK` of
+    // the scales.
+    unsafe {
+        for (i, &x) in gate.gk_last.iter().enumerate() {
+            st_shared_f32(decay + ((lane + LANES * i) * 4) as u32, exp2_approx(x + gate.g_last));
+        }
+        for (i, &x) in gate.g.iter().enumerate() {
+            let r = lane + LANES * i;
+            // Rows past the end read 0 for `g`: their scale is never used (their `Vn` is zero).
+            st_shared_f32(scale + (r * 4) as u32, exp2_approx(gate.g_last - x));
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Shared-memory addresses of one CTA, derived from [`SharedStorage`]'s field offsets.
 
 use crate::arch::sm80::smem_base_shared;
-use crate::layout::K_DIM;
 use crate::layout::hopper::{STAGES, SharedStorage, Stage, StateTile, TileBox, ValueTile};
+use crate::layout::{CHUNK, K_DIM};
 use crate::pipeline::Pipeline;
 use core::mem::{offset_of, size_of};
 
@@ -32,10 +32,16 @@ impl Smem {
         StageTiles { base: self.base + at!(stages) + (s * size_of::<Stage>()) as u32 }
     }
 
-    /// Stage `s`'s decay row: `exp2` of its chunk's last gate row, f32 `[K]`.
+    /// Stage `s`'s decay row: the state's decay per key row, f32 `[K]`.
     #[inline(always)]
     pub fn decay(self, s: usize) -> u32 {
         self.base + at!(decay) + (s * K_DIM * 4) as u32
+    }
+
+    /// Stage `s`'s row scales: the scalar gate's `exp2(g_last - g[r])` per token, f32 `[CHUNK]`.
+    #[inline(always)]
+    pub fn row_scale(self, s: usize) -> u32 {
+        self.base + at!(row_scale) + (s * CHUNK * 4) as u32
     }
 
     /// Staging buffer `buf` of `bf16(S)` for the `h` store.

@@ -13,8 +13,8 @@ use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::fence_proxy_async;
 use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, PRODUCER_THREADS};
-use crate::layout::{CHUNK, K_DIM, V_DIM};
-use crate::schedule::Item;
+use crate::layout::{CHUNK, K_DIM};
+use crate::schedule::{Item, RowStrides};
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
@@ -85,24 +85,30 @@ pub fn zero_rows_past_end(vn: &mut [f32], rows: usize, tid: usize) {
     }
 }
 
-/// Copies the `rows` valid rows of a chunk's staged `bf16(Vn)` tile to `v_new`, 16 bytes per
-/// thread and step, spread over the consumer warpgroup.
+/// Copies the `rows` valid rows of a chunk's staged `bf16(Vn)` tile to `v_new` (rows at
+/// `v_new_rows`), 16 bytes per thread and step, spread over the consumer warpgroup.
 ///
 /// # Safety
 /// Consumer threads only, after the staging tile is written and published by the consumer
 /// barrier; tokens `tok0 .. tok0 + rows` are this sequence's.
 #[inline(always)]
-pub unsafe fn store_value_rows(staged: u32, v_new: *mut u16, item: &Item, tok0: usize, rows: usize, tid: usize) {
+pub unsafe fn store_value_rows(
+    staged: u32,
+    v_new: *mut u16,
+    v_new_rows: RowStrides,
+    item: &Item,
+    tok0: usize,
+    rows: usize,
+    tid: usize,
+) {
     let mut i = tid;
     while i < rows * CHUNKS_PER_ROW {
         let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
         // SAFETY: row `t < rows` of the tile, and of this item's columns of `v_new`.
         unsafe {
             let bits = ld_shared_v4(staged + swizzled(t, j));
-            st_global_v4(
-                v_new.add(((tok0 + t) * item.heads + item.head) * V_DIM + item.vcol0 + j * BF16_PER_CHUNK16),
-                bits,
-            );
+            let row = v_new_rows.row(tok0 + t, item.head);
+            st_global_v4(v_new.add(row + item.vcol0 + j * BF16_PER_CHUNK16), bits);
         }
         i += CONSUMER_THREADS;
     }

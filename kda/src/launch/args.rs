@@ -14,6 +14,7 @@ pub(super) struct Pointers<'a> {
     pub k: Address,
     pub w: Address,
     pub u: Address,
+    pub g: Address,
     pub gk: Address,
     pub h0: Address,
     pub h: Address,
@@ -30,17 +31,15 @@ impl<'a> Pointers<'a> {
             records.push(t.1);
             t.0
         };
-        let (k, w, u, gk) = (
-            read(inputs.k.device_ptr(stream)),
-            read(inputs.w.device_ptr(stream)),
-            read(inputs.u.device_ptr(stream)),
-            read(inputs.gk.device_ptr(stream)),
-        );
+        let (k, w, u) =
+            (read(inputs.k.device_ptr(stream)), read(inputs.w.device_ptr(stream)), read(inputs.u.device_ptr(stream)));
+        let g = inputs.g.as_ref().map_or(0, |t| read(t.device_ptr(stream)));
+        let gk = inputs.gk.as_ref().map_or(0, |t| read(t.device_ptr(stream)));
         let h0 = inputs.h0.as_ref().map_or(0, |t| read(t.device_ptr(stream)));
         let h = read(outputs.h.device_ptr_mut(stream));
         let v_new = read(outputs.v_new.device_ptr_mut(stream));
         let ht = outputs.ht.as_mut().map_or(0, |t| read(t.device_ptr_mut(stream)));
-        Self { k, w, u, gk, h0, h, v_new, ht, _records: records }
+        Self { k, w, u, g, gk, h0, h, v_new, ht, _records: records }
     }
 }
 
@@ -55,24 +54,46 @@ unsafe impl DeviceRepr for MapsArg {}
 /// The Hopper kernel's arguments (`kda_kernel::abi::HOPPER_PARAMS`).
 pub(super) struct HopperArgs {
     pub maps: MapsArg,
+    pub g: Address,
     pub gk: Address,
     pub h0: Address,
     pub v_new: Address,
     pub ht: Address,
     pub work: Address,
+    /// Value heads `HV`.
     pub heads: u32,
+    pub value_dim: u32,
+    /// A `kda_kernel::abi::StateLayoutCode`.
+    pub state_layout: u32,
+    /// Token and head strides (elements) of `g`, `gk` and `v_new`, in that order.
+    pub strides: [[u32; 2]; 3],
 }
 
 impl HopperArgs {
+    /// The names of [`Self::strides`], in order.
+    const STRIDES: [[&'static str; 2]; 3] = [
+        ["g_token_stride", "g_head_stride"],
+        ["gk_token_stride", "gk_head_stride"],
+        ["v_new_token_stride", "v_new_head_stride"],
+    ];
+
     /// Pushes the arguments in the kernel's parameter order.
     pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
         sink.push("maps", &self.maps);
+        sink.push("g", &self.g);
         sink.push("gk", &self.gk);
         sink.push("h0", &self.h0);
         sink.push("v_new", &self.v_new);
         sink.push("ht", &self.ht);
         sink.push("work", &self.work);
         sink.push("heads", &self.heads);
+        sink.push("value_dim", &self.value_dim);
+        sink.push("state_layout", &self.state_layout);
+        for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
+            for (name, value) in names.iter().zip(values) {
+                sink.push(name, value);
+            }
+        }
     }
 }
 
@@ -237,12 +258,16 @@ mod tests {
     fn every_kernel_entry_matches_its_launch_argument_list() {
         let hopper = HopperArgs {
             maps: MapsArg(TensorMaps([TensorMap([0; 16]); TENSOR_MAPS])),
-            gk: 1,
-            h0: 2,
-            v_new: 3,
-            ht: 4,
-            work: 5,
-            heads: 6,
+            g: 1,
+            gk: 2,
+            h0: 3,
+            v_new: 4,
+            ht: 5,
+            work: 6,
+            heads: 7,
+            value_dim: 8,
+            state_layout: 9,
+            strides: [[10, 11], [12, 13], [14, 15]],
         };
         let mut pushed = Recorder::default();
         hopper.push(&mut pushed);

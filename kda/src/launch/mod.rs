@@ -14,11 +14,13 @@ mod validate;
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use validate::TENSOR_ALIGN;
 
+use crate::model::StateLayout;
+use crate::strides::Strides;
 use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{BASELINE, HOPPER, KernelAbi, TensorMaps};
+use kda_kernel::abi::{BASELINE, HOPPER, KernelAbi, StateLayoutCode, TensorMaps};
 use std::sync::Arc;
 use validate::{TensorArg, check_arg};
 
@@ -129,7 +131,9 @@ impl Kda {
     /// Validates the arguments, then enqueues the recurrence on `stream`.
     ///
     /// No allocation, no host synchronisation: graph-capturable. Empty batches (no sequences)
-    /// enqueue nothing; zero-length sequences get `ht = h0` (or zeros).
+    /// enqueue nothing; zero-length sequences get `ht = h0` (or zeros). A problem the chosen
+    /// kernel cannot run is a [`KdaError::Unsupported`] naming what it lacks, with nothing
+    /// launched.
     pub fn launch(
         &self,
         stream: &Arc<CudaStream>,
@@ -140,23 +144,39 @@ impl Kda {
     ) -> Result<(), KdaError> {
         let dims = plan.dims();
         self.validate(stream, plan, &dims, inputs, outputs)?;
-        let hopper = match self.resolve(kernel) {
-            Kernel::Hopper => Some(self.loaded(Kernel::Hopper)?),
-            _ => None,
-        };
+        if dims.tokens == 0 {
+            // No chunk to run: `h` and `v_new` are empty, and each final state is its initial one.
+            self.loaded(kernel)?;
+            return final_states_without_tokens(stream, inputs, outputs);
+        }
+        let choice = self.choose(kernel, plan, &dims)?;
         let ptrs = Pointers::of(stream, inputs, outputs);
-        // TMA coordinates are 32-bit and a tensor map cannot describe an empty tensor: batches
-        // with no tokens, or beyond 2^31 tokens or 2^31 rows of `h` (NT * HV), take the baseline
-        // (which also covers every batch whose work records would not fit in 32 bits).
-        let fits_tma = dims.tokens > 0
-            && dims.tokens <= i32::MAX as usize
-            && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize);
-        match (hopper, &plan.work) {
-            (Some(f), Some(work)) if fits_tma => self.launch_hopper(stream, f, plan, &dims, &ptrs, work),
+        match (choice, &plan.work) {
+            (Kernel::Hopper, Some(work)) => {
+                self.launch_hopper(stream, self.loaded(Kernel::Hopper)?, plan, &dims, &ptrs, work)
+            }
             _ => self.launch_baseline(stream, plan, &dims, &ptrs),
         }
     }
 
+    /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
+    /// limits allow; the baseline otherwise. Either must support the problem.
+    fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
+        if self.resolve(kernel) == Kernel::Hopper {
+            self.loaded(Kernel::Hopper)?;
+            hopper_supports(plan, dims)?;
+            // TMA coordinates are 32-bit: batches beyond 2^31 tokens or 2^31 rows of `h`
+            // (NT * HV) take the baseline (which also covers every batch whose work records
+            // would not fit in 32 bits).
+            let fits_tma = dims.tokens <= i32::MAX as usize
+                && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize);
+            if fits_tma && plan.work.is_some() {
+                return Ok(Kernel::Hopper);
+            }
+        }
+        baseline_supports(plan, dims)?;
+        Ok(Kernel::Baseline)
+    }
     /// The persistent Hopper kernel over the plan's schedule.
     fn launch_hopper(
         &self,
@@ -172,21 +192,37 @@ impl Kda {
             return Ok(());
         }
         let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
+        let strides = &plan.strides;
+        let stride_pair = |t: Tensor| {
+            let s = strides.effective(dims, t);
+            // `hopper_supports` checked that they fit.
+            [s.token as u32, s.head as u32]
+        };
         let args = HopperArgs {
-            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims)?)),
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides)?)),
+            g: ptrs.g,
             gk: ptrs.gk,
             h0: ptrs.h0,
             v_new: ptrs.v_new,
             ht: ptrs.ht,
             work,
             heads: heads_u32(dims.value_heads)?,
+            value_dim: dims.value_dim as u32,
+            state_layout: match dims.layout {
+                StateLayout::KeyFirst => StateLayoutCode::KeyFirst as u32,
+                StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
+            },
+            strides: [stride_pair(Tensor::G), stride_pair(Tensor::Gk), stride_pair(Tensor::VNew)],
         };
-        // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
-        // alignment and its device; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new`
-        // and `h0` (an all-zero map only when `h0` is 0, which the kernel then never uses), and
-        // TMA stores through them stay inside those buffers; the schedule's records name each of
-        // the plan's items once for exactly `workers` CTAs; outputs are `&mut` borrows, so they
-        // cannot alias the inputs.
+        // SAFETY: `validate` checked every buffer's length for this plan, its strides and its
+        // heads, its alignment and its device, and that the gates given are the shape's;
+        // `hopper_supports` that the head sizes are the kernel's and the strides fit its
+        // parameters and TMA; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new` and
+        // `h0` (an all-zero map only when `h0` is 0, which the kernel then never uses), and TMA
+        // stores through them stay inside those buffers; the schedule's records name each of the
+        // plan's items once for exactly `workers` CTAs, with `V / BV` column blocks per head;
+        // outputs are `&mut` borrows, so they cannot alias the inputs, and `v_new`'s rows are
+        // disjoint (`Strides::check_len`).
         unsafe { enqueue(stream, f, workers, |sink| args.push(sink)) }
     }
 
@@ -227,18 +263,88 @@ impl Kda {
                 return Err(KdaError::WrongDevice { tensor: name, expected: ordinal, actual });
             }
         }
+        let gates = plan.shape.gates;
+        for (tensor, wanted, given) in
+            [(Tensor::G, gates.g, inputs.g.is_some()), (Tensor::Gk, gates.gk, inputs.gk.is_some())]
+        {
+            if wanted != given {
+                let (has, was) = if wanted { ("has", "none was given") } else { ("has no", "one was given") };
+                return Err(KdaError::Argument {
+                    name: tensor.name(),
+                    reason: format!("the plan's shape {has} gate `{tensor}`, and {was}"),
+                });
+            }
+        }
         let args = [
             Some(TensorArg::of(Tensor::K, &inputs.k, stream)),
             Some(TensorArg::of(Tensor::W, &inputs.w, stream)),
             Some(TensorArg::of(Tensor::U, &inputs.u, stream)),
-            Some(TensorArg::of(Tensor::Gk, &inputs.gk, stream)),
+            inputs.g.as_ref().map(|t| TensorArg::of(Tensor::G, t, stream)),
+            inputs.gk.as_ref().map(|t| TensorArg::of(Tensor::Gk, t, stream)),
             inputs.h0.as_ref().map(|t| TensorArg::of(Tensor::H0, t, stream)),
             Some(TensorArg::of(Tensor::H, &outputs.h, stream)),
             Some(TensorArg::of(Tensor::VNew, &outputs.v_new, stream)),
             outputs.ht.as_ref().map(|t| TensorArg::of(Tensor::Ht, t, stream)),
         ];
-        args.into_iter().flatten().try_for_each(|a| check_arg(dims, ordinal, a))
+        args.into_iter().flatten().try_for_each(|a| check_arg(dims, &plan.strides, ordinal, a))
     }
+}
+
+/// What the Hopper kernel runs: `K = 128`; `V` a multiple of its column block up to
+/// `MAX_V_DIM`; every gate combination and state layout; strides TMA can express.
+fn hopper_supports(plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
+    use kda_kernel::layout::{K_DIM, MAX_V_DIM, hopper::BV};
+    if dims.key_dim != K_DIM {
+        return Err(KdaError::Unsupported {
+            argument: "key_dim",
+            reason: format!("K = {}: the Hopper kernel runs K = {K_DIM}", dims.key_dim),
+        });
+    }
+    if !dims.value_dim.is_multiple_of(BV) || dims.value_dim > MAX_V_DIM {
+        return Err(KdaError::Unsupported {
+            argument: "value_dim",
+            reason: format!("V = {}: the Hopper kernel runs multiples of {BV} up to {MAX_V_DIM}", dims.value_dim),
+        });
+    }
+    plan.strides.check_hopper(dims)
+}
+
+/// `ht = h0` (or zeros) for a batch with no tokens, as copies on `stream`.
+fn final_states_without_tokens(
+    stream: &Arc<CudaStream>,
+    inputs: &KdaInputs<'_>,
+    outputs: &mut KdaOutputs<'_>,
+) -> Result<(), KdaError> {
+    match (&mut outputs.ht, &inputs.h0) {
+        // Validated: both hold `[N, HV]` states in the same layout.
+        (Some(ht), Some(h0)) => stream.memcpy_dtod(h0, ht)?,
+        (Some(ht), None) => stream.memset_zeros(ht)?,
+        (None, _) => {}
+    }
+    Ok(())
+}
+
+/// What the baseline kernel runs: KDA's slice (`gk` alone, `K = V = 128`, key-first states,
+/// packed tensors).
+fn baseline_supports(plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
+    use kda_kernel::layout::{K_DIM, V_DIM};
+    let gates = plan.shape.gates;
+    let unsupported = |argument: &'static str, what: &str| {
+        Err(KdaError::Unsupported { argument, reason: format!("{what}: the baseline kernel runs only KDA's slice") })
+    };
+    if dims.key_dim != K_DIM || dims.value_dim != V_DIM {
+        return unsupported("key_dim", &format!("K = {}, V = {}", dims.key_dim, dims.value_dim));
+    }
+    if gates.g || !gates.gk {
+        return unsupported(if gates.g { "g" } else { "gk" }, "a scalar gate, or no per-key gate");
+    }
+    if dims.layout != StateLayout::KeyFirst {
+        return unsupported("layout", "value-first states");
+    }
+    if plan.strides != Strides::PACKED {
+        return unsupported("strides", "strided views");
+    }
+    Ok(())
 }
 
 /// `heads` as the kernels' 32-bit parameter.

@@ -1,58 +1,88 @@
 //! Tensor maps (`CUtensorMap`) of the tensors the Hopper kernel reaches through TMA.
 
 use super::args::Pointers;
-use crate::layout::{CHUNK, K_DIM, V_DIM, hopper};
-use crate::{Dims, KdaError};
+use crate::layout::{CHUNK, hopper};
+use crate::model::StateLayout;
+use crate::strides::{RowStrides, Strides};
+use crate::{Dims, KdaError, Tensor};
 use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 
-/// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order.
-pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
+/// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order. `strides` has
+/// passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the Hopper kernel's.
+pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims, strides: &Strides) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
     // `k` has the key heads; every other tensor the value heads.
-    let (tokens, heads, hv) = (d.tokens, d.heads, d.value_heads);
+    let (heads, hv, kd, vd) = (d.heads, d.value_heads, d.key_dim, d.value_dim);
+    let rows = |tensor: Tensor, heads: usize, width: usize| Rows {
+        tokens: d.tokens,
+        heads,
+        width,
+        strides: strides.effective(d, tensor),
+    };
+    let (k, w, u, v_new) =
+        (rows(Tensor::K, heads, kd), rows(Tensor::W, hv, kd), rows(Tensor::U, hv, vd), rows(Tensor::VNew, hv, vd));
     let mut maps = [TensorMapArg::unused().0; TENSOR_MAPS];
     let mut set = |slot: MapSlot, map: TensorMapArg| maps[slot as usize] = map.0;
-    set(MapSlot::K, TensorMapArg::tokens(p.k, tokens, heads, K_DIM)?);
-    set(MapSlot::W, TensorMapArg::tokens(p.w, tokens, hv, K_DIM)?);
-    set(MapSlot::U, TensorMapArg::tokens(p.u, tokens, hv, V_DIM)?);
-    set(MapSlot::KRow, TensorMapArg::rows(p.k, tokens, heads, K_DIM)?);
-    set(MapSlot::WRow, TensorMapArg::rows(p.w, tokens, hv, K_DIM)?);
-    set(MapSlot::URow, TensorMapArg::rows(p.u, tokens, hv, V_DIM)?);
-    set(MapSlot::H, TensorMapArg::states(p.h, d.chunks * hv)?);
-    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, tokens, hv, V_DIM)?);
+    set(MapSlot::K, TensorMapArg::tokens(p.k, k, CHUNK)?);
+    set(MapSlot::W, TensorMapArg::tokens(p.w, w, CHUNK)?);
+    set(MapSlot::U, TensorMapArg::tokens(p.u, u, CHUNK)?);
+    set(MapSlot::KRow, TensorMapArg::tokens(p.k, k, 1)?);
+    set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1)?);
+    set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1)?);
+    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK)?);
+    set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv)?);
     if p.h0 != 0 {
-        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d.seqs * hv)?);
+        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d, d.seqs * hv)?);
     }
     Ok(maps.map(|m| TensorMap(m.opaque)))
+}
+
+/// A token-major tensor `[T, heads, width]` at its strides.
+#[derive(Clone, Copy)]
+struct Rows {
+    tokens: usize,
+    heads: usize,
+    width: usize,
+    strides: RowStrides,
 }
 
 /// An encoded `CUtensorMap`.
 struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
 
 impl TensorMapArg {
-    /// The tensor map of a packed `[T, H, width]` bf16 tensor at `address`, as a 3-D tensor
-    /// `(width, H, T)` read in `[CHUNK][1][BOX_COLS]` boxes with the 128-byte swizzle (which the
-    /// wgmma operands `k` and `w` need, and which keeps the `ldmatrix` reads of `u` free of bank
-    /// conflicts).
-    fn tokens(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
-        Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, CHUNK])
+    /// The tensor map of a token-major bf16 tensor at `address`, as a 3-D tensor
+    /// `(width, heads, T)` at its strides, read in `[box_tokens][1][BOX_COLS]` boxes with the
+    /// 128-byte swizzle (which the wgmma operands `k` and `w` need, and which keeps the
+    /// `ldmatrix` reads of `u` free of bank conflicts): `CHUNK` tokens for full chunks, one for
+    /// the tail chunk's valid rows.
+    fn tokens(address: u64, t: Rows, box_tokens: usize) -> Result<Self, KdaError> {
+        let dims = [t.width, t.heads, t.tokens];
+        let strides = [t.strides.head, t.strides.token];
+        Self::encode(address, Element::Bf16, dims, strides, [hopper::BOX_COLS, 1, box_tokens])
     }
 
-    /// As [`Self::tokens`], in one-token boxes: the tail chunk's valid rows, one TMA each.
-    fn rows(address: u64, tokens: usize, heads: usize, width: usize) -> Result<Self, KdaError> {
-        Self::encode(address, Element::Bf16, [width, heads, tokens], [hopper::BOX_COLS, 1, 1])
+    /// The tensor map of the `h` output (`[NT * HV]` bf16 states), written in one CTA's boxes of
+    /// `bf16(S)` for one chunk with the 128-byte swizzle of the kernel's staging tile: as
+    /// `(V, K, NT * HV)` in `[1][K][BOX_COLS]` boxes for key-first states, as `(K, V, NT * HV)`
+    /// in `[1][BV][BOX_COLS]` boxes (`KEY_BOXES` per chunk) for value-first ones.
+    fn states(address: u64, d: &Dims, chunk_heads: usize) -> Result<Self, KdaError> {
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let (dims, boxes) = match d.layout {
+            StateLayout::KeyFirst => ([vd, kd, chunk_heads], [hopper::BOX_COLS, kd, 1]),
+            StateLayout::ValueFirst => ([kd, vd, chunk_heads], [hopper::BOX_COLS, hopper::BV, 1]),
+        };
+        Self::encode(address, Element::Bf16, dims, packed(dims), boxes)
     }
 
-    /// The tensor map of the `h` output (`[NT, H, K, V]` bf16) as a 3-D tensor `(V, K, NT * H)`,
-    /// written in `[1][K][BOX_COLS]` boxes (one CTA's `bf16(S)` for one chunk) with the 128-byte
-    /// swizzle of the kernel's staging tile.
-    fn states(address: u64, chunk_heads: usize) -> Result<Self, KdaError> {
-        Self::encode(address, Element::Bf16, [V_DIM, K_DIM, chunk_heads], [hopper::BOX_COLS, K_DIM, 1])
-    }
-
-    /// The tensor map of `h0` (`[N, H, K, V]` f32) as a 3-D tensor `(V, K, N * H)`, read in
-    /// unswizzled `[1][K][BV]` boxes (one item's initial state).
-    fn initial_states(address: u64, seq_heads: usize) -> Result<Self, KdaError> {
-        Self::encode(address, Element::F32, [V_DIM, K_DIM, seq_heads], [hopper::BV, K_DIM, 1])
+    /// The tensor map of `h0` (`[N * HV]` f32 states), read in unswizzled boxes of one item's
+    /// block: `(V, K, N * HV)` in `[1][K][BV]` boxes, or `(K, V, N * HV)` in `[1][BV][K]` boxes
+    /// value-first.
+    fn initial_states(address: u64, d: &Dims, seq_heads: usize) -> Result<Self, KdaError> {
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let (dims, boxes) = match d.layout {
+            StateLayout::KeyFirst => ([vd, kd, seq_heads], [hopper::BV, kd, 1]),
+            StateLayout::ValueFirst => ([kd, vd, seq_heads], [kd, hopper::BV, 1]),
+        };
+        Self::encode(address, Element::F32, dims, packed(dims), boxes)
     }
 
     /// A placeholder for a map the kernel does not use in this launch (all zero bytes).
@@ -61,10 +91,16 @@ impl TensorMapArg {
         Self(unsafe { std::mem::zeroed() })
     }
 
-    /// A packed, contiguous tensor of extents `dims` (innermost first) in boxes of `boxes`
-    /// elements: bf16 tiles 128-byte swizzled (as wgmma and the staging tiles lay them out), f32
-    /// state blocks unswizzled.
-    fn encode(address: u64, element: Element, dims: [usize; 3], boxes: [usize; 3]) -> Result<Self, KdaError> {
+    /// A tensor of extents `dims` (innermost first, the innermost contiguous) with element
+    /// strides `strides` for the outer two, in boxes of `boxes` elements: bf16 tiles 128-byte
+    /// swizzled (as wgmma and the staging tiles lay them out), f32 state blocks unswizzled.
+    fn encode(
+        address: u64,
+        element: Element,
+        dims: [usize; 3],
+        strides: [usize; 2],
+        boxes: [usize; 3],
+    ) -> Result<Self, KdaError> {
         use cudarc::driver::sys::*;
         let (data_type, bytes, swizzle) = match element {
             Element::Bf16 => (
@@ -78,7 +114,7 @@ impl TensorMapArg {
                 CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
             ),
         };
-        let strides: [u64; 2] = [dims[0] as u64 * bytes, (dims[0] * dims[1]) as u64 * bytes];
+        let strides: [u64; 2] = strides.map(|s| s as u64 * bytes);
         let dims = dims.map(|d| d as u64);
         let boxes = boxes.map(|b| b as u32);
         let elem_strides: [u32; 3] = [1, 1, 1];
@@ -111,4 +147,9 @@ impl TensorMapArg {
 enum Element {
     Bf16,
     F32,
+}
+
+/// The element strides of the outer two dimensions of a packed tensor of extents `dims`.
+fn packed(dims: [usize; 3]) -> [usize; 2] {
+    [dims[0], dims[0] * dims[1]]
 }

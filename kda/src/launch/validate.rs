@@ -1,6 +1,7 @@
 //! Argument validation: every device tensor's length against its contract shape, its alignment
 //! and its device.
 
+use crate::strides::Strides;
 use crate::{Dims, KdaError, Tensor};
 use cudarc::driver::{CudaStream, DevicePtr};
 use std::sync::Arc;
@@ -25,9 +26,10 @@ impl TensorArg {
     }
 }
 
-/// Checks one argument's length against its contract shape, its alignment and its device.
-pub(super) fn check_arg(dims: &Dims, ordinal: usize, arg: TensorArg) -> Result<(), KdaError> {
-    dims.check_len(arg.tensor, arg.len)?;
+/// Checks one argument's length against its contract shape (at its strides), its alignment and
+/// its device.
+pub(super) fn check_arg(dims: &Dims, strides: &Strides, ordinal: usize, arg: TensorArg) -> Result<(), KdaError> {
+    strides.check_len(dims, arg.tensor, arg.len)?;
     if arg.ordinal != ordinal {
         return Err(KdaError::WrongDevice { tensor: arg.tensor.name(), expected: ordinal, actual: arg.ordinal });
     }
@@ -57,7 +59,7 @@ mod tests {
         for (name, len) in
             [("k", d.key_len()), ("gk", d.key_len()), ("u", d.value_len()), ("h", d.h_len()), ("ht", d.state_len())]
         {
-            check_arg(&d, 0, arg(name, len)).unwrap();
+            check_arg(&d, &Strides::PACKED, 0, arg(name, len)).unwrap();
         }
     }
 
@@ -76,7 +78,7 @@ mod tests {
         ];
         for (name, len, shape) in cases {
             for wrong in [len - 1, len + 1, 0] {
-                let err = check_arg(&d, 0, arg(name, wrong)).unwrap_err();
+                let err = check_arg(&d, &Strides::PACKED, 0, arg(name, wrong)).unwrap_err();
                 match &err {
                     KdaError::Shape { tensor, expected, expected_len, actual } => {
                         assert_eq!((*tensor, expected.as_str(), *expected_len), (name, shape, len));
@@ -94,11 +96,11 @@ mod tests {
         let d = dims();
         let mut a = arg("u", d.value_len());
         a.address += 2;
-        let err = check_arg(&d, 0, a).unwrap_err();
+        let err = check_arg(&d, &Strides::PACKED, 0, a).unwrap_err();
         assert!(matches!(err, KdaError::Alignment { tensor: "u", required: TENSOR_ALIGN, .. }), "{err}");
         let mut a = arg("w", d.key_len());
         a.ordinal = 1;
-        let err = check_arg(&d, 0, a).unwrap_err();
+        let err = check_arg(&d, &Strides::PACKED, 0, a).unwrap_err();
         assert!(matches!(err, KdaError::WrongDevice { tensor: "w", expected: 0, actual: 1 }), "{err}");
     }
 }
