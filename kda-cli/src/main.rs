@@ -1,4 +1,5 @@
-//! `kda`: run the KDA inter-chunk recurrence from the command line.
+//! `kda`: run the KDA inter-chunk recurrence (and the generalized recurrence of a model file) from
+//! the command line.
 //!
 //! ```text
 //! kda demo [--cpu]                                   a realistic workload: time, floor, error
@@ -6,8 +7,9 @@
 //! ```
 
 use cudarc::driver::CudaStream;
-use kda::{Kda, KdaError, Kernel, Outputs, Plan, Problem, inputs, io, precision, reference, rel_error};
-use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, median_us};
+use kda::model::ModelProblem;
+use kda::{Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference, rel_error};
+use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, gates_name, median_us};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,7 +22,10 @@ const USAGE: &str = "usage:
       with --cpu) it says so and runs the CPU reference on a small default instead.
   kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       Reads k, w, u, gk, optional h0 and cu_seqlens; writes h, v_new, ht. With --repeat N prints
-      the median kernel time over N launches (CUDA events). --cpu computes with the f64 reference.";
+      the median kernel time over N launches (CUDA events). --cpu computes with the f64 reference.
+      A model file (a scalar gate g, grouped value heads, other head sizes, a value-first state)
+      runs the same way; one no GPU kernel runs (the Hopper kernel needs K = 128) fails with the
+      reason and writes nothing; --cpu computes it.";
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -148,28 +153,46 @@ fn check_errors(out: &Outputs, want: &Outputs) -> Result<(), CliError> {
     }
 }
 
-fn run(args: &[String]) -> Result<(), CliError> {
+/// The arguments of `kda run`.
+#[derive(Debug, PartialEq)]
+struct RunArgs {
+    input: PathBuf,
+    output: PathBuf,
+    repeat: Option<usize>,
+    cpu: bool,
+}
+
+/// Parses `kda run`'s arguments; the error is the usage message.
+fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let (mut input, mut output, mut repeat, mut cpu) = (None, None, None, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = |flag: &str| it.next().cloned().ok_or_else(|| CliError::Usage(format!("{flag} needs a value")));
+        let mut value = |flag: &str| it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
         match a.as_str() {
             "--inputs" => input = Some(PathBuf::from(value("--inputs")?)),
             "--out" => output = Some(PathBuf::from(value("--out")?)),
             "--repeat" => {
                 let v = value("--repeat")?;
-                let n: usize = v.parse().map_err(|_| CliError::Usage(format!("--repeat {v}: not a count")))?;
+                let n: usize = v.parse().map_err(|_| format!("--repeat {v}: not a count"))?;
                 if n == 0 {
-                    return Err(CliError::Usage("--repeat must be at least 1".into()));
+                    return Err("--repeat must be at least 1".into());
                 }
                 repeat = Some(n);
             }
             "--cpu" => cpu = true,
-            other => return Err(CliError::Usage(format!("run: unexpected argument {other}"))),
+            other => return Err(format!("run: unexpected argument {other}")),
         }
     }
-    let input = input.ok_or_else(|| CliError::Usage("run: --inputs is required".into()))?;
-    let output = output.ok_or_else(|| CliError::Usage("run: --out is required".into()))?;
+    let input = input.ok_or("run: --inputs is required")?;
+    let output = output.ok_or("run: --out is required")?;
+    if cpu && repeat.is_some() {
+        return Err("--repeat times the GPU kernel; it cannot go with --cpu".into());
+    }
+    Ok(RunArgs { input, output, repeat, cpu })
+}
+
+fn run(args: &[String]) -> Result<(), CliError> {
+    let RunArgs { input, output, repeat, cpu } = parse_run(args).map_err(CliError::Usage)?;
     if same_file(&input, &output) {
         return Err(CliError::Usage(format!(
             "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
@@ -179,7 +202,7 @@ fn run(args: &[String]) -> Result<(), CliError> {
     }
     let p = match io::read_problem(&input) {
         Ok((p, _expected)) => p,
-        // Not the KDA slice the kernels run: a generalized problem, or the KDA reader's error.
+        // Not the KDA slice: a generalized problem, or the KDA reader's error.
         Err(kda_error) => match io::read_model_problem(&input) {
             Ok((m, _expected)) => return run_model(&input, &output, &m, cpu, repeat),
             Err(_) => return Err(kda_error.into()),
@@ -197,13 +220,11 @@ fn run(args: &[String]) -> Result<(), CliError> {
         if p.h0.is_some() { "given" } else { "zeros" }
     );
     let out = if cpu {
-        if repeat.is_some() {
-            return Err(CliError::Usage("--repeat times the GPU kernel; it cannot go with --cpu".into()));
-        }
         reference::reference(&p)?
     } else {
         let (kda, stream) = Kda::open(DEVICE).map_err(CliError::NoGpu)?;
-        run_gpu(&kda, &stream, &p, repeat)?
+        let dev = DeviceProblem::upload(&stream, &p)?;
+        run_gpu(&kda, &stream, dev, repeat)?
     };
     io::write_outputs(&output, &out, &d)?;
     println!("wrote h, v_new, ht to {}", output.display());
@@ -238,24 +259,13 @@ fn same_file(input: &Path, output: &Path) -> bool {
     }
 }
 
-/// `kda run` on a generalized problem (docs/CONTRACT.md#the-generalized-recurrence): the f64
-/// reference with `--cpu`; without it, the typed error saying which feature no kernel runs yet.
-fn run_model(
-    input: &Path,
-    output: &Path,
-    m: &kda::model::ModelProblem,
-    cpu: bool,
-    repeat: Option<usize>,
-) -> Result<(), CliError> {
+/// `kda run` on a generalized problem (docs/CONTRACT.md#the-generalized-recurrence): on the GPU,
+/// or with the f64 reference (`--cpu`). A problem no GPU kernel runs is the launcher's
+/// [`KdaError::Unsupported`], and nothing is written.
+fn run_model(input: &Path, output: &Path, m: &ModelProblem, cpu: bool, repeat: Option<usize>) -> Result<(), CliError> {
     let s = m.shape;
-    let gates = match (s.gates.g, s.gates.gk) {
-        (true, true) => "g and gk",
-        (true, false) => "g",
-        (false, true) => "gk",
-        (false, false) => "none",
-    };
     println!(
-        "{}: N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, gates {gates}, state {:?}, h0 {}",
+        "{}: N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, gates {}, state {:?}, h0 {}",
         input.display(),
         m.plan.num_seqs(),
         m.plan.tokens(),
@@ -263,28 +273,31 @@ fn run_model(
         s.value_heads,
         s.key_dim,
         s.value_dim,
+        gates_name(s.gates),
         s.layout,
         if m.h0.is_some() { "given" } else { "zeros" }
     );
-    if !cpu {
-        let reason = format!(
-            "H = {}, HV = {}, K = {}, V = {}, gates {gates}, {:?} state; the kernels run gk, HV = H, K = V = 128, \
-             KeyFirst",
-            s.heads, s.value_heads, s.key_dim, s.value_dim, s.layout
-        );
-        return Err(KdaError::Unsupported { argument: "inputs", reason }.into());
-    }
-    if repeat.is_some() {
-        return Err(CliError::Usage("--repeat times the GPU kernel; it cannot go with --cpu".into()));
-    }
-    let out = reference::model_reference(&m.view())?;
-    io::write_model_outputs(output, &out, &m.view())?;
+    let view = m.view();
+    let out = if cpu {
+        reference::model_reference(&view)?
+    } else {
+        let (kda, stream) = Kda::open(DEVICE).map_err(CliError::NoGpu)?;
+        let dev = DeviceProblem::upload_model(&stream, &view, Strides::PACKED)?;
+        run_gpu(&kda, &stream, dev, repeat)?
+    };
+    io::write_model_outputs(output, &out, &view)?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
 
-fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, p: &Problem, repeat: Option<usize>) -> Result<Outputs, CliError> {
-    let mut dev = DeviceProblem::upload(stream, p)?;
+/// Launches the problem uploaded in `dev` once, or `repeat` times printing the median, and
+/// downloads the outputs.
+fn run_gpu(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    mut dev: DeviceProblem,
+    repeat: Option<usize>,
+) -> Result<Outputs, CliError> {
     let kernel = kda.resolve(Kernel::Auto);
     match repeat {
         Some(n) => {
@@ -294,4 +307,49 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, p: &Problem, repeat: Option<usiz
         None => dev.launch(kda, stream, kernel)?,
     }
     Ok(dev.download(stream)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn run_arguments() {
+        let a = parse_run(&args(&["--inputs", "in.st", "--out", "o.st", "--repeat", "7"])).unwrap();
+        let want = RunArgs { input: "in.st".into(), output: "o.st".into(), repeat: Some(7), cpu: false };
+        assert_eq!(a, want);
+        let a = parse_run(&args(&["--cpu", "--out", "o.st", "--inputs", "in.st"])).unwrap();
+        assert_eq!(a, RunArgs { repeat: None, cpu: true, ..want });
+    }
+
+    #[test]
+    fn bad_run_arguments_are_named() {
+        let err = |a: &[&str]| parse_run(&args(a)).unwrap_err();
+        assert_eq!(err(&["--out", "o"]), "run: --inputs is required");
+        assert_eq!(err(&["--inputs", "i"]), "run: --out is required");
+        assert_eq!(err(&["--inputs"]), "--inputs needs a value");
+        assert_eq!(err(&["--inputs", "i", "--out", "o", "--repeat", "x"]), "--repeat x: not a count");
+        assert_eq!(err(&["--inputs", "i", "--out", "o", "--repeat", "0"]), "--repeat must be at least 1");
+        assert_eq!(err(&["--inputs", "i", "--out", "o", "-x"]), "run: unexpected argument -x");
+        assert_eq!(
+            err(&["--inputs", "i", "--out", "o", "--repeat", "3", "--cpu"]),
+            "--repeat times the GPU kernel; it cannot go with --cpu"
+        );
+    }
+
+    #[test]
+    fn an_output_naming_the_input_is_the_same_file() {
+        let dir = std::env::temp_dir().join(format!("kda-cli-same-file-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let input = dir.join("in.safetensors");
+        std::fs::write(&input, b"x").unwrap();
+        assert!(same_file(&input, &dir.join("sub/../in.safetensors")));
+        assert!(!same_file(&input, &dir.join("out.safetensors")));
+        assert!(!same_file(&dir.join("missing"), &dir.join("missing")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

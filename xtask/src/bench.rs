@@ -78,10 +78,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let shapes = bench_shapes().into_iter().map(|(name, lengths)| bench.measure(name, lengths));
     let shapes = shapes.collect::<Result<Vec<_>, _>>()?;
+    // The reference shapes' table first: it stands even if a model shape fails or time runs out.
+    println!("\n{}\n", table(best, &shapes));
     let models =
         model_bench_shapes().into_iter().map(|(name, lengths, shape)| bench.measure_model(name, lengths, shape));
     let models = models.collect::<Result<Vec<_>, _>>()?;
-    println!("\n{}", table(best, &shapes));
     println!("\nmodel shapes:\n\n{}", model_table(&models));
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).collect();
@@ -462,5 +463,118 @@ mod tests {
             (r["lengths"][0].as_u64(), r["heads"].as_u64(), r["repeat"].as_u64()),
             (Some(256), Some(64), Some(100))
         );
+    }
+
+    fn qwen_row(result: Result<Measured, Refusal>) -> ModelRow {
+        let gates = kda::model::Gates { g: true, gk: false };
+        let shape = ModelShape { value_heads: 32, gates, ..ModelShape::kda(16) };
+        ModelRow {
+            name: "qwen",
+            lengths: vec![8192],
+            shape,
+            seqs: 1,
+            tokens: 8192,
+            kernel: Kernel::Hopper,
+            floor_us: 90.0,
+            result,
+        }
+    }
+
+    #[test]
+    fn a_model_shape_in_the_table_and_the_results() {
+        let refusal = Refusal { argument: "g", reason: "a scalar gate: the baseline runs KDA".into() };
+        let measured =
+            Measured { copies: 2, us: 100.0, baseline_us: Err(refusal), errs: [1e-3, 2e-3, 3e-4], f32_floor: 1e-6 };
+        let row = qwen_row(Ok(measured));
+        let t = model_table(std::slice::from_ref(&row));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let columns = |line: &str| line.matches('|').count();
+        assert!(lines.iter().all(|l| columns(l) == 20), "{t}");
+        assert_eq!(
+            lines[2],
+            "| qwen | Hopper | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | 100.0 | 90.0 | 0.900 | unsupported |  | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
+        );
+        let r = row.record(100);
+        assert_eq!(
+            (r["shape"].as_str(), r["kernel"].as_str(), r["ratio"].as_f64()),
+            (Some("qwen"), Some("Hopper"), Some(0.9))
+        );
+        assert_eq!(
+            (r["us"].as_f64(), r["floor_us"].as_f64(), r["rel_err_v_new"].as_f64()),
+            (Some(100.0), Some(90.0), Some(2e-3))
+        );
+        assert_eq!(
+            (r["heads"].as_u64(), r["value_heads"].as_u64(), r["gates"].as_str()),
+            (Some(16), Some(32), Some("g"))
+        );
+        assert_eq!(
+            (r["state_layout"].as_str(), r["repeat"].as_u64(), r["rotation_copies"].as_u64()),
+            (Some("[K, V]"), Some(100), Some(2))
+        );
+        assert!(r["baseline_us"].is_null());
+        assert_eq!(r["baseline_unsupported"].as_str(), Some("a scalar gate: the baseline runs KDA"));
+
+        let timed_baseline = Measured {
+            baseline_us: Ok(400.0),
+            ..Measured { copies: 2, us: 100.0, baseline_us: Ok(0.0), errs: [0.0; 3], f32_floor: 0.0 }
+        };
+        let r = qwen_row(Ok(timed_baseline));
+        assert!(r.row().contains("| 400.0 | 4.00x |"), "{}", r.row());
+        let r = r.record(100);
+        assert_eq!((r["baseline_us"].as_f64(), r.get("baseline_unsupported")), (Some(400.0), None));
+    }
+
+    #[test]
+    fn a_refused_model_shape_is_a_row_and_a_record_with_its_reason() {
+        let refusal = Refusal { argument: "key_dim", reason: "K = 64: the Hopper kernel runs K = 128 | here".into() };
+        let row = qwen_row(Err(refusal));
+        let t = model_table(std::slice::from_ref(&row));
+        let line = t.lines().nth(2).unwrap();
+        assert_eq!(
+            line,
+            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | 90.0 | | | | | | | |"
+        );
+        // The escaped `|` is not a column.
+        assert_eq!(line.replace("\\|", "").matches('|').count(), 20);
+        let r = row.record(100);
+        assert_eq!((r["kernel"].as_str(), r["refused_by"].as_str()), (Some("unsupported"), Some("Hopper")));
+        assert_eq!(
+            (r["argument"].as_str(), r["reason"].as_str()),
+            (Some("key_dim"), Some("K = 64: the Hopper kernel runs K = 128 | here"))
+        );
+        assert_eq!(
+            (r["shape"].as_str(), r["floor_us"].as_f64(), r["key_dim"].as_u64()),
+            (Some("qwen"), Some(90.0), Some(128))
+        );
+        for absent in ["ratio", "us", "baseline_us", "rel_err_h"] {
+            assert!(r.get(absent).is_none(), "{absent}: {r}");
+        }
+    }
+
+    #[test]
+    fn only_an_unsupported_problem_is_a_refusal() {
+        let unsupported = KdaError::Unsupported { argument: "value_dim", reason: "V = 96".into() };
+        let refusal = Refusal { argument: "value_dim", reason: "V = 96".into() };
+        assert_eq!(refusable::<()>(Err(unsupported)), Ok(Err(refusal)));
+        assert_eq!(refusable(Ok(3)), Ok(Ok(3)));
+        let other = KdaError::Argument { name: "repeat", reason: "must be at least 1".into() };
+        assert_eq!(refusable::<()>(Err(other)), Err("argument `repeat`: must be at least 1".into()));
+    }
+
+    #[test]
+    fn inputs_are_rotated_over_two_to_eight_copies() {
+        let p = inputs::try_random_model_problem(
+            Plan::from_lengths(&[3]),
+            ModelShape { gates: kda::model::Gates { g: true, gk: true }, value_heads: 2, ..ModelShape::kda(1) },
+            false,
+            1,
+        )
+        .unwrap();
+        // k (1 head), w, u (2 heads) in bf16; g (2 values a token) and gk (2 x 128) in f32.
+        assert_eq!(input_bytes(&p.view()), 3 * (128 + 256 + 256) * 2 + 3 * (2 + 256) * 4);
+        assert_eq!(rotation_copies(1), MAX_COPIES);
+        assert_eq!(rotation_copies(100 << 20), 3);
+        assert_eq!(rotation_copies(1 << 30), MIN_COPIES);
     }
 }

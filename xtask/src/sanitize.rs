@@ -1,9 +1,11 @@
 //! `xtask sanitize [--out DIR] [--bundle DIR]`: compute-sanitizer's memcheck, racecheck and
-//! synccheck over `kda run` on two ragged inputs with tails: the golden fixture `ragged_h3` (one
-//! item per CTA) and `ragged_many` (512 items, so CTAs of the persistent grid run several back to
-//! back). Prints each run's summary line, and the log of a run that reports an error or hazard,
-//! fails or times out (the first and last 60 lines); fails if any does. Each run's whole log is
-//! in DIR (default `target/sanitize`), six files.
+//! synccheck over `kda run` on ragged inputs with tails: the golden fixture `ragged_h3` (one
+//! item per CTA), `ragged_many` (512 items, so CTAs of the persistent grid run several back to
+//! back), and the model fixtures the GPU runs (the scalar gate with grouped value heads,
+//! value-first states, both gates, no gate at V = 256). Prints each run's summary line, and the
+//! log of a run that reports an error or hazard, fails or times out (the first and last 60
+//! lines); fails if any does. Each run's whole log is in DIR (default `target/sanitize`), one
+//! file per tool and input.
 
 use crate::args::Args;
 use crate::proc::{Scratch, abridge, bundle_bin, bundle_dir, create_dir, cuda_cli, repo_root, run_logged};
@@ -13,6 +15,9 @@ use std::time::Duration;
 
 const TOOLS: &[&str] = &["memcheck", "racecheck", "synccheck"];
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The model fixtures the GPU runs (`tests/fixtures/models/`).
+const MODEL_FIXTURES: [&str; 4] = ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "plain_delta_k128_v256"];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
@@ -24,7 +29,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let scratch = Scratch::new("sanitize")?;
     let many = scratch.join("ragged_many.safetensors");
     shapes::write("ragged_many", &many)?;
-    let inputs = [("ragged_h3", repo_root().join("tests/fixtures/ragged_h3.safetensors")), ("ragged_many", many)];
+    let fixture = |name: &str| repo_root().join(format!("tests/fixtures/{name}.safetensors"));
+    let mut inputs = vec![("ragged_h3", fixture("ragged_h3")), ("ragged_many", many)];
+    // Every variant of the Hopper kernel: the scalar gate with grouped heads, value-first states,
+    // both gates, no gate at V = 256.
+    inputs.extend(MODEL_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")))));
 
     let mut failed = Vec::new();
     for tool in TOOLS {
@@ -37,7 +46,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
             let summary = summary_line(&text);
             let clean = summary.is_some_and(reports_nothing);
-            println!("   {tool:<9} {name:<11} {}; {}", summary.unwrap_or("no summary line"), f.describe());
+            println!("   {tool:<9} {name:<21} {}; {}", summary.unwrap_or("no summary line"), f.describe());
             if !(f.ok() && clean) {
                 println!("{}", abridge(&text, 60, 60));
                 failed.push(format!("{tool} on {name}"));

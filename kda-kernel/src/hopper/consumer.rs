@@ -146,6 +146,11 @@ unsafe fn load_initial_state<const VALUE_FIRST: bool>(
             let at = if VALUE_FIRST { v * K_DIM + kk } else { kk * BV + v };
             *x = ld_shared_f32(smem.h0() + (at * 4) as u32);
         }
+        // The producer's next TMA load (async proxy) overwrites the slot once it is released:
+        // the reads above (generic proxy) must be complete first. The arrive alone does not wait
+        // for them (measured: without this fence, value-first slots, whose reads are slower, were
+        // overwritten under the reads of a CTA's later items).
+        fence_proxy_async();
         h0_slot.consumer_release(slot);
     }
 }

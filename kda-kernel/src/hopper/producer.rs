@@ -148,7 +148,7 @@ unsafe fn load_chunks(
         unsafe {
             ring.producer_acquire(s);
             let rows = item.rows(c);
-            write_gate_rows(smem, s.index(), &gate, lane);
+            write_gate_rows(smem, s.index(), &gate, !gates.g.is_null(), lane);
             gate = next;
             let load = ChunkLoad { item, c, tiles: smem.stage(s.index()), lane, maps, ring, stage: s };
             if rows == CHUNK {
@@ -167,7 +167,7 @@ unsafe fn load_chunks(
 /// # Safety
 /// Producer lanes only; `stage` is a stage the producer holds.
 #[inline(always)]
-unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, lane: usize) {
+unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, scalar_gate: bool, lane: usize) {
     let (decay, scale) = (smem.decay(stage), smem.row_scale(stage));
     // SAFETY: column `lane + LANES * i < K` of the decay row, row `lane + LANES * i < CHUNK` of
     // the scales.
@@ -175,10 +175,12 @@ unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, lane: usi
         for (i, &x) in gate.gk_last.iter().enumerate() {
             st_shared_f32(decay + ((lane + LANES * i) * 4) as u32, exp2_approx(x + gate.g_last));
         }
-        for (i, &x) in gate.g.iter().enumerate() {
-            let r = lane + LANES * i;
-            // Rows past the end read 0 for `g`: their scale is never used (their `Vn` is zero).
-            st_shared_f32(scale + (r * 4) as u32, exp2_approx(gate.g_last - x));
+        if scalar_gate {
+            for (i, &x) in gate.g.iter().enumerate() {
+                let r = lane + LANES * i;
+                // Rows past the end read 0 for `g`: their scale is never used (their `Vn` is zero).
+                st_shared_f32(scale + (r * 4) as u32, exp2_approx(gate.g_last - x));
+            }
         }
     }
 }
