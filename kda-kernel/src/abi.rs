@@ -205,6 +205,26 @@ pub const HOPPER: KernelAbi = KernelAbi {
     targets: &[SM90A],
 };
 
+/// The warp-specialized kernel at `K = 64` (sm_90a): the same parameters and launch as
+/// [`HOPPER`], its own shared-memory layout.
+pub const HOPPER_K64: KernelAbi = KernelAbi {
+    entry: "kda_fwd_h_hopper_k64",
+    params: &HOPPER_PARAMS,
+    threads: hopper::THREADS,
+    smem_bytes: hopper::smem_bytes(64),
+    max_registers: Some(HOPPER_MAX_REGISTERS),
+    targets: &[SM90A],
+};
+
+/// The Hopper kernel's entry for key size `key_dim`, if it has one (`layout::hopper::KEY_DIMS`).
+pub const fn hopper_for(key_dim: usize) -> Option<&'static KernelAbi> {
+    match key_dim {
+        64 => Some(&HOPPER_K64),
+        crate::layout::K_DIM => Some(&HOPPER),
+        _ => None,
+    }
+}
+
 /// The portable scalar kernel (sm_80+).
 pub const BASELINE: KernelAbi = KernelAbi {
     entry: "kda_fwd_h_baseline",
@@ -216,10 +236,15 @@ pub const BASELINE: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 2] = [BASELINE, HOPPER];
+pub const KERNELS: [KernelAbi; 3] = [BASELINE, HOPPER, HOPPER_K64];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");
     assert!(TENSOR_MAP_BYTES.is_multiple_of(TENSOR_MAP_ALIGN), "every map of the aggregate stays 64-byte aligned");
     assert!(core::mem::size_of::<TensorMaps>() == TENSOR_MAPS * TENSOR_MAP_BYTES);
+    let mut i = 0;
+    while i < hopper::KEY_DIMS.len() {
+        assert!(hopper_for(hopper::KEY_DIMS[i]).is_some(), "every key size has its entry");
+        i += 1;
+    }
 };

@@ -125,8 +125,10 @@ pub mod hopper {
     pub const BOX_COLS: usize = 64;
     /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
-    /// Boxes per `k` or `w` chunk tile (`K_DIM / BOX_COLS`).
-    pub const KEY_BOXES: usize = K_DIM / BOX_COLS;
+    /// Key sizes `K` the Hopper kernel runs, one entry point each (`abi::HOPPER_K64`,
+    /// `abi::HOPPER`): `K` sets the k-steps of product 1, the `N` of product 2 and the state's
+    /// registers (`K / 2` per consumer thread).
+    pub const KEY_DIMS: [usize; 2] = [64, K_DIM];
     /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
     /// chunk. With one, a chunk waits until the previous chunk's TMA stores have read theirs
     /// before it stages its own; with two the wait is for the stores of two chunks back, which
@@ -139,55 +141,65 @@ pub mod hopper {
     #[repr(C, align(1024))]
     pub struct TileBox(pub [u8; BOX_BYTES]);
 
-    /// One ring stage: a chunk's `k` and `w` tiles (`[CHUNK][K]`, two boxes each) and this CTA's
-    /// `u` tile (`[CHUNK][BV]`, one box).
+    /// One ring stage: a chunk's `k` and `w` tiles (`[CHUNK][K]`, `KB = K / BOX_COLS` boxes
+    /// each) and this CTA's `u` tile (`[CHUNK][BV]`, one box).
     #[repr(C, align(1024))]
-    pub struct Stage {
+    pub struct Stage<const KB: usize> {
         /// `k`, column boxes side by side.
-        pub k: [TileBox; KEY_BOXES],
+        pub k: [TileBox; KB],
         /// `w`, column boxes side by side.
-        pub w: [TileBox; KEY_BOXES],
+        pub w: [TileBox; KB],
         /// `u`, this CTA's value columns.
         pub u: TileBox,
     }
 
-    /// A `bf16(S)` staging tile read by the `h` TMA store, 128-byte swizzled: `[K][BV]` (one
-    /// box of `K` rows) for key-first states, `[BV][K]` as `KEY_BOXES` boxes of `[BV][BOX_COLS]`
-    /// side by side for value-first ones.
+    /// One `[BV][BOX_COLS]` (or `[BOX_COLS][BV]`) bf16 box of a state staging tile, 128-byte
+    /// swizzled.
     #[repr(C, align(1024))]
-    pub struct StateTile(pub [u8; K_DIM * BV * 2]);
-    /// Bytes of one `[BV][BOX_COLS]` box of a value-first [`StateTile`].
-    pub const STATE_BOX_BYTES: usize = BV * BOX_COLS * 2;
+    pub struct StateBox(pub [u8; BV * BOX_COLS * 2]);
+    /// Bytes of one [`StateBox`].
+    pub const STATE_BOX_BYTES: usize = core::mem::size_of::<StateBox>();
+
+    /// A `bf16(S)` staging tile read by the `h` TMA store, 128-byte swizzled, `KB` boxes: `[K][BV]`
+    /// (one TMA box of `K` rows) for key-first states, `[BV][K]` as `KB` boxes of
+    /// `[BV][BOX_COLS]` side by side for value-first ones.
+    #[repr(C, align(1024))]
+    pub struct StateTile<const KB: usize>(pub [StateBox; KB]);
 
     /// A `bf16(Vn)` staging tile (`[CHUNK][BV]`, 128-byte swizzled) read by the `v_new` store.
     #[repr(C, align(1024))]
     pub struct ValueTile(pub [u8; CHUNK * BV * 2]);
 
-    /// An item's initial state block (`[K][BV]` f32, unswizzled), as the `h0` TMA load writes it.
+    /// `BOX_COLS` key rows of an item's initial state block (f32, unswizzled).
     #[repr(C, align(1024))]
-    pub struct InitialState(pub [u8; K_DIM * BV * 4]);
+    pub struct InitialStateBox(pub [u8; BOX_COLS * BV * 4]);
 
-    /// The CTA's dynamic shared memory. Never constructed: the kernel takes the field offsets
-    /// (`core::mem::offset_of!`) as shared-memory addresses, and the launcher allocates
-    /// [`SMEM_BYTES`].
+    /// An item's initial state block (`[K][BV]` f32, or `[BV][K]` value-first, unswizzled), as
+    /// the `h0` TMA load writes it.
+    #[repr(C, align(1024))]
+    pub struct InitialState<const KB: usize>(pub [InitialStateBox; KB]);
+
+    /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes). Never
+    /// constructed: the kernel takes the field offsets (`core::mem::offset_of!`) as
+    /// shared-memory addresses, and the launcher allocates [`smem_bytes`].
     #[repr(C)]
-    pub struct SharedStorage {
+    pub struct SharedStorage<const K: usize, const KB: usize> {
         /// The ring of chunk tiles the producer loads and the consumer reads.
-        pub stages: [Stage; STAGES],
+        pub stages: [Stage<KB>; STAGES],
         /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
         /// row plus its last `g`; ones without gates), written by the producer.
-        pub decay: [[f32; K_DIM]; STAGES],
+        pub decay: [[f32; K]; STAGES],
         /// Per stage, the scalar gate's scale of each token's `Vn` row (f32 `[CHUNK]`:
         /// `exp2(g_last - g[r])`; rows past the chunk's valid ones are never read), written by
         /// the producer.
         pub row_scale: [[f32; CHUNK]; STAGES],
         /// `bf16(S)` staging for the `h` stores.
-        pub h_staging: [StateTile; STAGING],
+        pub h_staging: [StateTile<KB>; STAGING],
         /// `bf16(Vn)` staging for the `v_new` stores.
         pub vn_staging: [ValueTile; STAGING],
         /// The slot the producer loads the next item's initial state into: the consumer starts
-        /// an item from shared memory instead of waiting on a global load of 32 KB.
-        pub h0: InitialState,
+        /// an item from shared memory instead of waiting on a global load.
+        pub h0: InitialState<KB>,
         /// The ring's `full` mbarriers (the stage's tiles have landed).
         pub full: [u64; STAGES],
         /// The ring's `empty` mbarriers (the consumer is done with the stage).
@@ -198,20 +210,43 @@ pub mod hopper {
         pub h0_empty: u64,
     }
 
-    /// Bytes of one stage's tiles, which its TMA loads deliver (what the `full` barrier expects).
-    pub const STAGE_BYTES: usize = core::mem::size_of::<Stage>();
-    /// Dynamic shared memory of one CTA: up to the end of the last barrier (the struct's size
-    /// would round up to its 1024-byte alignment, which no field needs).
-    pub const SMEM_BYTES: usize = core::mem::offset_of!(SharedStorage, h0_empty) + 8;
-    /// CTAs of the Hopper kernel per SM (its shared memory allows one): the persistent grid
-    /// has this many workers per SM.
+    /// Dynamic shared memory of one CTA of key size `K`: up to the end of the last barrier (the
+    /// struct's size would round up to its 1024-byte alignment, which no field needs).
+    pub const fn storage_bytes<const K: usize, const KB: usize>() -> usize {
+        core::mem::offset_of!(SharedStorage<K, KB>, h0_empty) + 8
+    }
+
+    /// Dynamic shared memory of one CTA for key size `key_dim` (one of [`KEY_DIMS`]; 0 for any
+    /// other).
+    pub const fn smem_bytes(key_dim: usize) -> usize {
+        match key_dim {
+            64 => storage_bytes::<64, 1>(),
+            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }>(),
+            _ => 0,
+        }
+    }
+
+    /// Dynamic shared memory of one CTA of the `K = 128` kernel.
+    pub const SMEM_BYTES: usize = smem_bytes(K_DIM);
+    /// CTAs of the Hopper kernel per SM (its shared memory allows one at `K = 128`; at `K = 64`
+    /// the grid keeps one per SM too, so both share one schedule): the persistent grid has this
+    /// many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
-    const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
-    const _: () = assert!(KEY_BOXES * STATE_BOX_BYTES == core::mem::size_of::<StateTile>());
-    const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
-    const _: () = assert!(STAGE_BYTES == (2 * KEY_BOXES + 1) * BOX_BYTES, "a stage is exactly its boxes");
-    const _: () = assert!(SMEM_BYTES <= 227 * 1024, "one CTA may use at most 227 KB");
+    /// Compile-time checks of one key size's layout.
+    const fn check<const K: usize, const KB: usize>() {
+        let bytes = storage_bytes::<K, KB>();
+        assert!(K == KB * BOX_COLS, "a k or w tile is KB boxes");
+        assert!(core::mem::size_of::<Stage<KB>>() == (2 * KB + 1) * BOX_BYTES, "a stage is exactly its boxes");
+        assert!(core::mem::size_of::<StateTile<KB>>() == K * BV * 2);
+        assert!(core::mem::size_of::<InitialState<KB>>() == K * BV * 4);
+        assert!(bytes <= 227 * 1024, "one CTA may use at most 227 KB");
+        assert!(core::mem::size_of::<SharedStorage<K, KB>>() - bytes < 1024);
+    }
+    const _: () = check::<64, 1>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
-    const _: () = assert!(core::mem::size_of::<SharedStorage>() - SMEM_BYTES < 1024);
+
+    const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
+    const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
 }

@@ -112,9 +112,10 @@ proptest! {
     }
 }
 
-/// Whether the Hopper kernel runs `shape` (`K = 128`; the GPU suite's device is a Hopper GPU).
+/// Whether the Hopper kernel runs `shape` (`K` = 64 or 128; the GPU suite's device is a Hopper
+/// GPU).
 fn hopper_runs(shape: &ModelShape) -> bool {
-    shape.key_dim == kda::layout::K_DIM
+    kda::layout::hopper::KEY_DIMS.contains(&shape.key_dim)
 }
 
 /// Whether the baseline kernel runs `shape`: KDA's slice only.
@@ -150,12 +151,12 @@ fn model_fixtures() {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
-    /// Every gate kind x head grouping x state layout x value size (64 to 512) x strided views on
-    /// the Hopper kernel, against the f64 reference.
+    /// Every gate kind x head grouping x state layout x key size (64, 128) x value size (64 to
+    /// 512) x strided views on the Hopper kernel, against the f64 reference.
     #[test]
     fn model_variants(
         lengths in ragged_lengths(),
-        shape in kda_tests::model_shapes(vec![128], vec![64, 128, 256, 512]),
+        shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256, 512]),
         layouts in kda_tests::row_layouts(),
         with_h0: bool,
         seed: u64,
@@ -182,17 +183,18 @@ fn model_matrix() {
     for lengths in [vec![130], vec![397, 3, 2], vec![4096, 1000]] {
         for (g, gk) in gates {
             for layout in layouts {
-                for value_dim in [128, 512] {
+                for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 64), (64, 256)] {
                     for rows in [RowLayout::Packed, RowLayout::Padded { pad: 64 }] {
                         let gates = Gates { g, gk };
-                        let shape = ModelShape { value_heads: 2, value_dim, gates, layout, ..ModelShape::kda(1) };
+                        let shape =
+                            ModelShape { value_heads: 2, key_dim, value_dim, gates, layout, ..ModelShape::kda(1) };
                         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, 5).unwrap();
                         let strides = kda_tests::strides_of([rows; 6], &kda::Dims::model(&p.plan, &shape));
                         let want = reference::model_reference(&p.view()).unwrap();
                         let floor = errors(&reference::model_reference_f32(&p.view()).unwrap(), &want);
                         let out = run_model_guarded(&gpu, &p.view(), strides, Kernel::Auto).unwrap();
                         let errs = errors(&out, &want);
-                        let case = format!("{lengths:?} g={g} gk={gk} {layout:?} V={value_dim} {rows:?}");
+                        let case = format!("{lengths:?} g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?}");
                         let [h, v, t] = errs;
                         println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e} (f32 floor h {:.2e})", floor[0]);
                         let bound = |f: f64| kda::precision::bound_for(g || gk, f);
@@ -217,16 +219,16 @@ fn model_items_back_to_back() {
     let mut failures = Vec::new();
     for (g, gk) in [(true, false), (false, true)] {
         for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
-            for value_dim in [128, 512] {
+            for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 512)] {
                 for rows in [RowLayout::Packed, RowLayout::Padded { pad: 64 }] {
                     let gates = Gates { g, gk };
-                    let shape = ModelShape { value_heads: 3, value_dim, gates, layout, ..ModelShape::kda(1) };
+                    let shape = ModelShape { value_heads: 3, key_dim, value_dim, gates, layout, ..ModelShape::kda(1) };
                     let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, 9).unwrap();
                     let strides = kda_tests::strides_of([rows; 6], &kda::Dims::model(&p.plan, &shape));
                     let want = reference::model_reference(&p.view()).unwrap();
                     let out = run_model_guarded(&gpu, &p.view(), strides, Kernel::Auto).unwrap();
                     let [h, v, t] = errors(&out, &want);
-                    let case = format!("g={g} gk={gk} {layout:?} V={value_dim} {rows:?}");
+                    let case = format!("g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?}");
                     println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e}");
                     if [h, v, t].iter().any(|e| e.is_nan() || *e >= kda::precision::ERROR_BOUND) {
                         failures.push(case);
@@ -293,8 +295,8 @@ fn unsupported_model_launches_are_typed_errors() {
     let odd = Strides { u: Some(kda::RowStrides { token: 128 + 4, head: 128 }), ..Strides::PACKED };
     let err = run_model_guarded(&gpu, &p.view(), odd, Kernel::Auto).unwrap_err();
     assert!(matches!(err, KdaError::Unsupported { argument: "u", .. }), "{err}");
-    let k64 = ModelShape { key_dim: 64, value_dim: 64, ..shape };
-    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), k64, false, 3).unwrap();
+    let k256 = ModelShape { key_dim: 256, value_dim: 64, ..shape };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), k256, false, 3).unwrap();
     let err = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap_err();
     assert!(matches!(err, KdaError::Unsupported { argument: "key_dim", .. }), "{err}");
     let v96 = ModelShape { value_dim: 96, ..shape };

@@ -7,7 +7,7 @@
 
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
-use kda_kernel::abi::{BASELINE, HOPPER, KERNELS};
+use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -106,33 +106,42 @@ fn baseline_sass_uses_the_hardware_conversions() {
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
 }
 
+/// Consumer variants each Hopper entry holds: scalar gate or not, x key-first or value-first
+/// states (`hopper::consumer::run` dispatches once to each).
+const CONSUMER_VARIANTS: usize = 4;
+
 #[test]
 fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     let (cubin, report) = assemble(SM90A, "sm_90a");
-    let r = resources(&report, HOPPER.entry);
-    println!("sm_90a {}: {r:?}", HOPPER.entry);
-    assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
-    assert!(r.registers * HOPPER.threads <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
+    let code = sass(&cubin);
+    // Per key size: its entry, and the shapes of its two products (product 1 is m64n64 with K / 16
+    // k-steps, product 2 m64nK with 4).
+    for (abi, key_dim, product2) in
+        [(&HOPPER, 128, "HGMMA.64x128x16.F32.BF16"), (&HOPPER_K64, 64, "HGMMA.64x64x16.F32.BF16")]
+    {
+        let r = resources(&report, abi.entry);
+        println!("sm_90a {}: {r:?}", abi.entry);
+        assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
+        assert!(r.registers * abi.threads <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
+        let body = code
+            .split("Function : ")
+            .find(|f| f.split_whitespace().next() == Some(abi.entry))
+            .unwrap_or_else(|| panic!("{} in the SASS", abi.entry));
+        // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
+        for op in ["HGMMA.64x64x16.F32.BF16", product2, "UTMALDG.3D", "UTMASTG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
+            assert!(body.contains(op), "{} SASS lacks {op}", abi.entry);
+        }
+        // Every consumer variant keeps its own chunk loop: K / 16 + 4 MMAs each.
+        let mmas = body.matches("HGMMA.").count();
+        assert_eq!(mmas, CONSUMER_VARIANTS * (key_dim / 16 + 4), "{}: {mmas} HGMMA", abi.entry);
+        assert!(!body.contains("CALL."), "{} SASS holds a call", abi.entry);
+        assert!(!SM80.contains(abi.entry), "the portable PTX must not contain {}", abi.entry);
+    }
     // ptxas reports (C7517, C7515) when it had to add a wgmma wait or serialize the wgmma
     // pipeline: the kernel's overlap of stores with the MMAs would then be gone.
     for note in ["warpgroup.wait is injected", "wgmma.mma_async instructions are serialized"] {
         assert!(!report.contains(note), "ptxas: {note}:\n{report}");
     }
-    let code = sass(&cubin);
-    let body = code.split("Function : ").find(|f| f.starts_with(HOPPER.entry)).expect("hopper kernel in the SASS");
-    // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
-    for op in [
-        "HGMMA.64x64x16.F32.BF16",
-        "HGMMA.64x128x16.F32.BF16",
-        "UTMALDG.3D",
-        "UTMASTG.3D",
-        "SYNCS.ARRIVE",
-        "SYNCS.PHASECHK",
-    ] {
-        assert!(body.contains(op), "hopper SASS lacks {op}");
-    }
-    assert!(!body.contains("CALL."), "hopper SASS holds a call");
-    assert!(!SM80.contains(HOPPER.entry), "the portable PTX must not contain the Hopper kernel");
 }
 
 /// The launch bounds the builder writes into each entry are the ABI's: `.maxntid` is the block

@@ -321,6 +321,54 @@ pub unsafe fn wgmma_m64n128k16x4_add_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4
     }
 }
 
+/// `acc = acc - A @ B` over K = 64 (PTX 8.0, sm_90a; product 1 of the `K = 64` kernel): four
+/// `wgmma.mma_async.m64n64k16.f32.bf16.bf16`, as [`wgmma_m64n64k16x8_sub_start`] over the `w`
+/// tile's one box (k-step `i` starts 32 bytes further). [`wgmma_wait_m64n64`] completes them.
+///
+/// # Safety
+/// As for [`wgmma_m64n64k16x8_sub_start`], with `desc` describing one `[64][64]` box.
+#[inline(always)]
+pub unsafe fn wgmma_m64n64k16x4_sub_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4], desc: u64) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        wgmma_start!(
+            shape "m64n64k16", scale_a "-1", trans_b "0",
+            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a a, desc desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+            ]
+        )
+    }
+}
+
+/// `acc = acc + A @ B` over K = 64 tokens with N = 64 (PTX 8.0, sm_90a; product 2 of the `K = 64`
+/// kernel): four `wgmma.mma_async.m64n64k16.f32.bf16.bf16`, as [`wgmma_m64n128k16x4_add_start`]
+/// over the `k` tile's one box. [`wgmma_wait_m64n64`] completes them.
+///
+/// # Safety
+/// As for [`wgmma_m64n128k16x4_add_start`], with `desc` describing one `[64][64]` box.
+#[inline(always)]
+pub unsafe fn wgmma_m64n64k16x4_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4], desc: u64) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        wgmma_start!(
+            shape "m64n64k16", scale_a "1", trans_b "1",
+            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a a, desc desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 128,
+                2: [40 41 42 43] + 256,
+                3: [44 45 46 47] + 384,
+            ]
+        )
+    }
+}
+
 /// `wgmma.wait_group.sync.aligned 0;` with the accumulator registers `$acc[$i]` as `inout`
 /// operands (named in a PTX comment), so the compiler keeps them untouched between a start and
 /// this wait.
@@ -335,11 +383,11 @@ macro_rules! wgmma_wait_group_0 {
     };
 }
 
-/// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n64k16x8_sub_start`]:
-/// returns once its products have written `acc`.
+/// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after any start on a 32-register
+/// (`m64n64`) accumulator: returns once its products have written `acc`.
 ///
 /// # Safety
-/// The warpgroup's 128 threads call this together, after [`wgmma_m64n64k16x8_sub_start`] on the same `acc`.
+/// The warpgroup's 128 threads call this together, after a start on the same `acc`.
 #[inline(always)]
 pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
     // SAFETY: see the function's contract.

@@ -15,6 +15,7 @@ use super::fragments::{
     ACC_PER_GROUP, ATOM_BYTES, CHUNKS_PER_ROW, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, matrix_row,
     swizzled,
 };
+use super::keys::KeySize;
 use super::maps::StoreMaps;
 use super::smem::Smem;
 use super::tail;
@@ -23,15 +24,13 @@ use crate::arch::sm80::{
 };
 use crate::arch::sm90::{
     bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4, stmatrix_x4_trans, sw128_desc,
-    tma_store_3d, wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
+    tma_store_3d, wgmma_wait_m64n64,
 };
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, STAGES, STAGING, STATE_BOX_BYTES};
-use crate::layout::{CHUNK, K_DIM};
+use crate::layout::CHUNK;
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, CONSUMER_THREADS, STAGES, STAGING, STATE_BOX_BYTES};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
-/// f32 registers of the state `S^T` per consumer thread (the m64n128 accumulator).
-const STATE_REGS: usize = K_DIM / 2;
 /// f32 registers of `Vn^T` per consumer thread (the m64n64 accumulator).
 const VN_REGS: usize = CHUNK / 2;
 /// The consumer thread that issues the TMA stores of `h` and `v_new` (bulk async-groups are
@@ -68,14 +67,14 @@ pub struct Variant {
 /// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
 /// launch's outputs.
 #[inline(always)]
-pub unsafe fn run(work: &Work, smem: Smem, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
     // SAFETY (block): as this function's.
     unsafe {
         match (kind.scalar_gate, kind.value_first) {
-            (false, false) => consume::<false, false>(work, smem, tid, out, has_h0),
-            (false, true) => consume::<false, true>(work, smem, tid, out, has_h0),
-            (true, false) => consume::<true, false>(work, smem, tid, out, has_h0),
-            (true, true) => consume::<true, true>(work, smem, tid, out, has_h0),
+            (false, false) => consume::<C, false, false>(work, smem, tid, out, has_h0),
+            (false, true) => consume::<C, false, true>(work, smem, tid, out, has_h0),
+            (true, false) => consume::<C, true, false>(work, smem, tid, out, has_h0),
+            (true, true) => consume::<C, true, true>(work, smem, tid, out, has_h0),
         }
     }
 }
@@ -86,9 +85,9 @@ pub unsafe fn run(work: &Work, smem: Smem, tid: usize, out: Outputs, has_h0: boo
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE` and `VALUE_FIRST` the launch's.
 #[inline(always)]
-unsafe fn consume<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
     work: &Work,
-    smem: Smem,
+    smem: Smem<C>,
     tid: usize,
     out: Outputs,
     has_h0: bool,
@@ -99,22 +98,22 @@ unsafe fn consume<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
     // bulk-group read, not a barrier).
     let mut staging = PipelineState::<STAGING>::consumer_start();
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
-        let mut s = [0f32; STATE_REGS];
+        let mut s = C::zero_state();
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.
-            unsafe { load_initial_state::<VALUE_FIRST>(&mut s, smem, tid, slot) };
+            unsafe { load_initial_state::<C, VALUE_FIRST>(&mut s, smem, tid, slot) };
             slot.advance();
         }
         for c in 0..item.chunks() {
             let at = ChunkAt { item: &item, c, stage, buf: staging.index() };
             // SAFETY: as this function's; the positions are the consumer's.
-            unsafe { consume_chunk::<SCALAR_GATE, VALUE_FIRST>(at, smem, out, &mut s) };
+            unsafe { consume_chunk::<C, SCALAR_GATE, VALUE_FIRST>(at, smem, out, &mut s) };
             stage.advance();
             staging.advance();
         }
         if !out.ht.is_null() {
             // SAFETY: `ht` holds `[N][HV]` states of `K x V` f32, this item's block included.
-            unsafe { store_final_state::<VALUE_FIRST>(&s, &item, out) };
+            unsafe { store_final_state::<C, VALUE_FIRST>(&s, &item, out) };
         }
     }
     if tid == STORE_THREAD {
@@ -130,9 +129,9 @@ unsafe fn consume<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
 /// # Safety
 /// Consumer threads only; `slot` is the consumer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state<const VALUE_FIRST: bool>(
-    s: &mut [f32; STATE_REGS],
-    smem: Smem,
+unsafe fn load_initial_state<C: KeySize, const VALUE_FIRST: bool>(
+    s: &mut C::State,
+    smem: Smem<C>,
     tid: usize,
     slot: PipelineState<1>,
 ) {
@@ -141,9 +140,9 @@ unsafe fn load_initial_state<const VALUE_FIRST: bool>(
     // releases it right after.
     unsafe {
         h0_slot.consumer_wait(slot);
-        for (e, x) in s.iter_mut().enumerate() {
+        for (e, x) in s.as_mut().iter_mut().enumerate() {
             let (v, kk) = acc_coords(tid, e);
-            let at = if VALUE_FIRST { v * K_DIM + kk } else { kk * BV + v };
+            let at = if VALUE_FIRST { v * C::K + kk } else { kk * BV + v };
             *x = ld_shared_f32(smem.h0() + (at * 4) as u32);
         }
         // The producer's next TMA load (async proxy) overwrites the slot once it is released:
@@ -160,13 +159,13 @@ unsafe fn load_initial_state<const VALUE_FIRST: bool>(
 /// # Safety
 /// Consumer threads only; `out.ht` holds `[N][HV]` states of `K x V` f32 in the launch's layout.
 #[inline(always)]
-unsafe fn store_final_state<const VALUE_FIRST: bool>(s: &[f32; STATE_REGS], item: &Item, out: Outputs) {
+unsafe fn store_final_state<C: KeySize, const VALUE_FIRST: bool>(s: &C::State, item: &Item, out: Outputs) {
     let tid = thread_idx_x_fresh();
-    let base = item.state_row * K_DIM * out.value_dim;
-    for (e, &x) in s.iter().enumerate() {
+    let base = item.state_row * C::K * out.value_dim;
+    for (e, &x) in s.as_ref().iter().enumerate() {
         let (v, kk) = acc_coords(tid, e);
-        let (col, kk) = (item.vcol0 + v, kk);
-        let at = if VALUE_FIRST { col * K_DIM + kk } else { kk * out.value_dim + col };
+        let col = item.vcol0 + v;
+        let at = if VALUE_FIRST { col * C::K + kk } else { kk * out.value_dim + col };
         // SAFETY: (kk, col) is inside this item's state.
         unsafe { *out.ht.add(base + at) = x };
     }
@@ -187,11 +186,11 @@ struct ChunkAt<'a> {
 /// # Safety
 /// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-unsafe fn consume_chunk<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
     at: ChunkAt<'_>,
-    smem: Smem,
+    smem: Smem<C>,
     out: Outputs,
-    s: &mut [f32; STATE_REGS],
+    s: &mut C::State,
 ) {
     let (item, c, stage, buf) = (at.item, at.c, at.stage, at.buf);
     let ring = smem.ring();
@@ -207,14 +206,14 @@ unsafe fn consume_chunk<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
 
         // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for `h`.
         let mut vn = load_u_transposed(tiles.u(), tid);
-        let a1: [[u32; 4]; K_DIM / 16] = a_fragments(s);
-        stage_state::<VALUE_FIRST>(smem.h(buf), &a1, tid);
+        let a1 = C::state_fragments(s);
+        stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid);
 
         // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
         //    written before the product starts: ptxas waits for an in-flight wgmma before any
         //    write to registers a wgmma defined, the state's included.)
-        decay_state(s, smem.decay(stage.index()), tid);
-        wgmma_m64n64k16x8_sub_start(&mut vn, &a1, sw128_desc(tiles.w(0), UNUSED_LEADING, ATOM_BYTES));
+        decay_state(s.as_mut(), smem.decay(stage.index()), tid);
+        C::product1_start(&mut vn, &a1, sw128_desc(tiles.w(0), UNUSED_LEADING, ATOM_BYTES));
         wgmma_wait_m64n64(&mut vn);
 
         // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) staged for `v_new`; with
@@ -231,16 +230,16 @@ unsafe fn consume_chunk<const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
         };
 
         // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave.
-        wgmma_m64n128k16x4_add_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
+        C::product2_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
         fence_proxy_async();
         named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-        store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), tid);
+        store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), C::KB, tid);
         if rows < CHUNK {
             tail::store_value_rows(smem.vn(buf), out.v_new, out.v_new_rows, item, item.first_token(c), rows, tid);
         }
 
         // 5. The state is the next chunk's; the stage goes back to the producer.
-        wgmma_wait_m64n128(s);
+        C::product2_wait(s);
         ring.consumer_release(stage);
     }
 }
@@ -273,7 +272,7 @@ unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
 /// # Safety
 /// The warpgroup calls it together; `tile` is a staging buffer of `K x BV` bf16.
 #[inline(always)]
-unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
+unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]], tid: usize) {
     if tid == STORE_THREAD {
         // One bulk group per chunk: all but the newest `STAGING - 1` have read their sources.
         bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
@@ -296,11 +295,11 @@ unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]; K_DIM /
 /// # Safety
 /// The warpgroup calls it together; `tile` is a free staging buffer.
 #[inline(always)]
-unsafe fn stage_rows(tile: u32, a: &[[u32; 4]; K_DIM / 16], tid: usize) {
+unsafe fn stage_rows(tile: u32, a: &[[u32; 4]], tid: usize) {
     for (step, frag) in a.iter().enumerate() {
         let (row, chunk) = fragment_row(tid, step);
         let (bx, chunk) = (chunk / CHUNKS_PER_ROW, chunk % CHUNKS_PER_ROW);
-        // SAFETY: row < BV, box < KEY_BOXES and chunk < 8 address the tile.
+        // SAFETY: row < BV, box < K / BOX_COLS and chunk < 8 address the tile.
         unsafe { stmatrix_x4(tile + (bx * STATE_BOX_BYTES) as u32 + swizzled(row, chunk), *frag) };
     }
 }
@@ -327,7 +326,7 @@ unsafe fn scale_rows(vn: &mut [f32; VN_REGS], scale: u32, tid: usize) {
 /// # Safety
 /// The warpgroup calls it together; `tile` is a free staging buffer of `STEPS * 16` rows.
 #[inline(always)]
-unsafe fn stage_transposed<const STEPS: usize>(tile: u32, a: &[[u32; 4]; STEPS], tid: usize) {
+unsafe fn stage_transposed(tile: u32, a: &[[u32; 4]], tid: usize) {
     for (step, frag) in a.iter().enumerate() {
         let (row, chunk) = matrix_row(tid, step);
         // SAFETY: row < 16 * STEPS and chunk < 8 address the tile.
@@ -340,8 +339,8 @@ unsafe fn stage_transposed<const STEPS: usize>(tile: u32, a: &[[u32; 4]; STEPS],
 /// # Safety
 /// `decay` is the decay row of the stage the consumer holds.
 #[inline(always)]
-unsafe fn decay_state(s: &mut [f32; STATE_REGS], decay: u32, tid: usize) {
-    for g in 0..STATE_REGS / ACC_PER_GROUP {
+unsafe fn decay_state(s: &mut [f32], decay: u32, tid: usize) {
+    for g in 0..s.len() / ACC_PER_GROUP {
         let (_, kk) = acc_coords(tid, ACC_PER_GROUP * g);
         // SAFETY: key column `kk` (even) and `kk + 1` of the row.
         let [d0, d1] = unsafe { ld_shared_v2_f32(decay + (kk * 4) as u32) };
@@ -351,7 +350,7 @@ unsafe fn decay_state(s: &mut [f32; STATE_REGS], decay: u32, tid: usize) {
     }
 }
 
-/// One thread stores the chunk's `h` tile (one box, or `KEY_BOXES` value-first) and, for a full
+/// One thread stores the chunk's `h` tile (one box, or `boxes` value-first) and, for a full
 /// chunk, its `v_new` tile with TMA, as one bulk group.
 ///
 /// # Safety
@@ -359,14 +358,22 @@ unsafe fn decay_state(s: &mut [f32; STATE_REGS], decay: u32, tid: usize) {
 /// by the consumer barrier; the boxes lie inside `h` and (full chunk) the sequence's rows of
 /// `v_new`.
 #[inline(always)]
-unsafe fn store_outputs<const VALUE_FIRST: bool>(item: &Item, c: usize, maps: StoreMaps, h: u32, vn: u32, tid: usize) {
+unsafe fn store_outputs<const VALUE_FIRST: bool>(
+    item: &Item,
+    c: usize,
+    maps: StoreMaps,
+    h: u32,
+    vn: u32,
+    boxes: usize,
+    tid: usize,
+) {
     if tid == STORE_THREAD {
         let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
         let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
         // SAFETY: see the function's contract.
         unsafe {
             if VALUE_FIRST {
-                for b in 0..KEY_BOXES {
+                for b in 0..boxes {
                     let src = h + (b * STATE_BOX_BYTES) as u32;
                     tma_store_3d(maps.h, (b * BOX_COLS) as i32, vcol0, state_row, src);
                 }

@@ -13,6 +13,7 @@
 //! | [`consumer`] | warps 0-3 (one warpgroup): the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores |
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
 //! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
+//! | [`keys`] | what the key size changes: state registers, the products' shapes, the layout |
 //! | [`fragments`] | accumulator fragments, the 128-byte swizzle, `ldmatrix`/`stmatrix` lanes |
 //! | [`maps`] | the tensor maps each role hands to TMA |
 //!
@@ -22,6 +23,7 @@
 
 mod consumer;
 mod fragments;
+mod keys;
 mod maps;
 mod producer;
 mod smem;
@@ -33,6 +35,7 @@ use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::CONSUMER_THREADS;
 use crate::schedule::{RowStrides, Work};
 use consumer::{Outputs, Variant};
+use keys::{K64, K128, KeySize};
 use maps::{LoadMaps, StoreMaps};
 use producer::Gates;
 use smem::Smem;
@@ -57,22 +60,9 @@ impl Role {
     }
 }
 
-/// Warp-specialized recurrence kernel (`abi::HOPPER`, parameters `abi::HOPPER_PARAMS`: grid = the
-/// schedule's workers, at most one CTA per SM; `abi::HOPPER.threads` threads;
-/// `abi::HOPPER.smem_bytes` of dynamic shared memory).
-///
-/// # Safety
-/// The tensor maps (indexed by `abi::MapSlot`) describe exactly the launch's `k`, `w`, `u`, `h`
-/// (in `state_layout`), `v_new` and (when `h0` is not null) `h0`; `g`, `gk` (when not null),
-/// `v_new` and `ht` (when not null) hold the contract's shapes for the schedule's items, with the
-/// given strides (`h0` and `ht` packed, in `state_layout`); `work` is a schedule of exactly
-/// `gridDim.x` workers that names each item of the plan once, its every next word naming a record
-/// of the table or being `ITEM_LAST`, its columns inside `value_dim`; `heads >= 1`; outputs do
-/// not overlap inputs or each other.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
-    _maps: TensorMaps,
+/// The kernel's parameters past the tensor maps, as both entries take them (`abi::HOPPER_PARAMS`).
+#[derive(Clone, Copy)]
+struct Params {
     g: *const f32,
     gk: *const f32,
     h0: *const f32,
@@ -82,18 +72,83 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
     heads: u32,
     value_dim: u32,
     state_layout: u32,
-    g_token_stride: u32,
-    g_head_stride: u32,
-    gk_token_stride: u32,
-    gk_head_stride: u32,
-    v_new_token_stride: u32,
-    v_new_head_stride: u32,
-) {
-    // The maps stay in the parameter space (64-byte aligned by the builder) and are handed to
-    // TMA by address.
-    let maps_base = param_address!("kda_fwd_h_hopper_param_0");
+    strides: [u32; 6],
+}
+
+/// Declares one entry point of the warp-specialized recurrence kernel for key size `$key`
+/// (`abi::HOPPER` and its siblings, parameters `abi::HOPPER_PARAMS`: grid = the schedule's
+/// workers, at most one CTA per SM; `abi::HOPPER.threads` threads; the entry's
+/// `smem_bytes` of dynamic shared memory).
+macro_rules! hopper_entry {
+    ($(#[$doc:meta])* $name:ident, $key:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The tensor maps (indexed by `abi::MapSlot`) describe exactly the launch's `k`, `w`,
+        /// `u`, `h` (in `state_layout`), `v_new` and (when `h0` is not null) `h0`, at this entry's
+        /// key size; `g`, `gk` (when not null), `v_new` and `ht` (when not null) hold the
+        /// contract's shapes for the schedule's items, with the given strides (`h0` and `ht`
+        /// packed, in `state_layout`); `work` is a schedule of exactly `gridDim.x` workers that
+        /// names each item of the plan once, its every next word naming a record of the table or
+        /// being `ITEM_LAST`, its columns inside `value_dim`; `heads >= 1`; outputs do not
+        /// overlap inputs or each other.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            _maps: TensorMaps,
+            g: *const f32,
+            gk: *const f32,
+            h0: *const f32,
+            v_new: *mut u16,
+            ht: *mut f32,
+            work: *const u32,
+            heads: u32,
+            value_dim: u32,
+            state_layout: u32,
+            g_token_stride: u32,
+            g_head_stride: u32,
+            gk_token_stride: u32,
+            gk_head_stride: u32,
+            v_new_token_stride: u32,
+            v_new_head_stride: u32,
+        ) {
+            // The maps stay in the parameter space (64-byte aligned by the builder) and are
+            // handed to TMA by address.
+            let maps = param_address!(concat!(stringify!($name), "_param_0"));
+            let strides = [
+                g_token_stride,
+                g_head_stride,
+                gk_token_stride,
+                gk_head_stride,
+                v_new_token_stride,
+                v_new_head_stride,
+            ];
+            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, strides };
+            // SAFETY: this entry's contract.
+            unsafe { run::<$key>(maps, p) }
+        }
+    };
+}
+
+hopper_entry!(
+    /// The recurrence at `K = 128` (`abi::HOPPER`).
+    kda_fwd_h_hopper,
+    K128
+);
+hopper_entry!(
+    /// The recurrence at `K = 64` (`abi::HOPPER_K64`).
+    kda_fwd_h_hopper_k64,
+    K64
+);
+
+/// The kernel for key size `C`, with its tensor maps at parameter-space address `maps_base`.
+///
+/// # Safety
+/// The entries' contract.
+#[inline(always)]
+unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
     let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
-    let has_h0 = !h0.is_null();
+    let has_h0 = !p.h0.is_null();
     let load_maps = LoadMaps {
         k: map(MapSlot::K),
         w: map(MapSlot::W),
@@ -102,26 +157,27 @@ pub unsafe extern "ptx-kernel" fn kda_fwd_h_hopper(
         w_row: map(MapSlot::WRow),
         u_row: map(MapSlot::URow),
         h0: if has_h0 { Some(map(MapSlot::H0)) } else { None },
-        value_first: state_layout == StateLayoutCode::ValueFirst as u32,
+        value_first: p.state_layout == StateLayoutCode::ValueFirst as u32,
     };
     let store_maps = StoreMaps { h: map(MapSlot::H), v_new: map(MapSlot::VNew) };
+    let [g_token, g_head, gk_token, gk_head, v_new_token, v_new_head] = p.strides;
     let gates = Gates {
-        g,
-        gk,
-        g_rows: RowStrides::new(g_token_stride, g_head_stride),
-        gk_rows: RowStrides::new(gk_token_stride, gk_head_stride),
+        g: p.g,
+        gk: p.gk,
+        g_rows: RowStrides::new(g_token, g_head),
+        gk_rows: RowStrides::new(gk_token, gk_head),
     };
     let outputs = Outputs {
         maps: store_maps,
-        v_new,
-        v_new_rows: RowStrides::new(v_new_token_stride, v_new_head_stride),
-        ht,
-        value_dim: value_dim as usize,
+        v_new: p.v_new,
+        v_new_rows: RowStrides::new(v_new_token, v_new_head),
+        ht: p.ht,
+        value_dim: p.value_dim as usize,
     };
-    let kind = Variant { scalar_gate: !g.is_null(), value_first: load_maps.value_first };
+    let kind = Variant { scalar_gate: !p.g.is_null(), value_first: load_maps.value_first };
     // SAFETY: the kernel's contract on `work`.
-    let work = unsafe { Work::new(work, heads as usize) };
-    let smem = Smem::of_cta();
+    let work = unsafe { Work::new(p.work, p.heads as usize) };
+    let smem = Smem::<C>::of_cta();
     let tid = thread_idx_x();
     if tid == CONSUMER_THREADS {
         // The descriptors' fetch overlaps the CTA's setup instead of delaying its first copies.

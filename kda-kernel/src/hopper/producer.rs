@@ -2,26 +2,21 @@
 //! into the ring, running up to `STAGES` chunks ahead of the consumer (across item boundaries:
 //! the next item's first loads overlap the current item's last chunks).
 
+use super::keys::KeySize;
 use super::maps::{ChunkLoad, LoadMaps};
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32, sync_warp};
 use crate::arch::sm90::tma_load_3d;
-use crate::layout::hopper::{BOX_COLS, BV, KEY_BOXES, PRODUCER_THREADS, STAGE_BYTES, STAGES};
-use crate::layout::{CHUNK, K_DIM};
+use crate::layout::CHUNK;
+use crate::layout::hopper::{BOX_COLS, BV, PRODUCER_THREADS, STAGES};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
 /// Lanes of the producer warp.
 const LANES: usize = PRODUCER_THREADS;
-/// `gk` columns each producer lane reads and exponentiates per chunk.
-const GATE_PER_LANE: usize = K_DIM / LANES;
 /// `g` rows (tokens) each producer lane reads and exponentiates per chunk.
 const ROWS_PER_LANE: usize = CHUNK / LANES;
-/// Bytes of one item's initial state block (`[K][BV]` f32).
-const H0_TX_BYTES: u32 = (K_DIM * BV * 4) as u32;
-/// Bytes a full chunk's TMA loads deliver to its stage.
-const STAGE_TX_BYTES: u32 = STAGE_BYTES as u32;
 
 /// The launch's gates: `g` `[T, HV]` and `gk` `[T, HV, K]` f32 (log2, cumulative inside each
 /// chunk), each null when absent, with their strides.
@@ -34,18 +29,26 @@ pub struct Gates {
 }
 
 /// One chunk's gate values as one producer lane holds them.
-#[derive(Clone, Copy)]
-struct ChunkGates {
+struct ChunkGates<C: KeySize> {
     /// `gk` of the chunk's last row at columns `lane + LANES * i` (zeros without `gk`).
-    gk_last: [f32; GATE_PER_LANE],
+    gk_last: C::GateLane,
     /// `g` of rows `lane + LANES * i` (zeros without `g`, and past the chunk's valid rows).
     g: [f32; ROWS_PER_LANE],
     /// `g` of the chunk's last valid row (zero without `g`).
     g_last: f32,
 }
 
-impl ChunkGates {
-    const NONE: Self = Self { gk_last: [0.0; GATE_PER_LANE], g: [0.0; ROWS_PER_LANE], g_last: 0.0 };
+impl<C: KeySize> Clone for ChunkGates<C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C: KeySize> Copy for ChunkGates<C> {}
+
+impl<C: KeySize> ChunkGates<C> {
+    fn none() -> Self {
+        Self { gk_last: C::gate_lane(|_| 0.0), g: [0.0; ROWS_PER_LANE], g_last: 0.0 }
+    }
 }
 
 impl Gates {
@@ -54,14 +57,14 @@ impl Gates {
     /// # Safety
     /// The gates given hold the contract's shapes (with their strides) for `item`.
     #[inline(always)]
-    unsafe fn read(&self, item: &Item, c: usize, lane: usize) -> ChunkGates {
+    unsafe fn read<C: KeySize>(&self, item: &Item, c: usize, lane: usize) -> ChunkGates<C> {
         let (t0, rows) = (item.first_token(c), item.rows(c));
         let last = t0 + rows - 1;
-        let mut out = ChunkGates::NONE;
+        let mut out = ChunkGates::<C>::none();
         // SAFETY (block): every row read is a valid token of this sequence and head.
         if !self.gk.is_null() {
             let row = unsafe { self.gk.add(self.gk_rows.row(last, item.head)) };
-            out.gk_last = core::array::from_fn(|i| unsafe { *row.add(lane + LANES * i) });
+            out.gk_last = C::gate_lane(|i| unsafe { *row.add(lane + LANES * i) });
         }
         if !self.g.is_null() {
             let at = |t: usize| unsafe { *self.g.add(self.g_rows.row(t, item.head)) };
@@ -82,7 +85,7 @@ impl Gates {
 /// maps describe the launch's tensors and the gates hold the contract's shapes for the
 /// schedule's items.
 #[inline(always)]
-pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gates: Gates) {
+pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, lane: usize, maps: LoadMaps, gates: Gates) {
     let mut stage = PipelineState::<STAGES>::producer_start();
     let mut slot = PipelineState::<1>::producer_start();
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
@@ -102,7 +105,14 @@ pub unsafe fn run(work: &Work, smem: Smem, lane: usize, maps: LoadMaps, gates: G
 /// # Safety
 /// Producer warp only; `slot` is the producer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state(item: &Item, smem: Smem, lane: usize, h0: u64, value_first: bool, slot: PipelineState<1>) {
+unsafe fn load_initial_state<C: KeySize>(
+    item: &Item,
+    smem: Smem<C>,
+    lane: usize,
+    h0: u64,
+    value_first: bool,
+    slot: PipelineState<1>,
+) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
     // lies inside `h0` (state row `item.state_row`, columns `vcol0 ..+ BV`: the map's first two
@@ -111,7 +121,8 @@ unsafe fn load_initial_state(item: &Item, smem: Smem, lane: usize, h0: u64, valu
     unsafe {
         h0_slot.producer_acquire(slot);
         if lane == 0 {
-            h0_slot.producer_commit_tx(slot, H0_TX_BYTES);
+            // The item's `K x BV` f32 block.
+            h0_slot.producer_commit_tx(slot, (C::K * BV * 4) as u32);
             let (c0, c1) = if value_first { (0, item.vcol0 as i32) } else { (item.vcol0 as i32, 0) };
             tma_load_3d(smem.h0(), h0, c0, c1, item.state_row as i32, h0_slot.full(slot));
         }
@@ -123,9 +134,9 @@ unsafe fn load_initial_state(item: &Item, smem: Smem, lane: usize, h0: u64, valu
 /// # Safety
 /// As for [`run`].
 #[inline(always)]
-unsafe fn load_chunks(
+unsafe fn load_chunks<C: KeySize>(
     item: &Item,
-    smem: Smem,
+    smem: Smem<C>,
     lane: usize,
     maps: &LoadMaps,
     gates: Gates,
@@ -134,13 +145,13 @@ unsafe fn load_chunks(
     let ring = smem.ring();
     let chunks = item.chunks();
     // SAFETY (block): `run`'s contract on the gates.
-    let mut gate = if chunks > 0 { unsafe { gates.read(item, 0, lane) } } else { ChunkGates::NONE };
+    let mut gate = if chunks > 0 { unsafe { gates.read::<C>(item, 0, lane) } } else { ChunkGates::none() };
     for c in 0..chunks {
         let s = *stage;
         stage.advance();
         // The next chunk's gates are loaded one iteration ahead, so their latency hides behind
         // the wait for a free stage instead of delaying this chunk's TMA loads.
-        let next = if c + 1 < chunks { unsafe { gates.read(item, c + 1, lane) } } else { ChunkGates::NONE };
+        let next = if c + 1 < chunks { unsafe { gates.read::<C>(item, c + 1, lane) } } else { ChunkGates::none() };
         // SAFETY: the barriers are initialised and `s` is the producer's position; the decay and
         // scale rows and the tiles are the stage's, free once the acquire returns; every box read
         // lies inside the chunk's valid rows of this sequence (a partial chunk takes the tail
@@ -152,9 +163,9 @@ unsafe fn load_chunks(
             gate = next;
             let load = ChunkLoad { item, c, tiles: smem.stage(s.index()), lane, maps, ring, stage: s };
             if rows == CHUNK {
-                load_full_chunk(load);
+                load_full_chunk::<C>(load);
             } else {
-                tail::load_partial_chunk(load);
+                tail::load_partial_chunk::<C>(load);
             }
         }
     }
@@ -167,12 +178,18 @@ unsafe fn load_chunks(
 /// # Safety
 /// Producer lanes only; `stage` is a stage the producer holds.
 #[inline(always)]
-unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, scalar_gate: bool, lane: usize) {
+unsafe fn write_gate_rows<C: KeySize>(
+    smem: Smem<C>,
+    stage: usize,
+    gate: &ChunkGates<C>,
+    scalar_gate: bool,
+    lane: usize,
+) {
     let (decay, scale) = (smem.decay(stage), smem.row_scale(stage));
     // SAFETY: column `lane + LANES * i < K` of the decay row, row `lane + LANES * i < CHUNK` of
     // the scales.
     unsafe {
-        for (i, &x) in gate.gk_last.iter().enumerate() {
+        for (i, &x) in gate.gk_last.as_ref().iter().enumerate() {
             st_shared_f32(decay + ((lane + LANES * i) * 4) as u32, exp2_approx(x + gate.g_last));
         }
         if scalar_gate {
@@ -191,14 +208,14 @@ unsafe fn write_gate_rows(smem: Smem, stage: usize, gate: &ChunkGates, scalar_ga
 /// # Safety
 /// Producer warp only; the chunk has `CHUNK` valid rows.
 #[inline(always)]
-unsafe fn load_full_chunk(load: ChunkLoad<'_>) {
+unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
     sync_warp();
     if load.lane == 0 {
         let (tiles, maps, t) = (load.tiles, load.maps, load.item.first_token(load.c));
         // SAFETY: the boxes are the chunk's rows of `k`, `w` and `u`, exactly the bytes announced.
         unsafe {
-            load.ring.producer_commit_tx(load.stage, STAGE_TX_BYTES);
-            for b in 0..KEY_BOXES {
+            load.ring.producer_commit_tx(load.stage, C::SMEM.stage_bytes);
+            for b in 0..C::KB {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }

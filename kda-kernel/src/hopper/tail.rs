@@ -8,19 +8,17 @@
 //! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
 
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled};
+use super::keys::KeySize;
 use super::maps::ChunkLoad;
 use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::fence_proxy_async;
-use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, KEY_BOXES, PRODUCER_THREADS};
-use crate::layout::{CHUNK, K_DIM};
+use crate::layout::CHUNK;
+use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, PRODUCER_THREADS};
 use crate::schedule::{Item, RowStrides};
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
-
-/// Bytes the one-row boxes of one tail row deliver: `k` and `w` (K columns each) and `u` (`BV`).
-const ROW_TX_BYTES: u32 = ((2 * K_DIM + BV) * 2) as u32;
 
 /// The producer's loads of a partial chunk into its stage.
 ///
@@ -31,24 +29,26 @@ const ROW_TX_BYTES: u32 = ((2 * K_DIM + BV) * 2) as u32;
 /// # Safety
 /// Producer warp only; the chunk is the item's last and partial.
 #[inline(always)]
-pub unsafe fn load_partial_chunk(load: ChunkLoad<'_>) {
+pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
     let (item, tiles, maps, lane) = (load.item, load.tiles, load.maps, load.lane);
     let (rows, tok0) = (item.rows(load.c), item.first_token(load.c));
     // SAFETY: the stage is the producer's; the zeroing is ordered before the consumer's async
     // (wgmma) reads by the proxy fence and the arrival; each one-row box is a valid token of this
     // sequence, and the bytes announced are exactly those boxes'.
     unsafe {
-        zero_key_rows(tiles, rows, lane);
+        zero_key_rows(tiles, C::KB, rows, lane);
         fence_proxy_async();
         sync_warp();
         if lane == 0 {
-            load.ring.producer_commit_tx(load.stage, rows as u32 * ROW_TX_BYTES);
+            // Per row: `k` and `w` (K columns each) and `u` (`BV`), bf16.
+            let row_bytes = ((2 * C::K + BV) * 2) as u32;
+            load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
         sync_warp();
         let mut r = lane;
         while r < rows {
             let off = r as u32 * ROW_BYTES;
-            for b in 0..KEY_BOXES {
+            for b in 0..C::KB {
                 load.load_key_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
                 load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
@@ -58,15 +58,15 @@ pub unsafe fn load_partial_chunk(load: ChunkLoad<'_>) {
     }
 }
 
-/// Zeroes rows `rows..CHUNK` of both boxes of the stage's `k` tile.
+/// Zeroes rows `rows..CHUNK` of every one of the `boxes` boxes of the stage's `k` tile.
 ///
 /// # Safety
 /// Producer lanes only; the stage is free.
 #[inline(always)]
-unsafe fn zero_key_rows(tiles: StageTiles, rows: usize, lane: usize) {
+unsafe fn zero_key_rows(tiles: StageTiles, boxes: usize, rows: usize, lane: usize) {
     let mut i = rows * CHUNKS_PER_ROW + lane;
     while i < CHUNK * CHUNKS_PER_ROW {
-        for b in 0..KEY_BOXES {
+        for b in 0..boxes {
             // SAFETY: inside the tile (row < CHUNK); see the function's contract.
             unsafe { st_shared_v4(tiles.k(b) + (i as u32) * CHUNK16, [0; 4]) };
         }

@@ -185,10 +185,10 @@ mod tests {
 
     use super::*;
     use crate::ptx;
-    use kda_kernel::abi::{BASELINE, HOPPER, KERNELS, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
+    use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 2] = [&BASELINE, &HOPPER];
+    const ABIS: [&KernelAbi; 3] = [&BASELINE, &HOPPER, &HOPPER_K64];
 
     /// One parameter of a PTX `.entry`.
     #[derive(Debug, PartialEq, Eq)]
@@ -272,20 +272,22 @@ mod tests {
         let mut pushed = Recorder::default();
         hopper.push(&mut pushed);
         check_entry(&HOPPER, &pushed.0);
+        // Every key size's entry takes the same arguments.
+        check_entry(&HOPPER_K64, &pushed.0);
 
         let baseline = BaselineArgs { ptrs: [1, 2, 3, 4, 5, 6, 7, 8], seqs: 9, heads: 10, key_heads: 5 };
         let mut pushed = Recorder::default();
         baseline.push(&mut pushed);
         check_entry(&BASELINE, &pushed.0);
 
-        // Those two are every kernel there is.
+        // Those are every kernel there is.
         assert_eq!(KERNELS.map(|k| k.entry), ABIS.map(|k| k.entry));
     }
 
     #[test]
     fn the_tensor_maps_are_declared_as_tma_needs() {
-        for ptx in ptx::modules_of(&HOPPER) {
-            let maps = &entry_params(ptx, HOPPER.entry)[0];
+        for (abi, ptx) in [&HOPPER, &HOPPER_K64].into_iter().flat_map(|k| ptx::modules_of(k).map(move |p| (k, p))) {
+            let maps = &entry_params(ptx, abi.entry)[0];
             assert_eq!(maps.bytes, TENSOR_MAPS * 128, "{maps:?}");
             assert!(maps.align.is_multiple_of(TENSOR_MAP_ALIGN), "{maps:?}");
         }

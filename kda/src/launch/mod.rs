@@ -20,7 +20,9 @@ use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{BASELINE, HOPPER, KernelAbi, StateLayoutCode, TensorMaps};
+use kda_kernel::abi::{BASELINE, KernelAbi, StateLayoutCode, TensorMaps, hopper_for};
+use kda_kernel::layout::K_DIM;
+use kda_kernel::layout::hopper::KEY_DIMS;
 use std::sync::Arc;
 use validate::{TensorArg, check_arg};
 
@@ -65,8 +67,9 @@ impl Loaded {
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
-    /// The warp-specialized kernel, present on compute capability 9.x.
-    hopper: Option<Loaded>,
+    /// The warp-specialized kernel's entries, one per key size (`layout::hopper::KEY_DIMS`, in
+    /// that order), present on compute capability 9.x.
+    hopper: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
 }
 
@@ -82,7 +85,12 @@ impl Kda {
         };
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let baseline = Loaded::load(&module, &BASELINE)?;
-        let hopper = if compute_capability.0 == 9 { Some(Loaded::load(&module, &HOPPER)?) } else { None };
+        let hopper = if compute_capability.0 == 9 {
+            let entries = KEY_DIMS.iter().map(|&k| hopper_for(k).expect("every key size has an entry"));
+            Some(entries.map(|abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
+        } else {
+            None
+        };
         Ok(Self { ctx, baseline, hopper, compute_capability })
     }
 
@@ -105,10 +113,20 @@ impl Kda {
         }
     }
 
-    /// The loaded `kernel`, or why this device has none.
+    /// The loaded `kernel` (the Hopper kernel's `K = 128` entry), or why this device has none.
     fn loaded(&self, kernel: Kernel) -> Result<&Loaded, KdaError> {
+        self.loaded_for(kernel, K_DIM)
+    }
+
+    /// The loaded `kernel` for key size `key_dim` (the baseline has one entry for all), or why
+    /// this device has none. A key size the Hopper kernel has no entry for is checked by
+    /// `hopper_supports`; here it resolves to the `K = 128` entry.
+    fn loaded_for(&self, kernel: Kernel, key_dim: usize) -> Result<&Loaded, KdaError> {
         match (self.resolve(kernel), &self.hopper) {
-            (Kernel::Hopper, Some(f)) => Ok(f),
+            (Kernel::Hopper, Some(entries)) => {
+                let i = KEY_DIMS.iter().position(|&k| k == key_dim).unwrap_or(KEY_DIMS.len() - 1);
+                Ok(&entries[i])
+            }
             (Kernel::Hopper, None) => Err(KdaError::Argument {
                 name: "kernel",
                 reason: format!(
@@ -153,7 +171,7 @@ impl Kda {
         let ptrs = Pointers::of(stream, inputs, outputs);
         match (choice, &plan.work) {
             (Kernel::Hopper, Some(work)) => {
-                self.launch_hopper(stream, self.loaded(Kernel::Hopper)?, plan, &dims, &ptrs, work)
+                self.launch_hopper(stream, self.loaded_for(Kernel::Hopper, dims.key_dim)?, plan, &dims, &ptrs, work)
             }
             _ => self.launch_baseline(stream, plan, &dims, &ptrs),
         }
@@ -290,14 +308,14 @@ impl Kda {
     }
 }
 
-/// What the Hopper kernel runs: `K = 128`; `V` a multiple of its column block up to
-/// `MAX_V_DIM`; every gate combination and state layout; strides TMA can express.
+/// What the Hopper kernel runs: `K` in `KEY_DIMS` (64 or 128); `V` a multiple of its column
+/// block up to `MAX_V_DIM`; every gate combination and state layout; strides TMA can express.
 fn hopper_supports(plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
-    use kda_kernel::layout::{K_DIM, MAX_V_DIM, hopper::BV};
-    if dims.key_dim != K_DIM {
+    use kda_kernel::layout::{MAX_V_DIM, hopper::BV};
+    if !KEY_DIMS.contains(&dims.key_dim) {
         return Err(KdaError::Unsupported {
             argument: "key_dim",
-            reason: format!("K = {}: the Hopper kernel runs K = {K_DIM}", dims.key_dim),
+            reason: format!("K = {}: the Hopper kernel runs K in {KEY_DIMS:?}", dims.key_dim),
         });
     }
     if !dims.value_dim.is_multiple_of(BV) || dims.value_dim > MAX_V_DIM {

@@ -1,0 +1,162 @@
+//! What the key size `K` changes in the Hopper kernel, behind one trait: the state's registers
+//! (`K / 2` f32 per consumer thread), product 1's k-steps (`K / 16`), product 2's `N` (`K`), the
+//! gate columns per producer lane, and the shared-memory layout
+//! (`layout::hopper::SharedStorage<K, K / 64>`). Everything else is the same code for every `K`.
+
+use super::fragments::a_fragments;
+use crate::arch::sm90::{
+    wgmma_m64n64k16x4_add_start, wgmma_m64n64k16x4_sub_start, wgmma_m64n64k16x8_sub_start,
+    wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
+};
+use crate::layout::hopper::{SharedStorage, Stage, StateTile};
+use crate::layout::{CHUNK, K_DIM};
+use core::mem::{offset_of, size_of};
+
+/// Lanes of the producer warp that share a chunk's gate row.
+const GATE_LANES: usize = 32;
+
+/// Byte offsets of the fields of one key size's [`SharedStorage`].
+#[derive(Clone, Copy)]
+pub struct Offsets {
+    pub stages: u32,
+    pub stage_bytes: u32,
+    pub decay: u32,
+    pub row_scale: u32,
+    pub h_staging: u32,
+    pub state_tile_bytes: u32,
+    pub vn_staging: u32,
+    pub h0: u32,
+    pub full: u32,
+    pub empty: u32,
+    pub h0_full: u32,
+    pub h0_empty: u32,
+}
+
+/// The offsets of `SharedStorage<K, KB>`.
+const fn offsets<const K: usize, const KB: usize>() -> Offsets {
+    type S<const K: usize, const KB: usize> = SharedStorage<K, KB>;
+    Offsets {
+        stages: offset_of!(S<K, KB>, stages) as u32,
+        stage_bytes: size_of::<Stage<KB>>() as u32,
+        decay: offset_of!(S<K, KB>, decay) as u32,
+        row_scale: offset_of!(S<K, KB>, row_scale) as u32,
+        h_staging: offset_of!(S<K, KB>, h_staging) as u32,
+        state_tile_bytes: size_of::<StateTile<KB>>() as u32,
+        vn_staging: offset_of!(S<K, KB>, vn_staging) as u32,
+        h0: offset_of!(S<K, KB>, h0) as u32,
+        full: offset_of!(S<K, KB>, full) as u32,
+        empty: offset_of!(S<K, KB>, empty) as u32,
+        h0_full: offset_of!(S<K, KB>, h0_full) as u32,
+        h0_empty: offset_of!(S<K, KB>, h0_empty) as u32,
+    }
+}
+
+/// One key size of the Hopper kernel.
+pub trait KeySize {
+    /// `K`.
+    const K: usize;
+    /// Boxes of `BOX_COLS` key columns per `k` or `w` tile (`K / 64`).
+    const KB: usize;
+    /// The shared-memory layout.
+    const SMEM: Offsets;
+    /// The state `S^T` as the m64nK accumulator: `K / 2` f32 per thread.
+    type State: Copy + AsRef<[f32]> + AsMut<[f32]>;
+    /// `bf16(S^T)` as product 1's A fragments: `K / 16` k-steps.
+    type StateA: Copy + AsRef<[[u32; 4]]>;
+    /// One producer lane's columns of a chunk's `gk` row: `K / 32`.
+    type GateLane: Copy + AsRef<[f32]>;
+
+    /// The zero state.
+    fn zero_state() -> Self::State;
+    /// One lane's gate columns, `column(i)` for its `i`-th (column `lane + 32 * i`).
+    fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane;
+    /// `bf16(S^T)` as product 1's A fragments.
+    fn state_fragments(s: &Self::State) -> Self::StateA;
+    /// Starts product 1, `vn -= A @ w^T` over `K`.
+    ///
+    /// # Safety
+    /// As for `arch::sm90::wgmma_m64n64k16x8_sub_start`, with `desc` describing the `w` tile.
+    unsafe fn product1_start(vn: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64);
+    /// Starts product 2, `s += A @ k` with `N = K`.
+    ///
+    /// # Safety
+    /// As for `arch::sm90::wgmma_m64n128k16x4_add_start`, with `desc` describing the `k` tile.
+    unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; CHUNK / 16], desc: u64);
+    /// Waits for product 2.
+    ///
+    /// # Safety
+    /// After [`KeySize::product2_start`] on the same `s`, by the whole warpgroup.
+    unsafe fn product2_wait(s: &mut Self::State);
+}
+
+/// `K = 64` (KDA variants with small heads).
+pub struct K64;
+/// `K = 128` (Kimi Linear, Qwen3-Next).
+pub struct K128;
+
+impl KeySize for K64 {
+    const K: usize = 64;
+    const KB: usize = 1;
+    const SMEM: Offsets = offsets::<64, 1>();
+    type State = [f32; 32];
+    type StateA = [[u32; 4]; 4];
+    type GateLane = [f32; 2];
+
+    fn zero_state() -> Self::State {
+        [0.0; 32]
+    }
+    fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
+        core::array::from_fn(column)
+    }
+    fn state_fragments(s: &Self::State) -> Self::StateA {
+        a_fragments(s)
+    }
+    unsafe fn product1_start(vn: &mut [f32; 32], a: &Self::StateA, desc: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_m64n64k16x4_sub_start(vn, a, desc) }
+    }
+    unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; 4], desc: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_m64n64k16x4_add_start(s, a, desc) }
+    }
+    unsafe fn product2_wait(s: &mut Self::State) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_wait_m64n64(s) }
+    }
+}
+
+impl KeySize for K128 {
+    const K: usize = K_DIM;
+    const KB: usize = 2;
+    const SMEM: Offsets = offsets::<K_DIM, 2>();
+    type State = [f32; 64];
+    type StateA = [[u32; 4]; 8];
+    type GateLane = [f32; 4];
+
+    fn zero_state() -> Self::State {
+        [0.0; 64]
+    }
+    fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
+        core::array::from_fn(column)
+    }
+    fn state_fragments(s: &Self::State) -> Self::StateA {
+        a_fragments(s)
+    }
+    unsafe fn product1_start(vn: &mut [f32; 32], a: &Self::StateA, desc: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_m64n64k16x8_sub_start(vn, a, desc) }
+    }
+    unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; 4], desc: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_m64n128k16x4_add_start(s, a, desc) }
+    }
+    unsafe fn product2_wait(s: &mut Self::State) {
+        // SAFETY: the caller's contract.
+        unsafe { wgmma_wait_m64n128(s) }
+    }
+}
+
+const _: () = {
+    assert!(K64::K / GATE_LANES == 2 && K128::K / GATE_LANES == 4);
+    assert!(K64::K == 64 * K64::KB && K128::K == 64 * K128::KB);
+};
