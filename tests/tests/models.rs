@@ -181,6 +181,41 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Strided views, as the launcher checks them: every drawn layout (packed, padded rows,
+    /// head-major) holds exactly its span, one element less is a shape error naming the tensor,
+    /// output rows never overlap, the strides are ones TMA can express, and laying the packed
+    /// tensor out at its strides and reading it back gives it unchanged with the gaps untouched.
+    #[test]
+    fn strided_views_round_trip_and_are_validated(
+        lengths in ragged_lengths(),
+        shape in kda_tests::model_shapes(vec![64, 128, 256], vec![64, 128, 512]),
+        layouts in kda_tests::row_layouts(),
+    ) {
+        use kda::{KdaError, Tensor};
+        let plan = Plan::from_lengths(&lengths);
+        let d = kda::Dims::model(&plan, &shape);
+        let strides = kda_tests::strides_of(layouts, &d);
+        prop_assert!(strides.check_hopper(&d).is_ok(), "{:?}", strides);
+        for tensor in [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew] {
+            let len = strides.len_of(&d, tensor).unwrap();
+            prop_assert!(strides.check_len(&d, tensor, len).is_ok(), "{}", tensor);
+            if len > 0 {
+                let err = strides.check_len(&d, tensor, len - 1).unwrap_err();
+                let named = matches!(err, KdaError::Shape { tensor: name, expected_len, .. } if name == tensor.name() && expected_len == len);
+                prop_assert!(named, "{}: {}", tensor, err);
+            }
+            let packed: Vec<u32> = (0..d.len_of(tensor).unwrap() as u32).collect();
+            let laid = strides.scatter(&d, tensor, &packed, u32::MAX);
+            prop_assert_eq!(laid.len(), len);
+            prop_assert_eq!(laid.iter().filter(|&&x| x == u32::MAX).count(), len - packed.len());
+            prop_assert_eq!(strides.gather(&d, tensor, &laid), packed);
+        }
+    }
+}
+
 /// The KDA reader never reads a generalized file as a KDA one (dropping `g`, or taking a
 /// value-first state for a key-first one): it names what it does not read.
 #[test]
