@@ -13,6 +13,7 @@ pub mod model;
 pub mod precision;
 pub mod reference;
 pub mod schedule;
+pub mod split;
 pub mod strides;
 
 /// The embedded PTX and its kernel names, for the PTX checks in `tests/` and `xtask` (not part

@@ -1,0 +1,397 @@
+//! Splitting long sequences across the GPU (docs/CONTRACT.md#splitting-one-sequence): the
+//! planner that decides whether and where to cut, and the f64 computation of a split batch that
+//! the GPU passes are to follow.
+//!
+//! A sequence cut into segments runs in three passes. The **pre-scan** runs each segment but the
+//! first on the augmented state `[M | B]` (`K x (K + V)`) from `[I | 0]`, with the values
+//! `[0 | u]`: the same recurrence over `K + V` value columns, so the kernel that runs sequences
+//! runs it too; each segment's final state is its affine map, `S_exit = M S_entry + B`. The
+//! first segment runs as an ordinary one from `h0` in the same pass, writing its outputs and its
+//! final state, the second segment's entry; the last segment needs no map. The **merge** chains
+//! the maps, one sequence and head at a time: `entry(s + 1) = M_s entry(s) + B_s`. The **main
+//! pass** runs every later segment from its entry state, writing `h`, `v_new` and (the last
+//! segment) `ht` where the unsplit recurrence writes them.
+//!
+//! The planner ([`SplitPlan::decide`]) weighs that extra work (the pre-scan's `K + V` columns,
+//! the serial merge) against the idle SMs of a batch with too few chains.
+
+use crate::model::{ModelView, StateLayout};
+use crate::reference::model_reference;
+use crate::{KdaError, Outputs, Plan};
+use half::bf16;
+use kda_kernel::layout::{CHUNK, hopper::BV};
+
+/// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
+const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
+/// Modelled cost of one merge step (`M_s entry(s) + B_s` for one head, a `K x K` by `K x V`
+/// product), in chunk times: about one chunk's two products, doubled for the step's dependent
+/// load of the previous entry. An assumption until the merge kernel is measured.
+pub const MERGE_STEP: u64 = 2;
+/// Modelled cost of each extra launch a split adds (the pre-scan and the merge), in chunk times
+/// (about 3.5 us each on the H200, against about 1.6 us per chunk).
+pub const LAUNCH_COST: u64 = 2;
+/// A split is taken only when its modelled time is below this fraction of the unsplit one: the
+/// model is coarse, and a split costs memory traffic the model does not see.
+pub const MIN_GAIN: f64 = 0.85;
+/// The shortest segment the planner cuts, in chunks: shorter ones pay the item overhead and the
+/// merge for too little work.
+pub const MIN_SEGMENT_CHUNKS: usize = 8;
+
+/// One segment of a sequence: a run of whole chunks (the last segment may end in a partial one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The sequence.
+    pub seq: usize,
+    /// Its place among the sequence's segments (0 is the first).
+    pub index: usize,
+    /// First token.
+    pub token_start: usize,
+    /// Length in tokens.
+    pub len: usize,
+    /// First chunk in `h`.
+    pub chunk_start: usize,
+}
+
+impl Segment {
+    /// Chunks of the segment.
+    pub fn chunks(&self) -> usize {
+        self.len.div_ceil(CHUNK)
+    }
+}
+
+/// Whether to split, for [`SplitPlan::decide`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    /// The cost model decides.
+    Auto,
+    /// Never split.
+    Off,
+    /// Cut every sequence longer than this many chunks into segments of this many chunks (for
+    /// tests and A/B runs; at least 1).
+    Chunks(usize),
+}
+
+/// The head and size figures the cost model needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Value heads `HV`.
+    pub value_heads: usize,
+    /// Key size `K`.
+    pub key_dim: usize,
+    /// Value size `V`.
+    pub value_dim: usize,
+    /// CTAs that run at once (SMs times CTAs per SM).
+    pub workers: usize,
+}
+
+impl Work {
+    /// Column blocks per head of the main pass.
+    fn blocks(&self) -> u64 {
+        self.value_dim.div_ceil(BV) as u64
+    }
+
+    /// Column blocks per head of the pre-scan (`K + V` columns).
+    fn prescan_blocks(&self) -> u64 {
+        (self.key_dim + self.value_dim).div_ceil(BV) as u64
+    }
+}
+
+/// The segments of every sequence of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitPlan {
+    segments: Vec<Segment>,
+    /// Segments of sequence `n`: `segments[first[n]..first[n + 1]]`.
+    first: Vec<usize>,
+}
+
+impl SplitPlan {
+    /// One segment per sequence: no split.
+    pub fn unsplit(plan: &Plan) -> Self {
+        Self::cut(plan, usize::MAX)
+    }
+
+    /// Every sequence longer than `segment_chunks` chunks cut into segments of that many chunks
+    /// (the last one what remains); the others whole. `segment_chunks` 0 counts as 1.
+    pub fn cut(plan: &Plan, segment_chunks: usize) -> Self {
+        let step = segment_chunks.max(1).saturating_mul(CHUNK);
+        let mut segments = Vec::new();
+        let mut first = Vec::with_capacity(plan.num_seqs() + 1);
+        for (seq, d) in plan.seqs().iter().enumerate() {
+            first.push(segments.len());
+            let mut start = 0;
+            loop {
+                let len = (d.len - start).min(step);
+                let chunk_start = d.chunk_start + start / CHUNK;
+                let index = segments.len() - first[seq];
+                segments.push(Segment { seq, index, token_start: d.token_start + start, len, chunk_start });
+                start += len;
+                if start >= d.len {
+                    break;
+                }
+            }
+        }
+        first.push(segments.len());
+        Self { segments, first }
+    }
+
+    /// The split `mode` asks for; with [`SplitMode::Auto`], the cheapest of no split and cuts at
+    /// `MIN_SEGMENT_CHUNKS` to half the longest sequence (powers of two), by
+    /// [`SplitPlan::modelled_cost`], taken only when it saves more than `1 - MIN_GAIN`.
+    pub fn decide(plan: &Plan, work: &Work, mode: SplitMode) -> Self {
+        match mode {
+            SplitMode::Off => Self::unsplit(plan),
+            SplitMode::Chunks(n) => Self::cut(plan, n),
+            SplitMode::Auto => {
+                let unsplit = Self::unsplit(plan);
+                let base = unsplit.modelled_cost(work);
+                let longest = plan.seqs().iter().map(|d| d.chunks()).max().unwrap_or(0);
+                let candidates = std::iter::successors(Some(MIN_SEGMENT_CHUNKS), |&n| n.checked_mul(2))
+                    .take_while(|&n| n.saturating_mul(2) <= longest);
+                let best = candidates.map(|n| Self::cut(plan, n)).min_by_key(|s| s.modelled_cost(work));
+                match best {
+                    Some(s) if (s.modelled_cost(work) as f64) < MIN_GAIN * base as f64 => s,
+                    _ => unsplit,
+                }
+            }
+        }
+    }
+
+    /// Every segment, sequence by sequence.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The segments of sequence `n`.
+    pub fn segments_of(&self, n: usize) -> &[Segment] {
+        &self.segments[self.first[n]..self.first[n + 1]]
+    }
+
+    /// Whether `seg` is its sequence's last segment.
+    fn is_last(&self, seg: &Segment) -> bool {
+        seg.index + 1 == self.segments_of(seg.seq).len()
+    }
+
+    /// Whether any sequence is cut.
+    pub fn is_split(&self) -> bool {
+        self.segments.len() + 1 > self.first.len()
+    }
+
+    /// The modelled time of the batch, in chunk times: for each pass, the larger of its longest
+    /// item and its total work spread over the workers; plus, when split, the merge's longest
+    /// chain of steps and the two extra launches.
+    pub fn modelled_cost(&self, work: &Work) -> u64 {
+        let hv = work.value_heads as u64;
+        let cost = |s: &Segment| s.chunks() as u64 + ITEM_OVERHEAD;
+        let pass = |items: &mut dyn Iterator<Item = (u64, u64)>| {
+            let (total, longest) = items.fold((0u64, 0u64), |(t, l), (count, c)| {
+                (t.saturating_add(count.saturating_mul(c)), if count > 0 { l.max(c) } else { l })
+            });
+            longest.max(total.div_ceil(work.workers.max(1) as u64))
+        };
+        if !self.is_split() {
+            return pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
+        }
+        // Pre-scan: the first segments as they are, the middle ones over K + V columns (a last
+        // segment needs no map).
+        let prescan = pass(&mut self.segments.iter().map(|s| {
+            let blocks = match (s.index, self.is_last(s)) {
+                (0, _) => work.blocks(),
+                (_, true) => 0,
+                _ => work.prescan_blocks(),
+            };
+            (hv * blocks, cost(s))
+        }));
+        // Merge steps of the longest chain: one per middle segment.
+        let merge = (0..self.first.len() - 1).map(|n| self.segments_of(n).len().saturating_sub(2) as u64).max();
+        let merge = merge.unwrap_or(0);
+        let main = pass(&mut self.segments.iter().filter(|s| s.index > 0).map(|s| (hv * work.blocks(), cost(s))));
+        prescan + merge * MERGE_STEP + main + 2 * LAUNCH_COST
+    }
+}
+
+/// `p` computed in f64 the way a split batch is (see the module): pre-scan, merge, main pass.
+/// Its outputs are the unsplit recurrence's up to the bf16 roundings of the augmented state; on
+/// an unsplit plan they are [`model_reference`]'s exactly. States in `p`'s layout.
+pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, KdaError> {
+    p.validate()?;
+    let s = p.shape;
+    let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+    let state = kd * vd;
+    let mut out = Outputs {
+        h: vec![bf16::ZERO; p.plan.chunks() * hv * state],
+        v_new: vec![bf16::ZERO; p.plan.tokens() * hv * vd],
+        ht: vec![0.0; p.plan.num_seqs() * hv * state],
+    };
+    let mut write = |seg: &Segment, o: &Outputs| {
+        let (h_at, t_at) = (seg.chunk_start * hv * state, seg.token_start * hv * vd);
+        out.h[h_at..h_at + o.h.len()].copy_from_slice(&o.h);
+        out.v_new[t_at..t_at + o.v_new.len()].copy_from_slice(&o.v_new);
+    };
+    let mut finals = Vec::with_capacity(p.plan.num_seqs());
+    for n in 0..p.plan.num_seqs() {
+        let segs = split.segments_of(n);
+        let h0 = match p.h0 {
+            Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(),
+            None => vec![0.0; hv * state],
+        };
+        // Pre-scan: the first segment as it is; the middle ones' maps (the last needs none).
+        let first = run_segment(p, &segs[0], &h0)?;
+        write(&segs[0], &first);
+        let mut entries = Vec::with_capacity(segs.len() - 1);
+        let mut entry = first.ht;
+        for (i, seg) in segs.iter().enumerate().skip(1) {
+            entries.push(entry.clone());
+            if i + 1 < segs.len() {
+                // Merge: entry(i + 1) = M_i entry(i) + B_i.
+                entry = merge(&entry, &segment_maps(p, seg)?, p);
+            }
+        }
+        // Main pass: every later segment from its entry state; the last one's final state.
+        let mut last = entry;
+        for (seg, e) in segs.iter().skip(1).zip(&entries) {
+            let o = run_segment(p, seg, e)?;
+            write(seg, &o);
+            last = o.ht;
+        }
+        finals.push(last);
+    }
+    for (n, last) in finals.into_iter().enumerate() {
+        out.ht[n * hv * state..(n + 1) * hv * state].copy_from_slice(&last);
+    }
+    Ok(out)
+}
+
+/// The rows `tokens` of a token-major tensor with `row` elements per token.
+fn rows<T>(x: &[T], tokens: std::ops::Range<usize>, row: usize) -> &[T] {
+    &x[tokens.start * row..tokens.end * row]
+}
+
+/// Segment `seg` of `p` run as a one-sequence problem from `entry` (`[HV]` states in `p`'s
+/// layout).
+fn run_segment(p: &ModelView<'_>, seg: &Segment, entry: &[f32]) -> Result<Outputs, KdaError> {
+    let s = p.shape;
+    let t = seg.token_start..seg.token_start + seg.len;
+    let plan = Plan::from_lengths(&[seg.len]);
+    let view = ModelView {
+        plan: &plan,
+        shape: s,
+        k: rows(p.k, t.clone(), s.heads * s.key_dim),
+        w: rows(p.w, t.clone(), s.value_heads * s.key_dim),
+        u: rows(p.u, t.clone(), s.value_heads * s.value_dim),
+        g: p.g.map(|g| rows(g, t.clone(), s.value_heads)),
+        gk: p.gk.map(|gk| rows(gk, t.clone(), s.value_heads * s.key_dim)),
+        h0: Some(entry),
+    };
+    model_reference(&view)
+}
+
+/// The affine maps `[M | B]` (`[HV][K][K + V]`, key-first) of segment `seg`: the recurrence over
+/// `K + V` value columns, values `[0 | u]`, from `[I | 0]`.
+fn segment_maps(p: &ModelView<'_>, seg: &Segment) -> Result<Vec<f32>, KdaError> {
+    let s = p.shape;
+    let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+    let wide = kd + vd;
+    let t = seg.token_start..seg.token_start + seg.len;
+    let mut u = vec![bf16::ZERO; seg.len * hv * wide];
+    for (dst, src) in u.chunks_exact_mut(wide).zip(rows(p.u, t.clone(), hv * vd).chunks_exact(vd)) {
+        dst[kd..].copy_from_slice(src);
+    }
+    let mut h0 = vec![0.0f32; hv * kd * wide];
+    for m in h0.chunks_exact_mut(kd * wide) {
+        for i in 0..kd {
+            m[i * wide + i] = 1.0;
+        }
+    }
+    let plan = Plan::from_lengths(&[seg.len]);
+    let shape = crate::model::ModelShape { value_dim: wide, layout: StateLayout::KeyFirst, ..s };
+    let view = ModelView {
+        plan: &plan,
+        shape,
+        k: rows(p.k, t.clone(), s.heads * kd),
+        w: rows(p.w, t.clone(), hv * kd),
+        u: &u,
+        g: p.g.map(|g| rows(g, t.clone(), hv)),
+        gk: p.gk.map(|gk| rows(gk, t.clone(), hv * kd)),
+        h0: Some(&h0),
+    };
+    Ok(model_reference(&view)?.ht)
+}
+
+/// `M entry + B` per head, in f64 then rounded to f32 (the state's precision), in `p`'s layout.
+fn merge(entry: &[f32], maps: &[f32], p: &ModelView<'_>) -> Vec<f32> {
+    let s = p.shape;
+    let (kd, vd) = (s.key_dim, s.value_dim);
+    let wide = kd + vd;
+    let mut next = vec![0.0f32; entry.len()];
+    for ((out, e), m) in
+        next.chunks_exact_mut(kd * vd).zip(entry.chunks_exact(kd * vd)).zip(maps.chunks_exact(kd * wide))
+    {
+        for i in 0..kd {
+            for c in 0..vd {
+                let me: f64 = (0..kd).map(|j| m[i * wide + j] as f64 * e[s.state_index(j, c)] as f64).sum();
+                out[s.state_index(i, c)] = (me + m[i * wide + kd + c] as f64) as f32;
+            }
+        }
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H200_WORKERS: usize = 132;
+
+    fn work(value_heads: usize) -> Work {
+        Work { value_heads, key_dim: 128, value_dim: 128, workers: H200_WORKERS }
+    }
+
+    #[test]
+    fn cuts_cover_each_sequence_in_whole_chunks() {
+        let plan = Plan::from_lengths(&[1000, 0, 64, 129]);
+        let s = SplitPlan::cut(&plan, 4);
+        for (n, d) in plan.seqs().iter().enumerate() {
+            let segs = s.segments_of(n);
+            assert_eq!(segs.iter().map(|g| g.len).sum::<usize>(), d.len);
+            assert_eq!(segs[0].token_start, d.token_start);
+            for (i, g) in segs.iter().enumerate() {
+                assert_eq!((g.seq, g.index), (n, i));
+                assert_eq!(g.chunk_start, d.chunk_start + (g.token_start - d.token_start) / CHUNK);
+                if i + 1 < segs.len() {
+                    assert_eq!(g.len, 4 * CHUNK);
+                }
+            }
+        }
+        assert_eq!(s.segments_of(0).len(), 1000usize.div_ceil(256));
+        assert_eq!((s.segments_of(1).len(), s.segments_of(2).len(), s.segments_of(3).len()), (1, 1, 1));
+        assert!(s.is_split() && !SplitPlan::unsplit(&plan).is_split());
+    }
+
+    /// Batches that fill the GPU are never split; the few-head long prompts are.
+    #[test]
+    fn the_planner_splits_only_what_would_idle_the_gpu() {
+        let auto = |lengths: &[usize], hv| SplitPlan::decide(&Plan::from_lengths(lengths), &work(hv), SplitMode::Auto);
+        let mixed_6 = [1300, 547, 2048, 963, 271, 3063];
+        for (lengths, hv) in [(&[8192][..], 64), (&mixed_6[..], 64), (&[128; 64][..], 64), (&[32768][..], 64)] {
+            assert!(!auto(lengths, hv).is_split(), "{lengths:?} x {hv} heads split");
+        }
+        let tp_long_h4 = auto(&[131072], 4);
+        assert!(tp_long_h4.is_split());
+        let unsplit = SplitPlan::unsplit(&Plan::from_lengths(&[131072])).modelled_cost(&work(4));
+        let cost = tp_long_h4.modelled_cost(&work(4));
+        println!("tp_long_h4: {} segments, modelled {cost} against {unsplit}", tp_long_h4.segments().len());
+        assert!((cost as f64) < 0.3 * unsplit as f64);
+        // In a mixed batch only the long sequence is cut.
+        let tp_mixed_h8 = auto(&[65536, 8192, 300], 8);
+        assert!(tp_mixed_h8.segments_of(0).len() > 1 && tp_mixed_h8.segments_of(2).len() == 1);
+        assert!(auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
+    }
+
+    #[test]
+    fn forced_modes_are_obeyed() {
+        let plan = Plan::from_lengths(&[8192]);
+        assert!(!SplitPlan::decide(&plan, &work(4), SplitMode::Off).is_split());
+        assert_eq!(SplitPlan::decide(&plan, &work(64), SplitMode::Chunks(32)).segments().len(), 4);
+        assert_eq!(SplitPlan::decide(&plan, &work(64), SplitMode::Chunks(0)).segments().len(), 128);
+    }
+}
