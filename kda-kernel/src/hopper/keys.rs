@@ -94,67 +94,46 @@ pub struct K64;
 /// `K = 128` (Kimi Linear, Qwen3-Next).
 pub struct K128;
 
-impl KeySize for K64 {
-    const K: usize = 64;
-    const KB: usize = 1;
-    const SMEM: Offsets = offsets::<64, 1>();
-    type State = [f32; 32];
-    type StateA = [[u32; 4]; 4];
-    type GateLane = [f32; 2];
+/// Implements [`KeySize`] for `$key`: `K = $k` in `$kb` boxes, its product wrappers.
+macro_rules! key_size {
+    ($key:ty, k $k:expr, boxes $kb:literal, product1 $p1:ident, product2 $p2:ident, wait2 $w2:ident) => {
+        impl KeySize for $key {
+            const K: usize = $k;
+            const KB: usize = $kb;
+            const SMEM: Offsets = offsets::<{ $k }, $kb>();
+            type State = [f32; $k / 2];
+            type StateA = [[u32; 4]; $k / 16];
+            type GateLane = [f32; $k / GATE_LANES];
 
-    fn zero_state() -> Self::State {
-        [0.0; 32]
-    }
-    fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
-        core::array::from_fn(column)
-    }
-    fn state_fragments(s: &Self::State) -> Self::StateA {
-        a_fragments(s)
-    }
-    unsafe fn product1_start(vn: &mut [f32; 32], a: &Self::StateA, desc: u64) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_m64n64k16x4_sub_start(vn, a, desc) }
-    }
-    unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; 4], desc: u64) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_m64n64k16x4_add_start(s, a, desc) }
-    }
-    unsafe fn product2_wait(s: &mut Self::State) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_wait_m64n64(s) }
-    }
+            fn zero_state() -> Self::State {
+                [0.0; $k / 2]
+            }
+            fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
+                core::array::from_fn(column)
+            }
+            fn state_fragments(s: &Self::State) -> Self::StateA {
+                a_fragments(s)
+            }
+            unsafe fn product1_start(vn: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64) {
+                // SAFETY: the caller's contract.
+                unsafe { $p1(vn, a, desc) }
+            }
+            unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; CHUNK / 16], desc: u64) {
+                // SAFETY: the caller's contract.
+                unsafe { $p2(s, a, desc) }
+            }
+            unsafe fn product2_wait(s: &mut Self::State) {
+                // SAFETY: the caller's contract.
+                unsafe { $w2(s) }
+            }
+        }
+    };
 }
 
-impl KeySize for K128 {
-    const K: usize = K_DIM;
-    const KB: usize = 2;
-    const SMEM: Offsets = offsets::<K_DIM, 2>();
-    type State = [f32; 64];
-    type StateA = [[u32; 4]; 8];
-    type GateLane = [f32; 4];
-
-    fn zero_state() -> Self::State {
-        [0.0; 64]
-    }
-    fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
-        core::array::from_fn(column)
-    }
-    fn state_fragments(s: &Self::State) -> Self::StateA {
-        a_fragments(s)
-    }
-    unsafe fn product1_start(vn: &mut [f32; 32], a: &Self::StateA, desc: u64) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_m64n64k16x8_sub_start(vn, a, desc) }
-    }
-    unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; 4], desc: u64) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_m64n128k16x4_add_start(s, a, desc) }
-    }
-    unsafe fn product2_wait(s: &mut Self::State) {
-        // SAFETY: the caller's contract.
-        unsafe { wgmma_wait_m64n128(s) }
-    }
-}
+key_size!(K64, k 64, boxes 1,
+    product1 wgmma_m64n64k16x4_sub_start, product2 wgmma_m64n64k16x4_add_start, wait2 wgmma_wait_m64n64);
+key_size!(K128, k K_DIM, boxes 2,
+    product1 wgmma_m64n64k16x8_sub_start, product2 wgmma_m64n128k16x4_add_start, wait2 wgmma_wait_m64n128);
 
 const _: () = {
     assert!(K64::K / GATE_LANES == 2 && K128::K / GATE_LANES == 4);
