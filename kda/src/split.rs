@@ -15,7 +15,7 @@
 //! The planner ([`SplitPlan::decide`]) weighs that extra work (the pre-scan's `K + V` columns,
 //! the serial merge) against the idle SMs of a batch with too few chains.
 
-use crate::model::{ModelView, StateLayout};
+use crate::model::ModelView;
 use crate::reference::model_reference;
 use crate::{KdaError, Outputs, Plan};
 use half::bf16;
@@ -209,9 +209,10 @@ impl SplitPlan {
     }
 }
 
-/// `p` computed in f64 the way a split batch is (see the module): pre-scan, merge, main pass.
-/// Its outputs are the unsplit recurrence's up to the bf16 roundings of the augmented state; on
-/// an unsplit plan they are [`model_reference`]'s exactly. States in `p`'s layout.
+/// `p` computed in f64 the way a split batch is (see the module): pre-scan, merge, main pass,
+/// rounding to bf16 where the kernels would. Its outputs are the unsplit recurrence's up to the
+/// roundings of the augmented state (docs/DESIGN.md, "Splitting sequences"); on an unsplit plan
+/// they are [`model_reference`]'s exactly. States in `p`'s layout.
 pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, KdaError> {
     p.validate()?;
     let s = p.shape;
@@ -243,7 +244,7 @@ pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, 
             entries.push(entry.clone());
             if i + 1 < segs.len() {
                 // Merge: entry(i + 1) = M_i entry(i) + B_i.
-                entry = merge(&entry, &segment_maps(p, seg)?, p);
+                entry = merge(&entry, &segment_maps(p, seg), p);
             }
         }
         // Main pass: every later segment from its entry state; the last one's final state.
@@ -285,36 +286,51 @@ fn run_segment(p: &ModelView<'_>, seg: &Segment, entry: &[f32]) -> Result<Output
     model_reference(&view)
 }
 
-/// The affine maps `[M | B]` (`[HV][K][K + V]`, key-first) of segment `seg`: the recurrence over
-/// `K + V` value columns, values `[0 | u]`, from `[I | 0]`.
-fn segment_maps(p: &ModelView<'_>, seg: &Segment) -> Result<Vec<f32>, KdaError> {
+/// The affine maps `[M | B]` (`[HV][K][K + V]`, key-first, f32) of segment `seg`: the
+/// recurrence over `K + V` value columns, values `[0 | u]`, from `[I | 0]`, in f64 with the state
+/// and the corrected values rounded to bf16 before the products, as a kernel rounds them.
+fn segment_maps(p: &ModelView<'_>, seg: &Segment) -> Vec<f32> {
     let s = p.shape;
-    let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+    let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
     let wide = kd + vd;
-    let t = seg.token_start..seg.token_start + seg.len;
-    let mut u = vec![bf16::ZERO; seg.len * hv * wide];
-    for (dst, src) in u.chunks_exact_mut(wide).zip(rows(p.u, t.clone(), hv * vd).chunks_exact(vd)) {
-        dst[kd..].copy_from_slice(src);
-    }
-    let mut h0 = vec![0.0f32; hv * kd * wide];
-    for m in h0.chunks_exact_mut(kd * wide) {
-        for i in 0..kd {
-            m[i * wide + i] = 1.0;
+    let f = |x: bf16| x.to_f64();
+    let round = |x: f64| bf16::from_f32(x as f32).to_f64();
+    let mut maps = vec![0.0f32; hv * kd * wide];
+    for (i, out) in maps.chunks_exact_mut(kd * wide).enumerate() {
+        let j = s.key_head(i);
+        let mut x = vec![0.0f64; kd * wide];
+        (0..kd).for_each(|a| x[a * wide + a] = 1.0);
+        let mut t0 = seg.token_start;
+        while t0 < seg.token_start + seg.len {
+            let t1 = (t0 + CHUNK).min(seg.token_start + seg.len);
+            let xr: Vec<f64> = x.iter().map(|&v| round(v)).collect();
+            let g_last = p.g.map(|g| g[(t1 - 1) * hv + i] as f64);
+            // Corrected values of the chunk's rows, scaled and rounded for product 2.
+            let mut vr = vec![0.0f64; (t1 - t0) * wide];
+            for t in t0..t1 {
+                let w = &p.w[(t * hv + i) * kd..][..kd];
+                let scale = g_last.zip(p.g).map_or(1.0, |(gl, g)| (gl - g[t * hv + i] as f64).exp2());
+                for c in 0..wide {
+                    let wx: f64 = (0..kd).map(|a| f(w[a]) * xr[a * wide + c]).sum();
+                    let u = if c < kd { 0.0 } else { f(p.u[(t * hv + i) * vd + c - kd]) };
+                    vr[(t - t0) * wide + c] = round((u - wx) * scale);
+                }
+            }
+            for a in 0..kd {
+                let mut decay = g_last.map_or(1.0, f64::exp2);
+                if let Some(gk) = p.gk {
+                    decay *= (gk[((t1 - 1) * hv + i) * kd + a] as f64).exp2();
+                }
+                for c in 0..wide {
+                    let kv: f64 = (t0..t1).map(|t| f(p.k[(t * h + j) * kd + a]) * vr[(t - t0) * wide + c]).sum();
+                    x[a * wide + c] = decay * x[a * wide + c] + kv;
+                }
+            }
+            t0 = t1;
         }
+        out.iter_mut().zip(&x).for_each(|(o, &v)| *o = v as f32);
     }
-    let plan = Plan::from_lengths(&[seg.len]);
-    let shape = crate::model::ModelShape { value_dim: wide, layout: StateLayout::KeyFirst, ..s };
-    let view = ModelView {
-        plan: &plan,
-        shape,
-        k: rows(p.k, t.clone(), s.heads * kd),
-        w: rows(p.w, t.clone(), hv * kd),
-        u: &u,
-        g: p.g.map(|g| rows(g, t.clone(), hv)),
-        gk: p.gk.map(|gk| rows(gk, t.clone(), hv * kd)),
-        h0: Some(&h0),
-    };
-    Ok(model_reference(&view)?.ht)
+    maps
 }
 
 /// `M entry + B` per head, in f64 then rounded to f32 (the state's precision), in `p`'s layout.
