@@ -15,7 +15,6 @@ pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
-use crate::strides::Strides;
 use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
@@ -24,7 +23,7 @@ use kda_kernel::abi::{BASELINE, KernelAbi, StateLayoutCode, TensorMaps, hopper_f
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::hopper::KEY_DIMS;
 use std::sync::Arc;
-use validate::{TensorArg, check_arg};
+use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports};
 
 /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` value for "all of the unified L1 /
 /// shared memory that can be shared memory".
@@ -182,7 +181,7 @@ impl Kda {
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
         if self.resolve(kernel) == Kernel::Hopper {
             self.loaded(Kernel::Hopper)?;
-            hopper_supports(plan, dims)?;
+            hopper_supports(&plan.strides, dims)?;
             // TMA coordinates are 32-bit: batches beyond 2^31 tokens or 2^31 rows of `h`
             // (NT * HV) take the baseline (which also covers every batch whose work records
             // would not fit in 32 bits).
@@ -192,7 +191,7 @@ impl Kda {
                 return Ok(Kernel::Hopper);
             }
         }
-        baseline_supports(plan, dims)?;
+        baseline_supports(&plan.shape, &plan.strides, dims)?;
         Ok(Kernel::Baseline)
     }
     /// The persistent Hopper kernel over the plan's schedule.
@@ -275,24 +274,6 @@ impl Kda {
         outputs: &KdaOutputs<'_>,
     ) -> Result<(), KdaError> {
         // `heads >= 1` holds: `DevicePlan::new` rejects 0.
-        let ordinal = self.ctx.ordinal();
-        for (name, actual) in [("stream", stream.context().ordinal()), ("plan", plan.ordinal)] {
-            if actual != ordinal {
-                return Err(KdaError::WrongDevice { tensor: name, expected: ordinal, actual });
-            }
-        }
-        let gates = plan.shape.gates;
-        for (tensor, wanted, given) in
-            [(Tensor::G, gates.g, inputs.g.is_some()), (Tensor::Gk, gates.gk, inputs.gk.is_some())]
-        {
-            if wanted != given {
-                let (has, was) = if wanted { ("has", "none was given") } else { ("has no", "one was given") };
-                return Err(KdaError::Argument {
-                    name: tensor.name(),
-                    reason: format!("the plan's shape {has} gate `{tensor}`, and {was}"),
-                });
-            }
-        }
         let args = [
             Some(TensorArg::of(Tensor::K, &inputs.k, stream)),
             Some(TensorArg::of(Tensor::W, &inputs.w, stream)),
@@ -304,27 +285,17 @@ impl Kda {
             Some(TensorArg::of(Tensor::VNew, &outputs.v_new, stream)),
             outputs.ht.as_ref().map(|t| TensorArg::of(Tensor::Ht, t, stream)),
         ];
-        args.into_iter().flatten().try_for_each(|a| check_arg(dims, &plan.strides, ordinal, a))
+        let args: Vec<TensorArg> = args.into_iter().flatten().collect();
+        let launch = Launch {
+            dims,
+            shape: &plan.shape,
+            strides: &plan.strides,
+            ordinal: self.ctx.ordinal(),
+            stream_ordinal: stream.context().ordinal(),
+            plan_ordinal: plan.ordinal,
+        };
+        check_launch(&launch, &args)
     }
-}
-
-/// What the Hopper kernel runs: `K` in `KEY_DIMS` (64 or 128); `V` a multiple of its column
-/// block up to `MAX_V_DIM`; every gate combination and state layout; strides TMA can express.
-fn hopper_supports(plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
-    use kda_kernel::layout::{MAX_V_DIM, hopper::BV};
-    if !KEY_DIMS.contains(&dims.key_dim) {
-        return Err(KdaError::Unsupported {
-            argument: "key_dim",
-            reason: format!("K = {}: the Hopper kernel runs K in {KEY_DIMS:?}", dims.key_dim),
-        });
-    }
-    if !dims.value_dim.is_multiple_of(BV) || dims.value_dim > MAX_V_DIM {
-        return Err(KdaError::Unsupported {
-            argument: "value_dim",
-            reason: format!("V = {}: the Hopper kernel runs multiples of {BV} up to {MAX_V_DIM}", dims.value_dim),
-        });
-    }
-    plan.strides.check_hopper(dims)
 }
 
 /// `ht = h0` (or zeros) for a batch with no tokens, as copies on `stream`.
@@ -338,29 +309,6 @@ fn final_states_without_tokens(
         (Some(ht), Some(h0)) => stream.memcpy_dtod(h0, ht)?,
         (Some(ht), None) => stream.memset_zeros(ht)?,
         (None, _) => {}
-    }
-    Ok(())
-}
-
-/// What the baseline kernel runs: KDA's slice (`gk` alone, `K = V = 128`, key-first states,
-/// packed tensors).
-fn baseline_supports(plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
-    use kda_kernel::layout::{K_DIM, V_DIM};
-    let gates = plan.shape.gates;
-    let unsupported = |argument: &'static str, what: &str| {
-        Err(KdaError::Unsupported { argument, reason: format!("{what}: the baseline kernel runs only KDA's slice") })
-    };
-    if dims.key_dim != K_DIM || dims.value_dim != V_DIM {
-        return unsupported("key_dim", &format!("K = {}, V = {}", dims.key_dim, dims.value_dim));
-    }
-    if gates.g || !gates.gk {
-        return unsupported(if gates.g { "g" } else { "gk" }, "a scalar gate, or no per-key gate");
-    }
-    if dims.layout != StateLayout::KeyFirst {
-        return unsupported("layout", "value-first states");
-    }
-    if plan.strides != Strides::PACKED {
-        return unsupported("strides", "strided views");
     }
     Ok(())
 }
