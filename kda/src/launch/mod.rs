@@ -63,6 +63,13 @@ impl Loaded {
 }
 
 /// A loaded kernel module on one device.
+///
+/// `Kda` is `Send` and `Sync`: one launcher serves every thread, each launching on its own stream
+/// (the driver's launches are thread-safe, and `launch` takes `&self`). A [`DevicePlan`] is too,
+/// and is only read on the device after it is built, so launches on several streams may share it;
+/// cudarc orders each use of its buffers after the upload on the plan's stream. The outputs of a
+/// launch are `&mut` borrows, so no two launches can write the same buffer at once through the
+/// safe API.
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
@@ -354,4 +361,21 @@ unsafe fn enqueue<'a>(
     // SAFETY: the function's contract; the argument list is the kernel's, as just checked.
     unsafe { args.launch.launch(cfg) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod thread_safety {
+    //! The launcher's types cross threads as documented on [`Kda`] and [`DevicePlan`].
+
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn the_launcher_and_plans_are_shared_across_threads() {
+        send_sync::<Kda>();
+        send_sync::<DevicePlan>();
+        send_sync::<KdaInputs<'static>>();
+        send_sync::<KdaOutputs<'static>>();
+    }
 }
