@@ -191,3 +191,35 @@ fn schedule_of_the_bench_shapes_is_near_ideal() {
         assert!(ratio <= 1.05, "{name}: makespan {makespan} is {ratio:.3} x its lower bound {bound}");
     }
 }
+
+/// 100,000 sequences of 1 to 8 tokens in one batch (more than a grid dimension's 65,535, a bug
+/// class of other implementations): the plan, the schedule over the H200's workers and its
+/// record table cover every item once, with every offset in range.
+#[test]
+fn a_hundred_thousand_short_sequences_are_planned_and_scheduled() {
+    const SEQS: usize = 100_000;
+    const H200_SMS: usize = 132;
+    let lengths: Vec<usize> =
+        kda::inputs::random_words(0x100_000, 0).take(SEQS).map(|x| 1 + (x % 8) as usize).collect();
+    let (makespan, bound) = check_schedule::<2>(&lengths, 2, 1, H200_SMS).unwrap();
+    println!("{SEQS} sequences x 2 heads x 2 blocks: modelled makespan {makespan}, lower bound {bound}");
+    let plan = Plan::from_lengths(&lengths);
+    assert_eq!((plan.num_seqs(), plan.chunks()), (SEQS, SEQS));
+    assert!(makespan <= bound + kda::schedule::item_cost(8));
+}
+
+/// A batch whose `k` has more than 2^31 elements (T = 300,000 tokens, H = 64) and whose `h` passes
+/// 2^32 bytes: the sizes are counted without overflow, and the schedule's 32-bit records hold
+/// every item's offsets.
+#[test]
+fn a_batch_past_two_to_the_31_elements_is_sized_and_scheduled() {
+    let lengths = [150_000, 100_000, 50_000];
+    let plan = Plan::from_lengths(&lengths);
+    let d = kda::Dims::new(&plan, 64);
+    assert!(d.key_len() > 1 << 31 && d.h_len() * 2 > 1 << 32, "{} {}", d.key_len(), d.h_len());
+    d.check().unwrap();
+    let s = Schedule::try_lpt(&plan, 64, 2, 132).unwrap();
+    let table = s.table(&plan, 1).expect("offsets fit the 32-bit records");
+    assert_eq!(table.len(), 3 * 64 * 2 * kda::layout::ITEM_WORDS);
+    check_schedule::<2>(&lengths, 64, 1, 132).unwrap();
+}
