@@ -211,6 +211,22 @@ impl ModelProblem {
     }
 }
 
+impl From<Problem> for ModelProblem {
+    /// The KDA problem as a generalized one ([`ModelShape::kda`], with its value heads).
+    fn from(p: Problem) -> Self {
+        Self {
+            shape: ModelShape { value_heads: p.value_heads, ..ModelShape::kda(p.heads) },
+            plan: p.plan,
+            k: p.k,
+            w: p.w,
+            u: p.u,
+            g: None,
+            gk: Some(p.gk),
+            h0: p.h0,
+        }
+    }
+}
+
 impl Problem {
     /// This KDA problem as a generalized one ([`ModelShape::kda`], with its value heads).
     pub fn model_view(&self) -> ModelView<'_> {

@@ -13,7 +13,8 @@ use crate::args::Args;
 use crate::outputs::{NAMES, rel_errors};
 use crate::proc::{Combined, Finished, Scratch, create_dir, describe, run_logged, tail, write_json};
 use crate::shapes;
-use kda::{Dims, Outputs, io, precision, reference};
+use kda::model::ModelProblem;
+use kda::{Outputs, io, precision, reference};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,10 +108,10 @@ struct Checks {
     records: Vec<Value>,
 }
 
-/// The f64 reference outputs of one input (of sizes `dims`), the f32 rounding floor of each
+/// The f64 reference outputs of one input (problem `problem`), the f32 rounding floor of each
 /// output and the bound a build's error must stay under.
 struct Expected {
-    dims: Dims,
+    problem: ModelProblem,
     want: Outputs,
     f32_floor: [f64; 3],
     bounds: [f64; 3],
@@ -185,7 +186,6 @@ impl Ab {
     /// first build).
     fn expect(&self, shape: &str, input: &Path) -> Result<Expected, String> {
         let p = shapes::write(shape, input)?;
-        let dims = p.dims();
         let ref_path = self.scratch.join(REFERENCE_FILE);
         let mut cmd = Command::new(&self.o.builds[0]);
         cmd.args(["run", "--cpu", "--inputs"]).arg(input).arg("--out").arg(&ref_path);
@@ -193,10 +193,11 @@ impl Ab {
         if !f.ok() {
             return Err(format!("ab: the f64 reference of {shape} {}:\n{}", f.describe(), tail(&text, 10)));
         }
-        let want = io::read_outputs(&ref_path, &dims).map_err(|e| e.to_string())?;
+        let want = io::read_model_outputs(&ref_path, &p.view()).map_err(|e| e.to_string())?;
         // The f32 rounding floor e32 of this problem, which sets the bound on long sequences.
-        let e32 = rel_errors(&reference::reference_f32(&p).map_err(|e| e.to_string())?, &want);
-        Ok(Expected { dims, want, f32_floor: e32, bounds: e32.map(precision::bound) })
+        let e32 = rel_errors(&reference::model_reference_f32(&p.view()).map_err(|e| e.to_string())?, &want);
+        let gated = p.shape.gates.g || p.shape.gates.gk;
+        Ok(Expected { problem: p, want, f32_floor: e32, bounds: e32.map(|f| precision::bound_for(gated, f)) })
     }
 
     /// Runs build `i` on `input` (of `shape`) and judges its outputs: whether it passed, and the
@@ -207,8 +208,11 @@ impl Ab {
         let mut cmd = Command::new(&self.o.builds[i]);
         cmd.arg("run").arg("--inputs").arg(input).arg("--out").arg(&got_path);
         let (f, text) = self.run(&format!("check {shape} {}", label(i)), &mut cmd, self.o.timeout)?;
-        let errs =
-            if f.ok() { io::read_outputs(&got_path, &x.dims).ok().map(|got| rel_errors(&got, &x.want)) } else { None };
+        let errs = if f.ok() {
+            io::read_model_outputs(&got_path, &x.problem.view()).ok().map(|got| rel_errors(&got, &x.want))
+        } else {
+            None
+        };
         let ok = errs.is_some_and(|e| e.iter().zip(&x.bounds).all(|(e, b)| *e < *b));
         match errs {
             Some(e) => {
@@ -296,9 +300,11 @@ impl Ab {
     /// Per shape: its sizes, every round's median of each build, their medians and ratios.
     fn shape_records(&self, times: &[Vec<Vec<f64>>], medians: &[Vec<Option<f64>>]) -> Vec<Value> {
         let records = self.o.shapes.iter().enumerate().map(|(s, shape)| {
-            let (lengths, heads) = shapes::lookup(shape).unwrap_or_default();
+            let (lengths, heads, value_heads) =
+                shapes::lookup(shape).map(|s| (s.lengths, s.shape.heads, s.shape.value_heads)).unwrap_or_default();
             json!({
-                "shape": shape, "heads": heads, "seqs": lengths.len(), "tokens": lengths.iter().sum::<usize>(),
+                "shape": shape, "heads": heads, "value_heads": value_heads, "seqs": lengths.len(),
+                "tokens": lengths.iter().sum::<usize>(),
                 "runs_us": times[s], "median_us": medians[s], "ratio": ratios(&medians[s]),
             })
         });

@@ -1,7 +1,8 @@
 //! Named input shapes for `profile`, `sanitize` and `ab`, written as safetensors files by Rust.
 
 use crate::harness::bench_shapes;
-use kda::{Problem, inputs, io};
+use kda::model::{ModelProblem, ModelShape};
+use kda::{inputs, io};
 use std::path::Path;
 
 /// Seed of every generated input (the benchmark's, so `ab` and `bench` time the same data).
@@ -13,34 +14,50 @@ pub const INPUT_SEED: u64 = 20261202;
 pub const RAGGED_MANY: &[usize] = &[0, 1, 63, 64, 65, 129, 200, 7];
 pub const RAGGED_MANY_HEADS: usize = 32;
 
-/// Every named shape: name, sequence lengths and heads. The benchmark's shapes (the reference
-/// shapes, `random_ragged_32k` and `decode_like`) at H = 64, then `ragged_many`.
-pub fn all() -> Vec<(&'static str, Vec<usize>, usize)> {
-    let mut v: Vec<_> = bench_shapes().into_iter().map(|(n, l)| (n, l, inputs::REFERENCE_HEADS)).collect();
-    v.push(("ragged_many", RAGGED_MANY.to_vec(), RAGGED_MANY_HEADS));
+/// One named shape: its sequence lengths and its heads, sizes, gates and layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Named {
+    pub name: &'static str,
+    pub lengths: Vec<usize>,
+    pub shape: ModelShape,
+}
+
+/// Every named shape. The benchmark's KDA shapes (the reference shapes, `random_ragged_32k` and
+/// `decode_like`) at H = 64, then `ragged_many`, then the model bench shapes
+/// (`kda_cli::model_bench_shapes`: Qwen3-Next, K = 64, value-first, ...).
+pub fn all() -> Vec<Named> {
+    let kda = |name, lengths, heads| Named { name, lengths, shape: ModelShape::kda(heads) };
+    let mut v: Vec<_> = bench_shapes().into_iter().map(|(n, l)| kda(n, l, inputs::REFERENCE_HEADS)).collect();
+    v.push(kda("ragged_many", RAGGED_MANY.to_vec(), RAGGED_MANY_HEADS));
+    v.extend(kda_cli::model_bench_shapes().into_iter().map(|(name, lengths, shape)| Named { name, lengths, shape }));
     v
 }
 
-/// The lengths and heads of shape `name`.
-pub fn lookup(name: &str) -> Result<(Vec<usize>, usize), String> {
+/// The shape named `name`.
+pub fn lookup(name: &str) -> Result<Named, String> {
     let all = all();
-    let names: Vec<&str> = all.iter().map(|s| s.0).collect();
+    let names: Vec<&str> = all.iter().map(|s| s.name).collect();
     all.iter()
-        .find(|s| s.0 == name)
-        .map(|(_, l, h)| (l.clone(), *h))
+        .find(|s| s.name == name)
+        .cloned()
         .ok_or_else(|| format!("unknown shape {name} (known: {})", names.join(", ")))
 }
 
-/// The random problem of shape `name` (with `h0`), as `kda::inputs::random_problem` draws it.
-pub fn problem(name: &str) -> Result<Problem, String> {
-    let (lengths, heads) = lookup(name)?;
-    Ok(inputs::random_problem(kda::Plan::from_lengths(&lengths), heads, true, INPUT_SEED))
+/// The random problem of shape `name` (with `h0`): KDA shapes as `kda::inputs::random_problem`
+/// draws them (the benchmark's inputs), the others as `try_random_model_problem` does.
+pub fn problem(name: &str) -> Result<ModelProblem, String> {
+    let s = lookup(name)?;
+    let plan = kda::Plan::from_lengths(&s.lengths);
+    if s.shape == ModelShape::kda(s.shape.heads) {
+        return Ok(inputs::random_problem(plan, s.shape.heads, true, INPUT_SEED).into());
+    }
+    inputs::try_random_model_problem(plan, s.shape, true, INPUT_SEED).map_err(|e| format!("{name}: {e}"))
 }
 
 /// Writes the inputs of shape `name` to `path` and returns the problem.
-pub fn write(name: &str, path: &Path) -> Result<Problem, String> {
+pub fn write(name: &str, path: &Path) -> Result<ModelProblem, String> {
     let p = problem(name)?;
-    io::write_problem(path, &p, None).map_err(|e| format!("{}: {e}", path.display()))?;
+    io::write_model_problem(path, &p.view(), None).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(p)
 }
 
@@ -50,17 +67,27 @@ mod tests {
 
     #[test]
     fn the_named_shapes() {
-        assert_eq!(lookup("fixed_8192").unwrap(), (vec![8192], 64));
-        assert_eq!(lookup("mixed_6").unwrap(), (vec![1300, 547, 2048, 963, 271, 3063], 64));
-        assert_eq!(lookup("fixed_32k").unwrap(), (vec![32768], 64));
-        assert_eq!(lookup("many_short").unwrap(), (vec![128; 64], 64));
-        assert_eq!(lookup("tiny").unwrap(), (vec![256], 64));
-        let (ragged, h) = lookup("random_ragged_32k").unwrap();
+        let kda = |name: &str| {
+            let s = lookup(name).unwrap();
+            assert_eq!(s.shape, ModelShape::kda(s.shape.heads), "{name}");
+            (s.lengths, s.shape.heads)
+        };
+        assert_eq!(kda("fixed_8192"), (vec![8192], 64));
+        assert_eq!(kda("mixed_6"), (vec![1300, 547, 2048, 963, 271, 3063], 64));
+        assert_eq!(kda("fixed_32k"), (vec![32768], 64));
+        assert_eq!(kda("many_short"), (vec![128; 64], 64));
+        assert_eq!(kda("tiny"), (vec![256], 64));
+        let (ragged, h) = kda("random_ragged_32k");
         assert_eq!((ragged.len(), ragged.iter().sum::<usize>(), h), (40, 32768, 64));
-        let (decode, _) = lookup("decode_like").unwrap();
+        let (decode, _) = kda("decode_like");
         assert_eq!(decode.len(), 256);
         assert!(decode.iter().all(|&n| (1..=64).contains(&n)));
-        let (many, h) = lookup("ragged_many").unwrap();
+        let qwen = lookup("qwen3_next_8192").unwrap();
+        assert_eq!(
+            (qwen.lengths, qwen.shape.heads, qwen.shape.value_heads, qwen.shape.gates.g),
+            (vec![8192], 16, 32, true)
+        );
+        let (many, h) = kda("ragged_many");
         // 8 sequences x 32 heads x 2 blocks of 64 value columns.
         assert_eq!(many.len() * h * 2, 512);
         let e = lookup("huge").unwrap_err();
@@ -72,9 +99,10 @@ mod tests {
         let dir = crate::proc::Scratch::new("test-shapes").unwrap();
         let path = dir.join("ragged_many.safetensors");
         let p = write("ragged_many", &path).unwrap();
+        // A KDA shape's file is a KDA file.
         let (back, expected) = io::read_problem(&path).unwrap();
         assert_eq!((back.plan.lengths(), back.heads), (RAGGED_MANY.to_vec(), RAGGED_MANY_HEADS));
-        assert_eq!((&back.k, &back.gk, &back.h0), (&p.k, &p.gk, &p.h0));
+        assert_eq!((&back.k, Some(&back.gk), &back.h0), (&p.k, p.gk.as_ref(), &p.h0));
         assert!(expected.is_none());
     }
 }
