@@ -54,7 +54,7 @@ impl DeviceProblem {
             let v = strides.scatter(&d, t, v, f32::NAN);
             stream.clone_htod(non_empty(&v, 0.0).as_ref())
         };
-        let v_new_len = strides.len_of(&d, Tensor::VNew).ok_or_else(|| too_short(&d, Tensor::VNew, 0))?;
+        let v_new_len = strides.len_of(&d, Tensor::VNew)?;
         Ok(Self {
             k: up_bf(Tensor::K, p.k)?,
             w: up_bf(Tensor::W, p.w)?,
@@ -79,21 +79,20 @@ impl DeviceProblem {
     /// Fails with a shape error when a buffer was replaced by one shorter than the plan needs.
     pub fn launch(&mut self, kda: &Kda, stream: &Arc<CudaStream>, kernel: Kernel) -> Result<(), KdaError> {
         let (d, strides) = (self.dims(), *self.plan.strides());
-        let len = |t: Tensor| -> Result<usize, KdaError> {
-            strides.len_of(&d, t).ok_or_else(|| KdaError::TooLarge { tensor: t.name(), shape: d.describe(t) })
-        };
+        // Each tensor's length at the plan's strides (the states are always packed).
+        let len = |t: Tensor| strides.len_of(&d, t);
         let inputs = KdaInputs {
             k: prefix(&self.k, &d, Tensor::K, len(Tensor::K)?)?,
             w: prefix(&self.w, &d, Tensor::W, len(Tensor::W)?)?,
             u: prefix(&self.u, &d, Tensor::U, len(Tensor::U)?)?,
             g: self.g.as_ref().map(|g| prefix(g, &d, Tensor::G, len(Tensor::G)?)).transpose()?,
             gk: self.gk.as_ref().map(|gk| prefix(gk, &d, Tensor::Gk, len(Tensor::Gk)?)).transpose()?,
-            h0: self.h0.as_ref().map(|h0| prefix(h0, &d, Tensor::H0, d.len_of(Tensor::H0)?)).transpose()?,
+            h0: self.h0.as_ref().map(|h0| prefix(h0, &d, Tensor::H0, len(Tensor::H0)?)).transpose()?,
         };
         let mut outputs = KdaOutputs {
-            h: prefix_mut(&mut self.h, &d, Tensor::H, d.len_of(Tensor::H)?)?,
+            h: prefix_mut(&mut self.h, &d, Tensor::H, len(Tensor::H)?)?,
             v_new: prefix_mut(&mut self.v_new, &d, Tensor::VNew, len(Tensor::VNew)?)?,
-            ht: Some(prefix_mut(&mut self.ht, &d, Tensor::Ht, d.len_of(Tensor::Ht)?)?),
+            ht: Some(prefix_mut(&mut self.ht, &d, Tensor::Ht, len(Tensor::Ht)?)?),
         };
         kda.launch(stream, &self.plan, &inputs, &mut outputs, kernel)
     }
@@ -120,18 +119,6 @@ impl DeviceProblem {
         let mut v_new = self.plan.strides().gather(&d, Tensor::VNew, &v_new);
         v_new.truncate(d.value_len());
         Ok(Outputs { h, v_new, ht })
-    }
-
-    /// The elements of the strided `v_new` buffer outside its rows (what a launch must leave
-    /// alone), downloaded (synchronises `stream`).
-    pub fn v_new_gaps(&self, stream: &Arc<CudaStream>) -> Result<Vec<bf16>, KdaError> {
-        let d = self.dims();
-        let all = stream.clone_dtoh(&self.v_new)?;
-        let mut inside = vec![false; all.len()];
-        for (_, at, width) in self.plan.strides().rows(&d, Tensor::VNew) {
-            inside[at..at + width].iter_mut().for_each(|x| *x = true);
-        }
-        Ok(all.into_iter().zip(inside).filter(|(_, i)| !i).map(|(x, _)| x).collect())
     }
 }
 

@@ -103,15 +103,16 @@ impl Strides {
     }
 
     /// Elements a buffer of `tensor` must hold at these strides (its contract length when packed),
-    /// or `None` when that overflows.
-    pub fn len_of(&self, dims: &Dims, tensor: Tensor) -> Option<usize> {
-        match self.of(tensor) {
-            Some(s) => {
-                let (heads, width) = row_shape(dims, tensor);
-                s.span(dims.tokens, heads, width)
-            }
-            None => dims.len_of(tensor).ok(),
-        }
+    /// or [`KdaError::TooLarge`] when that overflows.
+    pub fn len_of(&self, dims: &Dims, tensor: Tensor) -> Result<usize, KdaError> {
+        let Some(s) = self.of(tensor) else {
+            return dims.len_of(tensor);
+        };
+        let (heads, width) = row_shape(dims, tensor);
+        s.span(dims.tokens, heads, width).ok_or_else(|| KdaError::TooLarge {
+            tensor: tensor.name(),
+            shape: format!("{} at token stride {}, head stride {}", dims.describe(tensor), s.token, s.head),
+        })
     }
 
     /// Every row of token-major `tensor`: `(packed offset, strided offset, width)`, token-major.
@@ -127,7 +128,7 @@ impl Strides {
         if self.of(tensor).is_none() {
             return data.to_vec();
         }
-        let mut out = vec![fill; self.len_of(dims, tensor).unwrap_or(0)];
+        let mut out = vec![fill; self.len_of(dims, tensor).unwrap_or_default()];
         for (packed, at, width) in self.rows(dims, tensor) {
             out[at..at + width].copy_from_slice(&data[packed..packed + width]);
         }
@@ -153,10 +154,7 @@ impl Strides {
             return dims.check_len(tensor, len);
         };
         let (heads, width) = row_shape(dims, tensor);
-        let span = s.span(dims.tokens, heads, width).ok_or_else(|| KdaError::TooLarge {
-            tensor: tensor.name(),
-            shape: format!("{} at token stride {}, head stride {}", dims.describe(tensor), s.token, s.head),
-        })?;
+        let span = self.len_of(dims, tensor)?;
         if tensor == Tensor::VNew && !s.rows_disjoint(dims.tokens, heads, width) {
             return Err(KdaError::Argument {
                 name: tensor.name(),
