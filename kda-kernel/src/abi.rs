@@ -115,10 +115,11 @@ impl Param {
 /// a tensor map: `g` and `gk` (null when the gate is absent; each chunk's rows of `g`, each
 /// chunk's last row of `gk`), `h0` (only tested for null: the map loads it), `v_new` (the tail
 /// chunk's valid rows), `ht`, and the schedule's work records. `heads` counts value heads (each
-/// work record names its key head); `value_dim` is `V`; `state_layout` is a [`StateLayoutCode`];
+/// work record names its key head); `value_dim` is `V` (`K + V` in the pre-scan, the width of
+/// its `ht`); `state_layout` is a [`StateLayoutCode`]; `pass` a [`PassCode`];
 /// the strides are in elements, of the token and head dimensions of `g`, `gk` and `v_new` (the
 /// tensor maps carry those of `k`, `w`, `u` and `v_new`'s full boxes).
-pub const HOPPER_PARAMS: [Param; 16] = [
+pub const HOPPER_PARAMS: [Param; 17] = [
     Param { name: "maps", kind: ParamKind::TensorMaps },
     Param::pointer("g"),
     Param::pointer("gk"),
@@ -129,6 +130,7 @@ pub const HOPPER_PARAMS: [Param; 16] = [
     Param::u32("heads"),
     Param::u32("value_dim"),
     Param::u32("state_layout"),
+    Param::u32("pass"),
     Param::u32("g_token_stride"),
     Param::u32("g_head_stride"),
     Param::u32("gk_token_stride"),
@@ -146,6 +148,33 @@ pub enum StateLayoutCode {
     /// `[.., V, K]`.
     ValueFirst = 1,
 }
+
+/// Which pass of the recurrence a Hopper launch runs, as the kernel's `pass` parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PassCode {
+    /// The recurrence: each item from its initial state, writing `h`, `v_new` and `ht`.
+    Recurrence = 0,
+    /// The pre-scan of split sequences (docs/CONTRACT.md, "Splitting one sequence"): each item a
+    /// block of the augmented state `[M | B]` (`K + V` columns) of one segment, from `[I | 0]`
+    /// (no `h0`), with the values `[0 | u]`; writes only its final state (key-first) to `ht`.
+    Prescan = 1,
+}
+
+/// The split merge's parameters, in order: the pre-scan's maps (`[rows][K][K + V]` f32), `h0`
+/// (null for zeros), the entry states it writes (`[rows][K][V]` f32 in `state_layout`), its
+/// table (`layout::MERGE_WORDS` words per sequence), `heads` (value heads), `key_dim`,
+/// `value_dim`, `state_layout` (a [`StateLayoutCode`]).
+pub const MERGE_PARAMS: [Param; 8] = [
+    Param::pointer("maps"),
+    Param::pointer("h0"),
+    Param::pointer("entries"),
+    Param::pointer("table"),
+    Param::u32("heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("state_layout"),
+];
 
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
 /// of `k`).
@@ -235,8 +264,19 @@ pub const BASELINE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// The merge of split sequences: chains each sequence's segment maps into their entry states
+/// (plain f32 arithmetic, so every target has it).
+pub const MERGE: KernelAbi = KernelAbi {
+    entry: "kda_split_merge",
+    params: &MERGE_PARAMS,
+    threads: crate::layout::merge::THREADS,
+    smem_bytes: crate::layout::merge::SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 3] = [BASELINE, HOPPER, HOPPER_K64];
+pub const KERNELS: [KernelAbi; 4] = [BASELINE, HOPPER, HOPPER_K64, MERGE];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");

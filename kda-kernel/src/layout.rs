@@ -26,34 +26,83 @@ pub const DESC_LEN: usize = 1;
 pub const DESC_CHUNK_START: usize = 2;
 
 /// Words (`u32`) per work-item record of the Hopper kernel's schedule table: everything a CTA
-/// needs to start an item, in one 32-byte read (no second read of the sequence's descriptor on
-/// the path to the item's first loads). Worker `b`'s first item is record `b`; each record names
-/// the worker's next one (or [`ITEM_LAST`]).
-pub const ITEM_WORDS: usize = 8;
-/// Index of the state row word (`seq * HV + head`, the item's row of `h0` and `ht`) in a record.
-pub const ITEM_STATE_ROW: usize = 0;
+/// needs to start an item, in three 16-byte reads (no second read of the sequence's descriptor
+/// on the path to the item's first loads). Worker `b`'s first item is record `b`; each record
+/// names the worker's next one (or [`ITEM_LAST`]). Words past [`ITEM_NEXT`] are zero.
+pub const ITEM_WORDS: usize = 12;
+/// Index of the item's row of `h0` (`[rows][K][V]` view, the initial states it reads) in a
+/// record: `seq * HV + head` for a whole sequence, the segment's entry-state row when split.
+pub const ITEM_H0_ROW: usize = 0;
+/// Index of the item's row of `ht` in a record (the final state it writes), or [`ITEM_NO_ROW`]
+/// for a segment whose final state is not wanted.
+pub const ITEM_HT_ROW: usize = 1;
 /// Index of the (value) head word in a record.
-pub const ITEM_HEAD: usize = 1;
-/// Index of the first-value-column word (the column block times its width) in a record.
-pub const ITEM_VCOL0: usize = 2;
-/// Index of the sequence's first-token word in a record.
-pub const ITEM_TOKEN_START: usize = 3;
-/// Index of the sequence's length word (tokens) in a record.
-pub const ITEM_LEN: usize = 4;
-/// Index of the sequence's first-chunk word (in `h`) in a record.
-pub const ITEM_CHUNK_START: usize = 5;
-/// Index of the word naming the worker's next record in a record.
-pub const ITEM_NEXT: usize = 6;
+pub const ITEM_HEAD: usize = 2;
 /// Index of the key head word (`head / (HV / H)`: the head of `k` a grouped value head reads) in
 /// a record.
-pub const ITEM_KEY_HEAD: usize = 7;
+pub const ITEM_KEY_HEAD: usize = 3;
+/// Index of the first-value-column word (the column block times its width) in a record: the
+/// columns of the state (and of `h`, `v_new`, `ht`) the item runs.
+pub const ITEM_VCOL0: usize = 4;
+/// Index of the first column of `u` the item reads in a record: its first value column, except in
+/// the pre-scan, whose value columns are `[0 | u]` (the map's key columns read no `u`).
+pub const ITEM_U_COL: usize = 5;
+/// Index of the sequence's (or segment's) first-token word in a record.
+pub const ITEM_TOKEN_START: usize = 6;
+/// Index of the length word (tokens) in a record.
+pub const ITEM_LEN: usize = 7;
+/// Index of the first-chunk word (in `h`) in a record.
+pub const ITEM_CHUNK_START: usize = 8;
+/// Index of the word naming the worker's next record in a record.
+pub const ITEM_NEXT: usize = 9;
+/// A row word naming no row.
+pub const ITEM_NO_ROW: u32 = u32::MAX;
 /// The next-record word of a worker's last item.
 pub const ITEM_LAST: u32 = u32::MAX;
+
+/// Words (`u32`) per sequence of the split merge's table.
+pub const MERGE_WORDS: usize = 4;
+/// Index of the sequence's index (its row of `h0` is `seq * HV + head`) in a merge record.
+pub const MERGE_SEQ: usize = 0;
+/// Index of the sequence's first entry-state row (`(first + s) * HV + head` for segment `s`).
+pub const MERGE_FIRST_ENTRY: usize = 1;
+/// Index of the sequence's segment count.
+pub const MERGE_SEGMENTS: usize = 2;
+/// Index of the sequence's first map row (`(first + s) * HV + head` for segment `s`, every
+/// segment but the last).
+pub const MERGE_FIRST_MAP: usize = 3;
 
 /// Number of chunks of a sequence of `len` tokens (`ceil(len / CHUNK)`).
 #[inline(always)]
 pub const fn chunks_of(len: usize) -> usize {
     len.div_ceil(CHUNK)
+}
+
+/// Tile shapes of the split merge (`kda_split_merge`).
+pub mod merge {
+    use super::hopper::KEY_DIMS;
+
+    /// Value columns one CTA chains: narrow, so the merge of a few heads still spreads over many
+    /// SMs (its steps are serial within a sequence).
+    pub const COLS: usize = 16;
+    /// Threads per CTA: four per key row (one 4-column quad each) for 64 rows at a time.
+    pub const THREADS: usize = 256;
+    /// Key rows computed at once by the CTA (`THREADS` over the quads of a row).
+    pub const ROWS_PER_PASS: usize = THREADS / (COLS / 4);
+    /// The largest key size the merge holds.
+    pub const MAX_K: usize = 256;
+    /// Shared memory: the entry state's `K x COLS` block, double-buffered (read one, write the
+    /// next), f32.
+    pub const SMEM_BYTES: usize = 2 * MAX_K * COLS * 4;
+
+    const _: () = {
+        assert!(COLS.is_multiple_of(4) && super::hopper::BV.is_multiple_of(COLS));
+        let mut i = 0;
+        while i < KEY_DIMS.len() {
+            assert!(KEY_DIMS[i] <= MAX_K && KEY_DIMS[i].is_multiple_of(ROWS_PER_PASS));
+            i += 1;
+        }
+    };
 }
 
 /// Tile shapes of the baseline (portable, sm_80+) kernel.

@@ -13,6 +13,7 @@
 //! | `schedule` | the persistent grid's work lists |
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
+//! | `merge` | the merge of split sequences: segment maps chained into entry states |
 //!
 //! The math is `docs/CONTRACT.md`.
 #![no_std]
@@ -26,6 +27,8 @@ pub mod arch;
 
 #[cfg(target_arch = "nvptx64")]
 mod baseline;
+#[cfg(target_arch = "nvptx64")]
+mod merge;
 
 /// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX
 /// (mbarrier waits, TMA and wgmma do not exist on the portable target).

@@ -7,8 +7,8 @@
 
 use crate::arch::sm80::block_idx_x_in_role;
 use crate::layout::{
-    CHUNK, ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW,
-    ITEM_TOKEN_START, ITEM_VCOL0, ITEM_WORDS,
+    CHUNK, ITEM_CHUNK_START, ITEM_H0_ROW, ITEM_HEAD, ITEM_HT_ROW, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT,
+    ITEM_NO_ROW, ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS,
 };
 
 /// The launcher's schedule table, for a batch of `heads` heads.
@@ -17,13 +17,13 @@ pub struct Work {
     heads: usize,
 }
 
-/// One work-item record, read whole (two 16-byte loads).
-#[repr(C, align(32))]
+/// One work-item record, read whole (three 16-byte loads).
+#[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct Record([u32; ITEM_WORDS]);
 
 impl Work {
-    /// The table at `records` (`ITEM_WORDS` words per record, 32-byte aligned) of a batch of
+    /// The table at `records` (`ITEM_WORDS` words per record, 16-byte aligned) of a batch of
     /// `heads` value heads.
     ///
     /// # Safety
@@ -61,27 +61,31 @@ impl Iterator for Items<'_> {
             token_start: r[ITEM_TOKEN_START] as usize,
             len: r[ITEM_LEN] as usize,
             chunk_start: r[ITEM_CHUNK_START] as usize,
-            state_row: r[ITEM_STATE_ROW] as usize,
+            h0_row: r[ITEM_H0_ROW] as usize,
+            ht_row: if r[ITEM_HT_ROW] == ITEM_NO_ROW { None } else { Some(r[ITEM_HT_ROW] as usize) },
             head: r[ITEM_HEAD] as usize,
             key_head: r[ITEM_KEY_HEAD] as usize,
             heads: self.work.heads,
             vcol0: r[ITEM_VCOL0] as usize,
+            u_col: r[ITEM_U_COL] as usize,
         })
     }
 }
 
 /// What every role needs to know about its work item: one block of value columns of one head of
-/// one sequence.
+/// one sequence, or of one segment of a split sequence.
 #[derive(Clone, Copy)]
 pub struct Item {
-    /// The sequence's first token.
+    /// The sequence's (segment's) first token.
     pub token_start: usize,
-    /// The sequence's length in tokens.
+    /// The sequence's (segment's) length in tokens.
     pub len: usize,
-    /// The sequence's first chunk in `h`.
+    /// The sequence's (segment's) first chunk in `h`.
     pub chunk_start: usize,
-    /// Row of this item's state in the `[N * H][K][V]` view of `h0` and `ht`.
-    pub state_row: usize,
+    /// Row of this item's initial state in the `[rows][K][V]` view of `h0`.
+    pub h0_row: usize,
+    /// Row of this item's final state in the `[rows][K][V]` view of `ht`, if it writes one.
+    pub ht_row: Option<usize>,
     /// The (value) head.
     pub head: usize,
     /// The head of `k` this value head reads (itself when every key head has one value head).
@@ -90,6 +94,8 @@ pub struct Item {
     pub heads: usize,
     /// First value column of this item's block.
     pub vcol0: usize,
+    /// First column of `u` it reads (`vcol0` except in the pre-scan).
+    pub u_col: usize,
 }
 
 impl Item {

@@ -20,8 +20,8 @@
 
 use crate::{KdaError, Plan};
 use kda_kernel::layout::{
-    ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
-    ITEM_VCOL0, ITEM_WORDS, hopper::BV,
+    ITEM_CHUNK_START, ITEM_H0_ROW, ITEM_HEAD, ITEM_HT_ROW, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_NO_ROW,
+    ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS, hopper::BV,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -34,6 +34,59 @@ pub const ITEM_OVERHEAD: u64 = 2;
 /// Modelled cost of one item of a sequence of `len` tokens.
 pub fn item_cost(len: usize) -> u64 {
     (kda_kernel::layout::chunks_of(len) as u64).saturating_add(ITEM_OVERHEAD)
+}
+
+/// One run of the recurrence the schedule places: a whole sequence, or one segment of a split
+/// sequence (`kda::split`), with the state rows it starts from and ends in. Its items are its
+/// (value head, column block) pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unit {
+    /// First token.
+    pub token_start: usize,
+    /// Length in tokens.
+    pub len: usize,
+    /// First chunk in `h`.
+    pub chunk_start: usize,
+    /// Its state in `h0` (head `i`'s row is `h0_state * HV + i`).
+    pub h0_state: usize,
+    /// Its state in `ht`, or `None` when its final state is not wanted.
+    pub ht_state: Option<usize>,
+}
+
+impl Unit {
+    /// Every sequence of `plan` whole, reading and writing its own state.
+    pub fn sequences(plan: &Plan) -> Vec<Unit> {
+        let unit = |(n, d): (usize, &crate::plan::SeqDesc)| Unit {
+            token_start: d.token_start,
+            len: d.len,
+            chunk_start: d.chunk_start,
+            h0_state: n,
+            ht_state: Some(n),
+        };
+        plan.seqs().iter().enumerate().map(unit).collect()
+    }
+}
+
+/// Which columns of `u` an item reads, given its first state column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UColumns {
+    /// The recurrence: the state's columns.
+    Values,
+    /// The pre-scan over the augmented state `[M | B]`: column `key_dim + c` reads `u`'s column
+    /// `c`; the key columns read none (column 0 is named, and its values unused).
+    Prescan {
+        /// `K`.
+        key_dim: usize,
+    },
+}
+
+impl UColumns {
+    fn of(self, vcol0: usize) -> usize {
+        match self {
+            UColumns::Values => vcol0,
+            UColumns::Prescan { key_dim } => vcol0.saturating_sub(key_dim),
+        }
+    }
 }
 
 /// Work lists of a persistent grid: worker `b` runs items `items[offsets[b] .. offsets[b + 1]]`
@@ -56,10 +109,20 @@ impl Schedule {
     /// Fails when the item count `N * heads * col_blocks` does not fit in `u32`, or `col_blocks`
     /// is 0.
     pub fn try_lpt(plan: &Plan, heads: usize, col_blocks: usize, max_workers: usize) -> Result<Self, KdaError> {
+        Self::try_lpt_lengths(&plan.lengths(), heads, col_blocks, max_workers)
+    }
+
+    /// [`Schedule::try_lpt`] of units of the given `lengths` (tokens): sequences, or the segments
+    /// of split ones.
+    pub fn try_lpt_lengths(
+        lengths: &[usize],
+        heads: usize,
+        col_blocks: usize,
+        max_workers: usize,
+    ) -> Result<Self, KdaError> {
         if col_blocks == 0 {
             return Err(KdaError::Argument { name: "col_blocks", reason: "must be at least 1".into() });
         }
-        let lengths = plan.lengths();
         let count = lengths.len().checked_mul(heads).and_then(|n| n.checked_mul(col_blocks));
         let Some((count, count32)) = count.and_then(|n| Some((n, u32::try_from(n).ok()?))) else {
             return Err(KdaError::Argument {
@@ -117,6 +180,13 @@ impl Schedule {
     /// baseline kernel for such batches), or when `plan` has fewer sequences than this schedule's
     /// items name.
     pub fn table(&self, plan: &Plan, group: usize) -> Option<Vec<u32>> {
+        self.table_of(&Unit::sequences(plan), group, UColumns::Values)
+    }
+
+    /// [`Schedule::table`] of the `units` this schedule was made for (by their lengths), their
+    /// items reading `u` at `u_columns`. `None` when an offset or row does not fit in 32 bits or
+    /// an item names a unit past `units`.
+    pub fn table_of(&self, units: &[Unit], group: usize, u_columns: UColumns) -> Option<Vec<u32>> {
         let workers = self.workers();
         // Record of worker `w`'s `n`-th item: the first items, then each worker's others in turn.
         let record = |w: usize, n: usize| if n == 0 { w } else { workers + self.offsets[w] as usize - w + n - 1 };
@@ -130,15 +200,23 @@ impl Schedule {
                     (item / self.col_blocks) % self.heads,
                     item % self.col_blocks,
                 );
-                let desc = plan.seqs().get(seq)?;
+                let unit = units.get(seq)?;
                 let next = if n + 1 < list.len() { u32::try_from(record(w, n + 1)).ok()? } else { ITEM_LAST };
+                let row = |state: usize| state.checked_mul(self.heads)?.checked_add(head);
+                // The no-row marker is not a row.
+                let row32 = |state: usize| u32::try_from(row(state)?).ok().filter(|&r| r != ITEM_NO_ROW);
                 let r = &mut table[record(w, n) * ITEM_WORDS..][..ITEM_WORDS];
-                r[ITEM_STATE_ROW] = u32::try_from(seq * self.heads + head).ok()?;
+                r[ITEM_H0_ROW] = row32(unit.h0_state)?;
+                r[ITEM_HT_ROW] = match unit.ht_state {
+                    Some(state) => row32(state)?,
+                    None => ITEM_NO_ROW,
+                };
                 r[ITEM_HEAD] = u32::try_from(head).ok()?;
                 r[ITEM_VCOL0] = u32::try_from(block * BV).ok()?;
-                r[ITEM_TOKEN_START] = u32::try_from(desc.token_start).ok()?;
-                r[ITEM_LEN] = u32::try_from(desc.len).ok()?;
-                r[ITEM_CHUNK_START] = u32::try_from(desc.chunk_start).ok()?;
+                r[ITEM_U_COL] = u32::try_from(u_columns.of(block * BV)).ok()?;
+                r[ITEM_TOKEN_START] = u32::try_from(unit.token_start).ok()?;
+                r[ITEM_LEN] = u32::try_from(unit.len).ok()?;
+                r[ITEM_CHUNK_START] = u32::try_from(unit.chunk_start).ok()?;
                 r[ITEM_NEXT] = next;
                 r[ITEM_KEY_HEAD] = u32::try_from(head.checked_div(group)?).ok()?;
             }
@@ -181,10 +259,12 @@ mod tests {
         let rec = |r: usize| &t[r * ITEM_WORDS..][..ITEM_WORDS];
         // Records 0 and 1: the workers' first items (sequence 1, blocks 0 and 1), each naming its
         // worker's second item (records 2 and 3: sequence 0).
-        assert_eq!(rec(0), &[1, 0, 0, 64, 200, 1, 2, 0][..]);
-        assert_eq!(rec(1), &[1, 0, 64, 64, 200, 1, 3, 0][..]);
-        assert_eq!(rec(2), &[0, 0, 0, 0, 64, 0, ITEM_LAST, 0][..]);
-        assert_eq!(rec(3), &[0, 0, 64, 0, 64, 0, ITEM_LAST, 0][..]);
+        // Words: h0 row, ht row, head, key head, first column, u column, first token, length,
+        // first chunk, next record, two zeros.
+        assert_eq!(rec(0), &[1, 1, 0, 0, 0, 0, 64, 200, 1, 2, 0, 0][..]);
+        assert_eq!(rec(1), &[1, 1, 0, 0, 64, 64, 64, 200, 1, 3, 0, 0][..]);
+        assert_eq!(rec(2), &[0, 0, 0, 0, 0, 0, 0, 64, 0, ITEM_LAST, 0, 0][..]);
+        assert_eq!(rec(3), &[0, 0, 0, 0, 64, 64, 0, 64, 0, ITEM_LAST, 0, 0][..]);
     }
 
     #[test]

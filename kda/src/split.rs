@@ -1,25 +1,28 @@
 //! Splitting long sequences across the GPU (docs/CONTRACT.md#splitting-one-sequence): the
-//! planner that decides whether and where to cut, and the f64 computation of a split batch that
-//! the GPU passes are to follow.
+//! planner that decides whether and where to cut, the tables of the three GPU passes, and the f64
+//! computation of a split batch that those passes follow.
 //!
 //! A sequence cut into segments runs in three passes. The **pre-scan** runs each segment but the
-//! first on the augmented state `[M | B]` (`K x (K + V)`) from `[I | 0]`, with the values
+//! last on the augmented state `[M | B]` (`K x (K + V)`) from `[I | 0]`, with the values
 //! `[0 | u]`: the same recurrence over `K + V` value columns, so the kernel that runs sequences
 //! runs it too; each segment's final state is its affine map, `S_exit = M S_entry + B`. The
-//! first segment runs as an ordinary one from `h0` in the same pass, writing its outputs and its
-//! final state, the second segment's entry; the last segment needs no map. The **merge** chains
-//! the maps, one sequence and head at a time: `entry(s + 1) = M_s entry(s) + B_s`. The **main
-//! pass** runs every later segment from its entry state, writing `h`, `v_new` and (the last
-//! segment) `ht` where the unsplit recurrence writes them.
+//! **merge** chains the maps, one sequence and head at a time: `entry(0) = h0`,
+//! `entry(s + 1) = M_s entry(s) + B_s`. The **main pass** runs every segment from its entry
+//! state, writing `h`, `v_new` and (the last segment) `ht` where the unsplit recurrence writes
+//! them. In a split batch, the sequences that are not cut run in the main pass too, from their
+//! `h0` (copied by the merge).
 //!
 //! The planner ([`SplitPlan::decide`]) weighs that extra work (the pre-scan's `K + V` columns,
 //! the serial merge) against the idle SMs of a batch with too few chains.
 
 use crate::model::ModelView;
 use crate::reference::model_reference;
+use crate::schedule::Unit;
 use crate::{KdaError, Outputs, Plan};
 use half::bf16;
-use kda_kernel::layout::{CHUNK, hopper::BV};
+use kda_kernel::layout::{
+    CHUNK, MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS, hopper::BV,
+};
 
 /// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
 const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
@@ -176,6 +179,61 @@ impl SplitPlan {
         self.segments.len() + 1 > self.first.len()
     }
 
+    /// The segments the pre-scan maps: every segment of a cut sequence but its last, in order
+    /// (their index in this order is their map's).
+    pub fn prescan_segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().filter(|s| !self.is_last(s))
+    }
+
+    /// Maps of the pre-scan (per value head).
+    pub fn maps(&self) -> usize {
+        self.segments.len() - (self.first.len() - 1)
+    }
+
+    /// The pre-scan's units: each mapped segment, its map written as its final state (row
+    /// `map * HV + head` of the maps, which are `[maps * HV][K][K + V]`); no initial state.
+    pub fn prescan_units(&self) -> Vec<Unit> {
+        let unit = |(map, s): (usize, &Segment)| Unit {
+            token_start: s.token_start,
+            len: s.len,
+            chunk_start: s.chunk_start,
+            h0_state: 0,
+            ht_state: Some(map),
+        };
+        self.prescan_segments().enumerate().map(unit).collect()
+    }
+
+    /// The main pass's units: every segment, from its entry state (entry `i` for the `i`-th
+    /// segment of [`SplitPlan::segments`], `[segments * HV][K][V]`), the last segment of each
+    /// sequence writing the sequence's final state.
+    pub fn main_units(&self) -> Vec<Unit> {
+        let unit = |(i, s): (usize, &Segment)| Unit {
+            token_start: s.token_start,
+            len: s.len,
+            chunk_start: s.chunk_start,
+            h0_state: i,
+            ht_state: if self.is_last(s) { Some(s.seq) } else { None },
+        };
+        self.segments.iter().enumerate().map(unit).collect()
+    }
+
+    /// The merge's table: per sequence, `MERGE_WORDS` words (its index, its first entry, its
+    /// segment count, its first map; see `kda_kernel::layout`). `None` when a number does not fit
+    /// in 32 bits.
+    pub fn merge_table(&self) -> Option<Vec<u32>> {
+        let mut table = vec![0u32; (self.first.len() - 1) * MERGE_WORDS];
+        let mut first_map = 0;
+        for (n, r) in table.chunks_exact_mut(MERGE_WORDS).enumerate() {
+            let segments = self.segments_of(n).len();
+            r[MERGE_SEQ] = u32::try_from(n).ok()?;
+            r[MERGE_FIRST_ENTRY] = u32::try_from(self.first[n]).ok()?;
+            r[MERGE_SEGMENTS] = u32::try_from(segments).ok()?;
+            r[MERGE_FIRST_MAP] = u32::try_from(first_map).ok()?;
+            first_map += segments - 1;
+        }
+        Some(table)
+    }
+
     /// The modelled time of the batch, in chunk times: for each pass, the larger of its longest
     /// item and its total work spread over the workers; plus, when split, the merge's longest
     /// chain of steps and the two extra launches.
@@ -191,20 +249,12 @@ impl SplitPlan {
         if !self.is_split() {
             return pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         }
-        // Pre-scan: the first segments as they are, the middle ones over K + V columns (a last
-        // segment needs no map).
-        let prescan = pass(&mut self.segments.iter().map(|s| {
-            let blocks = match (s.index, self.is_last(s)) {
-                (0, _) => work.blocks(),
-                (_, true) => 0,
-                _ => work.prescan_blocks(),
-            };
-            (hv * blocks, cost(s))
-        }));
-        // Merge steps of the longest chain: one per middle segment.
-        let merge = (0..self.first.len() - 1).map(|n| self.segments_of(n).len().saturating_sub(2) as u64).max();
+        // Pre-scan: every segment of a cut sequence but its last, over K + V columns.
+        let prescan = pass(&mut self.prescan_segments().map(|s| (hv * work.prescan_blocks(), cost(s))));
+        // Merge steps of the longest chain: one per map.
+        let merge = (0..self.first.len() - 1).map(|n| self.segments_of(n).len() as u64 - 1).max();
         let merge = merge.unwrap_or(0);
-        let main = pass(&mut self.segments.iter().filter(|s| s.index > 0).map(|s| (hv * work.blocks(), cost(s))));
+        let main = pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         prescan + merge * MERGE_STEP + main + 2 * LAUNCH_COST
     }
 }
@@ -223,41 +273,30 @@ pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, 
         v_new: vec![bf16::ZERO; p.plan.tokens() * hv * vd],
         ht: vec![0.0; p.plan.num_seqs() * hv * state],
     };
-    let mut write = |seg: &Segment, o: &Outputs| {
-        let (h_at, t_at) = (seg.chunk_start * hv * state, seg.token_start * hv * vd);
-        out.h[h_at..h_at + o.h.len()].copy_from_slice(&o.h);
-        out.v_new[t_at..t_at + o.v_new.len()].copy_from_slice(&o.v_new);
-    };
-    let mut finals = Vec::with_capacity(p.plan.num_seqs());
     for n in 0..p.plan.num_seqs() {
         let segs = split.segments_of(n);
-        let h0 = match p.h0 {
+        // Merge: entry(0) = h0, entry(s + 1) = M_s entry(s) + B_s, from the pre-scan's maps.
+        let mut entry = match p.h0 {
             Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(),
             None => vec![0.0; hv * state],
         };
-        // Pre-scan: the first segment as it is; the middle ones' maps (the last needs none).
-        let first = run_segment(p, &segs[0], &h0)?;
-        write(&segs[0], &first);
-        let mut entries = Vec::with_capacity(segs.len() - 1);
-        let mut entry = first.ht;
-        for (i, seg) in segs.iter().enumerate().skip(1) {
+        let mut entries = Vec::with_capacity(segs.len());
+        for (i, seg) in segs.iter().enumerate() {
             entries.push(entry.clone());
             if i + 1 < segs.len() {
-                // Merge: entry(i + 1) = M_i entry(i) + B_i.
                 entry = merge(&entry, &segment_maps(p, seg), p);
             }
         }
-        // Main pass: every later segment from its entry state; the last one's final state.
-        let mut last = entry;
-        for (seg, e) in segs.iter().skip(1).zip(&entries) {
+        // Main pass: every segment from its entry state; the last one's final state.
+        for (seg, e) in segs.iter().zip(&entries) {
             let o = run_segment(p, seg, e)?;
-            write(seg, &o);
-            last = o.ht;
+            let (h_at, t_at) = (seg.chunk_start * hv * state, seg.token_start * hv * vd);
+            out.h[h_at..h_at + o.h.len()].copy_from_slice(&o.h);
+            out.v_new[t_at..t_at + o.v_new.len()].copy_from_slice(&o.v_new);
+            if seg.index + 1 == segs.len() {
+                out.ht[n * hv * state..(n + 1) * hv * state].copy_from_slice(&o.ht);
+            }
         }
-        finals.push(last);
-    }
-    for (n, last) in finals.into_iter().enumerate() {
-        out.ht[n * hv * state..(n + 1) * hv * state].copy_from_slice(&last);
     }
     Ok(out)
 }

@@ -114,8 +114,8 @@ fn check_schedule<const COL_BLOCKS: usize>(
     // The table the kernel reads: walking the records from record `w` gives worker `w`'s items
     // in order, each with its sequence's offsets, and reaches every record exactly once.
     use kda::layout::{
-        ITEM_CHUNK_START, ITEM_HEAD, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_STATE_ROW, ITEM_TOKEN_START,
-        ITEM_VCOL0, ITEM_WORDS,
+        ITEM_CHUNK_START, ITEM_H0_ROW, ITEM_HEAD, ITEM_HT_ROW, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT,
+        ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS,
     };
     let table = s.table(&plan, group).expect("small offsets fit the records");
     prop_assert_eq!(table.len(), count * ITEM_WORDS);
@@ -129,18 +129,30 @@ fn check_schedule<const COL_BLOCKS: usize>(
             let item = item as usize;
             let (seq, head, block) = (item / (heads * COL_BLOCKS), (item / COL_BLOCKS) % heads, item % COL_BLOCKS);
             let d = &plan.seqs()[seq];
+            let col = block * kda::layout::hopper::BV;
             let want = [
                 seq * heads + head,
+                seq * heads + head,
                 head,
-                block * kda::layout::hopper::BV,
+                col,
+                col,
                 d.token_start,
                 d.len,
                 d.chunk_start,
                 head / group,
             ];
-            let got =
-                [ITEM_STATE_ROW, ITEM_HEAD, ITEM_VCOL0, ITEM_TOKEN_START, ITEM_LEN, ITEM_CHUNK_START, ITEM_KEY_HEAD]
-                    .map(|i| rec[i] as usize);
+            let got = [
+                ITEM_H0_ROW,
+                ITEM_HT_ROW,
+                ITEM_HEAD,
+                ITEM_VCOL0,
+                ITEM_U_COL,
+                ITEM_TOKEN_START,
+                ITEM_LEN,
+                ITEM_CHUNK_START,
+                ITEM_KEY_HEAD,
+            ]
+            .map(|i| rec[i] as usize);
             prop_assert_eq!(got, want, "worker {}, item {}", w, item);
             r = rec[ITEM_NEXT];
         }

@@ -7,7 +7,7 @@
 
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
-use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS};
+use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, MERGE};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -107,8 +107,29 @@ fn baseline_sass_uses_the_hardware_conversions() {
 }
 
 /// Consumer variants each Hopper entry holds: scalar gate or not, x key-first or value-first
-/// states (`hopper::consumer::run` dispatches once to each).
-const CONSUMER_VARIANTS: usize = 4;
+/// states, and the pre-scan of split sequences with and without the scalar gate
+/// (`hopper::consumer::run` dispatches once to each).
+const CONSUMER_VARIANTS: usize = 6;
+
+#[test]
+fn the_split_merge_assembles_without_spills_for_both_targets() {
+    for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
+        let (cubin, report) = assemble(ptx, arch);
+        let r = resources(&report, MERGE.entry);
+        println!("{arch} {}: {r:?}", MERGE.entry);
+        assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch}: {r:?}");
+        let code = sass(&cubin);
+        let body = code
+            .split("Function : ")
+            .find(|f| f.split_whitespace().next() == Some(MERGE.entry))
+            .unwrap_or_else(|| panic!("{} in the SASS", MERGE.entry));
+        // f32 FMAs over 16-byte loads of the maps and the shared entry block.
+        for op in ["FFMA", "LDG.E.128", "LDS.128"] {
+            assert!(body.contains(op), "{arch} {} SASS lacks {op}", MERGE.entry);
+        }
+        assert!(!body.contains("CALL."), "{} SASS holds a call", MERGE.entry);
+    }
+}
 
 #[test]
 fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {

@@ -148,6 +148,19 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     d
 }
 
+/// `fma.rn.f32 d, a, b, c;` (PTX 1.4): `a * b + c` rounded once (rustc does not contract a
+/// multiply and an add into a fused one by itself).
+#[inline(always)]
+pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+    let d: f32;
+    // SAFETY: pure arithmetic on registers.
+    unsafe {
+        asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(pure, nomem, nostack))
+    };
+    d
+}
+
 /// `ld.shared.f32 v, [addr];` (PTX 1.0)
 ///
 /// # Safety

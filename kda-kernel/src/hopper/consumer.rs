@@ -59,6 +59,9 @@ pub struct Variant {
     pub scalar_gate: bool,
     /// The states are value-first (`[V, K]`): `h` is staged untransposed.
     pub value_first: bool,
+    /// The pre-scan of split sequences (`abi::PassCode::Prescan`): identity key columns, `u`
+    /// only in the value columns, no `h` or `v_new` (the states are key-first).
+    pub prescan: bool,
 }
 
 /// The consumer warpgroup's loop over this CTA's items, specialized for `kind`.
@@ -70,22 +73,24 @@ pub struct Variant {
 pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
     // SAFETY (block): as this function's.
     unsafe {
-        match (kind.scalar_gate, kind.value_first) {
-            (false, false) => consume::<C, false, false>(work, smem, tid, out, has_h0),
-            (false, true) => consume::<C, false, true>(work, smem, tid, out, has_h0),
-            (true, false) => consume::<C, true, false>(work, smem, tid, out, has_h0),
-            (true, true) => consume::<C, true, true>(work, smem, tid, out, has_h0),
+        match (kind.prescan, kind.scalar_gate, kind.value_first) {
+            (false, false, false) => consume::<C, false, false, false>(work, smem, tid, out, has_h0),
+            (false, false, true) => consume::<C, false, true, false>(work, smem, tid, out, has_h0),
+            (false, true, false) => consume::<C, true, false, false>(work, smem, tid, out, has_h0),
+            (false, true, true) => consume::<C, true, true, false>(work, smem, tid, out, has_h0),
+            (true, false, _) => consume::<C, false, false, true>(work, smem, tid, out, false),
+            (true, true, _) => consume::<C, true, false, true>(work, smem, tid, out, false),
         }
     }
 }
 
 /// [`run`] for one variant: per item, the initial state from the producer's `h0` slot (or
-/// zeros), the chunks, and the final state.
+/// zeros, or in the pre-scan the identity's columns), the chunks, and the final state.
 ///
 /// # Safety
-/// As for [`run`], with `SCALAR_GATE` and `VALUE_FIRST` the launch's.
+/// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
 #[inline(always)]
-unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     work: &Work,
     smem: Smem<C>,
     tid: usize,
@@ -99,6 +104,9 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
     let mut staging = PipelineState::<STAGING>::consumer_start();
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = C::zero_state();
+        if PRESCAN {
+            identity_columns(s.as_mut(), item.vcol0, tid);
+        }
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.
             unsafe { load_initial_state::<C, VALUE_FIRST>(&mut s, smem, tid, slot) };
@@ -107,13 +115,13 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
         for c in 0..item.chunks() {
             let at = ChunkAt { item: &item, c, stage, buf: staging.index() };
             // SAFETY: as this function's; the positions are the consumer's.
-            unsafe { consume_chunk::<C, SCALAR_GATE, VALUE_FIRST>(at, smem, out, &mut s) };
+            unsafe { consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, &mut s) };
             stage.advance();
             staging.advance();
         }
-        if !out.ht.is_null() {
-            // SAFETY: `ht` holds `[N][HV]` states of `K x V` f32, this item's block included.
-            unsafe { store_final_state::<C, VALUE_FIRST>(&s, &item, out) };
+        if let (false, Some(row)) = (out.ht.is_null(), item.ht_row) {
+            // SAFETY: `ht` holds the item's row of `K x value_dim` f32 states.
+            unsafe { store_final_state::<C, VALUE_FIRST>(&s, row, item.vcol0, out) };
         }
     }
     if tid == STORE_THREAD {
@@ -154,17 +162,28 @@ unsafe fn load_initial_state<C: KeySize, const VALUE_FIRST: bool>(
     }
 }
 
-/// The item's final state from registers to `ht`.
+/// The pre-scan's initial state `[I | 0]` at this block's columns: `S[kk][vcol0 + v]` is one
+/// where `kk = vcol0 + v` (only in the key columns, `vcol0 < K`).
+#[inline(always)]
+fn identity_columns(s: &mut [f32], vcol0: usize, tid: usize) {
+    for (e, x) in s.iter_mut().enumerate() {
+        let (v, kk) = acc_coords(tid, e);
+        *x = if kk == vcol0 + v { 1.0 } else { 0.0 };
+    }
+}
+
+/// The item's final state from registers to row `row` of `ht`.
 ///
 /// # Safety
-/// Consumer threads only; `out.ht` holds `[N][HV]` states of `K x V` f32 in the launch's layout.
+/// Consumer threads only; `out.ht` holds states of `K x value_dim` f32 in the launch's layout,
+/// row `row` and columns `vcol0 .. vcol0 + BV` included.
 #[inline(always)]
-unsafe fn store_final_state<C: KeySize, const VALUE_FIRST: bool>(s: &C::State, item: &Item, out: Outputs) {
+unsafe fn store_final_state<C: KeySize, const VALUE_FIRST: bool>(s: &C::State, row: usize, vcol0: usize, out: Outputs) {
     let tid = thread_idx_x_fresh();
-    let base = item.state_row * C::K * out.value_dim;
+    let base = row * C::K * out.value_dim;
     for (e, &x) in s.as_ref().iter().enumerate() {
         let (v, kk) = acc_coords(tid, e);
-        let col = item.vcol0 + v;
+        let col = vcol0 + v;
         let at = if VALUE_FIRST { col * C::K + kk } else { kk * out.value_dim + col };
         // SAFETY: (kk, col) is inside this item's state.
         unsafe { *out.ht.add(base + at) = x };
@@ -186,7 +205,7 @@ struct ChunkAt<'a> {
 /// # Safety
 /// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool>(
+unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     at: ChunkAt<'_>,
     smem: Smem<C>,
     out: Outputs,
@@ -204,10 +223,13 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
     unsafe {
         ring.consumer_wait(stage);
 
-        // 1. u^T into product 1's accumulator; bf16(S^T) as its A fragments, also staged for `h`.
-        let mut vn = load_u_transposed(tiles.u(), tid);
+        // 1. u^T into product 1's accumulator (zeros in the pre-scan's key columns); bf16(S^T)
+        //    as its A fragments, also staged for `h` (none in the pre-scan).
+        let mut vn = if PRESCAN && item.vcol0 < C::K { [0.0; VN_REGS] } else { load_u_transposed(tiles.u(), tid) };
         let a1 = C::state_fragments(s);
-        stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid);
+        if !PRESCAN {
+            stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid);
+        }
 
         // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
         //    written before the product starts: ptxas waits for an in-flight wgmma before any
@@ -221,7 +243,9 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         //    unscaled); bf16 of the result as product 2's A fragments.
         tail::zero_rows_past_end(&mut vn, rows, tid);
         let staged: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
-        stage_transposed(smem.vn(buf), &staged, tid);
+        if !PRESCAN {
+            stage_transposed(smem.vn(buf), &staged, tid);
+        }
         let a2 = if SCALAR_GATE {
             scale_rows(&mut vn, smem.row_scale(stage.index()), tid);
             a_fragments(&vn)
@@ -231,11 +255,13 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
 
         // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave.
         C::product2_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
-        fence_proxy_async();
-        named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-        store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), C::KB, tid);
-        if rows < CHUNK {
-            tail::store_value_rows(smem.vn(buf), out.v_new, out.v_new_rows, item, item.first_token(c), rows, tid);
+        if !PRESCAN {
+            fence_proxy_async();
+            named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+            store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), C::KB, tid);
+            if rows < CHUNK {
+                tail::store_value_rows(smem.vn(buf), out.v_new, out.v_new_rows, item, item.first_token(c), rows, tid);
+            }
         }
 
         // 5. The state is the next chunk's; the stage goes back to the producer.

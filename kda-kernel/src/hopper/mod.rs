@@ -29,7 +29,7 @@ mod producer;
 mod smem;
 mod tail;
 
-use crate::abi::{MapSlot, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
+use crate::abi::{MapSlot, PassCode, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::CONSUMER_THREADS;
@@ -72,6 +72,7 @@ struct Params {
     heads: u32,
     value_dim: u32,
     state_layout: u32,
+    pass: u32,
     strides: [u32; 6],
 }
 
@@ -90,8 +91,11 @@ macro_rules! hopper_entry {
         /// contract's shapes for the schedule's items, with the given strides (`h0` and `ht`
         /// packed, in `state_layout`); `work` is a schedule of exactly `gridDim.x` workers that
         /// names each item of the plan once, its every next word naming a record of the table or
-        /// being `ITEM_LAST`, its columns inside `value_dim`; `heads >= 1`; outputs do not
-        /// overlap inputs or each other.
+        /// being `ITEM_LAST`, its columns inside `value_dim` (its `u` columns inside `u`'s),
+        /// its rows inside `h0` and `ht`; `heads >= 1`; outputs do not overlap inputs or each
+        /// other. In the pre-scan (`pass` = `PassCode::Prescan`) `h0` is null, the states are
+        /// key-first, `ht` holds the maps (`value_dim` = `K + V` columns) and `h` and `v_new`
+        /// are not written.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -105,6 +109,7 @@ macro_rules! hopper_entry {
             heads: u32,
             value_dim: u32,
             state_layout: u32,
+            pass: u32,
             g_token_stride: u32,
             g_head_stride: u32,
             gk_token_stride: u32,
@@ -123,7 +128,7 @@ macro_rules! hopper_entry {
                 v_new_token_stride,
                 v_new_head_stride,
             ];
-            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, strides };
+            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides };
             // SAFETY: this entry's contract.
             unsafe { run::<$key>(maps, p) }
         }
@@ -148,7 +153,8 @@ hopper_entry!(
 #[inline(always)]
 unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
     let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
-    let has_h0 = !p.h0.is_null();
+    // The pre-scan starts from `[I | 0]`, never from `h0`.
+    let has_h0 = !p.h0.is_null() && p.pass != PassCode::Prescan as u32;
     let load_maps = LoadMaps {
         k: map(MapSlot::K),
         w: map(MapSlot::W),
@@ -174,7 +180,11 @@ unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
         ht: p.ht,
         value_dim: p.value_dim as usize,
     };
-    let kind = Variant { scalar_gate: !p.g.is_null(), value_first: load_maps.value_first };
+    let kind = Variant {
+        scalar_gate: !p.g.is_null(),
+        value_first: load_maps.value_first,
+        prescan: p.pass == PassCode::Prescan as u32,
+    };
     // SAFETY: the kernel's contract on `work`.
     let work = unsafe { Work::new(p.work, p.heads as usize) };
     let smem = Smem::<C>::of_cta();

@@ -115,7 +115,7 @@ unsafe fn load_initial_state<C: KeySize>(
 ) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
-    // lies inside `h0` (state row `item.state_row`, columns `vcol0 ..+ BV`: the map's first two
+    // lies inside `h0` (state row `item.h0_row`, columns `vcol0 ..+ BV`: the map's first two
     // coordinates are (value column, key row) for key-first states and (key row, value column)
     // for value-first ones, and its box is the whole `K` x `BV` block either way).
     unsafe {
@@ -124,7 +124,7 @@ unsafe fn load_initial_state<C: KeySize>(
             // The item's `K x BV` f32 block.
             h0_slot.producer_commit_tx(slot, (C::K * BV * 4) as u32);
             let (c0, c1) = if value_first { (0, item.vcol0 as i32) } else { (item.vcol0 as i32, 0) };
-            tma_load_3d(smem.h0(), h0, c0, c1, item.state_row as i32, h0_slot.full(slot));
+            tma_load_3d(smem.h0(), h0, c0, c1, item.h0_row as i32, h0_slot.full(slot));
         }
     }
 }
@@ -219,7 +219,7 @@ unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
-            load.load_box(tiles.u(), maps.u, load.item.vcol0, t);
+            load.load_box(tiles.u(), maps.u, load.item.u_col, t);
         }
     }
 }

@@ -52,7 +52,7 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
                 load.load_key_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
                 load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
-            load.load_box(tiles.u() + off, maps.u_row, item.vcol0, tok0 + r);
+            load.load_box(tiles.u() + off, maps.u_row, item.u_col, tok0 + r);
             r += PRODUCER_THREADS;
         }
     }

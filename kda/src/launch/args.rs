@@ -65,6 +65,8 @@ pub(super) struct HopperArgs {
     pub value_dim: u32,
     /// A `kda_kernel::abi::StateLayoutCode`.
     pub state_layout: u32,
+    /// A `kda_kernel::abi::PassCode`.
+    pub pass: u32,
     /// Token and head strides (elements) of `g`, `gk` and `v_new`, in that order.
     pub strides: [[u32; 2]; 3],
 }
@@ -89,6 +91,7 @@ impl HopperArgs {
         sink.push("heads", &self.heads);
         sink.push("value_dim", &self.value_dim);
         sink.push("state_layout", &self.state_layout);
+        sink.push("pass", &self.pass);
         for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
             for (name, value) in names.iter().zip(values) {
                 sink.push(name, value);
@@ -124,6 +127,34 @@ impl BaselineArgs {
         sink.push("seqs", &self.seqs);
         sink.push("heads", &self.heads);
         sink.push("key_heads", &self.key_heads);
+    }
+}
+
+/// The split merge's arguments (`kda_kernel::abi::MERGE_PARAMS`).
+pub(super) struct MergeArgs {
+    pub maps: Address,
+    pub h0: Address,
+    pub entries: Address,
+    pub table: Address,
+    /// Value heads `HV`.
+    pub heads: u32,
+    pub key_dim: u32,
+    pub value_dim: u32,
+    /// A `kda_kernel::abi::StateLayoutCode`.
+    pub state_layout: u32,
+}
+
+impl MergeArgs {
+    /// Pushes the arguments in the kernel's parameter order.
+    pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        sink.push("maps", &self.maps);
+        sink.push("h0", &self.h0);
+        sink.push("entries", &self.entries);
+        sink.push("table", &self.table);
+        sink.push("heads", &self.heads);
+        sink.push("key_dim", &self.key_dim);
+        sink.push("value_dim", &self.value_dim);
+        sink.push("state_layout", &self.state_layout);
     }
 }
 
@@ -185,10 +216,10 @@ mod tests {
 
     use super::*;
     use crate::ptx;
-    use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
+    use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 3] = [&BASELINE, &HOPPER, &HOPPER_K64];
+    const ABIS: [&KernelAbi; 4] = [&BASELINE, &HOPPER, &HOPPER_K64, &MERGE];
 
     /// One parameter of a PTX `.entry`.
     #[derive(Debug, PartialEq, Eq)]
@@ -267,6 +298,7 @@ mod tests {
             heads: 7,
             value_dim: 8,
             state_layout: 9,
+            pass: 1,
             strides: [[10, 11], [12, 13], [14, 15]],
         };
         let mut pushed = Recorder::default();
@@ -279,6 +311,12 @@ mod tests {
         let mut pushed = Recorder::default();
         baseline.push(&mut pushed);
         check_entry(&BASELINE, &pushed.0);
+
+        let merge =
+            MergeArgs { maps: 1, h0: 2, entries: 3, table: 4, heads: 5, key_dim: 6, value_dim: 7, state_layout: 8 };
+        let mut pushed = Recorder::default();
+        merge.push(&mut pushed);
+        check_entry(&MERGE, &pushed.0);
 
         // Those are every kernel there is.
         assert_eq!(KERNELS.map(|k| k.entry), ABIS.map(|k| k.entry));

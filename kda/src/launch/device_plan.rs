@@ -2,11 +2,13 @@
 
 use crate::layout::hopper;
 use crate::model::ModelShape;
+use crate::schedule::{UColumns, Unit};
+use crate::split::{SplitMode, SplitPlan};
 use crate::strides::Strides;
 use crate::{Dims, KdaError, Plan, Schedule};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use half::bf16;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A [`Plan`] for one [`ModelShape`] (head counts, head sizes, gates, state layout) uploaded to
 /// the device once, with the persistent kernel's work [`Schedule`] for this device and the
@@ -19,7 +21,46 @@ pub struct DevicePlan {
     pub(super) descriptors: CudaSlice<i64>,
     /// The Hopper kernel's work records (`Schedule::table`), when the batch's offsets fit them.
     pub(super) work: Option<CudaSlice<u32>>,
+    /// The Hopper kernel's passes over split sequences, when the plan splits any.
+    pub(super) split: Option<SplitDevice>,
+    /// The split's planner verdict (unsplit when nothing is cut, or when the Hopper kernel
+    /// cannot run the batch).
+    pub(super) split_plan: SplitPlan,
     pub(super) ordinal: usize,
+    /// CTAs of the persistent grid the device runs at once.
+    pub(super) workers: usize,
+}
+
+/// A persistent kernel pass: its grid and its work records on the device.
+pub(super) struct Pass {
+    pub workers: usize,
+    pub work: CudaSlice<u32>,
+}
+
+/// The device side of a split plan (`kda::split`): the pre-scan's and the main pass's work
+/// tables, the merge's table, and the workspace the passes hand states through.
+pub(super) struct SplitDevice {
+    /// Pre-scan: each mapped segment over `K + V` columns, its map into `workspace.maps`.
+    pub prescan: Pass,
+    /// Main pass: every segment from its entry state in `workspace.entries`.
+    pub main: Pass,
+    /// The merge's records (`MERGE_WORDS` per sequence) and their count.
+    pub merge_table: CudaSlice<u32>,
+    pub merge_records: usize,
+    /// Rows (`segments * HV`) of the entry states.
+    pub entry_rows: usize,
+    /// Locked while a launch enqueues its passes: launches sharing the plan on several streams
+    /// then use the workspace one after another (cudarc orders each use after the previous
+    /// one's, across streams).
+    pub workspace: Mutex<Workspace>,
+}
+
+/// Device memory of the split passes, allocated with the plan (a launch allocates nothing).
+pub(super) struct Workspace {
+    /// `[maps * HV][K][K + V]` f32, key-first: the pre-scan's `[M | B]`.
+    pub maps: CudaSlice<f32>,
+    /// `[segments * HV][K][V]` f32 in the plan's layout: each segment's entry state.
+    pub entries: CudaSlice<f32>,
 }
 
 impl DevicePlan {
@@ -69,7 +110,58 @@ impl DevicePlan {
         // No table (offsets past 32 bits): such batches take the baseline kernel.
         let work = schedule.table(&plan, dims.group()).map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
         let ordinal = stream.context().ordinal();
-        Ok(Self { plan, shape: *shape, strides: Strides::PACKED, schedule, descriptors, work, ordinal })
+        let split_plan = SplitPlan::unsplit(&plan);
+        let workers = sms * hopper::CTAS_PER_SM;
+        let unsplit = Self {
+            plan,
+            shape: *shape,
+            strides: Strides::PACKED,
+            schedule,
+            descriptors,
+            work,
+            split: None,
+            split_plan,
+            ordinal,
+            workers,
+        };
+        unsplit.with_split(stream, SplitMode::Auto)
+    }
+
+    /// This plan with long sequences split as `mode` says (docs/CONTRACT.md, "Splitting one
+    /// sequence"): [`SplitMode::Auto`] (what [`DevicePlan::model`] does) lets the cost model
+    /// decide, [`SplitMode::Off`] never splits, [`SplitMode::Chunks`] forces segments of that many
+    /// chunks. Only the Hopper kernel runs split plans (the baseline runs every sequence whole);
+    /// a batch the Hopper kernel cannot schedule, or whose split tables would not fit its 32-bit
+    /// records, stays unsplit. Uploads the split's tables and allocates its workspace on
+    /// `stream`.
+    pub fn with_split(mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<Self, KdaError> {
+        self.split = None;
+        self.split_plan = SplitPlan::unsplit(&self.plan);
+        let hopper_device = stream.context().compute_capability()?.0 == 9;
+        let dims = self.dims();
+        let fits = dims.key_dim.is_multiple_of(hopper::BV) && dims.value_dim.is_multiple_of(hopper::BV);
+        if self.work.is_none() || !hopper_device || !fits {
+            return Ok(self);
+        }
+        let work = crate::split::Work {
+            value_heads: dims.value_heads,
+            key_dim: dims.key_dim,
+            value_dim: dims.value_dim,
+            workers: self.workers,
+        };
+        let split = SplitPlan::decide(&self.plan, &work, mode);
+        if split.is_split() {
+            self.split = split_device(stream, &split, &dims, self.workers)?;
+            if self.split.is_some() {
+                self.split_plan = split;
+            }
+        }
+        Ok(self)
+    }
+
+    /// How the plan's sequences are split (one segment each when none is).
+    pub fn split_plan(&self) -> &SplitPlan {
+        &self.split_plan
     }
 
     /// This plan for tensors at `strides` (`None` entries packed). Fails when a stride makes an
@@ -146,6 +238,43 @@ pub struct KdaOutputs<'a> {
     pub v_new: CudaViewMut<'a, bf16>,
     /// `[N, HV, K, V]` f32, or `None` to skip the final states.
     pub ht: Option<CudaViewMut<'a, f32>>,
+}
+
+/// The device side of `split` for a batch of `dims`, scheduled over `workers` CTAs; `None` when a
+/// table or an entry row would not fit the kernels' 32-bit words.
+fn split_device(
+    stream: &Arc<CudaStream>,
+    split: &SplitPlan,
+    dims: &Dims,
+    workers: usize,
+) -> Result<Option<SplitDevice>, KdaError> {
+    let (hv, kd, vd) = (dims.value_heads, dims.key_dim, dims.value_dim);
+    let pass = |units: Vec<Unit>, blocks: usize, u_columns: UColumns| -> Result<Option<Pass>, KdaError> {
+        let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
+        let schedule = Schedule::try_lpt_lengths(&lengths, hv, blocks, workers)?;
+        let Some(table) = schedule.table_of(&units, dims.group(), u_columns) else { return Ok(None) };
+        Ok(Some(Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? }))
+    };
+    let prescan = pass(split.prescan_units(), (kd + vd) / hopper::BV, UColumns::Prescan { key_dim: kd })?;
+    let main = pass(split.main_units(), vd / hopper::BV, UColumns::Values)?;
+    let merge = split.merge_table();
+    let entry_rows = split.segments().len().checked_mul(hv).filter(|&r| r <= i32::MAX as usize);
+    let maps_len = split.maps().checked_mul(hv).and_then(|n| n.checked_mul(kd * (kd + vd)));
+    let entries_len = entry_rows.and_then(|n| n.checked_mul(kd * vd));
+    let (Some(prescan), Some(main), Some(merge), Some(entry_rows), Some(maps_len), Some(entries_len)) =
+        (prescan, main, merge, entry_rows, maps_len, entries_len)
+    else {
+        return Ok(None);
+    };
+    let workspace = Workspace { maps: stream.alloc_zeros(maps_len)?, entries: stream.alloc_zeros(entries_len)? };
+    Ok(Some(SplitDevice {
+        prescan,
+        main,
+        merge_records: merge.len() / kda_kernel::layout::MERGE_WORDS,
+        merge_table: stream.clone_htod(&merge)?,
+        entry_rows,
+        workspace: Mutex::new(workspace),
+    }))
 }
 
 /// `v`, or one `fill` element when `v` is empty (the driver cannot allocate zero bytes).

@@ -16,10 +16,10 @@ pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
 use crate::{Dims, KdaError, Tensor, ptx};
-use args::{BaselineArgs, Checked, HopperArgs, MapsArg, Pointers};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
+use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{BASELINE, KernelAbi, StateLayoutCode, TensorMaps, hopper_for};
+use kda_kernel::abi::{BASELINE, KernelAbi, MERGE, PassCode, StateLayoutCode, TensorMaps, hopper_for};
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::hopper::KEY_DIMS;
 use std::sync::Arc;
@@ -73,6 +73,8 @@ impl Loaded {
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
+    /// The merge of split sequences.
+    merge: Loaded,
     /// The warp-specialized kernel's entries, one per key size (`layout::hopper::KEY_DIMS`, in
     /// that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
@@ -91,13 +93,14 @@ impl Kda {
         };
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let baseline = Loaded::load(&module, &BASELINE)?;
+        let merge = Loaded::load(&module, &MERGE)?;
         let hopper = if compute_capability.0 == 9 {
             let entries = KEY_DIMS.iter().map(|&k| hopper_for(k).expect("every key size has an entry"));
             Some(entries.map(|abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
-        Ok(Self { ctx, baseline, hopper, compute_capability })
+        Ok(Self { ctx, baseline, merge, hopper, compute_capability })
     }
 
     /// The context the kernels live in.
@@ -175,9 +178,15 @@ impl Kda {
         }
         let choice = self.choose(kernel, plan, &dims)?;
         let ptrs = Pointers::of(stream, inputs, outputs);
-        match (choice, &plan.work) {
-            (Kernel::Hopper, Some(work)) => {
-                self.launch_hopper(stream, self.loaded_for(Kernel::Hopper, dims.key_dim)?, plan, &dims, &ptrs, work)
+        match (choice, &plan.work, &plan.split) {
+            (Kernel::Hopper, Some(_), Some(split)) => {
+                self.launch_split(stream, self.loaded_for(Kernel::Hopper, dims.key_dim)?, plan, &dims, &ptrs, split)
+            }
+            (Kernel::Hopper, Some(work), None) => {
+                let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
+                let pass = HopperPass::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
+                let f = self.loaded_for(Kernel::Hopper, dims.key_dim)?;
+                self.launch_hopper(stream, f, plan, &dims, &ptrs, &pass)
             }
             _ => self.launch_baseline(stream, plan, &dims, &ptrs),
         }
@@ -201,7 +210,7 @@ impl Kda {
         baseline_supports(&plan.shape, &plan.strides, dims)?;
         Ok(Kernel::Baseline)
     }
-    /// The persistent Hopper kernel over the plan's schedule.
+    /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
     fn launch_hopper(
         &self,
         stream: &Arc<CudaStream>,
@@ -209,13 +218,11 @@ impl Kda {
         plan: &DevicePlan,
         dims: &Dims,
         ptrs: &Pointers<'_>,
-        work: &CudaSlice<u32>,
+        pass: &HopperPass,
     ) -> Result<(), KdaError> {
-        let workers = plan.schedule.workers();
-        if workers == 0 {
+        if pass.workers == 0 {
             return Ok(());
         }
-        let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
         let strides = &plan.strides;
         let stride_pair = |t: Tensor| {
             let s = strides.effective(dims, t);
@@ -223,31 +230,90 @@ impl Kda {
             [s.token as u32, s.head as u32]
         };
         let args = HopperArgs {
-            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides)?)),
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides, pass.h0)?)),
             g: ptrs.g,
             gk: ptrs.gk,
-            h0: ptrs.h0,
+            h0: pass.h0.map_or(0, |(address, _)| address),
             v_new: ptrs.v_new,
-            ht: ptrs.ht,
-            work,
+            ht: pass.ht,
+            work: pass.work,
             heads: heads_u32(dims.value_heads)?,
-            value_dim: dims.value_dim as u32,
-            state_layout: match dims.layout {
-                StateLayout::KeyFirst => StateLayoutCode::KeyFirst as u32,
-                StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
-            },
+            value_dim: pass.value_dim,
+            state_layout: pass.layout as u32,
+            pass: pass.pass as u32,
             strides: [stride_pair(Tensor::G), stride_pair(Tensor::Gk), stride_pair(Tensor::VNew)],
         };
         // SAFETY: `validate` checked every buffer's length for this plan, its strides and its
         // heads, its alignment and its device, and that the gates given are the shape's;
         // `hopper_supports` that the head sizes are the kernel's and the strides fit its
         // parameters and TMA; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new` and
-        // `h0` (an all-zero map only when `h0` is 0, which the kernel then never uses), and TMA
-        // stores through them stay inside those buffers; the schedule's records name each of the
-        // plan's items once for exactly `workers` CTAs, with `V / BV` column blocks per head;
-        // outputs are `&mut` borrows, so they cannot alias the inputs, and `v_new`'s rows are
-        // disjoint (`Strides::check_len`).
-        unsafe { enqueue(stream, f, workers, |sink| args.push(sink)) }
+        // the pass's `h0` (an all-zero map only without one, which the kernel then never uses),
+        // and TMA stores through them stay inside those buffers; the pass's records (built with
+        // the plan for these head counts and sizes, `HopperPass`) name each of its items once for
+        // exactly `workers` CTAs, with rows inside its `h0` and `ht` and columns inside
+        // `value_dim`; outputs are `&mut` borrows (the workspace is the plan's, locked), so they
+        // cannot alias the inputs, and `v_new`'s rows are disjoint (`Strides::check_len`).
+        unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) }
+    }
+
+    /// A split plan's three passes (`kda::split`): the pre-scan's maps, the merge's entry
+    /// states, the main pass from them; on `stream`, in order, with nothing between them on the
+    /// host.
+    fn launch_split(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: &Loaded,
+        plan: &DevicePlan,
+        dims: &Dims,
+        ptrs: &Pointers<'_>,
+        split: &device_plan::SplitDevice,
+    ) -> Result<(), KdaError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        // A poisoned lock only means another launch panicked while enqueueing: the buffers hold
+        // nothing a launch relies on before writing it.
+        let mut workspace = split.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let workspace = &mut *workspace;
+        let (maps, _maps_record) = workspace.maps.device_ptr_mut(stream);
+        let (entries, _entries_record) = workspace.entries.device_ptr_mut(stream);
+        let (prescan_work, _r1) = split.prescan.work.device_ptr(stream);
+        let (main_work, _r2) = split.main.work.device_ptr(stream);
+        let (table, _r3) = split.merge_table.device_ptr(stream);
+        let (kd, vd) = (dims.key_dim, dims.value_dim);
+        let prescan = HopperPass {
+            workers: split.prescan.workers,
+            work: prescan_work,
+            h0: None,
+            ht: maps,
+            value_dim: (kd + vd) as u32,
+            layout: StateLayoutCode::KeyFirst,
+            pass: PassCode::Prescan,
+        };
+        self.launch_hopper(stream, f, plan, dims, ptrs, &prescan)?;
+        let merge = MergeArgs {
+            maps,
+            h0: ptrs.h0,
+            entries,
+            table,
+            heads: heads_u32(dims.value_heads)?,
+            key_dim: kd as u32,
+            value_dim: vd as u32,
+            state_layout: layout_code(dims.layout) as u32,
+        };
+        let ctas = (split.merge_records.checked_mul(dims.value_heads))
+            .and_then(|n| n.checked_mul(vd / kda_kernel::layout::merge::COLS))
+            .ok_or_else(|| grid_error(dims))?;
+        // SAFETY: the maps, entries and table were allocated and built with the plan for these
+        // head counts and sizes (`split_device`): every row the merge records name exists, the
+        // workspace is locked for this launch, `h0` was validated (or is 0); `K` and `V` are the
+        // Hopper kernel's (`hopper_supports`), multiples of the merge's rows and columns.
+        unsafe { enqueue(stream, &self.merge, ctas, |sink| merge.push(sink)) }?;
+        let main = HopperPass {
+            workers: split.main.workers,
+            work: main_work,
+            h0: Some((entries, split.entry_rows)),
+            ..HopperPass::recurrence(dims, ptrs, 0, 0)
+        };
+        self.launch_hopper(stream, f, plan, dims, ptrs, &main)
     }
 
     /// The baseline kernel, one CTA per (sequence, head, column block).
@@ -302,6 +368,42 @@ impl Kda {
             plan_ordinal: plan.ordinal,
         };
         check_launch(&launch, &args)
+    }
+}
+
+/// What one launch of the Hopper kernel runs: its grid and work records, the states it starts
+/// from (`h0` address and rows) and writes (`ht`, `value_dim` columns wide), their layout, and
+/// the pass.
+struct HopperPass {
+    workers: usize,
+    work: args::Address,
+    h0: Option<(args::Address, usize)>,
+    ht: args::Address,
+    value_dim: u32,
+    layout: StateLayoutCode,
+    pass: PassCode,
+}
+
+impl HopperPass {
+    /// The recurrence over `workers` CTAs and `work`, from the caller's `h0` to its `ht`.
+    fn recurrence(dims: &Dims, ptrs: &Pointers<'_>, workers: usize, work: args::Address) -> Self {
+        Self {
+            workers,
+            work,
+            h0: (ptrs.h0 != 0).then_some((ptrs.h0, dims.seqs * dims.value_heads)),
+            ht: ptrs.ht,
+            value_dim: dims.value_dim as u32,
+            layout: layout_code(dims.layout),
+            pass: PassCode::Recurrence,
+        }
+    }
+}
+
+/// The kernels' code of a state layout.
+fn layout_code(layout: StateLayout) -> StateLayoutCode {
+    match layout {
+        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
+        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
     }
 }
 

@@ -7,9 +7,16 @@ use crate::strides::{RowStrides, Strides};
 use crate::{Dims, KdaError, Tensor};
 use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 
-/// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order. `strides` has
-/// passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the Hopper kernel's.
-pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims, strides: &Strides) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
+/// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order, with the
+/// initial states `h0` (address and rows of `[K][V]` f32 states) when the pass reads any.
+/// `strides` has passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the
+/// Hopper kernel's.
+pub(super) fn hopper_maps(
+    p: &Pointers<'_>,
+    d: &Dims,
+    strides: &Strides,
+    h0: Option<(u64, usize)>,
+) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
     // `k` has the key heads; every other tensor the value heads.
     let (heads, hv, kd, vd) = (d.heads, d.value_heads, d.key_dim, d.value_dim);
     let rows = |tensor: Tensor, heads: usize, width: usize| Rows {
@@ -30,8 +37,8 @@ pub(super) fn hopper_maps(p: &Pointers<'_>, d: &Dims, strides: &Strides) -> Resu
     set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1)?);
     set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK)?);
     set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv)?);
-    if p.h0 != 0 {
-        set(MapSlot::H0, TensorMapArg::initial_states(p.h0, d, d.seqs * hv)?);
+    if let Some((address, rows)) = h0 {
+        set(MapSlot::H0, TensorMapArg::initial_states(address, d, rows)?);
     }
     Ok(maps.map(|m| TensorMap(m.opaque)))
 }
