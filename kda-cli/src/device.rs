@@ -69,6 +69,11 @@ impl DeviceProblem {
         })
     }
 
+    /// Splits the plan's long sequences as `mode` says (`DevicePlan::set_split`).
+    pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: kda::split::SplitMode) -> Result<(), KdaError> {
+        self.plan.set_split(stream, mode)
+    }
+
     /// The sizes of the problem.
     pub fn dims(&self) -> Dims {
         self.plan.dims()

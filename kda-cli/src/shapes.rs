@@ -42,7 +42,9 @@ pub fn bench_shapes() -> Vec<(&'static str, Vec<usize>)> {
 /// * `tp_qwen3_next_h2`: its tensor-parallel shard of 2 key / 4 value heads on 65536 tokens;
 /// * `gdn_k256_v512`: a Gated DeltaNet research model, 6 heads of K = 256, V = 512;
 /// * `kda_k64_8192`: KDA with 64 heads of K = V = 64;
-/// * `fixed_8192_vfirst`: fixed_8192 with the value-first state layout.
+/// * `fixed_8192_vfirst`: fixed_8192 with the value-first state layout;
+/// * `tp_long_h4`, `tp_mixed_h8`: KDA's tensor-parallel shards, 4 heads on one 131072-token
+///   prompt and 8 heads on [65536, 8192, 300] (few chains: the split planner's shapes).
 pub fn model_bench_shapes() -> Vec<(&'static str, Vec<usize>, ModelShape)> {
     let kda = ModelShape::kda;
     let scalar = Gates { g: true, gk: false };
@@ -55,6 +57,8 @@ pub fn model_bench_shapes() -> Vec<(&'static str, Vec<usize>, ModelShape)> {
         ("gdn_k256_v512", vec![8192], ModelShape { key_dim: 256, value_dim: 512, gates: scalar, ..kda(6) }),
         ("kda_k64_8192", vec![8192], ModelShape { key_dim: 64, value_dim: 64, ..kda(64) }),
         ("fixed_8192_vfirst", vec![8192], ModelShape { layout: StateLayout::ValueFirst, ..kda(64) }),
+        ("tp_long_h4", vec![131072], kda(4)),
+        ("tp_mixed_h8", vec![65536, 8192, 300], kda(8)),
     ]
 }
 

@@ -179,6 +179,17 @@ impl SplitPlan {
         self.segments.len() + 1 > self.first.len()
     }
 
+    /// The plan in words, for tables and `kda run --explain`: `whole` when nothing is cut, else
+    /// how many sequences are cut into how many segments of how many chunks.
+    pub fn summary(&self) -> String {
+        let seqs = self.first.len() - 1;
+        let cut: Vec<usize> = (0..seqs).filter(|&n| self.segments_of(n).len() > 1).collect();
+        let Some(&n) = cut.first() else { return "whole".into() };
+        let segments: usize = cut.iter().map(|&n| self.segments_of(n).len()).sum();
+        let chunks = self.segments_of(n)[0].chunks();
+        format!("{} of {seqs} sequences cut: {segments} segments of {chunks} chunks", cut.len())
+    }
+
     /// The segments the pre-scan maps: every segment of a cut sequence but its last, in order
     /// (their index in this order is their map's).
     pub fn prescan_segments(&self) -> impl Iterator<Item = &Segment> {
@@ -440,6 +451,27 @@ mod tests {
         let tp_mixed_h8 = auto(&[65536, 8192, 300], 8);
         assert!(tp_mixed_h8.segments_of(0).len() > 1 && tp_mixed_h8.segments_of(2).len() == 1);
         assert!(auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
+    }
+
+    #[test]
+    fn tables_of_a_split_batch() {
+        // Sequence 0 (1000 tokens) cut into 4 segments of 4 chunks (the last partial), sequence 1
+        // whole.
+        let plan = Plan::from_lengths(&[1000, 100]);
+        let s = SplitPlan::cut(&plan, 4);
+        assert_eq!(s.summary(), "1 of 2 sequences cut: 4 segments of 4 chunks");
+        assert_eq!(SplitPlan::unsplit(&plan).summary(), "whole");
+        assert_eq!(s.maps(), 3);
+        let pre = s.prescan_units();
+        assert_eq!(
+            pre.iter().map(|u| (u.token_start, u.len, u.ht_state)).collect::<Vec<_>>(),
+            vec![(0, 256, Some(0)), (256, 256, Some(1)), (512, 256, Some(2))]
+        );
+        let main = s.main_units();
+        let rows: Vec<_> = main.iter().map(|u| (u.h0_state, u.ht_state, u.chunk_start)).collect();
+        assert_eq!(rows, vec![(0, None, 0), (1, None, 4), (2, None, 8), (3, Some(0), 12), (4, Some(1), 16)]);
+        // Per sequence: its index, first entry, segments, first map.
+        assert_eq!(s.merge_table().unwrap(), vec![0, 0, 4, 0, 1, 4, 1, 3]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use half::bf16;
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
+use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
 use kda::{Kda, Kernel, Outputs, Problem, precision, rel_error};
 use proptest::prelude::*;
@@ -67,12 +68,25 @@ pub fn run_guarded(gpu: &Gpu, p: &Problem, kernel: Kernel) -> Outputs {
 }
 
 /// [`run_guarded`] for a problem of the generalized recurrence with its token-major tensors at
-/// `strides`: the elements between input rows are NaN (a read of one shows in the outputs), those
-/// between `v_new`'s rows hold the guard sentinel and must keep it. A launch the kernels refuse
-/// returns its error, with nothing written.
+/// `strides`, every sequence whole (`SplitMode::Off`; see [`run_split_guarded`]): the elements
+/// between input rows are NaN (a read of one shows in the outputs), those between `v_new`'s rows
+/// hold the guard sentinel and must keep it. A launch the kernels refuse returns its error, with
+/// nothing written.
 pub fn run_model_guarded(gpu: &Gpu, p: &ModelView<'_>, strides: Strides, kernel: Kernel) -> Result<Outputs, KdaError> {
+    run_split_guarded(gpu, p, strides, kernel, SplitMode::Off).map(|(out, _)| out)
+}
+
+/// [`run_model_guarded`] with long sequences split as `split` says; also returns the plan's
+/// split.
+pub fn run_split_guarded(
+    gpu: &Gpu,
+    p: &ModelView<'_>,
+    strides: Strides,
+    kernel: Kernel,
+    split: SplitMode,
+) -> Result<(Outputs, SplitPlan), KdaError> {
     let s = &gpu.stream;
-    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape)?.with_strides(strides)?;
+    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape)?.with_strides(strides)?.with_split(s, split)?;
     let d = plan.dims();
     let nan_bf = bf16::NAN;
     let laid_bf = |t: Tensor, v: &[bf16]| guarded(s, &strides.scatter(&d, t, v, nan_bf), nan_bf);
@@ -128,7 +142,7 @@ pub fn run_model_guarded(gpu: &Gpu, p: &ModelView<'_>, strides: Strides, kernel:
     assert_all_written("h", out.h.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("v_new", out.v_new.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("ht", out.ht.iter().map(|x| x.to_bits()), POISON_F32);
-    Ok(out)
+    Ok((out, plan.split_plan().clone()))
 }
 
 fn assert_all_written(name: &str, bits: impl Iterator<Item = u32>, poison: u32) {

@@ -7,8 +7,11 @@
 #![cfg(feature = "gpu")]
 
 use kda::model::{Gates, ModelShape, StateLayout};
+use kda::split::{SplitMode, split_reference};
 use kda::{KdaError, Kernel, Plan, Strides, inputs, io, reference};
-use kda_tests::{Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_guarded, run_model_guarded};
+use kda_tests::{
+    Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_guarded, run_model_guarded, run_split_guarded,
+};
 use proptest::prelude::*;
 use std::sync::Mutex;
 
@@ -311,3 +314,82 @@ fn unsupported_model_launches_are_typed_errors() {
 }
 
 static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
+
+/// Ragged layouts for the split tests: one sequence several chunks long (its length rarely a
+/// whole number of chunks, so its last segment ends in a partial chunk), and up to three more,
+/// empty ones among them.
+fn split_lengths() -> impl Strategy<Value = Vec<usize>> {
+    (200usize..1300, prop::collection::vec(prop_oneof![Just(0usize), 1usize..400], 0..3))
+        .prop_map(|(long, rest)| std::iter::once(long).chain(rest).collect())
+}
+
+/// Bound on the split passes against the f64 model of the same split (`split_reference`, which
+/// rounds where the kernels round) and against the unsplit recurrence: the CPU-measured level of
+/// the pre-scan's extra roundings (tests/tests/split.rs, 3.0e-3 at most) with headroom. A wrong
+/// entry state or a segment written at the wrong place is orders of magnitude above it.
+const SPLIT_BOUND: f64 = 5e-3;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+    /// The split passes (pre-scan, merge, main pass) at forced segment lengths, single-chunk
+    /// segments included, on every gate kind, head grouping, state layout and K, V in {64, 128,
+    /// 256}, with and without `h0`: every output element written, no guard touched, and the
+    /// results those of the unsplit recurrence within `SPLIT_BOUND`.
+    #[test]
+    fn split_sequences(
+        lengths in split_lengths(),
+        shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256]),
+        segment_chunks in 1usize..5,
+        with_h0: bool,
+        seed: u64,
+    ) {
+        let gpu = GPU.get_or_init(Gpu::open);
+        let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
+        let mode = SplitMode::Chunks(segment_chunks);
+        let (out, split) = run_split_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(split.is_split(), "{lengths:?} every {segment_chunks} chunks: not split");
+        let model = errors(&out, &split_reference(&p.view(), &split).unwrap());
+        let errs = errors(&out, &reference::model_reference(&p.view()).unwrap());
+        let case = format!("{lengths:?} {shape:?} every {segment_chunks} chunks h0={with_h0}");
+        println!("{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e}",
+            model[0], model[1], model[2], errs[0], errs[1], errs[2]);
+        prop_assert!(model.iter().chain(&errs).all(|&e| e < SPLIT_BOUND), "{case}: {model:?} {errs:?}");
+    }
+}
+
+/// A split launch is deterministic (bitwise, run after run) and free of host synchronisation and
+/// device allocation: captured in a CUDA graph and replayed, it writes the same bits.
+#[test]
+fn split_launches_are_deterministic_and_graph_capturable() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let gpu = Gpu::open();
+    let shape = ModelShape { value_heads: 2, gates: Gates { g: true, gk: false }, ..ModelShape::kda(1) };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[3000, 0, 700]), shape, true, 3).unwrap();
+    let s = &gpu.stream;
+    let mut dev = kda_cli::DeviceProblem::upload_model(s, &p.view(), Strides::PACKED).unwrap();
+    dev.set_split(s, SplitMode::Chunks(8)).unwrap();
+    assert!(dev.plan.split_plan().is_split());
+    let run = |dev: &mut kda_cli::DeviceProblem| {
+        dev.poison_outputs(s).unwrap();
+        dev.launch(&gpu.kda, s, Kernel::Auto).unwrap();
+        dev.download(s).unwrap()
+    };
+    let first = run(&mut dev);
+    for _ in 0..20 {
+        assert!(run(&mut dev) == first, "a split launch gave different bits");
+    }
+    dev.poison_outputs(s).unwrap();
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let launched = dev.launch(&gpu.kda, s, Kernel::Auto);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    launched.expect("launch under capture");
+    let graph = graph.expect("capture").expect("a graph with the launch");
+    graph.launch().unwrap();
+    let replayed = dev.download(s).unwrap();
+    assert!(replayed == first, "the captured split launch gave different bits");
+    let errs = errors(&first, &reference::model_reference(&p.view()).unwrap());
+    println!("split, captured: rel err h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
+    assert!(errs.iter().all(|&e| e < SPLIT_BOUND), "{errs:?}");
+}

@@ -12,6 +12,7 @@ use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, floor_us, medi
 use crate::outputs::rel_errors;
 use crate::proc::write_json;
 use kda::model::{ModelShape, ModelView};
+use kda::split::SplitMode;
 use kda::{Dims, Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, reference, rel_error};
 use kda_cli::{gates_name, layout_name, model_bench_shapes, model_floor_us};
 use serde_json::{Value, json};
@@ -75,6 +76,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             dev.launch(&kda, &stream, kernel)?;
             dev.download(&stream)
         },
+        set_split: &|dev: &mut DeviceProblem, mode: SplitMode| dev.set_split(&stream, mode),
     };
     let shapes = bench_shapes().into_iter().map(|(name, lengths)| bench.measure(name, lengths));
     let shapes = shapes.collect::<Result<Vec<_>, _>>()?;
@@ -119,6 +121,8 @@ type Upload<'a> = &'a dyn Fn(&ModelView<'_>) -> Result<DeviceProblem, KdaError>;
 type MedianUs<'a> = &'a dyn Fn(Kernel, &mut [DeviceProblem]) -> Result<f64, KdaError>;
 /// A kernel's outputs, fresh: poison, run once, download.
 type FreshOutputs<'a> = &'a dyn Fn(&mut DeviceProblem, Kernel) -> Result<Outputs, KdaError>;
+/// Re-plans an uploaded problem's split.
+type SetSplit<'a> = &'a dyn Fn(&mut DeviceProblem, SplitMode) -> Result<(), KdaError>;
 
 /// The device, its copy bandwidth and the kernel under test, with the device work as closures.
 struct Bench<'a> {
@@ -127,6 +131,7 @@ struct Bench<'a> {
     upload: Upload<'a>,
     median_us: MedianUs<'a>,
     fresh_outputs: FreshOutputs<'a>,
+    set_split: SetSplit<'a>,
 }
 
 /// What the benchmark measured on one shape.
@@ -163,6 +168,10 @@ fn refusable<T>(r: Result<T, KdaError>) -> Result<Result<T, Refusal>, String> {
 struct Timed {
     copies: usize,
     us: f64,
+    /// The split plan timed (`SplitPlan::summary`), and, when it splits, the median with splitting
+    /// off.
+    split: String,
+    unsplit_us: Option<f64>,
     /// The baseline's median, or why the launcher refused it the problem.
     baseline_us: Result<f64, Refusal>,
     out: Outputs,
@@ -184,13 +193,23 @@ impl Bench<'_> {
             Ok(us) => us,
             Err(refusal) => return Ok(Err(refusal)),
         };
+        let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
+        let split = devs[0].plan.split_plan().summary();
+        let unsplit_us = if devs[0].plan.split_plan().is_split() && self.best == Kernel::Hopper {
+            eprint!(" split ({split}); timing unsplit ...");
+            for dev in devs.iter_mut() {
+                (self.set_split)(dev, SplitMode::Off).map_err(text)?;
+            }
+            Some((self.median_us)(self.best, &mut devs).map_err(text)?)
+        } else {
+            None
+        };
         let baseline_us = if self.best == Kernel::Baseline {
             Ok(us)
         } else {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
-        let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
-        Ok(Ok(Timed { copies, us, baseline_us, out }))
+        Ok(Ok(Timed { copies, us, split, unsplit_us, baseline_us, out }))
     }
 
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
@@ -201,7 +220,8 @@ impl Bench<'_> {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
-        let Timed { copies, us, baseline_us, out } = self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
+        let Timed { copies, us, baseline_us, out, .. } =
+            self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
         let want = reference::reference(&p).map_err(text)?;
@@ -227,13 +247,13 @@ impl Bench<'_> {
                 eprintln!(" unsupported: {}", refusal.reason);
                 Err(refusal)
             }
-            Ok(Timed { copies, us, baseline_us, out }) => {
+            Ok(Timed { copies, us, split, unsplit_us, baseline_us, out }) => {
                 eprint!(" reference ...");
                 let want = reference::model_reference(&view).map_err(text)?;
                 let errs = rel_errors(&out, &want);
                 let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
                 eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-                Ok(Measured { copies, us, baseline_us, errs, f32_floor })
+                Ok(Measured { copies, us, split, unsplit_us, baseline_us, errs, f32_floor })
             }
         };
         Ok(ModelRow { name, lengths, shape, seqs, tokens, kernel: self.best, floor_us, result })
@@ -295,6 +315,8 @@ fn table(best: Kernel, shapes: &[Shape]) -> String {
 struct Measured {
     copies: usize,
     us: f64,
+    split: String,
+    unsplit_us: Option<f64>,
     baseline_us: Result<f64, Refusal>,
     errs: [f64; 3],
     f32_floor: f64,
@@ -332,14 +354,16 @@ impl ModelRow {
             s.heads, s.value_heads, s.key_dim, s.value_dim
         );
         let tail = match &self.result {
-            Err(_) => format!(" | {floor_us:.1} | | | | | | | |"),
-            Ok(Measured { us, baseline_us, errs, f32_floor, .. }) => {
+            // Split and time empty, the floor, then nine empty cells.
+            Err(_) => format!(" | | {floor_us:.1} |{}", " |".repeat(9)),
+            Ok(Measured { us, split, unsplit_us, baseline_us, errs, f32_floor, .. }) => {
                 let (baseline, speedup) = match baseline_us {
                     Ok(b) => (format!("{b:.1}"), format!("{:.2}x", b / us)),
                     Err(_) => ("unsupported".into(), String::new()),
                 };
+                let unsplit = unsplit_us.map_or(String::new(), |u| format!("{u:.1} ({:.3})", floor_us / u));
                 format!(
-                    " {us:.1} | {floor_us:.1} | {:.3} | {baseline} | {speedup} | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
+                    " {split} | {us:.1} | {floor_us:.1} | {:.3} | {unsplit} | {baseline} | {speedup} | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
                     floor_us / us,
                     errs[0],
                     errs[1],
@@ -364,9 +388,10 @@ impl ModelRow {
             Err(Refusal { argument, reason }) => json!({
                 "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
             }),
-            Ok(Measured { copies, us, baseline_us, errs, f32_floor }) => {
+            Ok(Measured { copies, us, split, unsplit_us, baseline_us, errs, f32_floor }) => {
                 let mut m = json!({
-                    "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us,
+                    "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us, "split": split,
+                    "unsplit_us": unsplit_us, "unsplit_ratio": unsplit_us.map(|u| floor_us / u),
                     "baseline_us": baseline_us.as_ref().ok(),
                     "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
                     "repeat": repeat, "rotation_copies": copies,
@@ -387,8 +412,8 @@ impl ModelRow {
 /// The markdown table of the model shapes: one row per shape and the kernel timed.
 fn model_table(rows: &[ModelRow]) -> String {
     let mut table = vec![
-        "| shape | kernel | N | T | H | HV | K | V | gates | state | us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |".to_string(),
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
+        "| shape | kernel | N | T | H | HV | K | V | gates | state | split | us | floor us | floor/time | unsplit us (floor/time) | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |".to_string(),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
     ];
     table.extend(rows.iter().map(ModelRow::row));
     table.join("\n")
@@ -483,17 +508,24 @@ mod tests {
     #[test]
     fn a_model_shape_in_the_table_and_the_results() {
         let refusal = Refusal { argument: "g", reason: "a scalar gate: the baseline runs KDA".into() };
-        let measured =
-            Measured { copies: 2, us: 100.0, baseline_us: Err(refusal), errs: [1e-3, 2e-3, 3e-4], f32_floor: 1e-6 };
+        let measured = Measured {
+            copies: 2,
+            us: 100.0,
+            split: "whole".into(),
+            unsplit_us: None,
+            baseline_us: Err(refusal),
+            errs: [1e-3, 2e-3, 3e-4],
+            f32_floor: 1e-6,
+        };
         let row = qwen_row(Ok(measured));
         let t = model_table(std::slice::from_ref(&row));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         let columns = |line: &str| line.matches('|').count();
-        assert!(lines.iter().all(|l| columns(l) == 20), "{t}");
+        assert!(lines.iter().all(|l| columns(l) == 22), "{t}");
         assert_eq!(
             lines[2],
-            "| qwen | Hopper | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | 100.0 | 90.0 | 0.900 | unsupported |  | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
+            "| qwen | Hopper | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | whole | 100.0 | 90.0 | 0.900 |  | unsupported |  | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
         );
         let r = row.record(100);
         assert_eq!(
@@ -517,12 +549,23 @@ mod tests {
 
         let timed_baseline = Measured {
             baseline_us: Ok(400.0),
-            ..Measured { copies: 2, us: 100.0, baseline_us: Ok(0.0), errs: [0.0; 3], f32_floor: 0.0 }
+            split: "1 of 1 sequences cut: 4 segments of 32 chunks".into(),
+            unsplit_us: Some(180.0),
+            ..Measured {
+                copies: 2,
+                us: 100.0,
+                split: String::new(),
+                unsplit_us: None,
+                baseline_us: Ok(0.0),
+                errs: [0.0; 3],
+                f32_floor: 0.0,
+            }
         };
         let r = qwen_row(Ok(timed_baseline));
-        assert!(r.row().contains("| 400.0 | 4.00x |"), "{}", r.row());
+        assert!(r.row().contains("| 180.0 (0.500) | 400.0 | 4.00x |"), "{}", r.row());
         let r = r.record(100);
         assert_eq!((r["baseline_us"].as_f64(), r.get("baseline_unsupported")), (Some(400.0), None));
+        assert_eq!((r["unsplit_us"].as_f64(), r["unsplit_ratio"].as_f64()), (Some(180.0), Some(0.5)));
     }
 
     #[test]
@@ -533,10 +576,10 @@ mod tests {
         let line = t.lines().nth(2).unwrap();
         assert_eq!(
             line,
-            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | 90.0 | | | | | | | |"
+            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | | 90.0 | | | | | | | | | |"
         );
         // The escaped `|` is not a column.
-        assert_eq!(line.replace("\\|", "").matches('|').count(), 20);
+        assert_eq!(line.replace("\\|", "").matches('|').count(), 22);
         let r = row.record(100);
         assert_eq!((r["kernel"].as_str(), r["refused_by"].as_str()), (Some("unsupported"), Some("Hopper")));
         assert_eq!(

@@ -135,13 +135,19 @@ impl DevicePlan {
     /// records, stays unsplit. Uploads the split's tables and allocates its workspace on
     /// `stream`.
     pub fn with_split(mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<Self, KdaError> {
+        self.set_split(stream, mode)?;
+        Ok(self)
+    }
+
+    /// [`DevicePlan::with_split`] in place.
+    pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
         self.split = None;
         self.split_plan = SplitPlan::unsplit(&self.plan);
         let hopper_device = stream.context().compute_capability()?.0 == 9;
         let dims = self.dims();
         let fits = dims.key_dim.is_multiple_of(hopper::BV) && dims.value_dim.is_multiple_of(hopper::BV);
         if self.work.is_none() || !hopper_device || !fits {
-            return Ok(self);
+            return Ok(());
         }
         let work = crate::split::Work {
             value_heads: dims.value_heads,
@@ -156,7 +162,7 @@ impl DevicePlan {
                 self.split_plan = split;
             }
         }
-        Ok(self)
+        Ok(())
     }
 
     /// How the plan's sequences are split (one segment each when none is).
