@@ -354,8 +354,8 @@ impl ModelRow {
             s.heads, s.value_heads, s.key_dim, s.value_dim
         );
         let tail = match &self.result {
-            // Split and time empty, the floor, then nine empty cells.
-            Err(_) => format!(" | | {floor_us:.1} |{}", " |".repeat(9)),
+            // Split and time empty, the floor, then eight empty cells.
+            Err(_) => format!(" | | {floor_us:.1} |{}", " |".repeat(8)),
             Ok(Measured { us, split, unsplit_us, baseline_us, errs, f32_floor, .. }) => {
                 let (baseline, speedup) = match baseline_us {
                     Ok(b) => (format!("{b:.1}"), format!("{:.2}x", b / us)),
@@ -576,7 +576,7 @@ mod tests {
         let line = t.lines().nth(2).unwrap();
         assert_eq!(
             line,
-            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | | 90.0 | | | | | | | | | |"
+            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | | 90.0 | | | | | | | | |"
         );
         // The escaped `|` is not a column.
         assert_eq!(line.replace("\\|", "").matches('|').count(), 22);
