@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! kda demo [--cpu]                                   a realistic workload: time, floor, error
-//! kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
+//! kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--explain]
 //! ```
 
 use cudarc::driver::CudaStream;
-use kda::model::ModelProblem;
+use kda::model::{ModelProblem, ModelView};
+use kda::split::{SplitMode, SplitPlan, Work};
 use kda::{Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference, rel_error};
 use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, gates_name, median_us};
 use std::path::{Path, PathBuf};
@@ -20,12 +21,15 @@ const USAGE: &str = "usage:
       Runs a realistic workload (H = 64, six ragged sequences, 8192 tokens) on the GPU and prints
       the kernel time, the memory floor and the error against the f64 reference. Without a GPU (or
       with --cpu) it says so and runs the CPU reference on a small default instead.
-  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
+  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--explain]
       Reads k, w, u, gk, optional h0 and cu_seqlens; writes h, v_new, ht. With --repeat N prints
       the median kernel time over N launches (CUDA events). --cpu computes with the f64 reference.
       A model file (a scalar gate g, grouped value heads, other head sizes, a value-first state)
-      runs the same way; one no GPU kernel runs (the Hopper kernel needs K = 128) fails with the
-      reason and writes nothing; --cpu computes it.";
+      runs the same way; one no GPU kernel runs (the Hopper kernel needs K = 64 or 128) fails with
+      the reason and writes nothing; --cpu computes it.
+      --split auto|off|N: split long sequences across the GPU as the planner decides (auto, the
+      default), never (off), or into segments of N chunks. --explain prints the work items, the
+      split the planner chose and its modelled time (for 132 SMs when no GPU is used).";
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -40,6 +44,8 @@ const COPY_REPEAT: usize = 20;
 const WARMUP: usize = 3;
 /// The device the CLI runs on.
 const DEVICE: usize = 0;
+/// CTAs `--explain` plans for when no GPU is used: an H200's SMs (one CTA each).
+const EXPLAIN_DEFAULT_WORKERS: usize = 132;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -160,11 +166,14 @@ struct RunArgs {
     output: PathBuf,
     repeat: Option<usize>,
     cpu: bool,
+    split: SplitMode,
+    explain: bool,
 }
 
 /// Parses `kda run`'s arguments; the error is the usage message.
 fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let (mut input, mut output, mut repeat, mut cpu) = (None, None, None, false);
+    let (mut split, mut explain) = (SplitMode::Auto, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |flag: &str| it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
@@ -180,6 +189,17 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                 repeat = Some(n);
             }
             "--cpu" => cpu = true,
+            "--explain" => explain = true,
+            "--split" => {
+                split = match value("--split")?.as_str() {
+                    "auto" => SplitMode::Auto,
+                    "off" => SplitMode::Off,
+                    v => match v.parse::<usize>() {
+                        Ok(n) if n >= 1 => SplitMode::Chunks(n),
+                        _ => return Err(format!("--split {v}: auto, off or a number of chunks (at least 1)")),
+                    },
+                }
+            }
             other => return Err(format!("run: unexpected argument {other}")),
         }
     }
@@ -188,23 +208,24 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     if cpu && repeat.is_some() {
         return Err("--repeat times the GPU kernel; it cannot go with --cpu".into());
     }
-    Ok(RunArgs { input, output, repeat, cpu })
+    Ok(RunArgs { input, output, repeat, cpu, split, explain })
 }
 
 fn run(args: &[String]) -> Result<(), CliError> {
-    let RunArgs { input, output, repeat, cpu } = parse_run(args).map_err(CliError::Usage)?;
-    if same_file(&input, &output) {
+    let a = parse_run(args).map_err(CliError::Usage)?;
+    let (input, output, cpu) = (&a.input, &a.output, a.cpu);
+    if same_file(input, output) {
         return Err(CliError::Usage(format!(
             "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
             output.display(),
             input.display()
         )));
     }
-    let p = match io::read_problem(&input) {
+    let p = match io::read_problem(input) {
         Ok((p, _expected)) => p,
         // Not the KDA slice: a generalized problem, or the KDA reader's error.
-        Err(kda_error) => match io::read_model_problem(&input) {
-            Ok((m, _expected)) => return run_model(&input, &output, &m, cpu, repeat),
+        Err(kda_error) => match io::read_model_problem(input) {
+            Ok((m, _expected)) => return run_model(&a, &m),
             Err(_) => return Err(kda_error.into()),
         },
     };
@@ -220,13 +241,14 @@ fn run(args: &[String]) -> Result<(), CliError> {
         if p.h0.is_some() { "given" } else { "zeros" }
     );
     let out = if cpu {
+        explain_on_cpu(&a, &p.model_view());
         reference::reference(&p)?
     } else {
         let (kda, stream) = Kda::open(DEVICE).map_err(CliError::NoGpu)?;
         let dev = DeviceProblem::upload(&stream, &p)?;
-        run_gpu(&kda, &stream, dev, repeat)?
+        run_gpu(&kda, &stream, dev, &a)?
     };
-    io::write_outputs(&output, &out, &d)?;
+    io::write_outputs(output, &out, &d)?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
@@ -262,7 +284,8 @@ fn same_file(input: &Path, output: &Path) -> bool {
 /// `kda run` on a generalized problem (docs/CONTRACT.md#the-generalized-recurrence): on the GPU,
 /// or with the f64 reference (`--cpu`). A problem no GPU kernel runs is the launcher's
 /// [`KdaError::Unsupported`], and nothing is written.
-fn run_model(input: &Path, output: &Path, m: &ModelProblem, cpu: bool, repeat: Option<usize>) -> Result<(), CliError> {
+fn run_model(a: &RunArgs, m: &ModelProblem) -> Result<(), CliError> {
+    let (input, output) = (&a.input, &a.output);
     let s = m.shape;
     println!(
         "{}: N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, gates {}, state {:?}, h0 {}",
@@ -278,28 +301,35 @@ fn run_model(input: &Path, output: &Path, m: &ModelProblem, cpu: bool, repeat: O
         if m.h0.is_some() { "given" } else { "zeros" }
     );
     let view = m.view();
-    let out = if cpu {
+    let out = if a.cpu {
+        explain_on_cpu(a, &view);
         reference::model_reference(&view)?
     } else {
         let (kda, stream) = Kda::open(DEVICE).map_err(CliError::NoGpu)?;
         let dev = DeviceProblem::upload_model(&stream, &view, Strides::PACKED)?;
-        run_gpu(&kda, &stream, dev, repeat)?
+        run_gpu(&kda, &stream, dev, a)?
     };
     io::write_model_outputs(output, &out, &view)?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
 
-/// Launches the problem uploaded in `dev` once, or `repeat` times printing the median, and
-/// downloads the outputs.
-fn run_gpu(
-    kda: &Kda,
-    stream: &Arc<CudaStream>,
-    mut dev: DeviceProblem,
-    repeat: Option<usize>,
-) -> Result<Outputs, CliError> {
+/// Splits the problem uploaded in `dev` as `--split` says, prints the plan with `--explain`,
+/// launches it once, or `--repeat` times printing the median, and downloads the outputs.
+fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunArgs) -> Result<Outputs, CliError> {
     let kernel = kda.resolve(Kernel::Auto);
-    match repeat {
+    dev.set_split(stream, a.split)?;
+    if a.explain {
+        let d = dev.dims();
+        let work = Work {
+            value_heads: d.value_heads,
+            key_dim: d.key_dim,
+            value_dim: d.value_dim,
+            workers: dev.plan.workers(),
+        };
+        print!("{}", explanation(dev.plan.plan(), &work, a.split, dev.plan.split_plan()));
+    }
+    match a.repeat {
         Some(n) => {
             let us = median_us(stream, WARMUP, n, |_| dev.launch(kda, stream, kernel))?;
             println!("kernel {kernel:?}: median {us:.2} us over {n} launches");
@@ -307,6 +337,47 @@ fn run_gpu(
         None => dev.launch(kda, stream, kernel)?,
     }
     Ok(dev.download(stream)?)
+}
+
+/// `--explain` without a GPU: the plan the planner makes for `EXPLAIN_DEFAULT_WORKERS` CTAs.
+fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
+    if a.explain {
+        let s = view.shape;
+        let work = Work {
+            value_heads: s.value_heads,
+            key_dim: s.key_dim,
+            value_dim: s.value_dim,
+            workers: EXPLAIN_DEFAULT_WORKERS,
+        };
+        let split = SplitPlan::decide(view.plan, &work, a.split);
+        println!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");
+        print!("{}", explanation(view.plan, &work, a.split, &split));
+    }
+}
+
+/// What `--explain` prints: the work items, the split (`mode` and what it gave) and the modelled
+/// times of the batch unsplit and as split, in chunk times.
+fn explanation(plan: &Plan, work: &Work, mode: SplitMode, split: &SplitPlan) -> String {
+    let blocks = work.value_dim.div_ceil(kda::layout::hopper::BV);
+    let items = plan.num_seqs() * work.value_heads * blocks;
+    let unsplit = SplitPlan::unsplit(plan).modelled_cost(work);
+    let mut text = format!(
+        "plan: {items} work items ({} sequences x {} value heads x {blocks} column blocks) on {} CTAs\n",
+        plan.num_seqs(),
+        work.value_heads,
+        work.workers
+    );
+    text += &format!("split ({mode:?}): {}\n", split.summary());
+    if split.is_split() {
+        text += &format!(
+            "  passes: pre-scan of {} segment maps over K + V = {} columns, merge, main pass of {} segments\n",
+            split.maps(),
+            work.key_dim + work.value_dim,
+            split.segments().len()
+        );
+    }
+    text += &format!("  modelled time: {unsplit} chunk times unsplit, {} as planned\n", split.modelled_cost(work));
+    text
 }
 
 #[cfg(test)]
@@ -320,10 +391,35 @@ mod tests {
     #[test]
     fn run_arguments() {
         let a = parse_run(&args(&["--inputs", "in.st", "--out", "o.st", "--repeat", "7"])).unwrap();
-        let want = RunArgs { input: "in.st".into(), output: "o.st".into(), repeat: Some(7), cpu: false };
+        let want = RunArgs {
+            input: "in.st".into(),
+            output: "o.st".into(),
+            repeat: Some(7),
+            cpu: false,
+            split: SplitMode::Auto,
+            explain: false,
+        };
         assert_eq!(a, want);
         let a = parse_run(&args(&["--cpu", "--out", "o.st", "--inputs", "in.st"])).unwrap();
         assert_eq!(a, RunArgs { repeat: None, cpu: true, ..want });
+        let a = parse_run(&args(&["--inputs", "i", "--out", "o", "--split", "off", "--explain"])).unwrap();
+        assert_eq!((a.split, a.explain), (SplitMode::Off, true));
+        let a = parse_run(&args(&["--inputs", "i", "--out", "o", "--split", "64"])).unwrap();
+        assert_eq!(a.split, SplitMode::Chunks(64));
+    }
+
+    #[test]
+    fn explain_names_the_split_and_its_modelled_time() {
+        let work = Work { value_heads: 4, key_dim: 128, value_dim: 128, workers: 132 };
+        let plan = Plan::from_lengths(&[131072]);
+        let split = SplitPlan::decide(&plan, &work, SplitMode::Auto);
+        let text = explanation(&plan, &work, SplitMode::Auto, &split);
+        println!("{text}");
+        assert!(text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks) on 132 CTAs"));
+        assert!(text.contains("split (Auto): 1 of 1 sequences cut: 16 segments of 128 chunks"), "{text}");
+        assert!(text.contains("pre-scan of 15 segment maps over K + V = 256 columns"), "{text}");
+        let off = explanation(&plan, &work, SplitMode::Off, &SplitPlan::unsplit(&plan));
+        assert!(off.contains("split (Off): whole") && !off.contains("pre-scan"), "{off}");
     }
 
     #[test]
@@ -335,6 +431,10 @@ mod tests {
         assert_eq!(err(&["--inputs", "i", "--out", "o", "--repeat", "x"]), "--repeat x: not a count");
         assert_eq!(err(&["--inputs", "i", "--out", "o", "--repeat", "0"]), "--repeat must be at least 1");
         assert_eq!(err(&["--inputs", "i", "--out", "o", "-x"]), "run: unexpected argument -x");
+        assert_eq!(
+            err(&["--inputs", "i", "--out", "o", "--split", "0"]),
+            "--split 0: auto, off or a number of chunks (at least 1)"
+        );
         assert_eq!(
             err(&["--inputs", "i", "--out", "o", "--repeat", "3", "--cpu"]),
             "--repeat times the GPU kernel; it cannot go with --cpu"

@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 const DEFAULT_REPEAT: usize = 200;
 const WARMUP: usize = 10;
 const COPY_REPEAT: usize = 50;
+/// Segment lengths (chunks) a split shape is also timed at, forced, to show the planner's
+/// choice against its neighbours.
+const SPLIT_SWEEP: [usize; 5] = [32, 64, 128, 256, 512];
 /// Input copies are rotated until they span this many bytes: 5x the H200's 50 MB L2.
 const ROTATION_BYTES: usize = 256 << 20;
 /// Rotation copies: at least 2 so consecutive launches never reuse addresses, at most 8 to bound
@@ -172,6 +175,8 @@ struct Timed {
     /// off.
     split: String,
     unsplit_us: Option<f64>,
+    /// Medians at the forced segment lengths of `SPLIT_SWEEP` (split shapes only).
+    sweep: Vec<(usize, f64)>,
     /// The baseline's median, or why the launcher refused it the problem.
     baseline_us: Result<f64, Refusal>,
     out: Outputs,
@@ -204,12 +209,22 @@ impl Bench<'_> {
         } else {
             None
         };
+        let mut sweep = Vec::new();
+        if unsplit_us.is_some() {
+            eprint!(" sweep ...");
+            for chunks in SPLIT_SWEEP {
+                for dev in devs.iter_mut() {
+                    (self.set_split)(dev, SplitMode::Chunks(chunks)).map_err(text)?;
+                }
+                sweep.push((chunks, (self.median_us)(self.best, &mut devs).map_err(text)?));
+            }
+        }
         let baseline_us = if self.best == Kernel::Baseline {
             Ok(us)
         } else {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
-        Ok(Ok(Timed { copies, us, split, unsplit_us, baseline_us, out }))
+        Ok(Ok(Timed { copies, us, split, unsplit_us, sweep, baseline_us, out }))
     }
 
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
@@ -247,13 +262,16 @@ impl Bench<'_> {
                 eprintln!(" unsupported: {}", refusal.reason);
                 Err(refusal)
             }
-            Ok(Timed { copies, us, split, unsplit_us, baseline_us, out }) => {
+            Ok(Timed { copies, us, split, unsplit_us, sweep, baseline_us, out }) => {
                 eprint!(" reference ...");
                 let want = reference::model_reference(&view).map_err(text)?;
                 let errs = rel_errors(&out, &want);
                 let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
                 eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-                Ok(Measured { copies, us, split, unsplit_us, baseline_us, errs, f32_floor })
+                for (chunks, t) in &sweep {
+                    eprintln!("    [{name}] segments of {chunks} chunks: {t:.1} us ({:.3})", floor_us / t);
+                }
+                Ok(Measured { copies, us, split, unsplit_us, sweep, baseline_us, errs, f32_floor })
             }
         };
         Ok(ModelRow { name, lengths, shape, seqs, tokens, kernel: self.best, floor_us, result })
@@ -317,6 +335,8 @@ struct Measured {
     us: f64,
     split: String,
     unsplit_us: Option<f64>,
+    /// Medians at the forced segment lengths of `SPLIT_SWEEP` (split shapes only).
+    sweep: Vec<(usize, f64)>,
     baseline_us: Result<f64, Refusal>,
     errs: [f64; 3],
     f32_floor: f64,
@@ -388,8 +408,11 @@ impl ModelRow {
             Err(Refusal { argument, reason }) => json!({
                 "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
             }),
-            Ok(Measured { copies, us, split, unsplit_us, baseline_us, errs, f32_floor }) => {
+            Ok(Measured { copies, us, split, unsplit_us, sweep, baseline_us, errs, f32_floor }) => {
+                let sweep: Vec<Value> =
+                    sweep.iter().map(|(c, t)| json!({ "segment_chunks": c, "us": t, "ratio": floor_us / t })).collect();
                 let mut m = json!({
+                    "split_sweep": sweep,
                     "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us, "split": split,
                     "unsplit_us": unsplit_us, "unsplit_ratio": unsplit_us.map(|u| floor_us / u),
                     "baseline_us": baseline_us.as_ref().ok(),
@@ -513,6 +536,7 @@ mod tests {
             us: 100.0,
             split: "whole".into(),
             unsplit_us: None,
+            sweep: vec![],
             baseline_us: Err(refusal),
             errs: [1e-3, 2e-3, 3e-4],
             f32_floor: 1e-6,
@@ -551,11 +575,13 @@ mod tests {
             baseline_us: Ok(400.0),
             split: "1 of 1 sequences cut: 4 segments of 32 chunks".into(),
             unsplit_us: Some(180.0),
+            sweep: vec![(64, 150.0)],
             ..Measured {
                 copies: 2,
                 us: 100.0,
                 split: String::new(),
                 unsplit_us: None,
+                sweep: vec![],
                 baseline_us: Ok(0.0),
                 errs: [0.0; 3],
                 f32_floor: 0.0,

@@ -165,6 +165,11 @@ impl DevicePlan {
         Ok(())
     }
 
+    /// CTAs of the persistent grid on this plan's device (its SMs times the CTAs one holds).
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// How the plan's sequences are split (one segment each when none is).
     pub fn split_plan(&self) -> &SplitPlan {
         &self.split_plan
