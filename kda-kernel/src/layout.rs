@@ -45,7 +45,8 @@ pub const ITEM_KEY_HEAD: usize = 3;
 /// columns of the state (and of `h`, `v_new`, `ht`) the item runs.
 pub const ITEM_VCOL0: usize = 4;
 /// Index of the first column of `u` the item reads in a record: its first value column, except in
-/// the pre-scan, whose value columns are `[0 | u]` (the map's key columns read no `u`).
+/// the pre-scan, whose value columns are `[0 | u]`: the map's key columns read no `u`
+/// ([`ITEM_NO_U`]).
 pub const ITEM_U_COL: usize = 5;
 /// Index of the sequence's (or segment's) first-token word in a record.
 pub const ITEM_TOKEN_START: usize = 6;
@@ -57,6 +58,8 @@ pub const ITEM_CHUNK_START: usize = 8;
 pub const ITEM_NEXT: usize = 9;
 /// A row word naming no row.
 pub const ITEM_NO_ROW: u32 = u32::MAX;
+/// The `u`-column word of an item whose values are zero (no `u` is loaded).
+pub const ITEM_NO_U: u32 = u32::MAX;
 /// The next-record word of a worker's last item.
 pub const ITEM_LAST: u32 = u32::MAX;
 

@@ -8,7 +8,7 @@
 use crate::arch::sm80::block_idx_x_in_role;
 use crate::layout::{
     CHUNK, ITEM_CHUNK_START, ITEM_H0_ROW, ITEM_HEAD, ITEM_HT_ROW, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT,
-    ITEM_NO_ROW, ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS,
+    ITEM_NO_ROW, ITEM_NO_U, ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS,
 };
 
 /// The launcher's schedule table, for a batch of `heads` heads.
@@ -67,7 +67,7 @@ impl Iterator for Items<'_> {
             key_head: r[ITEM_KEY_HEAD] as usize,
             heads: self.work.heads,
             vcol0: r[ITEM_VCOL0] as usize,
-            u_col: r[ITEM_U_COL] as usize,
+            u_col: if r[ITEM_U_COL] == ITEM_NO_U { None } else { Some(r[ITEM_U_COL] as usize) },
         })
     }
 }
@@ -94,8 +94,9 @@ pub struct Item {
     pub heads: usize,
     /// First value column of this item's block.
     pub vcol0: usize,
-    /// First column of `u` it reads (`vcol0` except in the pre-scan).
-    pub u_col: usize,
+    /// First column of `u` it reads (`vcol0` except in the pre-scan), or `None` when its values
+    /// are zero (the pre-scan's key columns).
+    pub u_col: Option<usize>,
 }
 
 impl Item {

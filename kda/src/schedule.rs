@@ -21,7 +21,7 @@
 use crate::{KdaError, Plan};
 use kda_kernel::layout::{
     ITEM_CHUNK_START, ITEM_H0_ROW, ITEM_HEAD, ITEM_HT_ROW, ITEM_KEY_HEAD, ITEM_LAST, ITEM_LEN, ITEM_NEXT, ITEM_NO_ROW,
-    ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS, hopper::BV,
+    ITEM_NO_U, ITEM_TOKEN_START, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS, hopper::BV,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -73,7 +73,7 @@ pub enum UColumns {
     /// The recurrence: the state's columns.
     Values,
     /// The pre-scan over the augmented state `[M | B]`: column `key_dim + c` reads `u`'s column
-    /// `c`; the key columns read none (column 0 is named, and its values unused).
+    /// `c`; the key columns read none (their values are zero).
     Prescan {
         /// `K`.
         key_dim: usize,
@@ -81,10 +81,13 @@ pub enum UColumns {
 }
 
 impl UColumns {
-    fn of(self, vcol0: usize) -> usize {
+    /// The `u`-column word of an item whose first state column is `vcol0` (`None`: the
+    /// value does not fit).
+    fn word(self, vcol0: usize) -> Option<u32> {
         match self {
-            UColumns::Values => vcol0,
-            UColumns::Prescan { key_dim } => vcol0.saturating_sub(key_dim),
+            UColumns::Prescan { key_dim } if vcol0 < key_dim => Some(ITEM_NO_U),
+            UColumns::Prescan { key_dim } => u32::try_from(vcol0 - key_dim).ok(),
+            UColumns::Values => u32::try_from(vcol0).ok().filter(|&c| c != ITEM_NO_U),
         }
     }
 }
@@ -213,7 +216,7 @@ impl Schedule {
                 };
                 r[ITEM_HEAD] = u32::try_from(head).ok()?;
                 r[ITEM_VCOL0] = u32::try_from(block * BV).ok()?;
-                r[ITEM_U_COL] = u32::try_from(u_columns.of(block * BV)).ok()?;
+                r[ITEM_U_COL] = u_columns.word(block * BV)?;
                 r[ITEM_TOKEN_START] = u32::try_from(unit.token_start).ok()?;
                 r[ITEM_LEN] = u32::try_from(unit.len).ok()?;
                 r[ITEM_CHUNK_START] = u32::try_from(unit.chunk_start).ok()?;
@@ -265,6 +268,25 @@ mod tests {
         assert_eq!(rec(1), &[1, 1, 0, 0, 64, 64, 64, 200, 1, 3, 0, 0][..]);
         assert_eq!(rec(2), &[0, 0, 0, 0, 0, 0, 0, 64, 0, ITEM_LAST, 0, 0][..]);
         assert_eq!(rec(3), &[0, 0, 0, 0, 64, 64, 0, 64, 0, ITEM_LAST, 0, 0][..]);
+    }
+
+    #[test]
+    fn prescan_and_segment_records() {
+        // One 128-token segment, K = 128 and V = 64: three column blocks of [M | B], one head.
+        let unit = Unit { token_start: 64, len: 128, chunk_start: 1, h0_state: 0, ht_state: Some(5) };
+        let s = Schedule::try_lpt_lengths(&[unit.len], 1, 3, 3).unwrap();
+        let t = s.table_of(&[unit], 1, UColumns::Prescan { key_dim: 128 }).unwrap();
+        let word = |r: usize, w: usize| t[r * ITEM_WORDS + w];
+        // The key columns' blocks read no `u`; the value block reads `u` from column 0.
+        assert_eq!((0..3).map(|r| word(r, ITEM_VCOL0)).collect::<Vec<_>>(), vec![0, 64, 128]);
+        assert_eq!((0..3).map(|r| word(r, ITEM_U_COL)).collect::<Vec<_>>(), vec![ITEM_NO_U, ITEM_NO_U, 0]);
+        assert!((0..3).all(|r| word(r, ITEM_HT_ROW) == 5 && word(r, ITEM_TOKEN_START) == 64));
+        // A middle segment of the main pass: entry row 3, no final state.
+        let middle = Unit { ht_state: None, h0_state: 3, ..unit };
+        let s = Schedule::try_lpt_lengths(&[middle.len], 2, 1, 4).unwrap();
+        let t = s.table_of(&[middle], 1, UColumns::Values).unwrap();
+        let rows: Vec<_> = (0..2).map(|r| (t[r * ITEM_WORDS + ITEM_H0_ROW], t[r * ITEM_WORDS + ITEM_HT_ROW])).collect();
+        assert_eq!(rows, vec![(6, ITEM_NO_ROW), (7, ITEM_NO_ROW)]);
     }
 
     #[test]

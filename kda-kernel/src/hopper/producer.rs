@@ -9,7 +9,7 @@ use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32, sync_warp};
 use crate::arch::sm90::tma_load_3d;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_COLS, BV, PRODUCER_THREADS, STAGES};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, PRODUCER_THREADS, STAGES};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
@@ -212,14 +212,18 @@ unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
     sync_warp();
     if load.lane == 0 {
         let (tiles, maps, t) = (load.tiles, load.maps, load.item.first_token(load.c));
-        // SAFETY: the boxes are the chunk's rows of `k`, `w` and `u`, exactly the bytes announced.
+        // SAFETY: the boxes are the chunk's rows of `k`, `w` and (unless its values are zero)
+        // `u`, exactly the bytes announced.
         unsafe {
-            load.ring.producer_commit_tx(load.stage, C::SMEM.stage_bytes);
+            let u_bytes = if load.item.u_col.is_some() { 0 } else { BOX_BYTES as u32 };
+            load.ring.producer_commit_tx(load.stage, C::SMEM.stage_bytes - u_bytes);
             for b in 0..C::KB {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
-            load.load_box(tiles.u(), maps.u, load.item.u_col, t);
+            if let Some(col) = load.item.u_col {
+                load.load_box(tiles.u(), maps.u, col, t);
+            }
         }
     }
 }

@@ -40,8 +40,10 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
         fence_proxy_async();
         sync_warp();
         if lane == 0 {
-            // Per row: `k` and `w` (K columns each) and `u` (`BV`), bf16.
-            let row_bytes = ((2 * C::K + BV) * 2) as u32;
+            // Per row: `k` and `w` (K columns each) and `u` (`BV`, unless the values are zero),
+            // bf16.
+            let u_cols = if item.u_col.is_some() { BV } else { 0 };
+            let row_bytes = ((2 * C::K + u_cols) * 2) as u32;
             load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
         sync_warp();
@@ -52,7 +54,9 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
                 load.load_key_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
                 load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
-            load.load_box(tiles.u() + off, maps.u_row, item.u_col, tok0 + r);
+            if let Some(col) = item.u_col {
+                load.load_box(tiles.u() + off, maps.u_row, col, tok0 + r);
+            }
             r += PRODUCER_THREADS;
         }
     }
