@@ -25,7 +25,7 @@ const QUADS: usize = COLS / 4;
 const BUFFER_BYTES: usize = MAX_K * COLS * 4;
 /// Key columns of `M_s` a thread loads before using them: independent loads in flight hide the
 /// latency of the global reads.
-const LOAD_BATCH: usize = 8;
+const LOAD_BATCH: usize = 32;
 
 /// Four adjacent f32, read and written as one 16-byte access.
 #[derive(Clone, Copy)]

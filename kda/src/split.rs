@@ -27,12 +27,20 @@ use kda_kernel::layout::{
 /// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
 const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
 /// Modelled cost of one merge step (`M_s entry(s) + B_s` for one head, a `K x K` by `K x V`
-/// product), in chunk times: about one chunk's two products, doubled for the step's dependent
-/// load of the previous entry. An assumption until the merge kernel is measured.
-pub const MERGE_STEP: u64 = 2;
+/// product), in chunk times: measured on the H200 as about 5 us per step (bench/RESULTS.md,
+/// "Splitting sequences": the split sweeps), against about 0.9 us per chunk of a lone chain.
+pub const MERGE_STEP: u64 = 4;
 /// Modelled cost of each extra launch a split adds (the pre-scan and the merge), in chunk times
-/// (about 3.5 us each on the H200, against about 1.6 us per chunk).
+/// (about 3.5 us each on the H200).
 pub const LAUNCH_COST: u64 = 2;
+/// Chains the memory system serves at the speed of a lone chain, in the recurrence: more chains
+/// at once share its bandwidth. Measured on the H200: fixed_8192's 128 chains run a chunk in
+/// 1.6 us where a lone chain takes 0.9 us, so 128 x 0.9 / 1.6 = 72.
+pub const MAIN_CHAINS: f64 = 72.0;
+/// [`MAIN_CHAINS`] for the pre-scan, whose chunks store nothing (no `h`, no `v_new`) and whose
+/// column blocks of one head share their `k` and `w` reads through L2: fitted to the H200's split
+/// sweeps of tp_long_h4 (a pre-scan chunk costs about 0.7 of a recurrence chunk's bandwidth).
+pub const PRESCAN_CHAINS: f64 = 102.0;
 /// A split is taken only when its modelled time is below this fraction of the unsplit one: the
 /// model is coarse, and a split costs memory traffic the model does not see.
 pub const MIN_GAIN: f64 = 0.85;
@@ -245,32 +253,37 @@ impl SplitPlan {
         Some(table)
     }
 
-    /// The modelled time of the batch, in chunk times: for each pass, the larger of its longest
-    /// item and its total work spread over the workers; plus, when split, the merge's longest
-    /// chain of steps and the two extra launches.
+    /// The modelled time of the batch, in chunk times of a lone chain (see [`pass_time`] for a
+    /// pass); when split, the pre-scan, the merge's longest chain of steps, the main pass and the
+    /// two extra launches.
     pub fn modelled_cost(&self, work: &Work) -> u64 {
         let hv = work.value_heads as u64;
         let cost = |s: &Segment| s.chunks() as u64 + ITEM_OVERHEAD;
-        let pass = |items: &mut dyn Iterator<Item = (u64, u64)>| pass_time(items, work.workers);
+        let main_pass = |items: &mut dyn Iterator<Item = (u64, u64)>| pass_time(items, work.workers, MAIN_CHAINS);
         if !self.is_split() {
-            return pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
+            return main_pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         }
         // Pre-scan: every segment of a cut sequence but its last, over K + V columns.
-        let prescan = pass(&mut self.prescan_segments().map(|s| (hv * work.prescan_blocks(), cost(s))));
+        let prescan = pass_time(
+            &mut self.prescan_segments().map(|s| (hv * work.prescan_blocks(), cost(s))),
+            work.workers,
+            PRESCAN_CHAINS,
+        );
         // Merge steps of the longest chain: one per map.
         let merge = (0..self.first.len() - 1).map(|n| self.segments_of(n).len() as u64 - 1).max();
         let merge = merge.unwrap_or(0);
-        let main = pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
+        let main = main_pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         prescan + merge * MERGE_STEP + main + 2 * LAUNCH_COST
     }
 }
 
 /// The modelled time of one pass of the persistent grid over `workers` CTAs, its items given as
-/// (count, cost) groups: the larger of the total work spread evenly and, for every cost `c`, the
-/// rounds the items of cost `c` or more need (`ceil(n / workers)` of them, each at least `c`
-/// long): 240 equal items on 132 CTAs take two item times, not 1.8. Both are lower bounds of the
-/// longest-first schedule's makespan, and close to it for the few distinct lengths of a split.
-fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: usize) -> u64 {
+/// (count, cost in chunks) groups, in chunk times of a lone chain: the larger of
+/// * the rounds: for every cost `c`, the items of cost `c` or more need `ceil(n / workers)`
+///   rounds of at least `c` (240 equal items on 132 CTAs take two item times, not 1.8), and
+/// * the bandwidth: the item-chunks of the pass over the `chains` that run at a lone chain's
+///   speed together ([`MAIN_CHAINS`], [`PRESCAN_CHAINS`]).
+fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: usize, chains: f64) -> u64 {
     let workers = workers.max(1) as u64;
     let mut groups: Vec<(u64, u64)> = items.filter(|&(count, _)| count > 0).collect();
     groups.sort_by_key(|&(_, c)| std::cmp::Reverse(c));
@@ -280,7 +293,8 @@ fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: usize) -> u64
         at_least = at_least.saturating_add(count);
         at_least.div_ceil(workers).saturating_mul(c)
     });
-    rounds.max().unwrap_or(0).max(total.div_ceil(workers))
+    let bandwidth = (total as f64 / chains).ceil() as u64;
+    rounds.max().unwrap_or(0).max(bandwidth)
 }
 
 /// `p` computed in f64 the way a split batch is (see the module): pre-scan, merge, main pass,
@@ -464,6 +478,16 @@ mod tests {
         let tp_mixed_h8 = auto(&[65536, 8192, 300], 8);
         assert!(tp_mixed_h8.segments_of(0).len() > 1 && tp_mixed_h8.segments_of(2).len() == 1);
         assert!(auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
+        // The segment lengths the H200's sweeps measured fastest (bench/RESULTS.md).
+        let chunks = |s: &SplitPlan| s.segments()[0].chunks();
+        assert_eq!(chunks(&tp_long_h4), 256);
+        assert_eq!(chunks(&tp_mixed_h8), 256);
+        assert_eq!(chunks(&auto(&[65536], 4)), 128);
+        // Batches short of chains but with nothing long to cut stay whole: the pre-scan's extra
+        // columns cost more than the idle SMs (qwen3_next_8192, kda_k64_8192).
+        assert!(!auto(&[8192], 32).is_split());
+        let k64 = Work { value_heads: 64, key_dim: 64, value_dim: 64, workers: H200_WORKERS };
+        assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &k64, SplitMode::Auto).is_split());
     }
 
     #[test]
