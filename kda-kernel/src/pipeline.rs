@@ -87,18 +87,19 @@ impl<const STAGES: usize> Pipeline<STAGES> {
         self.empty + state.index * MBARRIER_BYTES
     }
 
-    /// Initialises every barrier: a `full` phase completes on the producer's one arrival (and
-    /// the bytes it announces), an `empty` phase on `consumers` arrivals.
+    /// Initialises every barrier: a `full` phase completes on `producers` arrivals (one of them
+    /// announcing the bytes the copies deliver, [`Self::producer_commit_tx`], the others
+    /// [`Self::producer_arrive`]) and those bytes, an `empty` phase on `consumers` arrivals.
     ///
     /// # Safety
     /// One thread of the CTA calls it, on 8-byte-aligned shared addresses no one uses yet, then
     /// [`crate::arch::sm90::fence_mbarrier_init`] and a CTA barrier publish the barriers.
     #[inline(always)]
-    pub unsafe fn init(self, consumers: u32) {
+    pub unsafe fn init(self, producers: u32, consumers: u32) {
         for i in 0..STAGES as u32 {
             // SAFETY: see the function's contract.
             unsafe {
-                mbarrier_init(self.full + i * MBARRIER_BYTES, 1);
+                mbarrier_init(self.full + i * MBARRIER_BYTES, producers);
                 mbarrier_init(self.empty + i * MBARRIER_BYTES, consumers);
             }
         }
@@ -114,18 +115,30 @@ impl<const STAGES: usize> Pipeline<STAGES> {
         unsafe { mbarrier_wait(self.empty(state), state.phase) }
     }
 
-    /// The producer's arrival on `state`'s `full` barrier, announcing the `bytes` its copies
-    /// will deliver: the phase completes when they have landed. Ordinary shared-memory writes
-    /// the arriving thread made before (or ordered before by a warp barrier) are visible to the
-    /// consumer once its wait returns (release at CTA scope).
+    /// A producer thread's arrival on `state`'s `full` barrier, announcing the `bytes` its
+    /// copies will deliver: the phase completes when they have landed (and every producer thread
+    /// has arrived). Ordinary shared-memory writes the arriving thread made before are visible to
+    /// the consumer once its wait returns (release at CTA scope).
     ///
     /// # Safety
-    /// One producer thread per stage round; exactly `bytes` of copies complete on
-    /// [`Self::full`] of `state`.
+    /// One producer thread per stage round, the others calling [`Self::producer_arrive`];
+    /// exactly `bytes` of copies complete on [`Self::full`] of `state`.
     #[inline(always)]
     pub unsafe fn producer_commit_tx(self, state: PipelineState<STAGES>, bytes: u32) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_arrive_expect_tx(self.full(state), bytes) }
+    }
+
+    /// A producer thread's arrival on `state`'s `full` barrier without copies: its ordinary
+    /// shared-memory writes to the stage (decay rows, zeroed rows) are visible to the consumer
+    /// once its wait returns.
+    ///
+    /// # Safety
+    /// Each producer thread but the one that commits the bytes calls it once per stage round.
+    #[inline(always)]
+    pub unsafe fn producer_arrive(self, state: PipelineState<STAGES>) {
+        // SAFETY: see the function's contract.
+        unsafe { mbarrier_arrive(self.full(state)) }
     }
 
     /// Waits until `state`'s stage is full.

@@ -32,7 +32,7 @@ mod tail;
 use crate::abi::{MapSlot, PassCode, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
-use crate::layout::hopper::CONSUMER_THREADS;
+use crate::layout::hopper::{CONSUMER_THREADS, PRODUCER_THREADS};
 use crate::schedule::{RowStrides, Work};
 use consumer::{Outputs, Variant};
 use keys::{K64, K128, KeySize};
@@ -202,8 +202,10 @@ unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
         // SAFETY: one thread initialises the barriers; the fence and the CTA barrier below
         // publish them before any use.
         unsafe {
-            smem.ring().init(CONSUMER_THREADS as u32);
-            smem.h0_slot().init(CONSUMER_THREADS as u32);
+            // Every producer lane writes the ring's stages (decay rows, row scales, zeroed rows)
+            // and arrives itself; only lane 0 fills the `h0` slot.
+            smem.ring().init(PRODUCER_THREADS as u32, CONSUMER_THREADS as u32);
+            smem.h0_slot().init(1, CONSUMER_THREADS as u32);
         }
         fence_mbarrier_init();
     }

@@ -6,7 +6,7 @@ use super::keys::KeySize;
 use super::maps::{ChunkLoad, LoadMaps};
 use super::smem::Smem;
 use super::tail;
-use crate::arch::sm80::{exp2_approx, st_shared_f32, sync_warp};
+use crate::arch::sm80::{exp2_approx, st_shared_f32};
 use crate::arch::sm90::tma_load_3d;
 use crate::layout::CHUNK;
 use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, PRODUCER_THREADS, STAGES};
@@ -202,15 +202,17 @@ unsafe fn write_gate_rows<C: KeySize>(
     }
 }
 
-/// A full chunk: one lane announces the stage's bytes and issues the `k`, `w` and `u` boxes.
-/// The warp barrier first orders every lane's decay-row write before that lane's arrival.
+/// A full chunk: one lane announces the stage's bytes and issues the `k`, `w` and `u` boxes; the
+/// others arrive after their decay-row writes.
 ///
 /// # Safety
 /// Producer warp only; the chunk has `CHUNK` valid rows.
 #[inline(always)]
 unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
-    sync_warp();
-    if load.lane == 0 {
+    if load.lane != 0 {
+        // SAFETY: this lane's one arrival of the round, after its writes to the stage.
+        unsafe { load.ring.producer_arrive(load.stage) };
+    } else {
         let (tiles, maps, t) = (load.tiles, load.maps, load.item.first_token(load.c));
         // SAFETY: the boxes are the chunk's rows of `k`, `w` and (unless its values are zero)
         // `u`, exactly the bytes announced.

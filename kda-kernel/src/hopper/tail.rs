@@ -32,9 +32,10 @@ const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
 pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
     let (item, tiles, maps, lane) = (load.item, load.tiles, load.maps, load.lane);
     let (rows, tok0) = (item.rows(load.c), item.first_token(load.c));
-    // SAFETY: the stage is the producer's; the zeroing is ordered before the consumer's async
-    // (wgmma) reads by the proxy fence and the arrival; each one-row box is a valid token of this
-    // sequence, and the bytes announced are exactly those boxes'.
+    // SAFETY: the stage is the producer's; each lane's zeroing is ordered before the consumer's
+    // async (wgmma) reads by the proxy fence and the lane's arrival; each one-row box is a valid
+    // token of this sequence, and the bytes announced are exactly those boxes' (announced before
+    // any is issued: the warp barrier after the commit).
     unsafe {
         zero_key_rows(tiles, C::KB, rows, lane);
         fence_proxy_async();
@@ -58,6 +59,9 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
                 load.load_box(tiles.u() + off, maps.u_row, col, tok0 + r);
             }
             r += PRODUCER_THREADS;
+        }
+        if lane != 0 {
+            load.ring.producer_arrive(load.stage);
         }
     }
 }
