@@ -60,14 +60,21 @@ pub unsafe extern "ptx-kernel" fn kda_split_merge(
     if heads == 0 || blocks == 0 || kd > MAX_K {
         return; // the launcher never launches so; this proves the divisions and buffers safe
     }
-    let b = block_idx_x();
-    let (record, head) = (b / (heads * blocks), (b / blocks) % heads);
+    // 32-bit index arithmetic (the grid is below 2^31 CTAs): 64-bit divisions are subroutine
+    // calls in SASS.
+    let (b, heads32, blocks32) = (block_idx_x() as u32, heads as u32, blocks as u32);
+    let per_record = heads32.wrapping_mul(blocks32);
+    if heads32 == 0 || blocks32 == 0 || per_record == 0 {
+        return; // beyond the launcher's limits; this proves the divisions below safe
+    }
+    let (record, head) = ((b / per_record) as usize, ((b / blocks32) % heads32) as usize);
+    let block = (b % blocks32) as usize;
     let tid = thread_idx_x();
     let (quad, row0) = (tid % QUADS, tid / QUADS);
     let states = States {
         kd,
         vd,
-        col: (b % blocks) * COLS + 4 * quad,
+        col: block * COLS + 4 * quad,
         value_first: state_layout == StateLayoutCode::ValueFirst as u32,
     };
     // SAFETY: the record exists (the grid covers the table).
