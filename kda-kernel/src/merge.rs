@@ -23,9 +23,21 @@ use crate::layout::{MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SE
 const QUADS: usize = COLS / 4;
 /// Bytes of one buffer of the entry block (`MAX_K x COLS` f32).
 const BUFFER_BYTES: usize = MAX_K * COLS * 4;
-/// Key columns of `M_s` a thread loads before using them: independent loads in flight hide the
-/// latency of the global reads.
-const LOAD_BATCH: usize = 32;
+/// Quads (4 key columns) of a row of `M_s` a thread loads before using them: independent loads
+/// in flight hide the latency of the global reads. `4 * LOAD_BATCH` must divide every key size
+/// (checked below): a batch past `K` would read `B`'s columns as `M`'s.
+const LOAD_BATCH: usize = 16;
+
+const _: () = {
+    let mut i = 0;
+    while i < crate::layout::hopper::KEY_DIMS.len() {
+        assert!(
+            crate::layout::hopper::KEY_DIMS[i].is_multiple_of(4 * LOAD_BATCH),
+            "a load batch spans key columns only"
+        );
+        i += 1;
+    }
+};
 
 /// Four adjacent f32, read and written as one 16-byte access.
 #[derive(Clone, Copy)]
