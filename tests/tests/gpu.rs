@@ -358,6 +358,30 @@ proptest! {
     }
 }
 
+/// Every head size class split, each one case (the proptest draws them at random): the merge's
+/// loads must stay inside `M`'s key columns at every `K`.
+#[test]
+fn split_head_sizes() {
+    let gpu = Gpu::open();
+    for (key_dim, value_dim) in [(64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 512)] {
+        for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
+            let shape = ModelShape { value_heads: 2, key_dim, value_dim, layout, ..ModelShape::kda(1) };
+            let p = inputs::try_random_model_problem(Plan::from_lengths(&[700, 0, 90]), shape, true, 9).unwrap();
+            let (out, split) =
+                run_split_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto, SplitMode::Chunks(2)).unwrap();
+            assert!(split.is_split());
+            let model = errors(&out, &split_reference(&p.view(), &split).unwrap());
+            let errs = errors(&out, &reference::model_reference(&p.view()).unwrap());
+            let case = format!("K={key_dim} V={value_dim} {layout:?}");
+            println!(
+                "{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e}",
+                model[0], model[1], model[2], errs[0]
+            );
+            assert!(model.iter().chain(&errs).all(|&e| e < SPLIT_BOUND), "{case}: {model:?} {errs:?}");
+        }
+    }
+}
+
 /// A split launch is deterministic (bitwise, run after run) and free of host synchronisation and
 /// device allocation: captured in a CUDA graph and replayed, it writes the same bits. Captured on
 /// a stream of its own (the legacy default stream cannot be captured), with buffers and plan
