@@ -416,8 +416,8 @@ mod tests {
         let text = explanation(&plan, &work, SplitMode::Auto, &split);
         println!("{text}");
         assert!(text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks) on 132 CTAs"));
-        assert!(text.contains("split (Auto): 1 of 1 sequences cut: 16 segments of 128 chunks"), "{text}");
-        assert!(text.contains("pre-scan of 15 segment maps over K + V = 256 columns"), "{text}");
+        assert!(text.contains("split (Auto): 1 of 1 sequences cut: 8 segments of 256 chunks"), "{text}");
+        assert!(text.contains("pre-scan of 7 segment maps over K + V = 256 columns"), "{text}");
         let off = explanation(&plan, &work, SplitMode::Off, &SplitPlan::unsplit(&plan));
         assert!(off.contains("split (Off): whole") && !off.contains("pre-scan"), "{off}");
     }

@@ -210,6 +210,7 @@ impl Kda {
         baseline_supports(&plan.shape, &plan.strides, dims)?;
         Ok(Kernel::Baseline)
     }
+
     /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
     fn launch_hopper(
         &self,
