@@ -9,6 +9,7 @@ mod problem;
 
 pub mod inputs;
 pub mod io;
+pub mod layer;
 pub mod model;
 pub mod precision;
 pub mod reference;
