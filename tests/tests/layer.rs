@@ -99,7 +99,7 @@ mod random {
         let mut draw = |len: usize, lo: f64, hi: f64| -> Vec<f64> {
             (0..len).map(|_| lo + (hi - lo) * words.next().unwrap()).collect()
         };
-        let bf = |v: Vec<f64>| v.into_iter().map(|x| bf16::from_f64(x)).collect::<Vec<_>>();
+        let bf = |v: Vec<f64>| v.into_iter().map(bf16::from_f64).collect::<Vec<_>>();
         let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
         let (h, hv, kd, vd, gw) = (shape.heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.gate_width());
         let key_scale = 1.0 / (kd as f64).sqrt();
