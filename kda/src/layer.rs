@@ -329,6 +329,108 @@ pub fn layer_reference(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
     Ok(gather(p, items(p).par_iter().map(run).collect()))
 }
 
+/// The layer by its definition over a state pool (`crate::pool`), as serving runs it (a prefill,
+/// or a decode step of one or a few tokens per sequence): sequence `n` starts from its slot's
+/// state (`uses[n]`: zeros when it starts fresh) and writes its final state back to the slot; a
+/// padding sequence reads and writes nothing, and its rows of `o` are `None`. `p.h0` must be
+/// `None` (the pool holds the states). Returns `o` per sequence (`[len][HV][V]` rows).
+pub fn layer_reference_pooled(
+    p: &LayerProblem,
+    pool: &mut [f32],
+    shape: &crate::pool::PoolShape,
+    uses: &[crate::pool::SlotUse],
+) -> Result<Vec<Option<Vec<f32>>>, KdaError> {
+    use crate::pool::SlotUse;
+    p.validate()?;
+    let s = p.shape;
+    let bad = |name, reason: String| Err(KdaError::Argument { name, reason });
+    if p.h0.is_some() {
+        return bad("h0", "a pooled call reads its states from the pool".into());
+    }
+    if uses.len() != p.plan.num_seqs() {
+        return bad("slot_indices", format!("{} uses for {} sequences", uses.len(), p.plan.num_seqs()));
+    }
+    if (shape.value_heads, shape.key_dim, shape.value_dim) != (s.value_heads, s.key_dim, s.value_dim) {
+        return bad("pool", format!("{shape:?} does not hold the layer's {s:?} states"));
+    }
+    let len = shape.len()?;
+    if pool.len() != len {
+        return Err(KdaError::Shape {
+            tensor: "pool",
+            expected: format!("{shape:?}"),
+            expected_len: len,
+            actual: format!("{} elements", pool.len()),
+        });
+    }
+    let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+    let state = kd * vd;
+    // Element (a, c) of a head's state in the pool's layout.
+    let at = |a: usize, c: usize| match shape.layout {
+        StateLayout::KeyFirst => a * vd + c,
+        StateLayout::ValueFirst => c * kd + a,
+    };
+    // The pooled states in, as the key-first `h0` of the live sequences' sub-problem.
+    let live: Vec<usize> = (0..uses.len()).filter(|&n| uses[n] != SlotUse::Padding).collect();
+    let mut h0 = vec![0f32; live.len() * hv * state];
+    for (m, &n) in live.iter().enumerate() {
+        if let SlotUse::Continue(slot) = uses[n] {
+            for i in 0..hv {
+                let base = shape.offset(slot, i).expect("slot_uses checked the slot");
+                let dst = &mut h0[(m * hv + i) * state..][..state];
+                for a in 0..kd {
+                    for c in 0..vd {
+                        dst[a * vd + c] = pool[base + at(a, c)];
+                    }
+                }
+            }
+        }
+    }
+    let seqs = p.plan.seqs();
+    let lengths: Vec<usize> = live.iter().map(|&n| seqs[n].len).collect();
+    let rows = |x: &[bf16], width: usize| -> Vec<bf16> {
+        live.iter()
+            .flat_map(|&n| &x[seqs[n].token_start * width..(seqs[n].token_start + seqs[n].len) * width])
+            .copied()
+            .collect()
+    };
+    let rows_f = |x: &[f32], width: usize| -> Vec<f32> {
+        live.iter()
+            .flat_map(|&n| &x[seqs[n].token_start * width..(seqs[n].token_start + seqs[n].len) * width])
+            .copied()
+            .collect()
+    };
+    let sub = LayerProblem {
+        plan: Plan::from_lengths(&lengths),
+        q: rows(&p.q, s.heads * kd),
+        k: rows(&p.k, s.heads * kd),
+        v: rows(&p.v, hv * vd),
+        g: rows_f(&p.g, hv * s.gate_width()),
+        beta: rows_f(&p.beta, hv),
+        h0: Some(h0),
+        ..p.clone()
+    };
+    let out = layer_reference(&sub)?;
+    // Final states back to their slots; `o` per sequence.
+    let mut o = vec![None; uses.len()];
+    let mut token = 0;
+    for (m, &n) in live.iter().enumerate() {
+        let slot = uses[n].slot().expect("a live sequence has a slot");
+        for i in 0..hv {
+            let base = shape.offset(slot, i).expect("slot_uses checked the slot");
+            let src = &out.ht[(m * hv + i) * state..][..state];
+            for a in 0..kd {
+                for c in 0..vd {
+                    pool[base + at(a, c)] = src[a * vd + c];
+                }
+            }
+        }
+        let len = seqs[n].len;
+        o[n] = Some(out.o[token * hv * vd..(token + len) * hv * vd].to_vec());
+        token += len;
+    }
+    Ok(o)
+}
+
 /// One chunk of one (sequence, value head), prepared for the recurrence and the output.
 struct Chunk {
     tokens: Vec<Token>,

@@ -11,6 +11,7 @@ pub mod inputs;
 pub mod io;
 pub mod layer;
 pub mod model;
+pub mod pool;
 pub mod precision;
 pub mod reference;
 pub mod schedule;

@@ -162,4 +162,166 @@ mod random {
             prop_assert!(errs.iter().all(|&e| e < 1e-6), "{:?} {:?} {:?}: {:?}", lengths, shape, options, errs);
         }
     }
+
+    /// A pool of `slots` random states for `shape`.
+    fn pool_of(
+        shape: &LayerShape,
+        slots: usize,
+        layout: kda::StateLayout,
+        seed: u64,
+    ) -> (kda::pool::PoolShape, Vec<f32>) {
+        let pool = kda::pool::PoolShape {
+            slots,
+            value_heads: shape.value_heads,
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            layout,
+        };
+        let states =
+            random_words(seed, 1).take(pool.len().unwrap()).map(|w| (2.0 * unit_uniform(w) - 1.0) as f32).collect();
+        (pool, states)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+        /// A prompt prefilled into a pool, then continued one token per step (a sequence with no
+        /// token left is padding), equals the whole sequence prefilled at once.
+        #[test]
+        fn prefill_then_decode_is_the_whole_prefill(
+            lengths in prop::collection::vec(1usize..90, 1..4),
+            cuts in prop::collection::vec(0.0f64..1.0, 4),
+            shape in shapes(),
+            options in options(),
+            seed: u64,
+        ) {
+            let whole = problem(&lengths, shape, options, false, seed);
+            let want = layer_reference(&whole).unwrap();
+            let (hv, vd) = (shape.value_heads, shape.value_dim);
+            let prompt: Vec<usize> = lengths.iter().zip(&cuts).map(|(&l, &c)| ((l as f64 * c) as usize).max(1)).collect();
+            let (pool, mut states) = pool_of(&shape, lengths.len() + 2, kda::StateLayout::KeyFirst, seed);
+            // Sequence n lives in slot n + 1 (slot 0 and the last stay untouched).
+            let slots: Vec<i64> = (0..lengths.len()).map(|n| n as i64 + 1).collect();
+            let untouched = [states[..pool.offset(1, 0).unwrap()].to_vec(), states[pool.offset(lengths.len() + 1, 0).unwrap()..].to_vec()];
+            // Token t of sequence n, as a one-sequence sub-problem's rows.
+            let rows = |n: usize, from: usize, to: usize| -> LayerProblem {
+                let d = &whole.plan.seqs()[n];
+                let pick = |x: &[bf16], width: usize| x[(d.token_start + from) * width..(d.token_start + to) * width].to_vec();
+                let pick_f = |x: &[f32], width: usize| x[(d.token_start + from) * width..(d.token_start + to) * width].to_vec();
+                LayerProblem {
+                    plan: Plan::from_lengths(&[to - from]),
+                    q: pick(&whole.q, shape.heads * shape.key_dim),
+                    k: pick(&whole.k, shape.heads * shape.key_dim),
+                    v: pick(&whole.v, hv * vd),
+                    g: pick_f(&whole.g, hv * shape.gate_width()),
+                    beta: pick_f(&whole.beta, hv),
+                    ..whole.clone()
+                }
+            };
+            // A batch of the rows `from[n]..to[n]` of every sequence (empty rows: padding).
+            let batch = |spans: &[(usize, usize)]| -> (LayerProblem, Vec<i64>) {
+                let parts: Vec<LayerProblem> = spans.iter().enumerate().map(|(n, &(a, b))| rows(n, a, b)).collect();
+                let cat = |f: &dyn Fn(&LayerProblem) -> Vec<f32>| parts.iter().flat_map(f).collect::<Vec<f32>>();
+                let cat_bf = |f: &dyn Fn(&LayerProblem) -> Vec<bf16>| parts.iter().flat_map(f).collect::<Vec<bf16>>();
+                let lens: Vec<usize> = spans.iter().map(|&(a, b)| b - a).collect();
+                let p = LayerProblem {
+                    plan: Plan::from_lengths(&lens),
+                    q: cat_bf(&|p| p.q.clone()),
+                    k: cat_bf(&|p| p.k.clone()),
+                    v: cat_bf(&|p| p.v.clone()),
+                    g: cat(&|p| p.g.clone()),
+                    beta: cat(&|p| p.beta.clone()),
+                    ..whole.clone()
+                };
+                let idx = spans.iter().zip(&slots).map(|(&(a, b), &s)| if b > a { s } else { -1 }).collect();
+                (p, idx)
+            };
+            let mut o: Vec<Vec<f32>> = vec![Vec::new(); lengths.len()];
+            // The prompts, fresh.
+            let spans: Vec<(usize, usize)> = prompt.iter().map(|&p| (0, p)).collect();
+            let (p, idx) = batch(&spans);
+            let uses = kda::pool::slot_uses(&idx, &vec![true; idx.len()], &pool).unwrap();
+            for (n, rows) in kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
+                o[n].extend(rows.unwrap());
+            }
+            // Then one token per step.
+            for step in 0..lengths.iter().max().copied().unwrap_or(0) {
+                let spans: Vec<(usize, usize)> = lengths
+                    .iter()
+                    .zip(&prompt)
+                    .map(|(&l, &p)| if p + step < l { (p + step, p + step + 1) } else { (0, 0) })
+                    .collect();
+                if spans.iter().all(|&(a, b)| a == b) {
+                    break;
+                }
+                let (p, idx) = batch(&spans);
+                let uses = kda::pool::slot_uses(&idx, &vec![false; idx.len()], &pool).unwrap();
+                for (n, rows) in kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
+                    match rows {
+                        Some(r) => o[n].extend(r),
+                        None => prop_assert!(spans[n].0 == spans[n].1, "sequence {} skipped", n),
+                    }
+                }
+            }
+            let got = LayerOutputs {
+                o: o.concat(),
+                ht: (0..lengths.len()).flat_map(|n| states[pool.offset(n + 1, 0).unwrap()..][..hv * pool.state_len()].to_vec()).collect(),
+            };
+            let errs = errors(&got, &want);
+            prop_assert!(errs.iter().all(|&e| e < 1e-6), "{:?} prompts {:?}: {:?}", lengths, prompt, errs);
+            prop_assert!(states[..pool.offset(1, 0).unwrap()] == untouched[0][..], "slot 0 written");
+            prop_assert!(states[pool.offset(lengths.len() + 1, 0).unwrap()..] == untouched[1][..], "the last slot written");
+        }
+
+        /// Pool indices (padding, fresh sequences, either layout, any slot order) against a
+        /// reference that copies the states out of the pool, runs the layer and copies them back.
+        #[test]
+        fn pooled_calls_match_copying_states_out_and_back(
+            lengths in prop::collection::vec(0usize..70, 1..5),
+            order in Just(()).prop_perturb(|_, mut rng| { let mut v: Vec<usize> = (0..8).collect(); for i in (1..8).rev() { v.swap(i, (rng.next_u32() as usize) % (i + 1)); } v }),
+            padding in prop::collection::vec(any::<bool>(), 5),
+            fresh in prop::collection::vec(any::<bool>(), 5),
+            value_first: bool,
+            shape in shapes(),
+            options in options(),
+            seed: u64,
+        ) {
+            let n = lengths.len();
+            let p = problem(&lengths, shape, options, false, seed);
+            let layout = if value_first { kda::StateLayout::ValueFirst } else { kda::StateLayout::KeyFirst };
+            let (pool, before) = pool_of(&shape, 8, layout, seed);
+            let idx: Vec<i64> = (0..n).map(|m| if padding[m] { -1 } else { order[m] as i64 }).collect();
+            let uses = kda::pool::slot_uses(&idx, &fresh[..n], &pool).unwrap();
+            let mut states = before.clone();
+            let got = kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap();
+            // The reference: every sequence run from its state copied out (key-first), then copied back.
+            let (hv, kd, vd) = (shape.value_heads, shape.key_dim, shape.value_dim);
+            let at = |a: usize, c: usize| if value_first { c * kd + a } else { a * vd + c };
+            let mut h0 = vec![0f32; n * hv * kd * vd];
+            for m in 0..n {
+                if let kda::pool::SlotUse::Continue(slot) = uses[m] {
+                    for i in 0..hv {
+                        let base = pool.offset(slot, i).unwrap();
+                        for a in 0..kd { for c in 0..vd { h0[((m * hv + i) * kd + a) * vd + c] = before[base + at(a, c)]; } }
+                    }
+                }
+            }
+            let want = layer_reference(&LayerProblem { h0: Some(h0), ..p.clone() }).unwrap();
+            let mut expected = before.clone();
+            for m in 0..n {
+                let Some(slot) = uses[m].slot() else { continue };
+                for i in 0..hv {
+                    let base = pool.offset(slot, i).unwrap();
+                    for a in 0..kd { for c in 0..vd { expected[base + at(a, c)] = want.ht[((m * hv + i) * kd + a) * vd + c]; } }
+                }
+                let d = &p.plan.seqs()[m];
+                let rows = &want.o[d.token_start * hv * vd..(d.token_start + d.len) * hv * vd];
+                prop_assert_eq!(got[m].as_deref(), Some(rows), "sequence {}", m);
+            }
+            for m in 0..n {
+                if uses[m] == kda::pool::SlotUse::Padding { prop_assert!(got[m].is_none()); }
+            }
+            // Bitwise: the same f64 arithmetic, and slots no sequence names keep their bits.
+            prop_assert!(states.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "pool differs");
+        }
+    }
 }
