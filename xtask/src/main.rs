@@ -28,7 +28,7 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
   bundle [--out DIR]                    builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle)
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
   bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
-  profile [--shape NAME] [--out DIR]    GPU: ncu profile of kda_fwd_h_hopper on a shape (fixed_8192); details and SASS source CSV in DIR (target/profile)
+  profile [--shape NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3); details and SASS source CSV in DIR (target/profile)
   sanitize [--out DIR]                  GPU: compute-sanitizer memcheck, racecheck, synccheck over `kda run` on ragged inputs; logs in DIR (target/sanitize)
   ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
   gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize (--quick: suite, bench); session.log, results.json in DIR (target/gpu-session)

@@ -1,5 +1,7 @@
-//! `xtask profile [--shape NAME] [--out DIR] [--bundle DIR]`: an Nsight Compute profile of the
-//! Hopper kernel under `kda run` on one shape (default `fixed_8192`), clocks left alone. Leaves in
+//! `xtask profile [--shape NAME] [--skip N] [--out DIR] [--bundle DIR]`: an Nsight Compute profile
+//! of one launch of the Hopper kernel under `kda run` on one shape (default `fixed_8192`), after
+//! skipping `N` of its launches (default 3; a split shape launches the kernel twice per run, the
+//! pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks left alone. Leaves in
 //! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
 //! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
 
@@ -19,13 +21,16 @@ const SECTIONS: &[&str] = &[
     "SchedulerStats",
     "SourceCounters",
 ];
+/// Launches of the kernel skipped before the one profiled: past the first run's.
+const DEFAULT_SKIP: usize = 3;
 const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("profile", args, &["--shape", "--out", "--bundle"], &[])?;
+    let a = Args::parse("profile", args, &["--shape", "--skip", "--out", "--bundle"], &[])?;
     a.no_positional("profile")?;
     let shape = a.value("--shape").unwrap_or("fixed_8192");
+    let skip = a.parsed::<usize>("--skip", DEFAULT_SKIP)?.to_string();
     let out = a.path("--out", "target/profile");
     let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
     let ncu = cuda_cli("ncu");
@@ -37,7 +42,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let report = out.join("profile");
     let mut cmd = Command::new(&ncu);
-    cmd.args(["--clock-control", "none", "--kernel-name", KERNEL, "--launch-skip", "3", "--launch-count", "1"]);
+    cmd.args(["--clock-control", "none", "--kernel-name", KERNEL, "--launch-skip", &skip, "--launch-count", "1"]);
     for s in SECTIONS {
         cmd.args(["--section", s]);
     }
