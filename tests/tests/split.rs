@@ -68,3 +68,76 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The tables of the GPU passes for any batch and forced segment length: the main pass's
+    /// units tile every sequence in order, only a sequence's last segment writes its final
+    /// state, the pre-scan maps exactly the other segments, the merge's records chain them, and
+    /// every work record of both passes names rows and columns inside its buffers.
+    #[test]
+    fn the_split_tables_cover_every_token_once(
+        lengths in prop::collection::vec(prop_oneof![Just(0usize), 1usize..3000], 1..6),
+        segment_chunks in 1usize..40,
+        value_heads in 1usize..4,
+        key_dim in prop_oneof![Just(64usize), Just(128)],
+        value_dim in prop_oneof![Just(64usize), Just(128), Just(512)],
+    ) {
+        use kda::layout::{hopper::BV, ITEM_H0_ROW, ITEM_HT_ROW, ITEM_NO_ROW, ITEM_NO_U, ITEM_U_COL, ITEM_VCOL0, ITEM_WORDS, MERGE_WORDS};
+        use kda::schedule::{Schedule, UColumns};
+        let plan = Plan::from_lengths(&lengths);
+        let split = SplitPlan::cut(&plan, segment_chunks);
+        let main = split.main_units();
+        prop_assert_eq!(main.len(), split.segments().len());
+        for (n, d) in plan.seqs().iter().enumerate() {
+            let segs: Vec<_> = main.iter().zip(split.segments()).filter(|(_, s)| s.seq == n).map(|(u, _)| *u).collect();
+            let mut token = d.token_start;
+            for (i, u) in segs.iter().enumerate() {
+                prop_assert_eq!(u.token_start, token);
+                prop_assert_eq!(u.chunk_start, d.chunk_start + (token - d.token_start) / kda::layout::CHUNK);
+                prop_assert_eq!(u.ht_state, if i + 1 == segs.len() { Some(n) } else { None });
+                token += u.len;
+            }
+            prop_assert_eq!(token, d.token_start + d.len);
+        }
+        let prescan = split.prescan_units();
+        prop_assert_eq!(prescan.len(), split.maps());
+        prop_assert!(prescan.iter().enumerate().all(|(m, u)| u.ht_state == Some(m) && u.len % kda::layout::CHUNK == 0));
+        let table = split.merge_table().unwrap();
+        let (mut entry, mut map) = (0u32, 0u32);
+        for (n, r) in table.chunks_exact(MERGE_WORDS).enumerate() {
+            prop_assert_eq!(r, &[n as u32, entry, split.segments_of(n).len() as u32, map][..]);
+            entry += r[2];
+            map += r[2] - 1;
+        }
+        prop_assert_eq!(map as usize, split.maps());
+        // Work records of both passes.
+        let passes = [
+            (prescan, (key_dim + value_dim) / BV, UColumns::Prescan { key_dim }, split.maps(), 0usize),
+            (main, value_dim / BV, UColumns::Values, plan.num_seqs(), split.segments().len()),
+        ];
+        for (units, blocks, u_columns, ht_states, h0_states) in passes {
+            let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
+            let s = Schedule::try_lpt_lengths(&lengths, value_heads, blocks, 132).unwrap();
+            let t = s.table_of(&units, 1, u_columns).unwrap();
+            prop_assert_eq!(t.len(), units.len() * value_heads * blocks * ITEM_WORDS);
+            for r in t.chunks_exact(ITEM_WORDS) {
+                prop_assert!(r[ITEM_HT_ROW] == ITEM_NO_ROW || (r[ITEM_HT_ROW] as usize) < ht_states * value_heads);
+                prop_assert!((r[ITEM_H0_ROW] as usize) < h0_states.max(1) * value_heads);
+                let col = r[ITEM_VCOL0] as usize;
+                match u_columns {
+                    UColumns::Prescan { .. } => {
+                        prop_assert!(col + BV <= key_dim + value_dim);
+                        if col < key_dim {
+                            prop_assert_eq!(r[ITEM_U_COL], ITEM_NO_U);
+                        } else {
+                            prop_assert_eq!(r[ITEM_U_COL] as usize, col - key_dim);
+                        }
+                    }
+                    UColumns::Values => prop_assert!(col + BV <= value_dim && r[ITEM_U_COL] as usize == col),
+                }
+            }
+        }
+    }
+}
