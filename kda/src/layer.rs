@@ -312,21 +312,77 @@ pub fn layer_reference(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
         let mut s = p.initial_state(n, i);
         let mut o = Vec::with_capacity(seq.len * vd);
         for t in seq.token_start..seq.token_start + seq.len {
-            let x = p.token(t, i);
-            for a in 0..kd {
-                let d = x.gate(a).exp();
-                s[a * vd..][..vd].iter_mut().for_each(|e| *e *= d);
-            }
-            for c in 0..vd {
-                let sk: f64 = (0..kd).map(|a| s[a * vd + c] * x.k[a]).sum();
-                let delta = x.beta * (x.v[c] - sk);
-                (0..kd).for_each(|a| s[a * vd + c] += x.k[a] * delta);
-            }
-            o.extend((0..vd).map(|c| p.options.scale * (0..kd).map(|a| s[a * vd + c] * x.q[a]).sum::<f64>()));
+            o.extend(step(&mut s, &p.token(t, i), kd, vd, p.options.scale));
         }
         ((n, i), (o, s))
     };
     Ok(gather(p, items(p).par_iter().map(run).collect()))
+}
+
+/// One token of the definition: decays the state `s` (`[K][V]`), writes the token into it, and
+/// returns the token's output row (`[V]`).
+fn step(s: &mut [f64], x: &Token, kd: usize, vd: usize, scale: f64) -> Vec<f64> {
+    for a in 0..kd {
+        let d = x.gate(a).exp();
+        s[a * vd..][..vd].iter_mut().for_each(|e| *e *= d);
+    }
+    for c in 0..vd {
+        let sk: f64 = (0..kd).map(|a| s[a * vd + c] * x.k[a]).sum();
+        let delta = x.beta * (x.v[c] - sk);
+        (0..kd).for_each(|a| s[a * vd + c] += x.k[a] * delta);
+    }
+    (0..vd).map(|c| scale * (0..kd).map(|a| s[a * vd + c] * x.q[a]).sum::<f64>()).collect()
+}
+
+/// What [`verify_tree_reference`] returns per sequence: each draft token's output row
+/// (`[HV][V]`) and the state after it (`[HV][K][V]` key-first), in token order.
+pub type VerifiedTokens = Vec<(Vec<f32>, Vec<f32>)>;
+
+/// Speculative verification by its definition: every sequence's draft tokens form a tree, token
+/// `t` continuing from the state after token `parents[t]` (an index inside its sequence, earlier
+/// than `t`), or from the sequence's initial state (`h0`, or zeros) when it is negative. A chain
+/// (`parents[t] = t - 1`) is ordinary decoding. Returns, per sequence, each token's output and
+/// the state after it, so that an engine can keep the accepted path's state.
+pub fn verify_tree_reference(p: &LayerProblem, parents: &[i64]) -> Result<Vec<VerifiedTokens>, KdaError> {
+    p.validate()?;
+    let (hv, kd, vd) = (p.shape.value_heads, p.shape.key_dim, p.shape.value_dim);
+    if parents.len() != p.plan.tokens() {
+        return Err(KdaError::Shape {
+            tensor: "parents",
+            expected: "[T]".into(),
+            expected_len: p.plan.tokens(),
+            actual: format!("{} elements", parents.len()),
+        });
+    }
+    let mut out = Vec::with_capacity(p.plan.num_seqs());
+    for (n, seq) in p.plan.seqs().iter().enumerate() {
+        let mut tokens: VerifiedTokens = Vec::with_capacity(seq.len);
+        for r in 0..seq.len {
+            let parent = parents[seq.token_start + r];
+            if parent >= r as i64 {
+                return Err(KdaError::Argument {
+                    name: "parents",
+                    reason: format!("sequence {n}, token {r}: parent {parent} is not an earlier token"),
+                });
+            }
+            let (mut o, mut state) = (Vec::with_capacity(hv * vd), Vec::with_capacity(hv * kd * vd));
+            for i in 0..hv {
+                let mut s: Vec<f64> = match usize::try_from(parent) {
+                    Ok(q) => tokens[q].1[i * kd * vd..][..kd * vd].iter().map(|&x| x as f64).collect(),
+                    Err(_) => p.initial_state(n, i),
+                };
+                o.extend(
+                    step(&mut s, &p.token(seq.token_start + r, i), kd, vd, p.options.scale)
+                        .into_iter()
+                        .map(|x| x as f32),
+                );
+                state.extend(s.into_iter().map(|x| x as f32));
+            }
+            tokens.push((o, state));
+        }
+        out.push(tokens);
+    }
+    Ok(out)
 }
 
 /// The layer by its definition over a state pool (`crate::pool`), as serving runs it (a prefill,

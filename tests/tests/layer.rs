@@ -324,4 +324,64 @@ mod random {
             prop_assert!(states.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "pool differs");
         }
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+        /// Tree verification: every token's output and state equal those of its root-to-token
+        /// path decoded one token at a time through a pool (bitwise: the same f64 steps, the
+        /// states stored as f32 between them); a chain is ordinary decoding.
+        #[test]
+        fn a_draft_tree_verifies_as_its_paths_decoded_step_by_step(
+            drafts in prop::collection::vec(1usize..9, 1..4),
+            picks in prop::collection::vec(any::<u32>(), 8 * 3),
+            shape in shapes(),
+            options in options(),
+            with_h0: bool,
+            seed: u64,
+        ) {
+            let p = problem(&drafts, shape, options, with_h0, seed);
+            // Token r's parent: an earlier token or the root (-1), drawn from `picks`.
+            let parents: Vec<i64> = p.plan.seqs().iter().enumerate().flat_map(|(n, d)| {
+                let picks = &picks;
+                (0..d.len).map(move |r| (picks[n * 8 + r] as i64 % (r as i64 + 1)) - 1)
+            }).collect();
+            let got = kda::layer::verify_tree_reference(&p, &parents).unwrap();
+            let (hv, kd, vd) = (shape.value_heads, shape.key_dim, shape.value_dim);
+            let state = kd * vd;
+            for (n, d) in p.plan.seqs().iter().enumerate() {
+                for r in 0..d.len {
+                    // The path root .. r.
+                    let mut path = vec![r];
+                    while let Ok(q) = usize::try_from(parents[d.token_start + *path.last().unwrap()]) { path.push(q); }
+                    path.reverse();
+                    // Decoded one token per call through a one-slot pool holding the initial state.
+                    let pool = kda::pool::PoolShape { slots: 1, value_heads: hv, key_dim: kd, value_dim: vd, layout: kda::StateLayout::KeyFirst };
+                    let mut states = match &p.h0 { Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(), None => vec![0.0; hv * state] };
+                    let mut last = Vec::new();
+                    for &q in &path {
+                        let t = d.token_start + q;
+                        let one = LayerProblem {
+                            plan: Plan::from_lengths(&[1]),
+                            q: p.q[t * shape.heads * kd..(t + 1) * shape.heads * kd].to_vec(),
+                            k: p.k[t * shape.heads * kd..(t + 1) * shape.heads * kd].to_vec(),
+                            v: p.v[t * hv * vd..(t + 1) * hv * vd].to_vec(),
+                            g: p.g[t * hv * shape.gate_width()..(t + 1) * hv * shape.gate_width()].to_vec(),
+                            beta: p.beta[t * hv..(t + 1) * hv].to_vec(),
+                            h0: None,
+                            ..p.clone()
+                        };
+                        let uses = kda::pool::slot_uses(&[0], &[false], &pool).unwrap();
+                        last = kda::layer::layer_reference_pooled(&one, &mut states, &pool, &uses).unwrap().remove(0).unwrap();
+                    }
+                    let (o, s) = &got[n][r];
+                    prop_assert!(o.iter().zip(&last).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: o", n, r);
+                    prop_assert!(s.iter().zip(&states).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: state", n, r);
+                }
+            }
+            // A parent that is not earlier is refused.
+            let mut bad = parents.clone();
+            bad[0] = 0;
+            prop_assert!(kda::layer::verify_tree_reference(&p, &bad).is_err());
+        }
+    }
 }
