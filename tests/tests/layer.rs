@@ -349,7 +349,7 @@ mod random {
             let (hv, kd, vd) = (shape.value_heads, shape.key_dim, shape.value_dim);
             let state = kd * vd;
             for (n, d) in p.plan.seqs().iter().enumerate() {
-                for r in 0..d.len {
+                for (r, (o, s)) in got[n].iter().enumerate() {
                     // The path root .. r.
                     let mut path = vec![r];
                     while let Ok(q) = usize::try_from(parents[d.token_start + *path.last().unwrap()]) { path.push(q); }
@@ -373,7 +373,6 @@ mod random {
                         let uses = kda::pool::slot_uses(&[0], &[false], &pool).unwrap();
                         last = kda::layer::layer_reference_pooled(&one, &mut states, &pool, &uses).unwrap().remove(0).unwrap();
                     }
-                    let (o, s) = &got[n][r];
                     prop_assert!(o.iter().zip(&last).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: o", n, r);
                     prop_assert!(s.iter().zip(&states).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: state", n, r);
                 }
