@@ -334,6 +334,45 @@ fn step(s: &mut [f64], x: &Token, kd: usize, vd: usize, scale: f64) -> Vec<f64> 
     (0..vd).map(|c| scale * (0..kd).map(|a| s[a * vd + c] * x.q[a]).sum::<f64>()).collect()
 }
 
+/// Checkpoints for prefix caching, by definition: the state (`[HV][K][V]` key-first, f32) of
+/// every sequence after each of its `positions[n]` (token counts from the sequence's start, any
+/// position, 0 giving the initial state), as a prefill would write them to the caller's slots.
+pub fn checkpoint_reference(p: &LayerProblem, positions: &[Vec<usize>]) -> Result<Vec<Vec<Vec<f32>>>, KdaError> {
+    p.validate()?;
+    let (hv, kd, vd) = (p.shape.value_heads, p.shape.key_dim, p.shape.value_dim);
+    if positions.len() != p.plan.num_seqs() {
+        return Err(KdaError::Argument {
+            name: "positions",
+            reason: format!("{} lists for {} sequences", positions.len(), p.plan.num_seqs()),
+        });
+    }
+    let mut out = Vec::with_capacity(positions.len());
+    for (n, (seq, wanted)) in p.plan.seqs().iter().zip(positions).enumerate() {
+        if let Some(&bad) = wanted.iter().find(|&&x| x > seq.len) {
+            return Err(KdaError::Argument {
+                name: "positions",
+                reason: format!("sequence {n}: position {bad} is past its {} tokens", seq.len),
+            });
+        }
+        let mut states: Vec<Vec<f64>> = (0..hv).map(|i| p.initial_state(n, i)).collect();
+        let mut saved = vec![Vec::new(); wanted.len()];
+        for done in 0..=seq.len {
+            for (w, &x) in wanted.iter().enumerate() {
+                if x == done {
+                    saved[w] = states.iter().flat_map(|s| s.iter().map(|&v| v as f32)).collect();
+                }
+            }
+            if done < seq.len {
+                for (i, s) in states.iter_mut().enumerate() {
+                    step(s, &p.token(seq.token_start + done, i), kd, vd, p.options.scale);
+                }
+            }
+        }
+        out.push(saved);
+    }
+    Ok(out)
+}
+
 /// What [`verify_tree_reference`] returns per sequence: each draft token's output row
 /// (`[HV][V]`) and the state after it (`[HV][K][V]` key-first), in token order.
 pub type VerifiedTokens = Vec<(Vec<f32>, Vec<f32>)>;

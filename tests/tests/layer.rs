@@ -383,4 +383,46 @@ mod random {
             prop_assert!(kda::layer::verify_tree_reference(&p, &bad).is_err());
         }
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+        /// A checkpoint at any position equals the final state of the prompt cut there.
+        #[test]
+        fn a_checkpoint_is_the_final_state_of_the_cut_prompt(
+            lengths in prop::collection::vec(0usize..150, 1..4),
+            cuts in prop::collection::vec(prop::collection::vec(0.0f64..=1.0, 0..4), 4),
+            shape in shapes(),
+            options in options(),
+            with_h0: bool,
+            seed: u64,
+        ) {
+            let p = problem(&lengths, shape, options, with_h0, seed);
+            let positions: Vec<Vec<usize>> =
+                lengths.iter().zip(&cuts).map(|(&l, c)| c.iter().map(|&x| (l as f64 * x) as usize).collect()).collect();
+            let got = kda::layer::checkpoint_reference(&p, &positions).unwrap();
+            let (hv, vd) = (shape.value_heads, shape.value_dim);
+            let state = hv * shape.key_dim * vd;
+            for (n, d) in p.plan.seqs().iter().enumerate() {
+                for (w, &x) in positions[n].iter().enumerate() {
+                    // Sequence n alone, cut at x.
+                    let t = d.token_start;
+                    let cut = LayerProblem {
+                        plan: Plan::from_lengths(&[x]),
+                        q: p.q[t * shape.heads * shape.key_dim..(t + x) * shape.heads * shape.key_dim].to_vec(),
+                        k: p.k[t * shape.heads * shape.key_dim..(t + x) * shape.heads * shape.key_dim].to_vec(),
+                        v: p.v[t * hv * vd..(t + x) * hv * vd].to_vec(),
+                        g: p.g[t * hv * shape.gate_width()..(t + x) * hv * shape.gate_width()].to_vec(),
+                        beta: p.beta[t * hv..(t + x) * hv].to_vec(),
+                        h0: p.h0.as_ref().map(|h0| h0[n * state..(n + 1) * state].to_vec()),
+                        ..p.clone()
+                    };
+                    let want = layer_reference(&cut).unwrap();
+                    prop_assert!(got[n][w] == want.ht, "sequence {} at {}", n, x);
+                }
+            }
+            let mut past = positions.clone();
+            past[0].push(lengths[0] + 1);
+            prop_assert!(kda::layer::checkpoint_reference(&p, &past).is_err());
+        }
+    }
 }
