@@ -29,7 +29,9 @@ const USAGE: &str = "usage:
       the reason and writes nothing; --cpu computes it.
       --split auto|off|N: split long sequences across the GPU as the planner decides (auto, the
       default), never (off), or into segments of N chunks. --explain prints the work items, the
-      split the planner chose and its modelled time (for 132 SMs when no GPU is used).";
+      split the planner chose and its modelled time (for 132 SMs when no GPU is used).
+      A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) computes o and ht
+      with --cpu (the whole layer has no GPU kernel yet).";
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -221,6 +223,9 @@ fn run(args: &[String]) -> Result<(), CliError> {
             input.display()
         )));
     }
+    if kda::layer::is_layer_file(input) {
+        return run_layer(&a);
+    }
     let p = match io::read_problem(input) {
         Ok((p, _expected)) => p,
         // Not the KDA slice: a generalized problem, or the KDA reader's error.
@@ -250,6 +255,43 @@ fn run(args: &[String]) -> Result<(), CliError> {
     };
     io::write_outputs(output, &out, &d)?;
     println!("wrote h, v_new, ht to {}", output.display());
+    Ok(())
+}
+
+/// `kda run` on a layer file (`q`, `k`, `v`, the gate, `beta` to `o` and `ht`): the f64 reference
+/// with `--cpu`; the GPU layer is not built yet, which without `--cpu` is the typed refusal.
+fn run_layer(a: &RunArgs) -> Result<(), CliError> {
+    let (p, golden) = kda::layer::read_layer_problem(&a.input)?;
+    let s = p.shape;
+    println!(
+        "{}: layer {:?}, N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, {:?}, h0 {}",
+        a.input.display(),
+        s.kind,
+        p.plan.num_seqs(),
+        p.plan.tokens(),
+        s.heads,
+        s.value_heads,
+        s.key_dim,
+        s.value_dim,
+        p.options,
+        if p.h0.is_some() { "given" } else { "zeros" }
+    );
+    if !a.cpu {
+        return Err(
+            KdaError::Unsupported { argument: "q", reason: "a layer file (q, k, v, the gate, beta)".into() }.into()
+        );
+    }
+    let out = kda::layer::layer_reference(&p)?;
+    if let Some(g) = golden {
+        let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        println!(
+            "FLA's outputs in the file against this reference: o {:.2e}, ht {:.2e}",
+            rel_error(&f(&g.fla.o), &f(&out.o)),
+            rel_error(&f(&g.fla.ht), &f(&out.ht))
+        );
+    }
+    io::write_layer_outputs(&a.output, &out, &p)?;
+    println!("wrote o, ht to {}", a.output.display());
     Ok(())
 }
 

@@ -204,3 +204,29 @@ fn a_failed_run_leaves_an_existing_output_untouched() {
     assert!(!o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read(&out).unwrap(), b"previous results");
 }
+
+/// A layer file (`tests/fixtures/layer/`): `kda run --cpu` writes the f64 reference's `o` and
+/// `ht` (the fixture's own reference); without `--cpu` it is refused, naming `q`, and nothing is
+/// written.
+#[test]
+fn run_cpu_computes_a_layer_file() {
+    let input = fixture("layer/kda_layer_gate_in_kernel");
+    let out_path = scratch("layer.out.safetensors");
+    let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", out_path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("FLA's outputs in the file against this reference: o 4.06e-3"), "{}", text(&o));
+    let (_, golden) = kda::layer::read_layer_fixture(&input).unwrap();
+    let bytes = std::fs::read(&out_path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f64> {
+        file.tensor(name).unwrap().data().as_chunks::<4>().0.iter().map(|&b| f32::from_le_bytes(b) as f64).collect()
+    };
+    let want = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    assert!(rel_error(&f32s("o"), &want(&golden.reference.o)) < 1e-6);
+    assert!(rel_error(&f32s("ht"), &want(&golden.reference.ht)) < 1e-6);
+
+    let refused = scratch("layer.refused.safetensors");
+    let o = kda(&["run", "--inputs", input.to_str().unwrap(), "--out", refused.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("`q`: a layer file"), "{}", text(&o));
+    assert!(!refused.exists());
+}

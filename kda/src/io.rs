@@ -233,6 +233,34 @@ pub fn write_model_outputs(path: &Path, out: &Outputs, p: &ModelView<'_>) -> Res
     file.write(path)
 }
 
+/// Writes a layer's outputs, `o` `[T, HV, V]` and `ht` `[N, HV, K, V]` (f32), to `path`, whole
+/// or not at all.
+pub fn write_layer_outputs(
+    path: &Path,
+    out: &crate::layer::LayerOutputs,
+    p: &crate::layer::LayerProblem,
+) -> Result<(), KdaError> {
+    let s = p.shape;
+    let shapes = [
+        ("o", vec![p.plan.tokens(), s.value_heads, s.value_dim], &out.o),
+        ("ht", vec![p.plan.num_seqs(), s.value_heads, s.key_dim, s.value_dim], &out.ht),
+    ];
+    let mut file = TensorFile::default();
+    for (name, shape, values) in shapes {
+        let expected_len: usize = shape.iter().product();
+        if values.len() != expected_len {
+            return Err(KdaError::Shape {
+                tensor: name,
+                expected: format!("{shape:?}"),
+                expected_len,
+                actual: format!("{} elements", values.len()),
+            });
+        }
+        file.push(name, Dtype::F32, shape, f32_bytes(values));
+    }
+    file.write(path)
+}
+
 /// Writes a problem's inputs (with `cu_seqlens` as i64), and its outputs when given, to `path`.
 pub fn write_problem(path: &Path, p: &Problem, out: Option<&Outputs>) -> Result<(), KdaError> {
     p.validate()?;

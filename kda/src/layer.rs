@@ -772,10 +772,29 @@ pub struct LayerGolden {
     pub fla_errors: [f64; 2],
 }
 
-/// Reads a layer fixture (`tests/fixtures/layer/README.md`: `q`, `k`, `v`, `g`, `beta`,
-/// optional `A_log`, `dt_bias`, `h0`, `cu_seqlens`, with a leading batch dimension; the kind
-/// and the options in the metadata; FLA's and the reference's outputs).
+/// Whether the safetensors file at `path` holds a layer problem: it has `q`, `v` and `beta`, which
+/// no recurrence file has. An unreadable file is not.
+pub fn is_layer_file(path: &std::path::Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else { return false };
+    safetensors::SafeTensors::deserialize(&bytes).is_ok_and(|f| ["q", "v", "beta"].iter().all(|t| f.tensor(t).is_ok()))
+}
+
+/// Reads a layer fixture (`tests/fixtures/layer/README.md`): the problem and what FLA and the
+/// f64 reference computed ([`read_layer_problem`], the outputs required).
 pub fn read_layer_fixture(path: &std::path::Path) -> Result<(LayerProblem, LayerGolden), KdaError> {
+    let (p, golden) = read_layer_problem(path)?;
+    let golden = golden.ok_or(KdaError::MissingTensor { tensor: "o_fla" })?;
+    Ok((p, golden))
+}
+
+/// Reads a layer problem from a safetensors file: `q`, `k` `[B, T, H, K]`, `v` `[B, T, HV, V]`,
+/// `g` (`[B, T, HV, K]` for KDA, `[B, T, HV]` for Gated DeltaNet; f32 or bf16), `beta`
+/// `[B, T, HV]`, optional `A_log`, `dt_bias`, `h0` `[N, HV, K, V]` and `cu_seqlens` (with
+/// `B = 1`). The metadata may give `kind` (`kda` or `gdn`; else from `g`'s rank), `gate` (`log`,
+/// `softplus`, `lower_bound` with `lower_bound`; default `log`), `scale` (default `K^-0.5`),
+/// `use_qk_l2norm_in_kernel` and `use_beta_sigmoid_in_kernel` (default false). A fixture's
+/// outputs and FLA's errors come back when the file has them.
+pub fn read_layer_problem(path: &std::path::Path) -> Result<(LayerProblem, Option<LayerGolden>), KdaError> {
     use safetensors::{Dtype, SafeTensors};
     let origin = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| KdaError::Io { path: origin.clone(), source })?;
@@ -785,7 +804,7 @@ pub fn read_layer_fixture(path: &std::path::Path) -> Result<(LayerProblem, Layer
     let meta = header.metadata().clone().unwrap_or_default();
     let entry = |key: &str| meta.get(key).cloned().ok_or_else(|| bad(format!("metadata `{key}` missing")));
     let number = |key: &str| entry(key)?.parse::<f64>().map_err(|e| bad(format!("metadata `{key}`: {e}")));
-    let flag = |key: &str| Ok::<bool, KdaError>(entry(key)? == "true");
+    let flag = |key: &str| meta.get(key).is_some_and(|v| v == "true");
     let values = |name: &'static str| -> Result<(Vec<f32>, Vec<usize>), KdaError> {
         let t = file.tensor(name).map_err(|_| KdaError::MissingTensor { tensor: name })?;
         let data = t.data();
@@ -811,17 +830,21 @@ pub fn read_layer_fixture(path: &std::path::Path) -> Result<(LayerProblem, Layer
         <[usize; 4]>::try_from(q_shape.as_slice()).map_err(|_| bad("q: expected [B, T, H, K]".into()))?;
     let [_, _, value_heads, value_dim] =
         <[usize; 4]>::try_from(v_shape.as_slice()).map_err(|_| bad("v: expected [B, T, HV, V]".into()))?;
-    let kind = match entry("kind")?.as_str() {
-        "kda" => LayerKind::Kda,
-        "gdn" => LayerKind::Gdn,
-        other => return Err(bad(format!("kind `{other}`: expected kda or gdn"))),
+    let (g, g_shape) = values("g")?;
+    let kind = match meta.get("kind").map(String::as_str) {
+        Some("kda") => LayerKind::Kda,
+        Some("gdn") => LayerKind::Gdn,
+        None if g_shape.len() == 4 => LayerKind::Kda,
+        None if g_shape.len() == 3 => LayerKind::Gdn,
+        other => return Err(bad(format!("kind {other:?}: expected kda or gdn (or g of rank 4 or 3)"))),
     };
-    let gate = match entry("gate")?.as_str() {
-        "log" => GateInput::Log,
-        "softplus" => GateInput::Softplus,
-        "lower_bound" => GateInput::LowerBound(number("lower_bound")?),
-        other => return Err(bad(format!("gate `{other}`"))),
+    let gate = match meta.get("gate").map(String::as_str) {
+        None | Some("log") => GateInput::Log,
+        Some("softplus") => GateInput::Softplus,
+        Some("lower_bound") => GateInput::LowerBound(number("lower_bound")?),
+        Some(other) => return Err(bad(format!("gate `{other}`: expected log, softplus or lower_bound"))),
     };
+    let scale = if meta.contains_key("scale") { number("scale")? } else { (key_dim as f64).powf(-0.5) };
     let plan = match file.tensor("cu_seqlens") {
         Ok(cu) if cu.dtype() == Dtype::I64 && b == 1 => {
             let cu: Vec<i64> = cu.data().as_chunks::<8>().0.iter().map(|&x| i64::from_le_bytes(x)).collect();
@@ -835,21 +858,24 @@ pub fn read_layer_fixture(path: &std::path::Path) -> Result<(LayerProblem, Layer
         plan,
         shape: LayerShape { kind, heads, value_heads, key_dim, value_dim },
         options: LayerOptions {
-            scale: number("scale")?,
-            l2norm_qk: flag("use_qk_l2norm_in_kernel")?,
-            beta_sigmoid: flag("use_beta_sigmoid_in_kernel")?,
+            scale,
+            l2norm_qk: flag("use_qk_l2norm_in_kernel"),
+            beta_sigmoid: flag("use_beta_sigmoid_in_kernel"),
             gate,
         },
         q: to_bf16(q),
         k: to_bf16(values("k")?.0),
         v: to_bf16(v),
-        g: values("g")?.0,
+        g,
         beta: values("beta")?.0,
         a_log: optional("A_log")?,
         dt_bias: optional("dt_bias")?,
         h0: optional("h0")?,
     };
     problem.validate()?;
+    if file.tensor("o_fla").is_err() {
+        return Ok((problem, None));
+    }
     let errors = entry("errors")?;
     let error = |key: &str| -> Result<f64, KdaError> {
         let at = errors.find(key).ok_or_else(|| bad(format!("errors: no `{key}`")))? + key.len();
@@ -862,5 +888,5 @@ pub fn read_layer_fixture(path: &std::path::Path) -> Result<(LayerProblem, Layer
         reference: LayerOutputs { o: values("o_ref")?.0, ht: values("ht_ref")?.0 },
         fla_errors: [error("fla_o_vs_f64")?, error("fla_ht_vs_f64")?],
     };
-    Ok((problem, golden))
+    Ok((problem, Some(golden)))
 }
