@@ -199,6 +199,39 @@ impl LayerProblem {
         Ok(())
     }
 
+    /// The problem of the token rows `spans` (sequence `n`, tokens `range` of it), one sequence per
+    /// span in that order, with no initial states: a prompt's prefix, a decode step's tokens, the
+    /// live sequences of a pooled call.
+    ///
+    /// # Panics
+    /// When a span names a sequence or tokens the problem does not have.
+    pub fn select(&self, spans: &[(usize, std::ops::Range<usize>)]) -> LayerProblem {
+        let s = self.shape;
+        let seqs = self.plan.seqs();
+        let rows = |span: &(usize, std::ops::Range<usize>)| {
+            let start = seqs[span.0].token_start;
+            assert!(span.1.end <= seqs[span.0].len, "tokens {:?} past sequence {}", span.1, span.0);
+            start + span.1.start..start + span.1.end
+        };
+        fn take<T: Copy>(x: &[T], width: usize, tokens: impl Iterator<Item = std::ops::Range<usize>>) -> Vec<T> {
+            tokens.flat_map(|t| &x[t.start * width..t.end * width]).copied().collect()
+        }
+        let (kd, hv) = (s.key_dim, s.value_heads);
+        LayerProblem {
+            plan: Plan::from_lengths(&spans.iter().map(|(_, r)| r.len()).collect::<Vec<_>>()),
+            q: take(&self.q, s.heads * kd, spans.iter().map(rows)),
+            k: take(&self.k, s.heads * kd, spans.iter().map(rows)),
+            v: take(&self.v, hv * s.value_dim, spans.iter().map(rows)),
+            g: take(&self.g, hv * s.gate_width(), spans.iter().map(rows)),
+            beta: take(&self.beta, hv, spans.iter().map(rows)),
+            h0: None,
+            shape: s,
+            options: self.options,
+            a_log: self.a_log.clone(),
+            dt_bias: self.dt_bias.clone(),
+        }
+    }
+
     /// Token `t`'s inputs for value head `i`, as the layer uses them: `q`, `k` (normalised when
     /// asked), `v`, `beta` (after the sigmoid when asked) and the decay in natural log (activated
     /// when raw).
@@ -481,29 +514,8 @@ pub fn layer_reference_pooled(
         }
     }
     let seqs = p.plan.seqs();
-    let lengths: Vec<usize> = live.iter().map(|&n| seqs[n].len).collect();
-    let rows = |x: &[bf16], width: usize| -> Vec<bf16> {
-        live.iter()
-            .flat_map(|&n| &x[seqs[n].token_start * width..(seqs[n].token_start + seqs[n].len) * width])
-            .copied()
-            .collect()
-    };
-    let rows_f = |x: &[f32], width: usize| -> Vec<f32> {
-        live.iter()
-            .flat_map(|&n| &x[seqs[n].token_start * width..(seqs[n].token_start + seqs[n].len) * width])
-            .copied()
-            .collect()
-    };
-    let sub = LayerProblem {
-        plan: Plan::from_lengths(&lengths),
-        q: rows(&p.q, s.heads * kd),
-        k: rows(&p.k, s.heads * kd),
-        v: rows(&p.v, hv * vd),
-        g: rows_f(&p.g, hv * s.gate_width()),
-        beta: rows_f(&p.beta, hv),
-        h0: Some(h0),
-        ..p.clone()
-    };
+    let spans: Vec<(usize, std::ops::Range<usize>)> = live.iter().map(|&n| (n, 0..seqs[n].len)).collect();
+    let sub = LayerProblem { h0: Some(h0), ..p.select(&spans) };
     let out = layer_reference(&sub)?;
     // Final states back to their slots; `o` per sequence.
     let mut o = vec![None; uses.len()];
@@ -581,20 +593,24 @@ impl Chunk {
         (w, u)
     }
 
-    /// The keys of the recurrence's second product: for KDA `k Γ_last / Γ` (the decay from each
-    /// row to the chunk's end), for GDN `k` itself (the contract's scalar gate applies it).
-    fn recurrence_keys(&self, kind: LayerKind) -> Vec<Vec<f64>> {
+    /// The keys decayed from each row to the chunk's end, `k Γ_last / Γ`: the second product's
+    /// keys of the exact recurrence.
+    fn keys_to_chunk_end(&self) -> Vec<Vec<f64>> {
         let last = self.tokens.len() - 1;
         let scaled = |r: usize| -> Vec<f64> {
             let k = &self.tokens[r].k;
-            match kind {
-                LayerKind::Kda => {
-                    k.iter().enumerate().map(|(a, v)| v * (self.g(last, a) - self.g(r, a)).exp()).collect()
-                }
-                LayerKind::Gdn => k.clone(),
-            }
+            k.iter().enumerate().map(|(a, v)| v * (self.g(last, a) - self.g(r, a)).exp()).collect()
         };
         (0..self.tokens.len()).map(scaled).collect()
+    }
+
+    /// The keys the recurrence's contract takes: for KDA [`Self::keys_to_chunk_end`], for GDN `k`
+    /// itself (the contract's scalar gate applies the decay to each row).
+    fn recurrence_keys(&self, kind: LayerKind) -> Vec<Vec<f64>> {
+        match kind {
+            LayerKind::Kda => self.keys_to_chunk_end(),
+            LayerKind::Gdn => self.tokens.iter().map(|x| x.k.clone()).collect(),
+        }
     }
 
     /// The chunk's output rows from its entry state `s0` (`[K][V]`) and corrected values `vn`.
@@ -639,7 +655,7 @@ pub fn layer_chunked(p: &LayerProblem, rounding: Rounding) -> Result<LayerOutput
 
 /// [`layer_chunked`] in f64 throughout: the recurrence `S' = Γ_last S + k'^T (u - w S)` inline.
 fn chunked_exact(p: &LayerProblem) -> LayerOutputs {
-    let (kind, kd, vd, scale) = (p.shape.kind, p.shape.key_dim, p.shape.value_dim, p.options.scale);
+    let (kd, vd, scale) = (p.shape.key_dim, p.shape.value_dim, p.options.scale);
     let run = |&(n, i): &(usize, usize)| {
         let mut s = p.initial_state(n, i);
         let mut o = Vec::new();
@@ -651,19 +667,12 @@ fn chunked_exact(p: &LayerProblem) -> LayerOutputs {
                 .map(|(wr, ur)| (0..vd).map(|c| ur[c] - (0..kd).map(|a| wr[a] * s[a * vd + c]).sum::<f64>()).collect())
                 .collect();
             o.extend(chunk.output(&s, &vn, scale));
-            let keys = chunk.recurrence_keys(kind);
+            let keys = chunk.keys_to_chunk_end();
             let last = chunk.tokens.len() - 1;
             for a in 0..kd {
                 let decay = chunk.g(last, a).exp();
                 for c in 0..vd {
-                    // GDN's keys carry no decay: the contract's scalar gate scales each row.
-                    let kv: f64 = (0..=last)
-                        .map(|r| {
-                            let row_decay =
-                                if kind == LayerKind::Gdn { (chunk.g(last, a) - chunk.g(r, a)).exp() } else { 1.0 };
-                            keys[r][a] * row_decay * vn[r][c]
-                        })
-                        .sum();
+                    let kv: f64 = (0..=last).map(|r| keys[r][a] * vn[r][c]).sum();
                     s[a * vd + c] = decay * s[a * vd + c] + kv;
                 }
             }

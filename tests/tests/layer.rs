@@ -196,42 +196,15 @@ mod random {
         ) {
             let whole = problem(&lengths, shape, options, false, seed);
             let want = layer_reference(&whole).unwrap();
-            let (hv, vd) = (shape.value_heads, shape.value_dim);
+            let hv = shape.value_heads;
             let prompt: Vec<usize> = lengths.iter().zip(&cuts).map(|(&l, &c)| ((l as f64 * c) as usize).max(1)).collect();
             let (pool, mut states) = pool_of(&shape, lengths.len() + 2, kda::StateLayout::KeyFirst, seed);
             // Sequence n lives in slot n + 1 (slot 0 and the last stay untouched).
             let slots: Vec<i64> = (0..lengths.len()).map(|n| n as i64 + 1).collect();
             let untouched = [states[..pool.offset(1, 0).unwrap()].to_vec(), states[pool.offset(lengths.len() + 1, 0).unwrap()..].to_vec()];
-            // Token t of sequence n, as a one-sequence sub-problem's rows.
-            let rows = |n: usize, from: usize, to: usize| -> LayerProblem {
-                let d = &whole.plan.seqs()[n];
-                let pick = |x: &[bf16], width: usize| x[(d.token_start + from) * width..(d.token_start + to) * width].to_vec();
-                let pick_f = |x: &[f32], width: usize| x[(d.token_start + from) * width..(d.token_start + to) * width].to_vec();
-                LayerProblem {
-                    plan: Plan::from_lengths(&[to - from]),
-                    q: pick(&whole.q, shape.heads * shape.key_dim),
-                    k: pick(&whole.k, shape.heads * shape.key_dim),
-                    v: pick(&whole.v, hv * vd),
-                    g: pick_f(&whole.g, hv * shape.gate_width()),
-                    beta: pick_f(&whole.beta, hv),
-                    ..whole.clone()
-                }
-            };
             // A batch of the rows `from[n]..to[n]` of every sequence (empty rows: padding).
             let batch = |spans: &[(usize, usize)]| -> (LayerProblem, Vec<i64>) {
-                let parts: Vec<LayerProblem> = spans.iter().enumerate().map(|(n, &(a, b))| rows(n, a, b)).collect();
-                let cat = |f: &dyn Fn(&LayerProblem) -> Vec<f32>| parts.iter().flat_map(f).collect::<Vec<f32>>();
-                let cat_bf = |f: &dyn Fn(&LayerProblem) -> Vec<bf16>| parts.iter().flat_map(f).collect::<Vec<bf16>>();
-                let lens: Vec<usize> = spans.iter().map(|&(a, b)| b - a).collect();
-                let p = LayerProblem {
-                    plan: Plan::from_lengths(&lens),
-                    q: cat_bf(&|p| p.q.clone()),
-                    k: cat_bf(&|p| p.k.clone()),
-                    v: cat_bf(&|p| p.v.clone()),
-                    g: cat(&|p| p.g.clone()),
-                    beta: cat(&|p| p.beta.clone()),
-                    ..whole.clone()
-                };
+                let p = whole.select(&spans.iter().enumerate().map(|(n, &(a, b))| (n, a..b)).collect::<Vec<_>>());
                 let idx = spans.iter().zip(&slots).map(|(&(a, b), &s)| if b > a { s } else { -1 }).collect();
                 (p, idx)
             };
@@ -359,17 +332,7 @@ mod random {
                     let mut states = match &p.h0 { Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(), None => vec![0.0; hv * state] };
                     let mut last = Vec::new();
                     for &q in &path {
-                        let t = d.token_start + q;
-                        let one = LayerProblem {
-                            plan: Plan::from_lengths(&[1]),
-                            q: p.q[t * shape.heads * kd..(t + 1) * shape.heads * kd].to_vec(),
-                            k: p.k[t * shape.heads * kd..(t + 1) * shape.heads * kd].to_vec(),
-                            v: p.v[t * hv * vd..(t + 1) * hv * vd].to_vec(),
-                            g: p.g[t * hv * shape.gate_width()..(t + 1) * hv * shape.gate_width()].to_vec(),
-                            beta: p.beta[t * hv..(t + 1) * hv].to_vec(),
-                            h0: None,
-                            ..p.clone()
-                        };
+                        let one = p.select(&[(n, q..q + 1)]);
                         let uses = kda::pool::slot_uses(&[0], &[false], &pool).unwrap();
                         last = kda::layer::layer_reference_pooled(&one, &mut states, &pool, &uses).unwrap().remove(0).unwrap();
                     }
@@ -400,21 +363,13 @@ mod random {
             let positions: Vec<Vec<usize>> =
                 lengths.iter().zip(&cuts).map(|(&l, c)| c.iter().map(|&x| (l as f64 * x) as usize).collect()).collect();
             let got = kda::layer::checkpoint_reference(&p, &positions).unwrap();
-            let (hv, vd) = (shape.value_heads, shape.value_dim);
-            let state = hv * shape.key_dim * vd;
-            for (n, d) in p.plan.seqs().iter().enumerate() {
-                for (w, &x) in positions[n].iter().enumerate() {
+            let state = shape.value_heads * shape.key_dim * shape.value_dim;
+            for (n, wanted) in positions.iter().enumerate() {
+                for (w, &x) in wanted.iter().enumerate() {
                     // Sequence n alone, cut at x.
-                    let t = d.token_start;
                     let cut = LayerProblem {
-                        plan: Plan::from_lengths(&[x]),
-                        q: p.q[t * shape.heads * shape.key_dim..(t + x) * shape.heads * shape.key_dim].to_vec(),
-                        k: p.k[t * shape.heads * shape.key_dim..(t + x) * shape.heads * shape.key_dim].to_vec(),
-                        v: p.v[t * hv * vd..(t + x) * hv * vd].to_vec(),
-                        g: p.g[t * hv * shape.gate_width()..(t + x) * hv * shape.gate_width()].to_vec(),
-                        beta: p.beta[t * hv..(t + x) * hv].to_vec(),
                         h0: p.h0.as_ref().map(|h0| h0[n * state..(n + 1) * state].to_vec()),
-                        ..p.clone()
+                        ..p.select(&[(n, 0..x)])
                     };
                     let want = layer_reference(&cut).unwrap();
                     prop_assert!(got[n][w] == want.ht, "sequence {} at {}", n, x);
