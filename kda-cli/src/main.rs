@@ -223,14 +223,13 @@ fn run(args: &[String]) -> Result<(), CliError> {
             input.display()
         )));
     }
-    if kda::layer::is_layer_file(input) {
-        return run_layer(&a);
-    }
     let p = match io::read_problem(input) {
         Ok((p, _expected)) => p,
-        // Not the KDA slice: a generalized problem, or the KDA reader's error.
+        // Not the KDA slice: a generalized problem, a layer file (looked for only then, so a
+        // recurrence file is not read once more for it), or the KDA reader's error.
         Err(kda_error) => match io::read_model_problem(input) {
             Ok((m, _expected)) => return run_model(&a, &m),
+            Err(_) if kda::layer::is_layer_file(input) => return run_layer(&a),
             Err(_) => return Err(kda_error.into()),
         },
     };
