@@ -166,9 +166,10 @@ fn refusable<T>(r: Result<T, KdaError>) -> Result<Result<T, Refusal>, String> {
     }
 }
 
-/// One problem on the device: the best kernel's and the baseline's medians, and the best kernel's
-/// fresh outputs.
-struct Timed {
+/// The times of one problem on the device: the best kernel's and the baseline's medians, and
+/// the split's.
+struct Timing {
+    /// Rotation copies of the inputs.
     copies: usize,
     us: f64,
     /// The split plan timed (`SplitPlan::summary`), and, when it splits, the median with splitting
@@ -179,6 +180,11 @@ struct Timed {
     sweep: Vec<(usize, f64)>,
     /// The baseline's median, or why the launcher refused it the problem.
     baseline_us: Result<f64, Refusal>,
+}
+
+/// One problem on the device: its [`Timing`] and the best kernel's fresh outputs.
+struct Timed {
+    timing: Timing,
     out: Outputs,
 }
 
@@ -200,23 +206,20 @@ impl Bench<'_> {
         };
         let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
         let split = devs[0].plan.split_plan().summary();
-        let unsplit_us = if devs[0].plan.split_plan().is_split() && self.best == Kernel::Hopper {
-            eprint!(" split ({split}); timing unsplit ...");
+        let is_split = devs[0].plan.split_plan().is_split();
+        // Every copy re-planned as `mode`, then timed.
+        let mut time_split = |mode: SplitMode| -> Result<f64, String> {
             for dev in devs.iter_mut() {
-                (self.set_split)(dev, SplitMode::Off).map_err(text)?;
+                (self.set_split)(dev, mode).map_err(text)?;
             }
-            Some((self.median_us)(self.best, &mut devs).map_err(text)?)
-        } else {
-            None
+            (self.median_us)(self.best, &mut devs).map_err(text)
         };
-        let mut sweep = Vec::new();
-        if unsplit_us.is_some() {
-            eprint!(" sweep ...");
+        let (mut unsplit_us, mut sweep) = (None, Vec::new());
+        if is_split && self.best == Kernel::Hopper {
+            eprint!(" split ({split}); timing unsplit and the sweep ...");
+            unsplit_us = Some(time_split(SplitMode::Off)?);
             for chunks in SPLIT_SWEEP {
-                for dev in devs.iter_mut() {
-                    (self.set_split)(dev, SplitMode::Chunks(chunks)).map_err(text)?;
-                }
-                sweep.push((chunks, (self.median_us)(self.best, &mut devs).map_err(text)?));
+                sweep.push((chunks, time_split(SplitMode::Chunks(chunks))?));
             }
         }
         let baseline_us = if self.best == Kernel::Baseline {
@@ -224,7 +227,7 @@ impl Bench<'_> {
         } else {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
-        Ok(Ok(Timed { copies, us, split, unsplit_us, sweep, baseline_us, out }))
+        Ok(Ok(Timed { timing: Timing { copies, us, split, unsplit_us, sweep, baseline_us }, out }))
     }
 
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
@@ -235,7 +238,7 @@ impl Bench<'_> {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
-        let Timed { copies, us, baseline_us, out, .. } =
+        let Timed { timing: Timing { copies, us, baseline_us, .. }, out } =
             self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
@@ -262,16 +265,16 @@ impl Bench<'_> {
                 eprintln!(" unsupported: {}", refusal.reason);
                 Err(refusal)
             }
-            Ok(Timed { copies, us, split, unsplit_us, sweep, baseline_us, out }) => {
+            Ok(Timed { timing, out }) => {
                 eprint!(" reference ...");
                 let want = reference::model_reference(&view).map_err(text)?;
                 let errs = rel_errors(&out, &want);
                 let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
                 eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-                for (chunks, t) in &sweep {
+                for (chunks, t) in &timing.sweep {
                     eprintln!("    [{name}] segments of {chunks} chunks: {t:.1} us ({:.3})", floor_us / t);
                 }
-                Ok(Measured { copies, us, split, unsplit_us, sweep, baseline_us, errs, f32_floor })
+                Ok(Measured { timing, errs, f32_floor })
             }
         };
         Ok(ModelRow { name, lengths, shape, seqs, tokens, kernel: self.best, floor_us, result })
@@ -329,15 +332,10 @@ fn table(best: Kernel, shapes: &[Shape]) -> String {
     table.join("\n")
 }
 
-/// What the benchmark measured on a shape the launcher ran.
+/// What the benchmark measured on a shape the launcher ran: its times and the best kernel's
+/// errors.
 struct Measured {
-    copies: usize,
-    us: f64,
-    split: String,
-    unsplit_us: Option<f64>,
-    /// Medians at the forced segment lengths of `SPLIT_SWEEP` (split shapes only).
-    sweep: Vec<(usize, f64)>,
-    baseline_us: Result<f64, Refusal>,
+    timing: Timing,
     errs: [f64; 3],
     f32_floor: f64,
 }
@@ -376,7 +374,7 @@ impl ModelRow {
         let tail = match &self.result {
             // Split and time empty, the floor, then eight empty cells.
             Err(_) => format!(" | | {floor_us:.1} |{}", " |".repeat(8)),
-            Ok(Measured { us, split, unsplit_us, baseline_us, errs, f32_floor, .. }) => {
+            Ok(Measured { timing: Timing { us, split, unsplit_us, baseline_us, .. }, errs, f32_floor }) => {
                 let (baseline, speedup) = match baseline_us {
                     Ok(b) => (format!("{b:.1}"), format!("{:.2}x", b / us)),
                     Err(_) => ("unsupported".into(), String::new()),
@@ -408,7 +406,7 @@ impl ModelRow {
             Err(Refusal { argument, reason }) => json!({
                 "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
             }),
-            Ok(Measured { copies, us, split, unsplit_us, sweep, baseline_us, errs, f32_floor }) => {
+            Ok(Measured { timing: Timing { copies, us, split, unsplit_us, sweep, baseline_us }, errs, f32_floor }) => {
                 let sweep: Vec<Value> =
                     sweep.iter().map(|(c, t)| json!({ "segment_chunks": c, "us": t, "ratio": floor_us / t })).collect();
                 let mut m = json!({
@@ -532,12 +530,14 @@ mod tests {
     fn a_model_shape_in_the_table_and_the_results() {
         let refusal = Refusal { argument: "g", reason: "a scalar gate: the baseline runs KDA".into() };
         let measured = Measured {
-            copies: 2,
-            us: 100.0,
-            split: "whole".into(),
-            unsplit_us: None,
-            sweep: vec![],
-            baseline_us: Err(refusal),
+            timing: Timing {
+                copies: 2,
+                us: 100.0,
+                split: "whole".into(),
+                unsplit_us: None,
+                sweep: vec![],
+                baseline_us: Err(refusal),
+            },
             errs: [1e-3, 2e-3, 3e-4],
             f32_floor: 1e-6,
         };
@@ -572,20 +572,16 @@ mod tests {
         assert_eq!(r["baseline_unsupported"].as_str(), Some("a scalar gate: the baseline runs KDA"));
 
         let timed_baseline = Measured {
-            baseline_us: Ok(400.0),
-            split: "1 of 1 sequences cut: 4 segments of 32 chunks".into(),
-            unsplit_us: Some(180.0),
-            sweep: vec![(64, 150.0)],
-            ..Measured {
+            timing: Timing {
                 copies: 2,
                 us: 100.0,
-                split: String::new(),
-                unsplit_us: None,
-                sweep: vec![],
-                baseline_us: Ok(0.0),
-                errs: [0.0; 3],
-                f32_floor: 0.0,
-            }
+                split: "1 of 1 sequences cut: 4 segments of 32 chunks".into(),
+                unsplit_us: Some(180.0),
+                sweep: vec![(64, 150.0)],
+                baseline_us: Ok(400.0),
+            },
+            errs: [0.0; 3],
+            f32_floor: 0.0,
         };
         let r = qwen_row(Ok(timed_baseline));
         assert!(r.row().contains("| 180.0 (0.500) | 400.0 | 4.00x |"), "{}", r.row());
