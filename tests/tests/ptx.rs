@@ -79,6 +79,13 @@ fn sass(cubin: &Path) -> String {
     run(Command::new(tool("cuobjdump")).arg("-sass").arg(cubin))
 }
 
+/// The SASS of kernel `entry` in a cubin's disassembly.
+fn function_sass<'a>(code: &'a str, entry: &str) -> &'a str {
+    code.split("Function : ")
+        .find(|f| f.split_whitespace().next() == Some(entry))
+        .unwrap_or_else(|| panic!("{entry} in the SASS"))
+}
+
 #[test]
 fn baseline_assembles_without_spills_for_both_targets() {
     for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
@@ -119,10 +126,7 @@ fn the_split_merge_assembles_without_spills_for_both_targets() {
         println!("{arch} {}: {r:?}", MERGE.entry);
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch}: {r:?}");
         let code = sass(&cubin);
-        let body = code
-            .split("Function : ")
-            .find(|f| f.split_whitespace().next() == Some(MERGE.entry))
-            .unwrap_or_else(|| panic!("{} in the SASS", MERGE.entry));
+        let body = function_sass(&code, MERGE.entry);
         // f32 FMAs over 16-byte loads of the maps and the shared entry block.
         for op in ["FFMA", "LDG.E.128", "LDS.128"] {
             assert!(body.contains(op), "{arch} {} SASS lacks {op}", MERGE.entry);
@@ -147,10 +151,7 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
         println!("sm_90a {}: {r:?}", abi.entry);
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
         assert!(r.registers * abi.threads <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
-        let body = code
-            .split("Function : ")
-            .find(|f| f.split_whitespace().next() == Some(abi.entry))
-            .unwrap_or_else(|| panic!("{} in the SASS", abi.entry));
+        let body = function_sass(&code, abi.entry);
         // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
         for op in ["HGMMA.64x64x16.F32.BF16", product2, "UTMALDG.3D", "UTMASTG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
             assert!(body.contains(op), "{} SASS lacks {op}", abi.entry);
