@@ -69,6 +69,11 @@ impl DeviceProblem {
         })
     }
 
+    /// Sets the Hopper kernel's column blocks as `mode` says (`DevicePlan::set_columns`).
+    pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: kda::columns::ColumnMode) -> Result<(), KdaError> {
+        self.plan.set_columns(stream, mode)
+    }
+
     /// Splits the plan's long sequences as `mode` says (`DevicePlan::set_split`).
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: kda::split::SplitMode) -> Result<(), KdaError> {
         self.plan.set_split(stream, mode)

@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! kda demo [--cpu]                                   a realistic workload: time, floor, error
-//! kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--explain]
+//! kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--columns MODE] [--explain]
 //! ```
 
 use cudarc::driver::CudaStream;
+use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelProblem, ModelView};
 use kda::split::{SplitMode, SplitPlan, Work};
 use kda::{Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference, rel_error};
@@ -21,15 +22,18 @@ const USAGE: &str = "usage:
       Runs a realistic workload (H = 64, six ragged sequences, 8192 tokens) on the GPU and prints
       the kernel time, the memory floor and the error against the f64 reference. Without a GPU (or
       with --cpu) it says so and runs the CPU reference on a small default instead.
-  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--explain]
+  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE]
+          [--columns MODE] [--explain]
       Reads k, w, u, gk, optional h0 and cu_seqlens; writes h, v_new, ht. With --repeat N prints
       the median kernel time over N launches (CUDA events). --cpu computes with the f64 reference.
       A model file (a scalar gate g, grouped value heads, other head sizes, a value-first state)
       runs the same way; one no GPU kernel runs (the Hopper kernel needs K = 64 or 128) fails with
       the reason and writes nothing; --cpu computes it.
       --split auto|off|N: split long sequences across the GPU as the planner decides (auto, the
-      default), never (off), or into segments of N chunks. --explain prints the work items, the
-      split the planner chose and its modelled time (for 132 SMs when no GPU is used).
+      default), never (off), or into segments of N chunks. --columns auto|wide|narrow: the Hopper
+      kernel's column blocks (64 or 32 value columns per chain) as the planner decides (auto, the
+      default) or forced. --explain prints the work items, the column blocks and split the
+      planner chose and its modelled time (for 132 SMs when no GPU is used).
       A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) computes o and ht
       with --cpu (the whole layer has no GPU kernel yet).";
 
@@ -169,13 +173,14 @@ struct RunArgs {
     repeat: Option<usize>,
     cpu: bool,
     split: SplitMode,
+    columns: ColumnMode,
     explain: bool,
 }
 
 /// Parses `kda run`'s arguments; the error is the usage message.
 fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let (mut input, mut output, mut repeat, mut cpu) = (None, None, None, false);
-    let (mut split, mut explain) = (SplitMode::Auto, false);
+    let (mut split, mut columns, mut explain) = (SplitMode::Auto, ColumnMode::Auto, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |flag: &str| it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
@@ -202,6 +207,14 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                     },
                 }
             }
+            "--columns" => {
+                columns = match value("--columns")?.as_str() {
+                    "auto" => ColumnMode::Auto,
+                    "wide" => ColumnMode::Force(Columns::Wide),
+                    "narrow" => ColumnMode::Force(Columns::Narrow),
+                    v => return Err(format!("--columns {v}: auto, wide or narrow")),
+                }
+            }
             other => return Err(format!("run: unexpected argument {other}")),
         }
     }
@@ -210,7 +223,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     if cpu && repeat.is_some() {
         return Err("--repeat times the GPU kernel; it cannot go with --cpu".into());
     }
-    Ok(RunArgs { input, output, repeat, cpu, split, explain })
+    Ok(RunArgs { input, output, repeat, cpu, split, columns, explain })
 }
 
 fn run(args: &[String]) -> Result<(), CliError> {
@@ -360,6 +373,7 @@ fn run_model(a: &RunArgs, m: &ModelProblem) -> Result<(), CliError> {
 fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunArgs) -> Result<Outputs, CliError> {
     let kernel = kda.resolve(Kernel::Auto);
     dev.set_split(stream, a.split)?;
+    dev.set_columns(stream, a.columns)?;
     if a.explain {
         let d = dev.dims();
         let work = Work {
@@ -367,6 +381,7 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
             key_dim: d.key_dim,
             value_dim: d.value_dim,
             workers: dev.plan.workers(),
+            block_width: dev.plan.columns().width(),
         };
         print!("{}", explanation(dev.plan.plan(), &work, a.split, dev.plan.split_plan()));
     }
@@ -384,12 +399,14 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
 fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
     if a.explain {
         let s = view.shape;
-        let work = Work {
+        let mut work = Work {
             value_heads: s.value_heads,
             key_dim: s.key_dim,
             value_dim: s.value_dim,
             workers: EXPLAIN_DEFAULT_WORKERS,
+            block_width: Columns::Wide.width(),
         };
+        work.block_width = Columns::resolve(a.columns, view.plan, &work).width();
         let split = SplitPlan::decide(view.plan, &work, a.split);
         println!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");
         print!("{}", explanation(view.plan, &work, a.split, &split));
@@ -399,13 +416,14 @@ fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
 /// What `--explain` prints: the work items, the split (`mode` and what it gave) and the modelled
 /// times of the batch unsplit and as split, in chunk times.
 fn explanation(plan: &Plan, work: &Work, mode: SplitMode, split: &SplitPlan) -> String {
-    let blocks = work.value_dim.div_ceil(kda::layout::hopper::BV);
+    let blocks = work.value_dim.div_ceil(work.block_width);
     let items = plan.num_seqs() * work.value_heads * blocks;
     let unsplit = SplitPlan::unsplit(plan).modelled_cost(work);
     let mut text = format!(
-        "plan: {items} work items ({} sequences x {} value heads x {blocks} column blocks) on {} CTAs\n",
+        "plan: {items} work items ({} sequences x {} value heads x {blocks} column blocks of {}) on {} CTAs\n",
         plan.num_seqs(),
         work.value_heads,
+        work.block_width,
         work.workers
     );
     text += &format!("split ({mode:?}): {}\n", split.summary());
@@ -438,6 +456,7 @@ mod tests {
             repeat: Some(7),
             cpu: false,
             split: SplitMode::Auto,
+            columns: ColumnMode::Auto,
             explain: false,
         };
         assert_eq!(a, want);
@@ -447,16 +466,24 @@ mod tests {
         assert_eq!((a.split, a.explain), (SplitMode::Off, true));
         let a = parse_run(&args(&["--inputs", "i", "--out", "o", "--split", "64"])).unwrap();
         assert_eq!(a.split, SplitMode::Chunks(64));
+        let a = parse_run(&args(&["--inputs", "i", "--out", "o", "--columns", "narrow"])).unwrap();
+        assert_eq!(a.columns, ColumnMode::Force(Columns::Narrow));
+        assert_eq!(
+            parse_run(&args(&["--inputs", "i", "--out", "o", "--columns", "32"])).unwrap_err(),
+            "--columns 32: auto, wide or narrow"
+        );
     }
 
     #[test]
     fn explain_names_the_split_and_its_modelled_time() {
-        let work = Work { value_heads: 4, key_dim: 128, value_dim: 128, workers: 132 };
+        let work = Work { value_heads: 4, key_dim: 128, value_dim: 128, workers: 132, block_width: 64 };
         let plan = Plan::from_lengths(&[131072]);
         let split = SplitPlan::decide(&plan, &work, SplitMode::Auto);
         let text = explanation(&plan, &work, SplitMode::Auto, &split);
         println!("{text}");
-        assert!(text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks) on 132 CTAs"));
+        assert!(
+            text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks of 64) on 132 CTAs")
+        );
         assert!(text.contains("split (Auto): 1 of 1 sequences cut: 8 segments of 256 chunks"), "{text}");
         assert!(text.contains("pre-scan of 7 segment maps over K + V = 256 columns"), "{text}");
         let off = explanation(&plan, &work, SplitMode::Off, &SplitPlan::unsplit(&plan));

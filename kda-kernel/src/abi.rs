@@ -224,32 +224,39 @@ pub struct KernelAbi {
 /// 2 x 32 x 240 = 15360.
 pub const HOPPER_MAX_REGISTERS: u32 = 240;
 
-/// The warp-specialized TMA + wgmma kernel (sm_90a).
-pub const HOPPER: KernelAbi = KernelAbi {
-    entry: "kda_fwd_h_hopper",
-    params: &HOPPER_PARAMS,
-    threads: hopper::THREADS,
-    smem_bytes: hopper::SMEM_BYTES,
-    max_registers: Some(HOPPER_MAX_REGISTERS),
-    targets: &[SM90A],
-};
+/// One entry of the warp-specialized kernel (sm_90a): every entry takes [`HOPPER_PARAMS`] and
+/// launches alike; the key size and block width set its shared memory.
+const fn hopper_entry(entry: &'static str, key_dim: usize, bv: usize) -> KernelAbi {
+    KernelAbi {
+        entry,
+        params: &HOPPER_PARAMS,
+        threads: hopper::THREADS,
+        smem_bytes: hopper::smem_bytes(key_dim, bv),
+        max_registers: Some(HOPPER_MAX_REGISTERS),
+        targets: &[SM90A],
+    }
+}
 
-/// The warp-specialized kernel at `K = 64` (sm_90a): the same parameters and launch as
-/// [`HOPPER`], its own shared-memory layout.
-pub const HOPPER_K64: KernelAbi = KernelAbi {
-    entry: "kda_fwd_h_hopper_k64",
-    params: &HOPPER_PARAMS,
-    threads: hopper::THREADS,
-    smem_bytes: hopper::smem_bytes(64),
-    max_registers: Some(HOPPER_MAX_REGISTERS),
-    targets: &[SM90A],
-};
+/// The warp-specialized TMA + wgmma kernel (sm_90a) at `K = 128`, in wide blocks.
+pub const HOPPER: KernelAbi = hopper_entry("kda_fwd_h_hopper", crate::layout::K_DIM, hopper::BV);
+/// The warp-specialized kernel at `K = 64`, in wide blocks.
+pub const HOPPER_K64: KernelAbi = hopper_entry("kda_fwd_h_hopper_k64", 64, hopper::BV);
+/// The warp-specialized kernel at `K = 128`, in narrow blocks (`layout::hopper::Narrow`).
+pub const HOPPER_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_narrow", crate::layout::K_DIM, hopper::NARROW_BV);
+/// The warp-specialized kernel at `K = 64`, in narrow blocks.
+pub const HOPPER_K64_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k64_narrow", 64, hopper::NARROW_BV);
 
-/// The Hopper kernel's entry for key size `key_dim`, if it has one (`layout::hopper::KEY_DIMS`).
-pub const fn hopper_for(key_dim: usize) -> Option<&'static KernelAbi> {
-    match key_dim {
-        64 => Some(&HOPPER_K64),
-        crate::layout::K_DIM => Some(&HOPPER),
+/// Every entry of the warp-specialized kernel.
+pub const HOPPER_ENTRIES: [&KernelAbi; 4] = [&HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW];
+
+/// The Hopper kernel's entry for key size `key_dim` in blocks of `bv` value columns
+/// ([`hopper::BV`] or [`hopper::NARROW_BV`]), if it has one (`layout::hopper::KEY_DIMS`).
+pub const fn hopper_for(key_dim: usize, bv: usize) -> Option<&'static KernelAbi> {
+    match (key_dim, bv) {
+        (64, hopper::BV) => Some(&HOPPER_K64),
+        (crate::layout::K_DIM, hopper::BV) => Some(&HOPPER),
+        (64, hopper::NARROW_BV) => Some(&HOPPER_K64_NARROW),
+        (crate::layout::K_DIM, hopper::NARROW_BV) => Some(&HOPPER_NARROW),
         _ => None,
     }
 }
@@ -276,7 +283,7 @@ pub const MERGE: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 4] = [BASELINE, HOPPER, HOPPER_K64, MERGE];
+pub const KERNELS: [KernelAbi; 6] = [BASELINE, HOPPER, HOPPER_K64, HOPPER_NARROW, HOPPER_K64_NARROW, MERGE];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");
@@ -284,7 +291,8 @@ const _: () = {
     assert!(core::mem::size_of::<TensorMaps>() == TENSOR_MAPS * TENSOR_MAP_BYTES);
     let mut i = 0;
     while i < hopper::KEY_DIMS.len() {
-        assert!(hopper_for(hopper::KEY_DIMS[i]).is_some(), "every key size has its entry");
+        assert!(hopper_for(hopper::KEY_DIMS[i], hopper::BV).is_some(), "every key size has its entry");
+        assert!(hopper_for(hopper::KEY_DIMS[i], hopper::NARROW_BV).is_some(), "and its narrow one");
         i += 1;
     }
 };

@@ -137,22 +137,29 @@ pub mod baseline {
 
 /// Tile shapes and shared-memory map of the warp-specialized Hopper (sm_90a) kernel.
 ///
-/// One CTA per (sequence, head, block of `BV` value columns). It holds the transposed state
-/// `S^T` (`[BV][K]`, f32) in the registers of one consumer warpgroup, so both products take
-/// their left operand from registers (the wgmma `RS` form) and their right operand from the TMA
-/// tiles in shared memory:
+/// One CTA per (sequence, head, block of value columns), in one of two column-block widths
+/// ([`hopper::Block`]): [`hopper::Wide`] blocks of 64 columns hold the transposed state `S^T`
+/// (`[64][K]`) so both products take their left operand from registers; [`hopper::Narrow`]
+/// blocks of 32 columns hold `S` (`[K][32]`, one m64 accumulator per 64 keys) and take both
+/// operands of both products from shared memory, for twice the chains on shapes short of them:
 ///
 /// ```text
-/// Vn^T = u^T - bf16(S^T) @ w^T     m64 n64  k128  (B = w tile, K-major)
-/// S^T  = S^T * d + bf16(Vn^T) @ k  m64 n128 k64   (B = k tile, MN-major, transposed read)
+/// wide:   Vn^T = u^T - bf16(S^T) @ w^T     m64 n64  k=K   (B = w tile, K-major)
+///         S^T  = S^T * d + bf16(Vn^T) @ k  m64 n=K  k64   (B = k tile, MN-major)
+/// narrow: Vn   = u - w @ bf16(S)           m64 n32  k=K   (A = w tile, B = staged S)
+///         S    = d * S + k^T @ bf16(Vn)    K/64 x m64 n32 k64 (A = k tile read transposed, B = staged Vn)
 /// ```
 pub mod hopper {
     use super::{CHUNK, K_DIM, MAX_V_DIM, V_DIM};
 
-    /// V columns per CTA: the wgmma M of both products (rows of `S^T`). 64 is the only M a single
-    /// warpgroup's wgmma has, and gives two CTAs per head, so `fixed_8192`'s 64 heads fill 128 of
-    /// the H200's 132 SMs.
+    /// Value columns of a wide block (the wgmma M of both wide products: 64 is the only M a
+    /// single warpgroup's wgmma has). Gives two CTAs per head, so `fixed_8192`'s 64 heads fill
+    /// 128 of the H200's 132 SMs.
     pub const BV: usize = 64;
+    /// Value columns of a narrow block: the `N` of both narrow products. Twice the chains of
+    /// [`BV`], for shapes with fewer chains than SMs (SPEC.md, "Parallelism"); 32 is the
+    /// narrowest a 64-byte-swizzled TMA box of bf16 rows is.
+    pub const NARROW_BV: usize = 32;
     /// Threads of the consumer warpgroup (wgmma runs on four warps together).
     pub const CONSUMER_THREADS: usize = 128;
     /// Threads of the producer: one warp issues the TMA loads and copies tail chunks.
@@ -177,9 +184,9 @@ pub mod hopper {
     pub const BOX_COLS: usize = 64;
     /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
-    /// Key sizes `K` the Hopper kernel runs, one entry point each (`abi::HOPPER_K64`,
-    /// `abi::HOPPER`): `K` sets the k-steps of product 1, the `N` of product 2 and the state's
-    /// registers (`K / 2` per consumer thread).
+    /// Key sizes `K` the Hopper kernel runs, one entry point each per block width
+    /// (`abi::hopper_for`): `K` sets the k-steps of product 1, the `N` (wide) or the m64 tiles
+    /// (narrow) of product 2 and the state's registers.
     pub const KEY_DIMS: [usize; 2] = [64, K_DIM];
     /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
     /// chunk. With one, a chunk waits until the previous chunk's TMA stores have read theirs
@@ -193,49 +200,93 @@ pub mod hopper {
     #[repr(C, align(1024))]
     pub struct TileBox(pub [u8; BOX_BYTES]);
 
+    /// 4 KB of bf16, 1024-byte aligned: a narrow block's tiles. `[CHUNK][NARROW_BV]` with the
+    /// 64-byte swizzle: its `bf16(Vn)` staging for the `v_new` store, and one 64-key box of its
+    /// key-first `bf16(S)` staging; `[NARROW_BV][64]` with the 128-byte swizzle: one box of its
+    /// value-first `bf16(S)` staging, and its wgmma operands `bf16(S)^T` and `bf16(Vn)^T`.
+    #[repr(C, align(1024))]
+    pub struct NarrowTile(pub [u8; CHUNK * NARROW_BV * 2]);
+
+    /// One `[BV][BOX_COLS]` (or `[BOX_COLS][BV]`) bf16 box of a wide state staging tile,
+    /// 128-byte swizzled.
+    #[repr(C, align(1024))]
+    pub struct StateBox(pub [u8; BV * BOX_COLS * 2]);
+
+    /// A `bf16(Vn)` staging tile of a wide block (`[CHUNK][BV]`, 128-byte swizzled).
+    #[repr(C, align(1024))]
+    pub struct ValueTile(pub [u8; CHUNK * BV * 2]);
+
+    /// `BOX_COLS` key rows of a wide item's initial state block (f32, unswizzled).
+    #[repr(C, align(1024))]
+    pub struct InitialStateBox(pub [u8; BOX_COLS * BV * 4]);
+
+    /// `BOX_COLS` key rows of a narrow item's initial state block (f32, unswizzled).
+    #[repr(C, align(1024))]
+    pub struct NarrowInitialBox(pub [u8; BOX_COLS * NARROW_BV * 4]);
+
+    /// A tile a block width does not have (the wide block's operand tiles: its products take
+    /// their left operands from registers).
+    #[repr(C)]
+    pub struct NoTile;
+
+    /// A column-block width and the shared tiles it sizes.
+    pub trait Block {
+        /// Value columns per block.
+        const BV: usize;
+        /// Bytes of one row of the `v_new` staging tile (`BV` bf16): its TMA swizzle span.
+        const ROW_BYTES: usize = Self::BV * 2;
+        /// One 64-key box of the `bf16(S)` staging tile.
+        type StateBox;
+        /// A `bf16(Vn)` staging tile, `[CHUNK][BV]`.
+        type ValueTile;
+        /// A wgmma operand tile of the narrow products: one 64-key box of `bf16(S)^T`
+        /// (`[BV][64]`), or `bf16(Vn)^T` (`[BV][CHUNK]`), K-major with the 128-byte swizzle.
+        type OperandBox;
+        /// 64 key rows of the initial-state slot.
+        type InitialBox;
+    }
+
+    /// 64-column blocks, the state transposed in registers.
+    pub struct Wide;
+    /// 32-column blocks, the state key-major in registers.
+    pub struct Narrow;
+
+    impl Block for Wide {
+        const BV: usize = BV;
+        type StateBox = StateBox;
+        type ValueTile = ValueTile;
+        type OperandBox = NoTile;
+        type InitialBox = InitialStateBox;
+    }
+
+    impl Block for Narrow {
+        const BV: usize = NARROW_BV;
+        type StateBox = NarrowTile;
+        type ValueTile = NarrowTile;
+        type OperandBox = NarrowTile;
+        type InitialBox = NarrowInitialBox;
+    }
+
     /// One ring stage: a chunk's `k` and `w` tiles (`[CHUNK][K]`, `KB = K / BOX_COLS` boxes
-    /// each) and this CTA's `u` tile (`[CHUNK][BV]`, one box).
+    /// each) and the `u` box holding this CTA's value columns (`[CHUNK][BOX_COLS]`: a wide
+    /// block's columns, or the 64 a narrow block's 32 lie in, which its neighbour loads too and
+    /// the L2 serves once; a 32-column box's rows would be 64 bytes, and the tail's one-row
+    /// boxes need 128-byte-aligned destinations).
     #[repr(C, align(1024))]
     pub struct Stage<const KB: usize> {
         /// `k`, column boxes side by side.
         pub k: [TileBox; KB],
         /// `w`, column boxes side by side.
         pub w: [TileBox; KB],
-        /// `u`, this CTA's value columns.
+        /// `u`, the box of this CTA's value columns.
         pub u: TileBox,
     }
 
-    /// One `[BV][BOX_COLS]` (or `[BOX_COLS][BV]`) bf16 box of a state staging tile, 128-byte
-    /// swizzled.
-    #[repr(C, align(1024))]
-    pub struct StateBox(pub [u8; BV * BOX_COLS * 2]);
-    /// Bytes of one [`StateBox`].
-    pub const STATE_BOX_BYTES: usize = core::mem::size_of::<StateBox>();
-
-    /// A `bf16(S)` staging tile read by the `h` TMA store, 128-byte swizzled, `KB` boxes: `[K][BV]`
-    /// (one TMA box of `K` rows) for key-first states, `[BV][K]` as `KB` boxes of
-    /// `[BV][BOX_COLS]` side by side for value-first ones.
-    #[repr(C, align(1024))]
-    pub struct StateTile<const KB: usize>(pub [StateBox; KB]);
-
-    /// A `bf16(Vn)` staging tile (`[CHUNK][BV]`, 128-byte swizzled) read by the `v_new` store.
-    #[repr(C, align(1024))]
-    pub struct ValueTile(pub [u8; CHUNK * BV * 2]);
-
-    /// `BOX_COLS` key rows of an item's initial state block (f32, unswizzled).
-    #[repr(C, align(1024))]
-    pub struct InitialStateBox(pub [u8; BOX_COLS * BV * 4]);
-
-    /// An item's initial state block (`[K][BV]` f32, or `[BV][K]` value-first, unswizzled), as
-    /// the `h0` TMA load writes it.
-    #[repr(C, align(1024))]
-    pub struct InitialState<const KB: usize>(pub [InitialStateBox; KB]);
-
-    /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes). Never
-    /// constructed: the kernel takes the field offsets (`core::mem::offset_of!`) as
-    /// shared-memory addresses, and the launcher allocates [`smem_bytes`].
+    /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes) and block
+    /// width `B`. Never constructed: the kernel takes the field offsets (`core::mem::offset_of!`)
+    /// as shared-memory addresses, and the launcher allocates [`smem_bytes`].
     #[repr(C)]
-    pub struct SharedStorage<const K: usize, const KB: usize> {
+    pub struct SharedStorage<const K: usize, const KB: usize, B: Block> {
         /// The ring of chunk tiles the producer loads and the consumer reads.
         pub stages: [Stage<KB>; STAGES],
         /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
@@ -245,13 +296,19 @@ pub mod hopper {
         /// `exp2(g_last - g[r])`; rows past the chunk's valid ones are never read), written by
         /// the producer.
         pub row_scale: [[f32; CHUNK]; STAGES],
-        /// `bf16(S)` staging for the `h` stores.
-        pub h_staging: [StateTile<KB>; STAGING],
+        /// `bf16(S)` staging for the `h` stores (`KB` boxes: `[K][BV]` key-first, `[BV][K]` as
+        /// boxes of 64 keys value-first).
+        pub h_staging: [[B::StateBox; KB]; STAGING],
         /// `bf16(Vn)` staging for the `v_new` stores.
-        pub vn_staging: [ValueTile; STAGING],
+        pub vn_staging: [B::ValueTile; STAGING],
+        /// Narrow blocks: `bf16(S)^T`, product 1's `B` (read within the chunk, so one buffer).
+        pub s_operand: [B::OperandBox; KB],
+        /// Narrow blocks: `bf16(Vn)^T` (scaled by the scalar gate when there is one), product
+        /// 2's `B`.
+        pub vn_operand: B::OperandBox,
         /// The slot the producer loads the next item's initial state into: the consumer starts
         /// an item from shared memory instead of waiting on a global load.
-        pub h0: InitialState<KB>,
+        pub h0: [B::InitialBox; KB],
         /// The ring's `full` mbarriers (the stage's tiles have landed).
         pub full: [u64; STAGES],
         /// The ring's `empty` mbarriers (the consumer is done with the stage).
@@ -262,43 +319,50 @@ pub mod hopper {
         pub h0_empty: u64,
     }
 
-    /// Dynamic shared memory of one CTA of key size `K`: up to the end of the last barrier (the
-    /// struct's size would round up to its 1024-byte alignment, which no field needs).
-    pub const fn storage_bytes<const K: usize, const KB: usize>() -> usize {
-        core::mem::offset_of!(SharedStorage<K, KB>, h0_empty) + 8
+    /// Dynamic shared memory of one CTA of key size `K` and block width `B`: up to the end of the
+    /// last barrier (the struct's size would round up to its 1024-byte alignment, which no field
+    /// needs).
+    pub const fn storage_bytes<const K: usize, const KB: usize, B: Block>() -> usize {
+        core::mem::offset_of!(SharedStorage<K, KB, B>, h0_empty) + 8
     }
 
     /// Dynamic shared memory of one CTA for key size `key_dim` (one of [`KEY_DIMS`]; 0 for any
-    /// other).
-    pub const fn smem_bytes(key_dim: usize) -> usize {
-        match key_dim {
-            64 => storage_bytes::<64, 1>(),
-            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }>(),
+    /// other) and block width `bv` ([`BV`] or [`NARROW_BV`]; 0 for any other).
+    pub const fn smem_bytes(key_dim: usize, bv: usize) -> usize {
+        match (key_dim, bv) {
+            (64, BV) => storage_bytes::<64, 1, Wide>(),
+            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide>(),
+            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow>(),
+            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow>(),
             _ => 0,
         }
     }
 
-    /// Dynamic shared memory of one CTA of the `K = 128` kernel.
-    pub const SMEM_BYTES: usize = smem_bytes(K_DIM);
+    /// Dynamic shared memory of one CTA of the wide `K = 128` kernel.
+    pub const SMEM_BYTES: usize = smem_bytes(K_DIM, BV);
     /// CTAs of the Hopper kernel per SM (its shared memory allows one at `K = 128`; at `K = 64`
-    /// the grid keeps one per SM too, so both share one schedule): the persistent grid has this
-    /// many workers per SM.
+    /// and in narrow blocks the grid keeps one per SM too, so all share one schedule): the
+    /// persistent grid has this many workers per SM.
     pub const CTAS_PER_SM: usize = 1;
 
     /// Compile-time checks of one key size's layout.
-    const fn check<const K: usize, const KB: usize>() {
-        let bytes = storage_bytes::<K, KB>();
+    const fn check<const K: usize, const KB: usize, B: Block>() {
+        let bytes = storage_bytes::<K, KB, B>();
         assert!(K == KB * BOX_COLS, "a k or w tile is KB boxes");
         assert!(core::mem::size_of::<Stage<KB>>() == (2 * KB + 1) * BOX_BYTES, "a stage is exactly its boxes");
-        assert!(core::mem::size_of::<StateTile<KB>>() == K * BV * 2);
-        assert!(core::mem::size_of::<InitialState<KB>>() == K * BV * 4);
+        assert!(core::mem::size_of::<[B::StateBox; KB]>() == K * B::BV * 2);
+        assert!(core::mem::size_of::<B::ValueTile>() == CHUNK * B::BV * 2);
+        assert!(core::mem::size_of::<[B::InitialBox; KB]>() == K * B::BV * 4);
         assert!(bytes <= 227 * 1024, "one CTA may use at most 227 KB");
-        assert!(core::mem::size_of::<SharedStorage<K, KB>>() - bytes < 1024);
+        assert!(core::mem::size_of::<SharedStorage<K, KB, B>>() - bytes < 1024);
     }
-    const _: () = check::<64, 1>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }>();
+    const _: () = check::<64, 1, Wide>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide>();
+    const _: () = check::<64, 1, Narrow>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
-    const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a CTA are one box wide");
+    const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a wide CTA are one box wide");
+    const _: () = assert!(BV.is_multiple_of(NARROW_BV), "a narrow plan's blocks tile every V a wide one does");
 }

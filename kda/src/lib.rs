@@ -7,6 +7,7 @@ mod launch;
 mod plan;
 mod problem;
 
+pub mod columns;
 pub mod inputs;
 pub mod io;
 pub mod layer;

@@ -100,6 +100,8 @@ pub struct Schedule {
     items: Vec<u32>,
     heads: usize,
     col_blocks: usize,
+    /// Value columns per block (`hopper::BV` unless [`Schedule::with_block_width`] says).
+    block_width: usize,
 }
 
 impl Schedule {
@@ -107,7 +109,8 @@ impl Schedule {
     /// `max_workers` workers (fewer when there are fewer items; none for an empty batch; one if
     /// `max_workers` is 0).
     ///
-    /// A column block is `hopper::BV` value columns: `col_blocks` is `V / BV`.
+    /// A column block is `hopper::BV` value columns (`col_blocks` = `V / BV`) unless
+    /// [`Schedule::with_block_width`] says otherwise.
     ///
     /// Fails when the item count `N * heads * col_blocks` does not fit in `u32`, or `col_blocks`
     /// is 0.
@@ -160,7 +163,19 @@ impl Schedule {
             // At most `count`, which fits in `u32`.
             offsets.push(items.len() as u32);
         }
-        Ok(Self { offsets, items, heads, col_blocks })
+        Ok(Self { offsets, items, heads, col_blocks, block_width: BV })
+    }
+
+    /// This schedule with column blocks of `width` value columns (the records' columns are
+    /// `block * width`): `hopper::NARROW_BV` for the narrow kernel.
+    pub fn with_block_width(mut self, width: usize) -> Self {
+        self.block_width = width;
+        self
+    }
+
+    /// Value columns per block.
+    pub fn block_width(&self) -> usize {
+        self.block_width
     }
 
     /// Workers (CTAs of the persistent grid).
@@ -215,8 +230,9 @@ impl Schedule {
                     None => ITEM_NO_ROW,
                 };
                 r[ITEM_HEAD] = u32::try_from(head).ok()?;
-                r[ITEM_VCOL0] = u32::try_from(block * BV).ok()?;
-                r[ITEM_U_COL] = u_columns.word(block * BV)?;
+                let vcol0 = block.checked_mul(self.block_width)?;
+                r[ITEM_VCOL0] = u32::try_from(vcol0).ok()?;
+                r[ITEM_U_COL] = u_columns.word(vcol0)?;
                 r[ITEM_TOKEN_START] = u32::try_from(unit.token_start).ok()?;
                 r[ITEM_LEN] = u32::try_from(unit.len).ok()?;
                 r[ITEM_CHUNK_START] = u32::try_from(unit.chunk_start).ok()?;

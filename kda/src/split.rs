@@ -20,9 +20,7 @@ use crate::reference::model_reference;
 use crate::schedule::Unit;
 use crate::{KdaError, Outputs, Plan};
 use half::bf16;
-use kda_kernel::layout::{
-    CHUNK, MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS, hopper::BV,
-};
+use kda_kernel::layout::{CHUNK, MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS};
 
 /// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
 const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
@@ -93,17 +91,20 @@ pub struct Work {
     pub value_dim: usize,
     /// CTAs that run at once (SMs times CTAs per SM).
     pub workers: usize,
+    /// Value columns per block of both passes (`hopper::BV`, or `hopper::NARROW_BV` for the
+    /// narrow kernel).
+    pub block_width: usize,
 }
 
 impl Work {
     /// Column blocks per head of the main pass.
     fn blocks(&self) -> u64 {
-        self.value_dim.div_ceil(BV) as u64
+        self.value_dim.div_ceil(self.block_width) as u64
     }
 
     /// Column blocks per head of the pre-scan (`K + V` columns).
     fn prescan_blocks(&self) -> u64 {
-        (self.key_dim + self.value_dim).div_ceil(BV) as u64
+        (self.key_dim + self.value_dim).div_ceil(self.block_width) as u64
     }
 }
 
@@ -283,7 +284,7 @@ impl SplitPlan {
 ///   rounds of at least `c` (240 equal items on 132 CTAs take two item times, not 1.8), and
 /// * the bandwidth: the item-chunks of the pass over the `chains` that run at a lone chain's
 ///   speed together ([`MAIN_CHAINS`], [`PRESCAN_CHAINS`]).
-fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: usize, chains: f64) -> u64 {
+pub(crate) fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: usize, chains: f64) -> u64 {
     let workers = workers.max(1) as u64;
     let mut groups: Vec<(u64, u64)> = items.filter(|&(count, _)| count > 0).collect();
     groups.sort_by_key(|&(_, c)| std::cmp::Reverse(c));
@@ -432,11 +433,12 @@ fn merge(entry: &[f32], maps: &[f32], p: &ModelView<'_>) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kda_kernel::layout::hopper::BV;
 
     const H200_WORKERS: usize = 132;
 
     fn work(value_heads: usize) -> Work {
-        Work { value_heads, key_dim: 128, value_dim: 128, workers: H200_WORKERS }
+        Work { value_heads, key_dim: 128, value_dim: 128, workers: H200_WORKERS, block_width: BV }
     }
 
     #[test]
@@ -486,7 +488,7 @@ mod tests {
         // Batches short of chains but with nothing long to cut stay whole: the pre-scan's extra
         // columns cost more than the idle SMs (qwen3_next_8192, kda_k64_8192).
         assert!(!auto(&[8192], 32).is_split());
-        let k64 = Work { value_heads: 64, key_dim: 64, value_dim: 64, workers: H200_WORKERS };
+        let k64 = Work { value_heads: 64, key_dim: 64, value_dim: 64, workers: H200_WORKERS, block_width: BV };
         assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &k64, SplitMode::Auto).is_split());
     }
 

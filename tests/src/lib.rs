@@ -3,6 +3,7 @@
 //! and no guard byte changed.
 
 use half::bf16;
+use kda::columns::ColumnMode;
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
 use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
@@ -85,8 +86,23 @@ pub fn run_split_guarded(
     kernel: Kernel,
     split: SplitMode,
 ) -> Result<(Outputs, SplitPlan), KdaError> {
+    run_columns_guarded(gpu, p, strides, kernel, split, ColumnMode::Auto)
+}
+
+/// [`run_split_guarded`] with the Hopper kernel's column blocks as `columns` says.
+pub fn run_columns_guarded(
+    gpu: &Gpu,
+    p: &ModelView<'_>,
+    strides: Strides,
+    kernel: Kernel,
+    split: SplitMode,
+    columns: ColumnMode,
+) -> Result<(Outputs, SplitPlan), KdaError> {
     let s = &gpu.stream;
-    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape)?.with_strides(strides)?.with_split(s, split)?;
+    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape)?
+        .with_strides(strides)?
+        .with_split(s, split)?
+        .with_columns(s, columns)?;
     let d = plan.dims();
     let nan_bf = bf16::NAN;
     let laid_bf = |t: Tensor, v: &[bf16]| guarded(s, &strides.scatter(&d, t, v, nan_bf), nan_bf);

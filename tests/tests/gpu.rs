@@ -6,11 +6,13 @@
 //! NVIDIA GPU (sm_80 or newer). Without a GPU every test here fails with the reason.
 #![cfg(feature = "gpu")]
 
+use kda::columns::{ColumnMode, Columns};
 use kda::model::{Gates, ModelShape, StateLayout};
 use kda::split::{SplitMode, split_reference};
 use kda::{KdaError, Kernel, Plan, Strides, inputs, io, reference};
 use kda_tests::{
-    Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_guarded, run_model_guarded, run_split_guarded,
+    Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_columns_guarded, run_guarded, run_model_guarded,
+    run_split_guarded,
 };
 use proptest::prelude::*;
 use std::sync::Mutex;
@@ -155,12 +157,14 @@ fn model_fixtures() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
     /// Every gate kind x head grouping x state layout x key size (64, 128) x value size (64 to
-    /// 512) x strided views on the Hopper kernel, against the f64 reference.
+    /// 512) x strided views x column blocks (wide, narrow) on the Hopper kernel, against the f64
+    /// reference.
     #[test]
     fn model_variants(
         lengths in ragged_lengths(),
         shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256, 512]),
         layouts in kda_tests::row_layouts(),
+        narrow: bool,
         with_h0: bool,
         seed: u64,
     ) {
@@ -168,14 +172,19 @@ proptest! {
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
         let strides = kda_tests::strides_of(layouts, &kda::Dims::model(&p.plan, &shape));
         let want = reference::model_reference(&p.view()).unwrap();
-        let out = run_model_guarded(gpu, &p.view(), strides, Kernel::Auto).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        record(&format!("{lengths:?} {shape:?} {layouts:?} h0={with_h0}"), errors(&out, &want));
+        let columns = ColumnMode::Force(if narrow { Columns::Narrow } else { Columns::Wide });
+        let out = run_columns_guarded(gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?.0;
+        record(&format!("{lengths:?} {shape:?} {layouts:?} {columns:?} h0={with_h0}"), errors(&out, &want));
     }
 }
 
-/// Every gate kind x state layout x value size class x strides on a short, a ragged and a long
-/// batch, each case printed before any is checked, so that one run shows the whole matrix. The
-/// ungated recurrence is held to `precision::UNGATED_FLOOR_SLACK` (see there).
+/// Both column widths of the Hopper kernel, forced.
+const COLUMN_MODES: [ColumnMode; 2] = [ColumnMode::Force(Columns::Wide), ColumnMode::Force(Columns::Narrow)];
+
+/// Every gate kind x state layout x value size class x strides x column blocks on a short, a
+/// ragged and a long batch, each case printed before any is checked, so that one run shows the
+/// whole matrix. The ungated recurrence is held to `precision::UNGATED_FLOOR_SLACK` (see there).
 #[test]
 fn model_matrix() {
     use kda_tests::RowLayout;
@@ -183,7 +192,9 @@ fn model_matrix() {
     let gates = [(false, true), (true, false), (true, true), (false, false)];
     let layouts = [StateLayout::KeyFirst, StateLayout::ValueFirst];
     let mut failures = Vec::new();
-    for lengths in [vec![130], vec![397, 3, 2], vec![4096, 1000]] {
+    for (lengths, columns) in
+        [vec![130], vec![397, 3, 2], vec![4096, 1000]].into_iter().flat_map(|l| COLUMN_MODES.map(|c| (l.clone(), c)))
+    {
         for (g, gk) in gates {
             for layout in layouts {
                 for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 64), (64, 256)] {
@@ -195,9 +206,13 @@ fn model_matrix() {
                         let strides = kda_tests::strides_of([rows; 6], &kda::Dims::model(&p.plan, &shape));
                         let want = reference::model_reference(&p.view()).unwrap();
                         let floor = errors(&reference::model_reference_f32(&p.view()).unwrap(), &want);
-                        let out = run_model_guarded(&gpu, &p.view(), strides, Kernel::Auto).unwrap();
+                        let out = run_columns_guarded(&gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns)
+                            .unwrap()
+                            .0;
                         let errs = errors(&out, &want);
-                        let case = format!("{lengths:?} g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?}");
+                        let case = format!(
+                            "{lengths:?} g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?} {columns:?}"
+                        );
                         let [h, v, t] = errs;
                         println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e} (f32 floor h {:.2e})", floor[0]);
                         let bound = |f: f64| kda::precision::bound_for(g || gk, f);
@@ -220,7 +235,7 @@ fn model_items_back_to_back() {
     let gpu = Gpu::open();
     let lengths = [397, 3, 3, 2, 2, 2, 2, 2, 2];
     let mut failures = Vec::new();
-    for (g, gk) in [(true, false), (false, true)] {
+    for ((g, gk), columns) in [(true, false), (false, true)].into_iter().flat_map(|g| COLUMN_MODES.map(|c| (g, c))) {
         for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
             for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 512)] {
                 for rows in [RowLayout::Packed, RowLayout::Padded { pad: 64 }] {
@@ -229,9 +244,10 @@ fn model_items_back_to_back() {
                     let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, 9).unwrap();
                     let strides = kda_tests::strides_of([rows; 6], &kda::Dims::model(&p.plan, &shape));
                     let want = reference::model_reference(&p.view()).unwrap();
-                    let out = run_model_guarded(&gpu, &p.view(), strides, Kernel::Auto).unwrap();
+                    let out =
+                        run_columns_guarded(&gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns).unwrap().0;
                     let [h, v, t] = errors(&out, &want);
-                    let case = format!("g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?}");
+                    let case = format!("g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?} {columns:?}");
                     println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e}");
                     if [h, v, t].iter().any(|e| e.is_nan() || *e >= kda::precision::ERROR_BOUND) {
                         failures.push(case);
@@ -257,12 +273,15 @@ fn value_first_blocks() {
         (vec![200; 9], 3, 512),
         (vec![3; 200], 1, 128),
     ] {
-        for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
+        for (layout, columns) in
+            [StateLayout::KeyFirst, StateLayout::ValueFirst].into_iter().flat_map(|l| COLUMN_MODES.map(|c| (l, c)))
+        {
             let gates = Gates { g: false, gk: true };
             let shape = ModelShape { value_heads, value_dim, gates, layout, ..ModelShape::kda(1) };
             let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, 9).unwrap();
             let want = reference::model_reference(&p.view()).unwrap();
-            let out = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap();
+            let out =
+                run_columns_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto, SplitMode::Off, columns).unwrap().0;
             let (kd, vd) = (shape.key_dim, value_dim);
             let mut bad = Vec::new();
             for (n, (got, want)) in out.ht.chunks(kd * vd).zip(want.ht.chunks(kd * vd)).enumerate() {
@@ -277,8 +296,11 @@ fn value_first_blocks() {
                     }
                 }
             }
-            let case =
-                format!("{} seqs (first {}), HV={value_heads}, V={value_dim}, {layout:?}", lengths.len(), lengths[0]);
+            let case = format!(
+                "{} seqs (first {}), HV={value_heads}, V={value_dim}, {layout:?} {columns:?}",
+                lengths.len(),
+                lengths[0]
+            );
             println!("{case}: {} bad blocks {:?}", bad.len(), &bad[..bad.len().min(12)]);
             if !bad.is_empty() {
                 failures.push(case);
@@ -340,18 +362,20 @@ proptest! {
         lengths in split_lengths(),
         shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256]),
         segment_chunks in 1usize..5,
+        narrow: bool,
         with_h0: bool,
         seed: u64,
     ) {
         let gpu = GPU.get_or_init(Gpu::open);
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
         let mode = SplitMode::Chunks(segment_chunks);
-        let (out, split) = run_split_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode)
+        let columns = ColumnMode::Force(if narrow { Columns::Narrow } else { Columns::Wide });
+        let (out, split) = run_columns_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(split.is_split(), "{lengths:?} every {segment_chunks} chunks: not split");
         let model = errors(&out, &split_reference(&p.view(), &split).unwrap());
         let errs = errors(&out, &reference::model_reference(&p.view()).unwrap());
-        let case = format!("{lengths:?} {shape:?} every {segment_chunks} chunks h0={with_h0}");
+        let case = format!("{lengths:?} {shape:?} every {segment_chunks} chunks {columns:?} h0={with_h0}");
         println!("{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e}",
             model[0], model[1], model[2], errs[0], errs[1], errs[2]);
         prop_assert!(model.iter().chain(&errs).all(|&e| e < SPLIT_BOUND), "{case}: {model:?} {errs:?}");

@@ -7,7 +7,7 @@
 
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
-use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, MERGE};
+use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_NARROW, KERNELS, MERGE};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -142,23 +142,29 @@ fn the_split_merge_assembles_without_spills_for_both_targets() {
 fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     let (cubin, report) = assemble(SM90A, "sm_90a");
     let code = sass(&cubin);
-    // Per key size: its entry, and the shapes of its two products (product 1 is m64n64 with K / 16
-    // k-steps, product 2 m64nK with 4).
-    for (abi, key_dim, product2) in
-        [(&HOPPER, 128, "HGMMA.64x128x16.F32.BF16"), (&HOPPER_K64, 64, "HGMMA.64x64x16.F32.BF16")]
-    {
+    // Per key size and block width: its entry, the shapes of its two products and their MMAs
+    // per chunk. Wide: product 1 is m64n64 with K / 16 k-steps, product 2 m64nK with 4. Narrow:
+    // product 1 is m64n32 with K / 16 k-steps, product 2 K / 64 tiles of m64n32 with 4 each.
+    let wide = |k: usize| k / 16 + 4;
+    let narrow = |k: usize| k / 16 + 4 * (k / 64);
+    for (abi, products, mmas_per_chunk) in [
+        (&HOPPER, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], wide(128)),
+        (&HOPPER_K64, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], wide(64)),
+        (&HOPPER_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(128)),
+        (&HOPPER_K64_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(64)),
+    ] {
         let r = resources(&report, abi.entry);
         println!("sm_90a {}: {r:?}", abi.entry);
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{r:?}: the state must stay in registers");
         assert!(r.registers * abi.threads <= REGISTERS_PER_SM, "{} registers: not even one CTA fits", r.registers);
         let body = function_sass(&code, abi.entry);
         // Tensor-core MMAs of both products, TMA tile loads and output stores, and the mbarrier ring.
-        for op in ["HGMMA.64x64x16.F32.BF16", product2, "UTMALDG.3D", "UTMASTG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
+        for op in [products[0], products[1], "UTMALDG.3D", "UTMASTG.3D", "SYNCS.ARRIVE", "SYNCS.PHASECHK"] {
             assert!(body.contains(op), "{} SASS lacks {op}", abi.entry);
         }
-        // Every consumer variant keeps its own chunk loop: K / 16 + 4 MMAs each.
+        // Every consumer variant keeps its own chunk loop.
         let mmas = body.matches("HGMMA.").count();
-        assert_eq!(mmas, CONSUMER_VARIANTS * (key_dim / 16 + 4), "{}: {mmas} HGMMA", abi.entry);
+        assert_eq!(mmas, CONSUMER_VARIANTS * mmas_per_chunk, "{}: {mmas} HGMMA", abi.entry);
         assert!(!body.contains("CALL."), "{} SASS holds a call", abi.entry);
         assert!(!SM80.contains(abi.entry), "the portable PTX must not contain {}", abi.entry);
     }

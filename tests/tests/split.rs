@@ -45,7 +45,7 @@ proptest! {
         let plan = Plan::from_lengths(&lengths);
         let p = inputs::try_random_model_problem(plan.clone(), shape, with_h0, seed).unwrap();
         let (value_heads, key_dim, value_dim) = (shape.value_heads, shape.key_dim, shape.value_dim);
-        let work = Work { value_heads, key_dim, value_dim, workers: 132 };
+        let work = Work { value_heads, key_dim, value_dim, workers: 132, block_width: kda::layout::hopper::BV };
         let want = reference::model_reference(&p.view()).unwrap();
 
         // Uncut, the passes are the recurrence itself.

@@ -11,6 +11,7 @@ use crate::args::Args;
 use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, floor_us, median_us};
 use crate::outputs::rel_errors;
 use crate::proc::write_json;
+use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelShape, ModelView};
 use kda::split::SplitMode;
 use kda::{Dims, Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, reference, rel_error};
@@ -80,6 +81,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             dev.download(&stream)
         },
         set_split: &|dev: &mut DeviceProblem, mode: SplitMode| dev.set_split(&stream, mode),
+        set_columns: &|dev: &mut DeviceProblem, mode: ColumnMode| dev.set_columns(&stream, mode),
     };
     let shapes = bench_shapes().into_iter().map(|(name, lengths)| bench.measure(name, lengths));
     let shapes = shapes.collect::<Result<Vec<_>, _>>()?;
@@ -126,6 +128,8 @@ type MedianUs<'a> = &'a dyn Fn(Kernel, &mut [DeviceProblem]) -> Result<f64, KdaE
 type FreshOutputs<'a> = &'a dyn Fn(&mut DeviceProblem, Kernel) -> Result<Outputs, KdaError>;
 /// Re-plans an uploaded problem's split.
 type SetSplit<'a> = &'a dyn Fn(&mut DeviceProblem, SplitMode) -> Result<(), KdaError>;
+/// Re-plans an uploaded problem's column blocks.
+type SetColumns<'a> = &'a dyn Fn(&mut DeviceProblem, ColumnMode) -> Result<(), KdaError>;
 
 /// The device, its copy bandwidth and the kernel under test, with the device work as closures.
 struct Bench<'a> {
@@ -135,6 +139,7 @@ struct Bench<'a> {
     median_us: MedianUs<'a>,
     fresh_outputs: FreshOutputs<'a>,
     set_split: SetSplit<'a>,
+    set_columns: SetColumns<'a>,
 }
 
 /// What the benchmark measured on one shape.
@@ -146,6 +151,9 @@ struct Shape {
     us: f64,
     floor_us: f64,
     baseline_us: f64,
+    /// The column blocks timed, and the median with the other width forced.
+    columns: Columns,
+    other_columns_us: Option<f64>,
     errs: [f64; 3],
     f32_floor: f64,
 }
@@ -178,6 +186,10 @@ struct Timing {
     unsplit_us: Option<f64>,
     /// Medians at the forced segment lengths of `SPLIT_SWEEP` (split shapes only).
     sweep: Vec<(usize, f64)>,
+    /// The Hopper kernel's column blocks as the planner chose them, and the median with the
+    /// other width forced (the Hopper kernel only).
+    columns: Columns,
+    other_columns_us: Option<f64>,
     /// The baseline's median, or why the launcher refused it the problem.
     baseline_us: Result<f64, Refusal>,
 }
@@ -207,6 +219,24 @@ impl Bench<'_> {
         let out = (self.fresh_outputs)(&mut devs[0], self.best).map_err(text)?;
         let split = devs[0].plan.split_plan().summary();
         let is_split = devs[0].plan.split_plan().is_split();
+        let columns = devs[0].plan.columns();
+        // Every copy re-planned in `mode`'s column blocks, then timed.
+        let mut time_columns = |mode: ColumnMode| -> Result<f64, String> {
+            for dev in devs.iter_mut() {
+                (self.set_columns)(dev, mode).map_err(text)?;
+            }
+            (self.median_us)(self.best, &mut devs).map_err(text)
+        };
+        let mut other_columns_us = None;
+        if self.best == Kernel::Hopper {
+            let other = match columns {
+                Columns::Wide => Columns::Narrow,
+                Columns::Narrow => Columns::Wide,
+            };
+            eprint!(" {columns:?} blocks; timing {other:?} ...");
+            other_columns_us = Some(time_columns(ColumnMode::Force(other))?);
+            time_columns(ColumnMode::Auto)?;
+        }
         // Every copy re-planned as `mode`, then timed.
         let mut time_split = |mode: SplitMode| -> Result<f64, String> {
             for dev in devs.iter_mut() {
@@ -227,7 +257,8 @@ impl Bench<'_> {
         } else {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
-        Ok(Ok(Timed { timing: Timing { copies, us, split, unsplit_us, sweep, baseline_us }, out }))
+        let timing = Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us };
+        Ok(Ok(Timed { timing, out }))
     }
 
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
@@ -238,7 +269,7 @@ impl Bench<'_> {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
-        let Timed { timing: Timing { copies, us, baseline_us, .. }, out } =
+        let Timed { timing: Timing { copies, us, baseline_us, columns, other_columns_us, .. }, out } =
             self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
@@ -248,7 +279,7 @@ impl Bench<'_> {
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(text)?.h, &want.h);
         let floor_us = floor_us(&dims, self.copy_bw);
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-        Ok(Shape { name, lengths, dims, copies, us, floor_us, baseline_us, errs, f32_floor })
+        Ok(Shape { name, lengths, dims, copies, us, floor_us, baseline_us, columns, other_columns_us, errs, f32_floor })
     }
 
     /// [`Bench::measure`] on model shape `name` (against `reference::model_reference`), or the
@@ -296,13 +327,15 @@ fn rotation_copies(input_bytes: usize) -> usize {
 impl Shape {
     /// The shape's row of the table.
     fn row(&self) -> String {
-        let Shape { name, dims: d, us, floor_us, baseline_us, errs, f32_floor, .. } = self;
+        let Shape { name, dims: d, us, floor_us, baseline_us, columns, other_columns_us, errs, f32_floor, .. } = self;
         format!(
-            "| {name} | {} | {} | {} | {us:.1} | {floor_us:.1} | {:.3} | {baseline_us:.1} | {:.2}x | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
+            "| {name} | {} | {} | {} | {} | {us:.1} | {floor_us:.1} | {:.3} | {} | {baseline_us:.1} | {:.2}x | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
             d.seqs,
             d.tokens,
             d.heads,
+            columns.width(),
             floor_us / us,
+            other_cell(*other_columns_us, *floor_us),
             baseline_us / us,
             errs[0],
             errs[1],
@@ -312,10 +345,23 @@ impl Shape {
 
     /// The shape's record in `results.json` (timed with kernel `best`, `repeat` launches).
     fn record(&self, best: Kernel, repeat: usize) -> Value {
-        let Shape { name, lengths, dims: d, copies, us, floor_us, baseline_us, errs, f32_floor } = self;
+        let Shape {
+            name,
+            lengths,
+            dims: d,
+            copies,
+            us,
+            floor_us,
+            baseline_us,
+            columns,
+            other_columns_us,
+            errs,
+            f32_floor,
+        } = self;
         json!({
             "shape": name, "lengths": lengths, "heads": d.heads, "kernel": format!("{best:?}"),
             "us": us, "floor_us": floor_us, "ratio": floor_us / us, "baseline_us": baseline_us,
+            "block_width": columns.width(), "other_blocks_us": other_columns_us,
             "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
             "repeat": repeat, "rotation_copies": copies,
         })
@@ -325,9 +371,9 @@ impl Shape {
 /// The markdown table of every shape, `best` being the kernel timed besides the baseline.
 fn table(best: Kernel, shapes: &[Shape]) -> String {
     let mut table = vec![format!(
-        "| shape | N | T | H | {best:?} us | floor us | floor/time | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |"
+        "| shape | N | T | H | blocks | {best:?} us | floor us | floor/time | other blocks us (floor/time) | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |"
     )];
-    table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+    table.push("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     table.extend(shapes.iter().map(Shape::row));
     table.join("\n")
 }
@@ -372,17 +418,23 @@ impl ModelRow {
             s.heads, s.value_heads, s.key_dim, s.value_dim
         );
         let tail = match &self.result {
-            // Split and time empty, the floor, then eight empty cells.
-            Err(_) => format!(" | | {floor_us:.1} |{}", " |".repeat(8)),
-            Ok(Measured { timing: Timing { us, split, unsplit_us, baseline_us, .. }, errs, f32_floor }) => {
+            // Blocks, split and time empty, the floor, then nine empty cells.
+            Err(_) => format!(" | | | {floor_us:.1} |{}", " |".repeat(9)),
+            Ok(Measured {
+                timing: Timing { us, split, unsplit_us, baseline_us, columns, other_columns_us, .. },
+                errs,
+                f32_floor,
+            }) => {
                 let (baseline, speedup) = match baseline_us {
                     Ok(b) => (format!("{b:.1}"), format!("{:.2}x", b / us)),
                     Err(_) => ("unsupported".into(), String::new()),
                 };
                 let unsplit = unsplit_us.map_or(String::new(), |u| format!("{u:.1} ({:.3})", floor_us / u));
                 format!(
-                    " {split} | {us:.1} | {floor_us:.1} | {:.3} | {unsplit} | {baseline} | {speedup} | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
+                    " {} | {split} | {us:.1} | {floor_us:.1} | {:.3} | {} | {unsplit} | {baseline} | {speedup} | {:.2e} | {:.2e} | {:.2e} | {f32_floor:.2e} |",
+                    columns.width(),
                     floor_us / us,
+                    other_cell(*other_columns_us, *floor_us),
                     errs[0],
                     errs[1],
                     errs[2]
@@ -406,13 +458,18 @@ impl ModelRow {
             Err(Refusal { argument, reason }) => json!({
                 "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
             }),
-            Ok(Measured { timing: Timing { copies, us, split, unsplit_us, sweep, baseline_us }, errs, f32_floor }) => {
+            Ok(Measured {
+                timing: Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us },
+                errs,
+                f32_floor,
+            }) => {
                 let sweep: Vec<Value> =
                     sweep.iter().map(|(c, t)| json!({ "segment_chunks": c, "us": t, "ratio": floor_us / t })).collect();
                 let mut m = json!({
                     "split_sweep": sweep,
                     "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us, "split": split,
                     "unsplit_us": unsplit_us, "unsplit_ratio": unsplit_us.map(|u| floor_us / u),
+                    "block_width": columns.width(), "other_blocks_us": other_columns_us,
                     "baseline_us": baseline_us.as_ref().ok(),
                     "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
                     "repeat": repeat, "rotation_copies": copies,
@@ -433,11 +490,17 @@ impl ModelRow {
 /// The markdown table of the model shapes: one row per shape and the kernel timed.
 fn model_table(rows: &[ModelRow]) -> String {
     let mut table = vec![
-        "| shape | kernel | N | T | H | HV | K | V | gates | state | split | us | floor us | floor/time | unsplit us (floor/time) | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |".to_string(),
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
+        "| shape | kernel | N | T | H | HV | K | V | gates | state | blocks | split | us | floor us | floor/time | other blocks us (floor/time) | unsplit us (floor/time) | baseline us | speedup | rel err h | rel err v_new | rel err ht | f32 floor h |".to_string(),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
     ];
     table.extend(rows.iter().map(ModelRow::row));
     table.join("\n")
+}
+
+/// A table cell of the time with the other column blocks and its floor/time (empty when not
+/// timed).
+fn other_cell(us: Option<f64>, floor_us: f64) -> String {
+    us.map_or(String::new(), |u| format!("{u:.1} ({:.3})", floor_us / u))
 }
 
 /// Writes `doc` to `out_dir/results.json`.
@@ -489,16 +552,18 @@ mod tests {
             us: 20.0,
             floor_us: 10.0,
             baseline_us: 50.0,
+            columns: Columns::Wide,
+            other_columns_us: Some(25.0),
             errs: [1e-3, 2e-3, 3e-4],
             f32_floor: 1e-6,
         };
         let t = table(Kernel::Baseline, std::slice::from_ref(&shape));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("| shape | N | T | H | Baseline us | floor us |"), "{}", lines[0]);
+        assert!(lines[0].starts_with("| shape | N | T | H | blocks | Baseline us | floor us |"), "{}", lines[0]);
         assert_eq!(
             lines[2],
-            "| tiny | 1 | 256 | 64 | 20.0 | 10.0 | 0.500 | 50.0 | 2.50x | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
+            "| tiny | 1 | 256 | 64 | 64 | 20.0 | 10.0 | 0.500 | 25.0 (0.400) | 50.0 | 2.50x | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
         );
         let r = shape.record(Kernel::Baseline, 100);
         assert_eq!(
@@ -536,6 +601,8 @@ mod tests {
                 split: "whole".into(),
                 unsplit_us: None,
                 sweep: vec![],
+                columns: Columns::Narrow,
+                other_columns_us: Some(180.0),
                 baseline_us: Err(refusal),
             },
             errs: [1e-3, 2e-3, 3e-4],
@@ -546,10 +613,10 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         let columns = |line: &str| line.matches('|').count();
-        assert!(lines.iter().all(|l| columns(l) == 22), "{t}");
+        assert!(lines.iter().all(|l| columns(l) == 24), "{t}");
         assert_eq!(
             lines[2],
-            "| qwen | Hopper | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | whole | 100.0 | 90.0 | 0.900 |  | unsupported |  | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
+            "| qwen | Hopper | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | 32 | whole | 100.0 | 90.0 | 0.900 | 180.0 (0.500) |  | unsupported |  | 1.00e-3 | 2.00e-3 | 3.00e-4 | 1.00e-6 |"
         );
         let r = row.record(100);
         assert_eq!(
@@ -578,6 +645,8 @@ mod tests {
                 split: "1 of 1 sequences cut: 4 segments of 32 chunks".into(),
                 unsplit_us: Some(180.0),
                 sweep: vec![(64, 150.0)],
+                columns: Columns::Wide,
+                other_columns_us: None,
                 baseline_us: Ok(400.0),
             },
             errs: [0.0; 3],
@@ -598,10 +667,10 @@ mod tests {
         let line = t.lines().nth(2).unwrap();
         assert_eq!(
             line,
-            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | | 90.0 | | | | | | | | |"
+            "| qwen | unsupported: K = 64: the Hopper kernel runs K = 128 \\| here | 1 | 8192 | 16 | 32 | 128 | 128 | g | [K, V] | | | | 90.0 | | | | | | | | | |"
         );
         // The escaped `|` is not a column.
-        assert_eq!(line.replace("\\|", "").matches('|').count(), 22);
+        assert_eq!(line.replace("\\|", "").matches('|').count(), 24);
         let r = row.record(100);
         assert_eq!((r["kernel"].as_str(), r["refused_by"].as_str()), (Some("unsupported"), Some("Hopper")));
         assert_eq!(

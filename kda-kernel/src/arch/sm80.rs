@@ -228,6 +228,23 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16` (PTX 6.5, sm_75): as [`ldmatrix_x4_trans`], each
+/// matrix read as it is stored: register `i` returns the lane's fragment of matrix `i` (row
+/// `lane / 4`, columns `2 * (lane % 4)` and `+ 1`).
+///
+/// # Safety
+/// All 32 lanes call it together with 16-byte-aligned shared addresses inside the allocation.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) a,
+             y = out(reg32) b, z = out(reg32) c, w = out(reg32) d, p = in(reg32) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
 /// `ld.shared.v2.f32` (PTX 1.0): two adjacent f32 from shared memory.
 ///
 /// # Safety

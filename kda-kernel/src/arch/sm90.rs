@@ -213,12 +213,17 @@ pub unsafe fn stmatrix_x4(addr: u32, r: [u32; 4]) {
 /// 1024-byte aligned) and swizzle mode 1 (128 B) in bits 62-63.
 #[inline(always)]
 pub const fn sw128_desc(addr: u32, leading_bytes: u32, stride_bytes: u32) -> u64 {
-    const FIELD: u64 = (1 << 14) - 1;
     const SWIZZLE_128B: u64 = 1 << 62;
+    desc_fields(addr, leading_bytes, stride_bytes) | SWIZZLE_128B
+}
+
+/// The address and offset fields of a wgmma matrix descriptor (16-byte units, 14 bits each).
+#[inline(always)]
+const fn desc_fields(addr: u32, leading_bytes: u32, stride_bytes: u32) -> u64 {
+    const FIELD: u64 = (1 << 14) - 1;
     ((addr as u64 >> 4) & FIELD)
         | (((leading_bytes as u64 >> 4) & FIELD) << 16)
         | (((stride_bytes as u64 >> 4) & FIELD) << 32)
-        | SWIZZLE_128B
 }
 
 /// One warpgroup MMA group, started: `wgmma.fence`, one `wgmma.mma_async` per k-step, then
@@ -369,6 +374,76 @@ pub unsafe fn wgmma_m64n64k16x4_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4]
     }
 }
 
+/// One warpgroup MMA group of four `m64n32k16` k-steps with both operands from shared memory,
+/// started: `wgmma.fence`, the four `wgmma.mma_async`, `commit_group`. Step `i` adds
+/// `$a_off[i]` and `$b_off[i]` (16-byte units) to the descriptors `$a` and `$b`; the
+/// accumulator (16 f32) is `inout`.
+macro_rules! wgmma_ss_m64n32_x4 {
+    (
+        scale_a $scale_a:literal, trans_a $trans_a:literal, trans_b $trans_b:literal,
+        acc $acc:ident, a $a:ident [$($ao:literal)*], b $b:ident [$($bo:literal)*]
+    ) => {
+        asm!(
+            "wgmma.fence.sync.aligned;",
+            "{{ .reg .pred p; .reg .b64 a<4>, b<4>; setp.ne.b32 p, {one}, 0;",
+            wgmma_ss_m64n32_x4!(@offsets a [0 1 2 3] [$($ao)*]),
+            wgmma_ss_m64n32_x4!(@offsets b [0 1 2 3] [$($bo)*]),
+            wgmma_ss_m64n32_x4!(@mma $scale_a $trans_a $trans_b [0 1 2 3]),
+            "}}",
+            "wgmma.commit_group.sync.aligned;",
+            inout(reg32) $acc[0], inout(reg32) $acc[1], inout(reg32) $acc[2], inout(reg32) $acc[3],
+            inout(reg32) $acc[4], inout(reg32) $acc[5], inout(reg32) $acc[6], inout(reg32) $acc[7],
+            inout(reg32) $acc[8], inout(reg32) $acc[9], inout(reg32) $acc[10], inout(reg32) $acc[11],
+            inout(reg32) $acc[12], inout(reg32) $acc[13], inout(reg32) $acc[14], inout(reg32) $acc[15],
+            adesc = in(reg64) $a,
+            bdesc = in(reg64) $b,
+            one = in(reg32) 1u32,
+            options(nostack),
+        )
+    };
+    (@offsets $x:ident [$($s:literal)*] [$($o:literal)*]) => {
+        concat!($("add.s64 ", stringify!($x), stringify!($s), ", {", stringify!($x), "desc}, ", stringify!($o), ";"),*)
+    };
+    (@mma $scale_a:literal $trans_a:literal $trans_b:literal [$($s:literal)*]) => {
+        concat!($(
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 ",
+            "{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}}}, a",
+            stringify!($s), ", b", stringify!($s), ", p, ", $scale_a, ", 1, ", $trans_a, ", ", $trans_b, ";"
+        ),*)
+    };
+}
+
+/// `acc = acc - A @ B` over 64 keys (PTX 8.0, sm_90a; a narrow block's product 1): four
+/// `wgmma.mma_async.m64n32k16.f32.bf16.bf16`, A a `w` box (`[64 t][64 k]`, K-major, 128-byte
+/// swizzle), B one box of the staged `bf16(S)^T` (`[32 v][64 k]`, K-major, 128-byte swizzle);
+/// k-step `i` starts 32 bytes further in both. Commits the group and returns while
+/// the products run: [`wgmma_wait_m64n32`] completes them.
+///
+/// # Safety
+/// All 128 threads of a warpgroup call this together; `a` and `b` describe those boxes, whose
+/// writes (by any proxy) are complete and visible to the async proxy. Until
+/// [`wgmma_wait_m64n32`] on `acc` returns, nothing reads or writes `acc` and nothing writes the
+/// boxes.
+#[inline(always)]
+pub unsafe fn wgmma_m64n32k16x4_sub_kmajor(acc: &mut [f32; 16], a: u64, b: u64) {
+    // SAFETY: see the function's contract.
+    unsafe { wgmma_ss_m64n32_x4!(scale_a "-1", trans_a "0", trans_b "0", acc acc, a a [0 2 4 6], b b [0 2 4 6]) }
+}
+
+/// `acc = acc + A @ B` over 64 tokens (PTX 8.0, sm_90a; a narrow block's product 2, one 64-key
+/// tile of the state): four `wgmma.mma_async.m64n32k16.f32.bf16.bf16`, A a `k` box read
+/// transposed (`[64 t][64 k]` as `k^T`, MN-major, 128-byte swizzle; k-step `i` starts 16 rows,
+/// 2 KB, further), B the staged `bf16(Vn)^T` (`[32 v][64 t]`, K-major, 128-byte swizzle; 32
+/// bytes further).
+///
+/// # Safety
+/// As for [`wgmma_m64n32k16x4_sub_kmajor`], with `a` and `b` describing those tiles.
+#[inline(always)]
+pub unsafe fn wgmma_m64n32k16x4_add_ta(acc: &mut [f32; 16], a: u64, b: u64) {
+    // SAFETY: see the function's contract.
+    unsafe { wgmma_ss_m64n32_x4!(scale_a "1", trans_a "1", trans_b "0", acc acc, a a [0 128 256 384], b b [0 2 4 6]) }
+}
+
 /// `wgmma.wait_group.sync.aligned 0;` with the accumulator registers `$acc[$i]` as `inout`
 /// operands (named in a PTX comment), so the compiler keeps them untouched between a start and
 /// this wait.
@@ -394,6 +469,17 @@ pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
     unsafe {
         wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
     }
+}
+
+/// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after any start on a 16-register
+/// (`m64n32`) accumulator: returns once every committed group has written its accumulator.
+///
+/// # Safety
+/// The warpgroup's 128 threads call this together, after a start on the same `acc`.
+#[inline(always)]
+pub unsafe fn wgmma_wait_m64n32(acc: &mut [f32; 16]) {
+    // SAFETY: see the function's contract.
+    unsafe { wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) }
 }
 
 /// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n128k16x4_add_start`]:

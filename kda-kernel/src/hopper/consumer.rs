@@ -27,7 +27,7 @@ use crate::arch::sm90::{
     tma_store_3d, wgmma_wait_m64n64,
 };
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, CONSUMER_THREADS, STAGES, STAGING, STATE_BOX_BYTES};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, STAGES, STAGING, StateBox, Wide};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
@@ -35,9 +35,11 @@ use crate::schedule::{Item, RowStrides, Work};
 const VN_REGS: usize = CHUNK / 2;
 /// The consumer thread that issues the TMA stores of `h` and `v_new` (bulk async-groups are
 /// per thread, so the same thread waits for them).
-const STORE_THREAD: usize = 0;
+pub(super) const STORE_THREAD: usize = 0;
 /// Named barrier of the consumer warpgroup (0 is `bar.sync 0`, the CTA barrier).
-const CONSUMER_BARRIER: u32 = 1;
+pub(super) const CONSUMER_BARRIER: u32 = 1;
+/// Bytes of one 64-key box of a wide block's `bf16(S)` staging tile.
+const STATE_BOX_BYTES: usize = core::mem::size_of::<StateBox>();
 
 /// What the consumer writes: the `h` and `v_new` maps, `v_new`'s rows for the tail stores, and
 /// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32).
@@ -70,7 +72,7 @@ pub struct Variant {
 /// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
 /// launch's outputs.
 #[inline(always)]
-pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C, Wide>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
     // SAFETY (block): as this function's.
     unsafe {
         match (kind.prescan, kind.scalar_gate, kind.value_first) {
@@ -92,11 +94,12 @@ pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, tid: usize, out: Outpu
 #[inline(always)]
 unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     work: &Work,
-    smem: Smem<C>,
+    smem: Smem<C, Wide>,
     tid: usize,
     out: Outputs,
     has_h0: bool,
 ) {
+    let coords = |e| wide_coords(tid, e);
     let mut stage = PipelineState::<STAGES>::consumer_start();
     let mut slot = PipelineState::<1>::consumer_start();
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
@@ -105,11 +108,11 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = C::zero_state();
         if PRESCAN {
-            identity_columns(s.as_mut(), item.vcol0, tid);
+            identity_columns(s.as_mut(), coords, item.vcol0);
         }
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.
-            unsafe { load_initial_state::<C, VALUE_FIRST>(&mut s, smem, tid, slot) };
+            unsafe { load_initial_state::<C, Wide, VALUE_FIRST>(s.as_mut(), coords, smem, slot) };
             slot.advance();
         }
         for c in 0..item.chunks() {
@@ -121,26 +124,41 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
         }
         if let (false, Some(row)) = (out.ht.is_null(), item.ht_row) {
             // SAFETY: `ht` holds the item's row of `K x value_dim` f32 states.
-            unsafe { store_final_state::<C, VALUE_FIRST>(&s, row, item.vcol0, out) };
+            unsafe { store_final_state::<VALUE_FIRST>(s.as_ref(), coords, C::K, row, item.vcol0, out) };
         }
     }
+    finish_stores(tid);
+}
+
+/// Waits, at the end of the CTA's work, until the last TMA stores have read their staging
+/// tiles: shared memory must outlive them (their global writes complete before the grid does
+/// without waiting here).
+#[inline(always)]
+pub(super) fn finish_stores(tid: usize) {
     if tid == STORE_THREAD {
-        // Shared memory must outlive the stores reading it; their global writes complete before
-        // the grid does without waiting here.
         bulk_wait_group_read::<0>();
     }
 }
 
-/// The item's initial state from the `h0` slot (`[K][BV]`, or `[BV][K]` value-first) into the
-/// accumulator layout, then the slot back to the producer.
+/// (key row, value column in the block) of element `e` of a wide state (the m64nK accumulator
+/// of `S^T`: its rows are value columns).
+#[inline(always)]
+fn wide_coords(tid: usize, e: usize) -> (usize, usize) {
+    let (v, kk) = acc_coords(tid, e);
+    (kk, v)
+}
+
+/// The item's initial state from the `h0` slot (`[K][B::BV]`, or `[B::BV][K]` value-first) into
+/// the state's registers (element `e` at `coords(e)`, (key row, value column)), then the slot
+/// back to the producer.
 ///
 /// # Safety
 /// Consumer threads only; `slot` is the consumer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state<C: KeySize, const VALUE_FIRST: bool>(
-    s: &mut C::State,
-    smem: Smem<C>,
-    tid: usize,
+pub(super) unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST: bool>(
+    s: &mut [f32],
+    coords: impl Fn(usize) -> (usize, usize),
+    smem: Smem<C, B>,
     slot: PipelineState<1>,
 ) {
     let h0_slot = smem.h0_slot();
@@ -148,9 +166,9 @@ unsafe fn load_initial_state<C: KeySize, const VALUE_FIRST: bool>(
     // releases it right after.
     unsafe {
         h0_slot.consumer_wait(slot);
-        for (e, x) in s.as_mut().iter_mut().enumerate() {
-            let (v, kk) = acc_coords(tid, e);
-            let at = if VALUE_FIRST { v * C::K + kk } else { kk * BV + v };
+        for (e, x) in s.iter_mut().enumerate() {
+            let (kk, v) = coords(e);
+            let at = if VALUE_FIRST { v * C::K + kk } else { kk * B::BV + v };
             *x = ld_shared_f32(smem.h0() + (at * 4) as u32);
         }
         // The producer's next TMA load (async proxy) overwrites the slot once it is released:
@@ -163,28 +181,35 @@ unsafe fn load_initial_state<C: KeySize, const VALUE_FIRST: bool>(
 }
 
 /// The pre-scan's initial state `[I | 0]` at this block's columns: `S[kk][vcol0 + v]` is one
-/// where `kk = vcol0 + v` (only in the key columns, `vcol0 < K`).
+/// where `kk = vcol0 + v` (only in the key columns, `vcol0 < K`); element `e` is at `coords(e)`.
 #[inline(always)]
-fn identity_columns(s: &mut [f32], vcol0: usize, tid: usize) {
+pub(super) fn identity_columns(s: &mut [f32], coords: impl Fn(usize) -> (usize, usize), vcol0: usize) {
     for (e, x) in s.iter_mut().enumerate() {
-        let (v, kk) = acc_coords(tid, e);
+        let (kk, v) = coords(e);
         *x = if kk == vcol0 + v { 1.0 } else { 0.0 };
     }
 }
 
-/// The item's final state from registers to row `row` of `ht`.
+/// The item's final state from registers (element `e` at `coords(e)`) to row `row` of `ht`
+/// (`key_dim` keys).
 ///
 /// # Safety
 /// Consumer threads only; `out.ht` holds states of `K x value_dim` f32 in the launch's layout,
-/// row `row` and columns `vcol0 .. vcol0 + BV` included.
+/// row `row` and the block's columns from `vcol0` included.
 #[inline(always)]
-unsafe fn store_final_state<C: KeySize, const VALUE_FIRST: bool>(s: &C::State, row: usize, vcol0: usize, out: Outputs) {
-    let tid = thread_idx_x_fresh();
-    let base = row * C::K * out.value_dim;
-    for (e, &x) in s.as_ref().iter().enumerate() {
-        let (v, kk) = acc_coords(tid, e);
+pub(super) unsafe fn store_final_state<const VALUE_FIRST: bool>(
+    s: &[f32],
+    coords: impl Fn(usize) -> (usize, usize),
+    key_dim: usize,
+    row: usize,
+    vcol0: usize,
+    out: Outputs,
+) {
+    let base = row * key_dim * out.value_dim;
+    for (e, &x) in s.iter().enumerate() {
+        let (kk, v) = coords(e);
         let col = vcol0 + v;
-        let at = if VALUE_FIRST { col * C::K + kk } else { kk * out.value_dim + col };
+        let at = if VALUE_FIRST { col * key_dim + kk } else { kk * out.value_dim + col };
         // SAFETY: (kk, col) is inside this item's state.
         unsafe { *out.ht.add(base + at) = x };
     }
@@ -207,7 +232,7 @@ struct ChunkAt<'a> {
 #[inline(always)]
 unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     at: ChunkAt<'_>,
-    smem: Smem<C>,
+    smem: Smem<C, Wide>,
     out: Outputs,
     s: &mut C::State,
 ) {
@@ -262,9 +287,10 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         if !PRESCAN {
             fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
-            store_outputs::<VALUE_FIRST>(item, c, out.maps, smem.h(buf), smem.vn(buf), C::KB, tid);
+            let staged = Staged { h: smem.h(buf), vn: smem.vn(buf), boxes: C::KB, box_bytes: STATE_BOX_BYTES };
+            store_outputs::<VALUE_FIRST>(item, c, out.maps, staged, tid);
             if rows < CHUNK {
-                tail::store_value_rows(smem.vn(buf), out.v_new, out.v_new_rows, item, item.first_token(c), rows, tid);
+                tail::store_value_rows::<Wide>(smem.vn(buf), out, item, item.first_token(c), rows, tid);
             }
         }
 
@@ -295,21 +321,32 @@ unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
     vn
 }
 
-/// Stages `bf16(S)` (product 1's A fragments) for the `h` store, once the store of the chunk
-/// that last used this buffer (`STAGING` chunks back) has read it: transposed (`[K][BV]`) for
-/// key-first states, as it is (`[BV][K]`, in boxes of `BOX_COLS` key columns) for value-first.
+/// Waits until the staging buffer of this chunk is free: the stores of the chunk that last used
+/// it (`STAGING` chunks back) have read it.
 ///
 /// # Safety
-/// The warpgroup calls it together; `tile` is a staging buffer of `K x BV` bf16.
+/// The warpgroup calls it together.
 #[inline(always)]
-unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]], tid: usize) {
+pub(super) unsafe fn acquire_staging(tid: usize) {
     if tid == STORE_THREAD {
         // One bulk group per chunk: all but the newest `STAGING - 1` have read their sources.
         bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
     }
     // SAFETY: the store thread's wait, published by the barrier, frees the buffer.
+    unsafe { named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32) };
+}
+
+/// Stages `bf16(S)` (product 1's A fragments) for the `h` store, once the buffer is free
+/// ([`acquire_staging`]): transposed (`[K][BV]`) for key-first states, as it is (`[BV][K]`, in
+/// boxes of `BOX_COLS` key columns) for value-first.
+///
+/// # Safety
+/// The warpgroup calls it together; `tile` is a staging buffer of `K x BV` bf16.
+#[inline(always)]
+unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]], tid: usize) {
+    // SAFETY: the buffer is free once the wait returns.
     unsafe {
-        named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+        acquire_staging(tid);
         if VALUE_FIRST {
             stage_rows(tile, a, tid);
         } else {
@@ -356,7 +393,7 @@ unsafe fn scale_rows(vn: &mut [f32; VN_REGS], scale: u32, tid: usize) {
 /// # Safety
 /// The warpgroup calls it together; `tile` is a free staging buffer of `STEPS * 16` rows.
 #[inline(always)]
-unsafe fn stage_transposed(tile: u32, a: &[[u32; 4]], tid: usize) {
+pub(super) unsafe fn stage_transposed(tile: u32, a: &[[u32; 4]], tid: usize) {
     for (step, frag) in a.iter().enumerate() {
         let (row, chunk) = matrix_row(tid, step);
         // SAFETY: row < 16 * STEPS and chunk < 8 address the tile.
@@ -380,6 +417,16 @@ unsafe fn decay_state(s: &mut [f32], decay: u32, tid: usize) {
     }
 }
 
+/// A chunk's staged outputs: the `bf16(S)` tile (`boxes` boxes of `box_bytes` value-first) and
+/// the `bf16(Vn)` tile.
+#[derive(Clone, Copy)]
+pub(super) struct Staged {
+    pub h: u32,
+    pub vn: u32,
+    pub boxes: usize,
+    pub box_bytes: usize,
+}
+
 /// One thread stores the chunk's `h` tile (one box, or `boxes` value-first) and, for a full
 /// chunk, its `v_new` tile with TMA, as one bulk group.
 ///
@@ -388,15 +435,14 @@ unsafe fn decay_state(s: &mut [f32], decay: u32, tid: usize) {
 /// by the consumer barrier; the boxes lie inside `h` and (full chunk) the sequence's rows of
 /// `v_new`.
 #[inline(always)]
-unsafe fn store_outputs<const VALUE_FIRST: bool>(
+pub(super) unsafe fn store_outputs<const VALUE_FIRST: bool>(
     item: &Item,
     c: usize,
     maps: StoreMaps,
-    h: u32,
-    vn: u32,
-    boxes: usize,
+    staged: Staged,
     tid: usize,
 ) {
+    let Staged { h, vn, boxes, box_bytes } = staged;
     if tid == STORE_THREAD {
         let (vcol0, head) = (item.vcol0 as i32, item.head as i32);
         let state_row = ((item.chunk_start + c) * item.heads + item.head) as i32;
@@ -404,7 +450,7 @@ unsafe fn store_outputs<const VALUE_FIRST: bool>(
         unsafe {
             if VALUE_FIRST {
                 for b in 0..boxes {
-                    let src = h + (b * STATE_BOX_BYTES) as u32;
+                    let src = h + (b * box_bytes) as u32;
                     tma_store_3d(maps.h, (b * BOX_COLS) as i32, vcol0, state_row, src);
                 }
             } else {

@@ -31,6 +31,26 @@ pub fn swizzled(row: usize, chunk: usize) -> u32 {
     (row as u32) * ROW_BYTES + ((chunk ^ (row % SWIZZLE_ROWS)) as u32) * CHUNK16
 }
 
+/// Bytes of one 64-byte swizzle row (32 bf16: a narrow block's `u`, `Vn` and key-first `S` rows).
+pub const ROW64_BYTES: u32 = 64;
+/// 16-byte chunks per 64-byte row.
+pub const CHUNKS_PER_ROW64: usize = 4;
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 64-byte rows under the 64-byte
+/// swizzle (address bits 4-5 XOR bits 7-8: the chunk index XOR the row's pair index within its
+/// 8-row group), the layout TMA writes for 64-byte-swizzled boxes.
+#[inline(always)]
+pub fn swizzled64(row: usize, chunk: usize) -> u32 {
+    (row as u32) * ROW64_BYTES + ((chunk ^ ((row / 2) % CHUNKS_PER_ROW64)) as u32) * CHUNK16
+}
+
+/// [`swizzled`] or [`swizzled64`] for a tile of `row_bytes`-byte rows (128 or 64: the TMA
+/// swizzle span of a wide or a narrow block's `u` and `v_new` tiles).
+#[inline(always)]
+pub fn swizzled_rows(row_bytes: usize, row: usize, chunk: usize) -> u32 {
+    if row_bytes == ROW_BYTES as usize { swizzled(row, chunk) } else { swizzled64(row, chunk) }
+}
+
 /// Row and 16-byte chunk this lane addresses in an `x4` `ldmatrix`/`stmatrix` over the
 /// 16-column step `step` of a wgmma fragment, for a tile stored transposed (`[column][row]`):
 /// matrix `m = lane / 8` is fragment row half `m % 2` and column group `m / 2`; its stored row

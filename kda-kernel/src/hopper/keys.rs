@@ -8,9 +8,13 @@ use crate::arch::sm90::{
     wgmma_m64n64k16x4_add_start, wgmma_m64n64k16x4_sub_start, wgmma_m64n64k16x8_sub_start,
     wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
 };
-use crate::layout::hopper::{SharedStorage, Stage, StateTile};
+use crate::layout::hopper::{Block, CONSUMER_THREADS, NARROW_BV, SharedStorage, Stage};
 use crate::layout::{CHUNK, K_DIM};
 use core::mem::{offset_of, size_of};
+
+/// f32 registers per consumer thread of one m64n32 accumulator (a narrow block's `Vn`, and each
+/// 64-key tile of its state).
+pub const NARROW_ACC: usize = 64 * NARROW_BV / CONSUMER_THREADS;
 
 /// Lanes of the producer warp that share a chunk's gate row.
 const GATE_LANES: usize = 32;
@@ -25,6 +29,9 @@ pub struct Offsets {
     pub h_staging: u32,
     pub state_tile_bytes: u32,
     pub vn_staging: u32,
+    pub value_tile_bytes: u32,
+    pub s_operand: u32,
+    pub vn_operand: u32,
     pub h0: u32,
     pub full: u32,
     pub empty: u32,
@@ -32,22 +39,25 @@ pub struct Offsets {
     pub h0_empty: u32,
 }
 
-/// The offsets of `SharedStorage<K, KB>`.
-const fn offsets<const K: usize, const KB: usize>() -> Offsets {
-    type S<const K: usize, const KB: usize> = SharedStorage<K, KB>;
+/// The offsets of `SharedStorage<K, KB, B>`.
+const fn offsets<const K: usize, const KB: usize, B: Block>() -> Offsets {
+    type S<const K: usize, const KB: usize, B> = SharedStorage<K, KB, B>;
     Offsets {
-        stages: offset_of!(S<K, KB>, stages) as u32,
+        stages: offset_of!(S<K, KB, B>, stages) as u32,
         stage_bytes: size_of::<Stage<KB>>() as u32,
-        decay: offset_of!(S<K, KB>, decay) as u32,
-        row_scale: offset_of!(S<K, KB>, row_scale) as u32,
-        h_staging: offset_of!(S<K, KB>, h_staging) as u32,
-        state_tile_bytes: size_of::<StateTile<KB>>() as u32,
-        vn_staging: offset_of!(S<K, KB>, vn_staging) as u32,
-        h0: offset_of!(S<K, KB>, h0) as u32,
-        full: offset_of!(S<K, KB>, full) as u32,
-        empty: offset_of!(S<K, KB>, empty) as u32,
-        h0_full: offset_of!(S<K, KB>, h0_full) as u32,
-        h0_empty: offset_of!(S<K, KB>, h0_empty) as u32,
+        decay: offset_of!(S<K, KB, B>, decay) as u32,
+        row_scale: offset_of!(S<K, KB, B>, row_scale) as u32,
+        h_staging: offset_of!(S<K, KB, B>, h_staging) as u32,
+        state_tile_bytes: size_of::<[B::StateBox; KB]>() as u32,
+        vn_staging: offset_of!(S<K, KB, B>, vn_staging) as u32,
+        value_tile_bytes: size_of::<B::ValueTile>() as u32,
+        s_operand: offset_of!(S<K, KB, B>, s_operand) as u32,
+        vn_operand: offset_of!(S<K, KB, B>, vn_operand) as u32,
+        h0: offset_of!(S<K, KB, B>, h0) as u32,
+        full: offset_of!(S<K, KB, B>, full) as u32,
+        empty: offset_of!(S<K, KB, B>, empty) as u32,
+        h0_full: offset_of!(S<K, KB, B>, h0_full) as u32,
+        h0_empty: offset_of!(S<K, KB, B>, h0_empty) as u32,
     }
 }
 
@@ -57,10 +67,12 @@ pub trait KeySize {
     const K: usize;
     /// Boxes of `BOX_COLS` key columns per `k` or `w` tile (`K / 64`).
     const KB: usize;
-    /// The shared-memory layout.
-    const SMEM: Offsets;
-    /// The state `S^T` as the m64nK accumulator: `K / 2` f32 per thread.
+    /// The shared-memory layout in blocks of width `B`.
+    fn smem<B: Block>() -> Offsets;
+    /// The wide state `S^T` as the m64nK accumulator: `K / 2` f32 per thread.
     type State: Copy + AsRef<[f32]> + AsMut<[f32]>;
+    /// The narrow state `S` as `K / 64` m64n32 accumulators: `K / 4` f32 per thread.
+    type NarrowState: Copy + AsRef<[[f32; NARROW_ACC]]> + AsMut<[[f32; NARROW_ACC]]>;
     /// `bf16(S^T)` as product 1's A fragments: `K / 16` k-steps.
     type StateA: Copy + AsRef<[[u32; 4]]>;
     /// One producer lane's columns of a chunk's `gk` row: `K / 32`.
@@ -68,6 +80,8 @@ pub trait KeySize {
 
     /// The zero state.
     fn zero_state() -> Self::State;
+    /// The zero narrow state.
+    fn zero_narrow_state() -> Self::NarrowState;
     /// One lane's gate columns, `column(i)` for its `i`-th (column `lane + 32 * i`).
     fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane;
     /// `bf16(S^T)` as product 1's A fragments.
@@ -100,13 +114,20 @@ macro_rules! key_size {
         impl KeySize for $key {
             const K: usize = $k;
             const KB: usize = $kb;
-            const SMEM: Offsets = offsets::<{ $k }, $kb>();
+            #[inline(always)]
+            fn smem<B: Block>() -> Offsets {
+                const { offsets::<{ $k }, $kb, B>() }
+            }
             type State = [f32; $k / 2];
+            type NarrowState = [[f32; NARROW_ACC]; $kb];
             type StateA = [[u32; 4]; $k / 16];
             type GateLane = [f32; $k / GATE_LANES];
 
             fn zero_state() -> Self::State {
                 [0.0; $k / 2]
+            }
+            fn zero_narrow_state() -> Self::NarrowState {
+                [[0.0; NARROW_ACC]; $kb]
             }
             fn gate_lane(column: impl FnMut(usize) -> f32) -> Self::GateLane {
                 core::array::from_fn(column)

@@ -3,7 +3,7 @@
 
 use super::smem::StageTiles;
 use crate::arch::sm90::{prefetch_tensormap, tma_load_3d};
-use crate::layout::hopper::STAGES;
+use crate::layout::hopper::{BOX_COLS, STAGES};
 use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::Item;
 
@@ -59,6 +59,13 @@ pub struct StoreMaps {
     pub h: u64,
     /// `v_new` in `[CHUNK][1][64]` boxes.
     pub v_new: u64,
+}
+
+/// The first column of the `u` box holding column `col`: a wide block's own columns, or the 64 a
+/// narrow block's 32 lie in (`layout::hopper::Stage`).
+#[inline(always)]
+pub fn u_box_column(col: usize) -> usize {
+    col - col % BOX_COLS
 }
 
 /// The loads of chunk `c` of `item` into the ring stage at `stage`, which the producer holds.

@@ -1,8 +1,9 @@
 //! The warp-specialized Hopper (sm_90a) kernel.
 //!
 //! A persistent grid: one CTA per SM, `THREADS` = 160 threads, each CTA walking its list of work
-//! items (one item = one block of `BV` = 64 value columns of one head of one sequence) from the
-//! launcher's longest-first schedule ([`crate::schedule`]). Both roles walk the same list; the
+//! items (one item = one block of value columns of one head of one sequence: 64 columns wide,
+//! or 32 narrow, `layout::hopper::Block`) from the launcher's longest-first schedule
+//! ([`crate::schedule`]). Both roles walk the same list; the
 //! ring position runs on across items, so the next item's first loads overlap the current item's
 //! last chunks.
 //!
@@ -10,7 +11,8 @@
 //! |---|---|
 //! | `mod.rs` | the entry: barriers, then a match on the thread's role |
 //! | [`producer`] | warp 4: the `h0` slot and the ring's chunk tiles (TMA), `STAGES` chunks ahead |
-//! | [`consumer`] | warps 0-3 (one warpgroup): the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores |
+//! | [`consumer`] | warps 0-3 (one warpgroup) of a wide block: the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores |
+//! | [`narrow`] | the consumer of a narrow block: the state key-major, both products' operands in shared memory |
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
 //! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
 //! | [`keys`] | what the key size changes: state registers, the products' shapes, the layout |
@@ -25,6 +27,7 @@ mod consumer;
 mod fragments;
 mod keys;
 mod maps;
+mod narrow;
 mod producer;
 mod smem;
 mod tail;
@@ -32,7 +35,7 @@ mod tail;
 use crate::abi::{MapSlot, PassCode, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
-use crate::layout::hopper::{CONSUMER_THREADS, PRODUCER_THREADS};
+use crate::layout::hopper::{Block, CONSUMER_THREADS, Narrow, PRODUCER_THREADS, Wide};
 use crate::schedule::{RowStrides, Work};
 use consumer::{Outputs, Variant};
 use keys::{K64, K128, KeySize};
@@ -44,6 +47,52 @@ use smem::Smem;
 const CONSUMER_ROLE: u32 = 0;
 /// The producer role's number.
 const PRODUCER_ROLE: u32 = 1;
+
+/// A block width's consumer warpgroup.
+trait BlockConsumer: Block + Sized {
+    /// The consumer's loop over the CTA's items.
+    ///
+    /// # Safety
+    /// As for `consumer::run`.
+    unsafe fn consume<C: KeySize>(
+        work: &Work,
+        smem: Smem<C, Self>,
+        tid: usize,
+        out: Outputs,
+        has_h0: bool,
+        kind: Variant,
+    );
+}
+
+impl BlockConsumer for Wide {
+    #[inline(always)]
+    unsafe fn consume<C: KeySize>(
+        work: &Work,
+        smem: Smem<C, Self>,
+        tid: usize,
+        out: Outputs,
+        has_h0: bool,
+        kind: Variant,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { consumer::run(work, smem, tid, out, has_h0, kind) }
+    }
+}
+
+impl BlockConsumer for Narrow {
+    #[inline(always)]
+    unsafe fn consume<C: KeySize>(
+        work: &Work,
+        smem: Smem<C, Self>,
+        tid: usize,
+        out: Outputs,
+        has_h0: bool,
+        kind: Variant,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { narrow::run(work, smem, tid, out, has_h0, kind) }
+    }
+}
 
 /// The role of a thread of the CTA.
 enum Role {
@@ -76,12 +125,13 @@ struct Params {
     strides: [u32; 6],
 }
 
-/// Declares one entry point of the warp-specialized recurrence kernel for key size `$key`
+/// Declares one entry point of the warp-specialized recurrence kernel for key size `$key` and
+/// block width `$block`
 /// (`abi::HOPPER` and its siblings, parameters `abi::HOPPER_PARAMS`: grid = the schedule's
 /// workers, at most one CTA per SM; `abi::HOPPER.threads` threads; the entry's
 /// `smem_bytes` of dynamic shared memory).
 macro_rules! hopper_entry {
-    ($(#[$doc:meta])* $name:ident, $key:ty) => {
+    ($(#[$doc:meta])* $name:ident, $key:ty, $block:ty) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -130,28 +180,43 @@ macro_rules! hopper_entry {
             ];
             let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides };
             // SAFETY: this entry's contract.
-            unsafe { run::<$key>(maps, p) }
+            unsafe { run::<$key, $block>(maps, p) }
         }
     };
 }
 
 hopper_entry!(
-    /// The recurrence at `K = 128` (`abi::HOPPER`).
+    /// The recurrence at `K = 128` in wide blocks (`abi::HOPPER`).
     kda_fwd_h_hopper,
-    K128
+    K128,
+    Wide
 );
 hopper_entry!(
-    /// The recurrence at `K = 64` (`abi::HOPPER_K64`).
+    /// The recurrence at `K = 64` in wide blocks (`abi::HOPPER_K64`).
     kda_fwd_h_hopper_k64,
-    K64
+    K64,
+    Wide
+);
+hopper_entry!(
+    /// The recurrence at `K = 128` in narrow blocks (`abi::HOPPER_NARROW`).
+    kda_fwd_h_hopper_narrow,
+    K128,
+    Narrow
+);
+hopper_entry!(
+    /// The recurrence at `K = 64` in narrow blocks (`abi::HOPPER_K64_NARROW`).
+    kda_fwd_h_hopper_k64_narrow,
+    K64,
+    Narrow
 );
 
-/// The kernel for key size `C`, with its tensor maps at parameter-space address `maps_base`.
+/// The kernel for key size `C` and block width `B`, with its tensor maps at parameter-space
+/// address `maps_base`.
 ///
 /// # Safety
 /// The entries' contract.
 #[inline(always)]
-unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
+unsafe fn run<C: KeySize, B: BlockConsumer>(maps_base: u64, p: Params) {
     let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
     // The pre-scan starts from `[I | 0]`, never from `h0`.
     let has_h0 = !p.h0.is_null() && p.pass != PassCode::Prescan as u32;
@@ -187,7 +252,7 @@ unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
     };
     // SAFETY: the kernel's contract on `work`.
     let work = unsafe { Work::new(p.work, p.heads as usize) };
-    let smem = Smem::<C>::of_cta();
+    let smem = Smem::<C, B>::of_cta();
     let tid = thread_idx_x();
     if tid == CONSUMER_THREADS {
         // The descriptors' fetch overlaps the CTA's setup instead of delaying its first copies.
@@ -215,7 +280,7 @@ unsafe fn run<C: KeySize>(maps_base: u64, p: Params) {
     match Role::of(tid) {
         // SAFETY: the kernel's contract makes every row and column the consumer reads and
         // writes exist.
-        Role::Consumer => unsafe { consumer::run(&work, smem, tid, outputs, has_h0, kind) },
+        Role::Consumer => unsafe { B::consume(&work, smem, tid, outputs, has_h0, kind) },
         // SAFETY: as above, for the producer's reads.
         Role::Producer { lane } => unsafe { producer::run(&work, smem, lane, load_maps, gates) },
     }

@@ -3,13 +3,13 @@
 //! the next item's first loads overlap the current item's last chunks).
 
 use super::keys::KeySize;
-use super::maps::{ChunkLoad, LoadMaps};
+use super::maps::{ChunkLoad, LoadMaps, u_box_column};
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32};
 use crate::arch::sm90::tma_load_3d;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, BV, PRODUCER_THREADS, STAGES};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, PRODUCER_THREADS, STAGES};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
@@ -85,7 +85,7 @@ impl Gates {
 /// maps describe the launch's tensors and the gates hold the contract's shapes for the
 /// schedule's items.
 #[inline(always)]
-pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, lane: usize, maps: LoadMaps, gates: Gates) {
+pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usize, maps: LoadMaps, gates: Gates) {
     let mut stage = PipelineState::<STAGES>::producer_start();
     let mut slot = PipelineState::<1>::producer_start();
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
@@ -105,9 +105,9 @@ pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C>, lane: usize, maps: Loa
 /// # Safety
 /// Producer warp only; `slot` is the producer's position on the slot's barriers.
 #[inline(always)]
-unsafe fn load_initial_state<C: KeySize>(
+unsafe fn load_initial_state<C: KeySize, B: Block>(
     item: &Item,
-    smem: Smem<C>,
+    smem: Smem<C, B>,
     lane: usize,
     h0: u64,
     value_first: bool,
@@ -122,7 +122,7 @@ unsafe fn load_initial_state<C: KeySize>(
         h0_slot.producer_acquire(slot);
         if lane == 0 {
             // The item's `K x BV` f32 block.
-            h0_slot.producer_commit_tx(slot, (C::K * BV * 4) as u32);
+            h0_slot.producer_commit_tx(slot, (C::K * B::BV * 4) as u32);
             let (c0, c1) = if value_first { (0, item.vcol0 as i32) } else { (item.vcol0 as i32, 0) };
             tma_load_3d(smem.h0(), h0, c0, c1, item.h0_row as i32, h0_slot.full(slot));
         }
@@ -134,9 +134,9 @@ unsafe fn load_initial_state<C: KeySize>(
 /// # Safety
 /// As for [`run`].
 #[inline(always)]
-unsafe fn load_chunks<C: KeySize>(
+unsafe fn load_chunks<C: KeySize, B: Block>(
     item: &Item,
-    smem: Smem<C>,
+    smem: Smem<C, B>,
     lane: usize,
     maps: &LoadMaps,
     gates: Gates,
@@ -163,7 +163,7 @@ unsafe fn load_chunks<C: KeySize>(
             gate = next;
             let load = ChunkLoad { item, c, tiles: smem.stage(s.index()), lane, maps, ring, stage: s };
             if rows == CHUNK {
-                load_full_chunk::<C>(load);
+                load_full_chunk::<C, B>(load);
             } else {
                 tail::load_partial_chunk::<C>(load);
             }
@@ -178,8 +178,8 @@ unsafe fn load_chunks<C: KeySize>(
 /// # Safety
 /// Producer lanes only; `stage` is a stage the producer holds.
 #[inline(always)]
-unsafe fn write_gate_rows<C: KeySize>(
-    smem: Smem<C>,
+unsafe fn write_gate_rows<C: KeySize, B: Block>(
+    smem: Smem<C, B>,
     stage: usize,
     gate: &ChunkGates<C>,
     scalar_gate: bool,
@@ -208,7 +208,7 @@ unsafe fn write_gate_rows<C: KeySize>(
 /// # Safety
 /// Producer warp only; the chunk has `CHUNK` valid rows.
 #[inline(always)]
-unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
+unsafe fn load_full_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
     if load.lane != 0 {
         // SAFETY: this lane's one arrival of the round, after its writes to the stage.
         unsafe { load.ring.producer_arrive(load.stage) };
@@ -218,13 +218,13 @@ unsafe fn load_full_chunk<C: KeySize>(load: ChunkLoad<'_>) {
         // `u`, exactly the bytes announced.
         unsafe {
             let u_bytes = if load.item.u_col.is_some() { 0 } else { BOX_BYTES as u32 };
-            load.ring.producer_commit_tx(load.stage, C::SMEM.stage_bytes - u_bytes);
+            load.ring.producer_commit_tx(load.stage, C::smem::<B>().stage_bytes - u_bytes);
             for b in 0..C::KB {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
             if let Some(col) = load.item.u_col {
-                load.load_box(tiles.u(), maps.u, col, t);
+                load.load_box(tiles.u(), maps.u, u_box_column(col), t);
             }
         }
     }

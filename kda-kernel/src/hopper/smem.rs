@@ -1,28 +1,29 @@
-//! Shared-memory addresses of one CTA, from the field offsets of its key size's
-//! `layout::hopper::SharedStorage` ([`KeySize::SMEM`]).
+//! Shared-memory addresses of one CTA, from the field offsets of its key size's and block
+//! width's `layout::hopper::SharedStorage` ([`KeySize::smem`]).
 
 use super::keys::KeySize;
 use crate::arch::sm80::smem_base_shared;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{STAGES, TileBox, ValueTile};
+use crate::layout::hopper::{Block, STAGES, TileBox};
 use crate::pipeline::Pipeline;
 use core::marker::PhantomData;
 use core::mem::{offset_of, size_of};
 
-/// The `.shared` addresses (32-bit) of this CTA's shared storage for key size `C`.
-pub struct Smem<C> {
+/// The `.shared` addresses (32-bit) of this CTA's shared storage for key size `C` and block
+/// width `B`.
+pub struct Smem<C, B> {
     base: u32,
-    key: PhantomData<C>,
+    key: PhantomData<(C, B)>,
 }
 
-impl<C> Clone for Smem<C> {
+impl<C, B> Clone for Smem<C, B> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<C> Copy for Smem<C> {}
+impl<C, B> Copy for Smem<C, B> {}
 
-impl<C: KeySize> Smem<C> {
+impl<C: KeySize, B: Block> Smem<C, B> {
     /// The dynamic shared memory of this CTA.
     #[inline(always)]
     pub fn of_cta() -> Self {
@@ -32,49 +33,64 @@ impl<C: KeySize> Smem<C> {
     /// Ring stage `s`.
     #[inline(always)]
     pub fn stage(self, s: usize) -> StageTiles {
-        StageTiles { base: self.base + C::SMEM.stages + s as u32 * C::SMEM.stage_bytes, boxes: C::KB as u32 }
+        StageTiles {
+            base: self.base + C::smem::<B>().stages + s as u32 * C::smem::<B>().stage_bytes,
+            boxes: C::KB as u32,
+        }
     }
 
     /// Stage `s`'s decay row: the state's decay per key row, f32 `[K]`.
     #[inline(always)]
     pub fn decay(self, s: usize) -> u32 {
-        self.base + C::SMEM.decay + (s * C::K * 4) as u32
+        self.base + C::smem::<B>().decay + (s * C::K * 4) as u32
     }
 
     /// Stage `s`'s row scales: the scalar gate's `exp2(g_last - g[r])` per token, f32 `[CHUNK]`.
     #[inline(always)]
     pub fn row_scale(self, s: usize) -> u32 {
-        self.base + C::SMEM.row_scale + (s * CHUNK * 4) as u32
+        self.base + C::smem::<B>().row_scale + (s * CHUNK * 4) as u32
     }
 
     /// Staging buffer `buf` of `bf16(S)` for the `h` store.
     #[inline(always)]
     pub fn h(self, buf: usize) -> u32 {
-        self.base + C::SMEM.h_staging + buf as u32 * C::SMEM.state_tile_bytes
+        self.base + C::smem::<B>().h_staging + buf as u32 * C::smem::<B>().state_tile_bytes
     }
 
     /// Staging buffer `buf` of `bf16(Vn)` for the `v_new` store.
     #[inline(always)]
     pub fn vn(self, buf: usize) -> u32 {
-        self.base + C::SMEM.vn_staging + (buf * size_of::<ValueTile>()) as u32
+        self.base + C::smem::<B>().vn_staging + buf as u32 * C::smem::<B>().value_tile_bytes
     }
 
-    /// The initial-state slot, f32 `[K][BV]` (or `[BV][K]`).
+    /// Narrow blocks: the `bf16(S)^T` operand tile (`K / 64` boxes of `[BV][64]`).
+    #[inline(always)]
+    pub fn s_operand(self) -> u32 {
+        self.base + C::smem::<B>().s_operand
+    }
+
+    /// Narrow blocks: the `bf16(Vn)^T` operand tile (`[BV][CHUNK]`).
+    #[inline(always)]
+    pub fn vn_operand(self) -> u32 {
+        self.base + C::smem::<B>().vn_operand
+    }
+
+    /// The initial-state slot, f32 `[K][B::BV]` (or `[B::BV][K]`).
     #[inline(always)]
     pub fn h0(self) -> u32 {
-        self.base + C::SMEM.h0
+        self.base + C::smem::<B>().h0
     }
 
     /// The ring's barriers.
     #[inline(always)]
     pub fn ring(self) -> Pipeline<STAGES> {
-        Pipeline::new(self.base + C::SMEM.full, self.base + C::SMEM.empty)
+        Pipeline::new(self.base + C::smem::<B>().full, self.base + C::smem::<B>().empty)
     }
 
     /// The initial-state slot's barriers: a one-stage ring.
     #[inline(always)]
     pub fn h0_slot(self) -> Pipeline<1> {
-        Pipeline::new(self.base + C::SMEM.h0_full, self.base + C::SMEM.h0_empty)
+        Pipeline::new(self.base + C::smem::<B>().h0_full, self.base + C::smem::<B>().h0_empty)
     }
 }
 

@@ -7,15 +7,16 @@
 //! the end; the consumer zeroes `Vn`'s rows past the end and stores the valid `v_new` rows with
 //! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
 
-use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled};
+use super::consumer::Outputs;
+use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled_rows};
 use super::keys::KeySize;
-use super::maps::ChunkLoad;
+use super::maps::{ChunkLoad, u_box_column};
 use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::fence_proxy_async;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_COLS, BV, CONSUMER_THREADS, PRODUCER_THREADS};
-use crate::schedule::{Item, RowStrides};
+use crate::layout::hopper::{BOX_COLS, Block, CONSUMER_THREADS, PRODUCER_THREADS};
+use crate::schedule::Item;
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
@@ -41,9 +42,9 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
         fence_proxy_async();
         sync_warp();
         if lane == 0 {
-            // Per row: `k` and `w` (K columns each) and `u` (`BV`, unless the values are zero),
-            // bf16.
-            let u_cols = if item.u_col.is_some() { BV } else { 0 };
+            // Per row: `k` and `w` (K columns each) and the `u` box (`BOX_COLS`, unless the
+            // values are zero), bf16.
+            let u_cols = if item.u_col.is_some() { BOX_COLS } else { 0 };
             let row_bytes = ((2 * C::K + u_cols) * 2) as u32;
             load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
@@ -56,7 +57,7 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
                 load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
             }
             if let Some(col) = item.u_col {
-                load.load_box(tiles.u() + off, maps.u_row, col, tok0 + r);
+                load.load_box(tiles.u() + off, maps.u_row, u_box_column(col), tok0 + r);
             }
             r += PRODUCER_THREADS;
         }
@@ -93,30 +94,24 @@ pub fn zero_rows_past_end(vn: &mut [f32], rows: usize, tid: usize) {
     }
 }
 
-/// Copies the `rows` valid rows of a chunk's staged `bf16(Vn)` tile to `v_new` (rows at
-/// `v_new_rows`), 16 bytes per thread and step, spread over the consumer warpgroup.
+/// Copies the `rows` valid rows of a chunk's staged `bf16(Vn)` tile (`[CHUNK][B::BV]`, swizzled
+/// over its row) to `out.v_new`, 16 bytes per thread and step, spread over the consumer
+/// warpgroup.
 ///
 /// # Safety
 /// Consumer threads only, after the staging tile is written and published by the consumer
 /// barrier; tokens `tok0 .. tok0 + rows` are this sequence's.
 #[inline(always)]
-pub unsafe fn store_value_rows(
-    staged: u32,
-    v_new: *mut u16,
-    v_new_rows: RowStrides,
-    item: &Item,
-    tok0: usize,
-    rows: usize,
-    tid: usize,
-) {
+pub unsafe fn store_value_rows<B: Block>(staged: u32, out: Outputs, item: &Item, tok0: usize, rows: usize, tid: usize) {
+    let chunks_per_row = B::ROW_BYTES / CHUNK16 as usize;
     let mut i = tid;
-    while i < rows * CHUNKS_PER_ROW {
-        let (t, j) = (i / CHUNKS_PER_ROW, i % CHUNKS_PER_ROW);
+    while i < rows * chunks_per_row {
+        let (t, j) = (i / chunks_per_row, i % chunks_per_row);
         // SAFETY: row `t < rows` of the tile, and of this item's columns of `v_new`.
         unsafe {
-            let bits = ld_shared_v4(staged + swizzled(t, j));
-            let row = v_new_rows.row(tok0 + t, item.head);
-            st_global_v4(v_new.add(row + item.vcol0 + j * BF16_PER_CHUNK16), bits);
+            let bits = ld_shared_v4(staged + swizzled_rows(B::ROW_BYTES, t, j));
+            let row = out.v_new_rows.row(tok0 + t, item.head);
+            st_global_v4(out.v_new.add(row + item.vcol0 + j * BF16_PER_CHUNK16), bits);
         }
         i += CONSUMER_THREADS;
     }

@@ -216,10 +216,13 @@ mod tests {
 
     use super::*;
     use crate::ptx;
-    use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, KERNELS, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap};
+    use kda_kernel::abi::{
+        BASELINE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_NARROW, KERNELS, MERGE,
+        TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+    };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 4] = [&BASELINE, &HOPPER, &HOPPER_K64, &MERGE];
+    const ABIS: [&KernelAbi; 6] = [&BASELINE, &HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW, &MERGE];
 
     /// One parameter of a PTX `.entry`.
     #[derive(Debug, PartialEq, Eq)]
@@ -303,9 +306,10 @@ mod tests {
         };
         let mut pushed = Recorder::default();
         hopper.push(&mut pushed);
-        check_entry(&HOPPER, &pushed.0);
-        // Every key size's entry takes the same arguments.
-        check_entry(&HOPPER_K64, &pushed.0);
+        // Every key size's and block width's entry takes the same arguments.
+        for abi in HOPPER_ENTRIES {
+            check_entry(abi, &pushed.0);
+        }
 
         let baseline = BaselineArgs { ptrs: [1, 2, 3, 4, 5, 6, 7, 8], seqs: 9, heads: 10, key_heads: 5 };
         let mut pushed = Recorder::default();
@@ -324,7 +328,7 @@ mod tests {
 
     #[test]
     fn the_tensor_maps_are_declared_as_tma_needs() {
-        for (abi, ptx) in [&HOPPER, &HOPPER_K64].into_iter().flat_map(|k| ptx::modules_of(k).map(move |p| (k, p))) {
+        for (abi, ptx) in HOPPER_ENTRIES.into_iter().flat_map(|k| ptx::modules_of(k).map(move |p| (k, p))) {
             let maps = &entry_params(ptx, abi.entry)[0];
             assert_eq!(maps.bytes, TENSOR_MAPS * 128, "{maps:?}");
             assert!(maps.align.is_multiple_of(TENSOR_MAP_ALIGN), "{maps:?}");

@@ -1,5 +1,6 @@
 //! A batch layout uploaded once, and the borrowed device tensors of one launch.
 
+use crate::columns::{ColumnMode, Columns};
 use crate::layout::hopper;
 use crate::model::ModelShape;
 use crate::schedule::{UColumns, Unit};
@@ -26,6 +27,10 @@ pub struct DevicePlan {
     /// The split's planner verdict (unsplit when nothing is cut, or when the Hopper kernel
     /// cannot run the batch).
     pub(super) split_plan: SplitPlan,
+    /// What splitting was asked for ([`DevicePlan::set_split`]), kept for a change of columns.
+    split_mode: SplitMode,
+    /// The Hopper kernel's column blocks.
+    pub(super) columns: Columns,
     pub(super) ordinal: usize,
     /// CTAs of the persistent grid the device runs at once.
     pub(super) workers: usize,
@@ -86,9 +91,9 @@ impl DevicePlan {
         let dims = Dims::model(&plan, shape);
         // The head counts (and that every tensor of the batch fits in memory).
         dims.check()?;
-        // Column blocks of the Hopper kernel (a partial last block when `BV` does not divide `V`:
-        // such shapes take no Hopper launch, see `Kda::launch`).
-        let col_blocks = shape.value_dim.div_ceil(hopper::BV);
+        // Column blocks of the Hopper kernel at their narrowest (a partial last block when the
+        // width does not divide `V`: such shapes take no Hopper launch, see `Kda::launch`).
+        let col_blocks = shape.value_dim.div_ceil(hopper::NARROW_BV);
         let items = value_heads.checked_mul(col_blocks).and_then(|n| plan.num_seqs().checked_mul(n));
         if items.is_none_or(|n| n > i32::MAX as usize) {
             return Err(KdaError::Argument {
@@ -100,31 +105,69 @@ impl DevicePlan {
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as usize;
-        let schedule = Schedule::try_lpt(&plan, value_heads, col_blocks, sms * hopper::CTAS_PER_SM)?;
+        let workers = sms * hopper::CTAS_PER_SM;
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
         if table.is_empty() {
             table.push(0);
         }
         let descriptors = stream.clone_htod(&table)?;
-        // No table (offsets past 32 bits): such batches take the baseline kernel.
-        let work = schedule.table(&plan, dims.group()).map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
         let ordinal = stream.context().ordinal();
         let split_plan = SplitPlan::unsplit(&plan);
-        let workers = sms * hopper::CTAS_PER_SM;
-        let unsplit = Self {
+        let mut this = Self {
+            schedule: Schedule::try_lpt(&plan, value_heads, 1, 0)?,
             plan,
             shape: *shape,
             strides: Strides::PACKED,
-            schedule,
             descriptors,
-            work,
+            work: None,
             split: None,
             split_plan,
+            split_mode: SplitMode::Auto,
+            columns: Columns::Wide,
             ordinal,
             workers,
         };
-        unsplit.with_split(stream, SplitMode::Auto)
+        this.set_columns(stream, ColumnMode::Auto)?;
+        Ok(this)
+    }
+
+    /// This plan with the Hopper kernel's column blocks as `mode` says ([`ColumnMode::Auto`],
+    /// what [`DevicePlan::model`] does, lets the cost model decide: `kda::columns`), its
+    /// schedule and split re-planned for them and uploaded on `stream`.
+    pub fn with_columns(mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<Self, KdaError> {
+        self.set_columns(stream, mode)?;
+        Ok(self)
+    }
+
+    /// [`DevicePlan::with_columns`] in place.
+    pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
+        let dims = self.dims();
+        self.columns = Columns::resolve(mode, &self.plan, &self.split_work(&dims, Columns::Wide));
+        let width = self.columns.width();
+        let col_blocks = dims.value_dim.div_ceil(width);
+        self.schedule =
+            Schedule::try_lpt(&self.plan, dims.value_heads, col_blocks, self.workers)?.with_block_width(width);
+        // No table (offsets past 32 bits): such batches take the baseline kernel.
+        let table = self.schedule.table(&self.plan, dims.group());
+        self.work = table.map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
+        self.set_split(stream, self.split_mode)
+    }
+
+    /// The Hopper kernel's column blocks.
+    pub fn columns(&self) -> Columns {
+        self.columns
+    }
+
+    /// The split planner's figures for this plan in `columns`.
+    fn split_work(&self, dims: &Dims, columns: Columns) -> crate::split::Work {
+        crate::split::Work {
+            value_heads: dims.value_heads,
+            key_dim: dims.key_dim,
+            value_dim: dims.value_dim,
+            workers: self.workers,
+            block_width: columns.width(),
+        }
     }
 
     /// This plan with long sequences split as `mode` says (docs/CONTRACT.md, "Splitting one
@@ -141,6 +184,7 @@ impl DevicePlan {
 
     /// [`DevicePlan::with_split`] in place.
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
+        self.split_mode = mode;
         self.split = None;
         self.split_plan = SplitPlan::unsplit(&self.plan);
         let hopper_device = stream.context().compute_capability()?.0 == 9;
@@ -149,15 +193,10 @@ impl DevicePlan {
         if self.work.is_none() || !hopper_device || !fits {
             return Ok(());
         }
-        let work = crate::split::Work {
-            value_heads: dims.value_heads,
-            key_dim: dims.key_dim,
-            value_dim: dims.value_dim,
-            workers: self.workers,
-        };
+        let work = self.split_work(&dims, self.columns);
         let split = SplitPlan::decide(&self.plan, &work, mode);
         if split.is_split() {
-            self.split = split_device(stream, &split, &dims, self.workers)?;
+            self.split = split_device(stream, &split, &dims, self.workers, self.columns.width())?;
             if self.split.is_some() {
                 self.split_plan = split;
             }
@@ -258,16 +297,17 @@ fn split_device(
     split: &SplitPlan,
     dims: &Dims,
     workers: usize,
+    width: usize,
 ) -> Result<Option<SplitDevice>, KdaError> {
     let (hv, kd, vd) = (dims.value_heads, dims.key_dim, dims.value_dim);
     let pass = |units: Vec<Unit>, blocks: usize, u_columns: UColumns| -> Result<Option<Pass>, KdaError> {
         let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
-        let schedule = Schedule::try_lpt_lengths(&lengths, hv, blocks, workers)?;
+        let schedule = Schedule::try_lpt_lengths(&lengths, hv, blocks, workers)?.with_block_width(width);
         let Some(table) = schedule.table_of(&units, dims.group(), u_columns) else { return Ok(None) };
         Ok(Some(Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? }))
     };
-    let prescan = pass(split.prescan_units(), (kd + vd) / hopper::BV, UColumns::Prescan { key_dim: kd })?;
-    let main = pass(split.main_units(), vd / hopper::BV, UColumns::Values)?;
+    let prescan = pass(split.prescan_units(), (kd + vd) / width, UColumns::Prescan { key_dim: kd })?;
+    let main = pass(split.main_units(), vd / width, UColumns::Values)?;
     let merge = split.merge_table();
     let entry_rows = split.segments().len().checked_mul(hv).filter(|&r| r <= i32::MAX as usize);
     let maps_len = split.maps().checked_mul(hv).and_then(|n| n.checked_mul(kd * (kd + vd)));

@@ -19,9 +19,9 @@ use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{BASELINE, KernelAbi, MERGE, PassCode, StateLayoutCode, TensorMaps, hopper_for};
+use kda_kernel::abi::{BASELINE, HOPPER_ENTRIES, KernelAbi, MERGE, PassCode, StateLayoutCode, TensorMaps, hopper_for};
 use kda_kernel::layout::K_DIM;
-use kda_kernel::layout::hopper::KEY_DIMS;
+use kda_kernel::layout::hopper::BV;
 use std::sync::Arc;
 use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports};
 
@@ -75,8 +75,8 @@ pub struct Kda {
     baseline: Loaded,
     /// The merge of split sequences.
     merge: Loaded,
-    /// The warp-specialized kernel's entries, one per key size (`layout::hopper::KEY_DIMS`, in
-    /// that order), present on compute capability 9.x.
+    /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
+    /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
 }
@@ -95,8 +95,7 @@ impl Kda {
         let baseline = Loaded::load(&module, &BASELINE)?;
         let merge = Loaded::load(&module, &MERGE)?;
         let hopper = if compute_capability.0 == 9 {
-            let entries = KEY_DIMS.iter().map(|&k| hopper_for(k).expect("every key size has an entry"));
-            Some(entries.map(|abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
+            Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
@@ -122,18 +121,20 @@ impl Kda {
         }
     }
 
-    /// The loaded `kernel` (the Hopper kernel's `K = 128` entry), or why this device has none.
+    /// The loaded `kernel` (the Hopper kernel's wide `K = 128` entry), or why this device has none.
     fn loaded(&self, kernel: Kernel) -> Result<&Loaded, KdaError> {
-        self.loaded_for(kernel, K_DIM)
+        self.loaded_for(kernel, K_DIM, BV)
     }
 
-    /// The loaded `kernel` for key size `key_dim` (the baseline has one entry for all), or why
-    /// this device has none. A key size the Hopper kernel has no entry for is checked by
-    /// `hopper_supports`; here it resolves to the `K = 128` entry.
-    fn loaded_for(&self, kernel: Kernel, key_dim: usize) -> Result<&Loaded, KdaError> {
+    /// The loaded `kernel` for key size `key_dim` in blocks of `width` value columns (the
+    /// baseline has one entry for all), or why this device has none. A key size the Hopper
+    /// kernel has no entry for is checked by `hopper_supports`; here it resolves to the wide
+    /// `K = 128` entry.
+    fn loaded_for(&self, kernel: Kernel, key_dim: usize, width: usize) -> Result<&Loaded, KdaError> {
         match (self.resolve(kernel), &self.hopper) {
             (Kernel::Hopper, Some(entries)) => {
-                let i = KEY_DIMS.iter().position(|&k| k == key_dim).unwrap_or(KEY_DIMS.len() - 1);
+                let abi = hopper_for(key_dim, width).unwrap_or(&kda_kernel::abi::HOPPER);
+                let i = HOPPER_ENTRIES.iter().position(|&e| e.entry == abi.entry).unwrap_or(0);
                 Ok(&entries[i])
             }
             (Kernel::Hopper, None) => Err(KdaError::Argument {
@@ -178,15 +179,13 @@ impl Kda {
         }
         let choice = self.choose(kernel, plan, &dims)?;
         let ptrs = Pointers::of(stream, inputs, outputs);
+        let hopper = || self.loaded_for(Kernel::Hopper, dims.key_dim, plan.columns.width());
         match (choice, &plan.work, &plan.split) {
-            (Kernel::Hopper, Some(_), Some(split)) => {
-                self.launch_split(stream, self.loaded_for(Kernel::Hopper, dims.key_dim)?, plan, &dims, &ptrs, split)
-            }
+            (Kernel::Hopper, Some(_), Some(split)) => self.launch_split(stream, hopper()?, plan, &dims, &ptrs, split),
             (Kernel::Hopper, Some(work), None) => {
                 let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
                 let pass = HopperPass::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
-                let f = self.loaded_for(Kernel::Hopper, dims.key_dim)?;
-                self.launch_hopper(stream, f, plan, &dims, &ptrs, &pass)
+                self.launch_hopper(stream, hopper()?, plan, &dims, &ptrs, &pass)
             }
             _ => self.launch_baseline(stream, plan, &dims, &ptrs),
         }
@@ -231,7 +230,7 @@ impl Kda {
             [s.token as u32, s.head as u32]
         };
         let args = HopperArgs {
-            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides, pass.h0)?)),
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides, pass.h0, plan.columns.width())?)),
             g: ptrs.g,
             gk: ptrs.gk,
             h0: pass.h0.map_or(0, |(address, _)| address),

@@ -8,14 +8,15 @@ use crate::{Dims, KdaError, Tensor};
 use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 
 /// The Hopper kernel's tensor maps of the launch's tensors, in [`MapSlot`] order, with the
-/// initial states `h0` (address and rows of `[K][V]` f32 states) when the pass reads any.
-/// `strides` has passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the
-/// Hopper kernel's.
+/// initial states `h0` (address and rows of `[K][V]` f32 states) when the pass reads any, for
+/// column blocks of `width` value columns (`hopper::BV` or `hopper::NARROW_BV`). `strides` has
+/// passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the Hopper kernel's.
 pub(super) fn hopper_maps(
     p: &Pointers<'_>,
     d: &Dims,
     strides: &Strides,
     h0: Option<(u64, usize)>,
+    width: usize,
 ) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
     // `k` has the key heads; every other tensor the value heads.
     let (heads, hv, kd, vd) = (d.heads, d.value_heads, d.key_dim, d.value_dim);
@@ -29,16 +30,17 @@ pub(super) fn hopper_maps(
         (rows(Tensor::K, heads, kd), rows(Tensor::W, hv, kd), rows(Tensor::U, hv, vd), rows(Tensor::VNew, hv, vd));
     let mut maps = [TensorMapArg::unused().0; TENSOR_MAPS];
     let mut set = |slot: MapSlot, map: TensorMapArg| maps[slot as usize] = map.0;
-    set(MapSlot::K, TensorMapArg::tokens(p.k, k, CHUNK)?);
-    set(MapSlot::W, TensorMapArg::tokens(p.w, w, CHUNK)?);
-    set(MapSlot::U, TensorMapArg::tokens(p.u, u, CHUNK)?);
-    set(MapSlot::KRow, TensorMapArg::tokens(p.k, k, 1)?);
-    set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1)?);
-    set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1)?);
-    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK)?);
-    set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv)?);
+    let tile = hopper::BOX_COLS;
+    set(MapSlot::K, TensorMapArg::tokens(p.k, k, CHUNK, tile)?);
+    set(MapSlot::W, TensorMapArg::tokens(p.w, w, CHUNK, tile)?);
+    set(MapSlot::U, TensorMapArg::tokens(p.u, u, CHUNK, tile)?);
+    set(MapSlot::KRow, TensorMapArg::tokens(p.k, k, 1, tile)?);
+    set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1, tile)?);
+    set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1, tile)?);
+    set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK, width)?);
+    set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv, width)?);
     if let Some((address, rows)) = h0 {
-        set(MapSlot::H0, TensorMapArg::initial_states(address, d, rows)?);
+        set(MapSlot::H0, TensorMapArg::initial_states(address, d, rows, width)?);
     }
     Ok(maps.map(|m| TensorMap(m.opaque)))
 }
@@ -57,37 +59,38 @@ struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
 
 impl TensorMapArg {
     /// The tensor map of a token-major bf16 tensor at `address`, as a 3-D tensor
-    /// `(width, heads, T)` at its strides, read in `[box_tokens][1][BOX_COLS]` boxes with the
-    /// 128-byte swizzle (which the wgmma operands `k` and `w` need, and which keeps the
-    /// `ldmatrix` reads of `u` free of bank conflicts): `CHUNK` tokens for full chunks, one for
-    /// the tail chunk's valid rows.
-    fn tokens(address: u64, t: Rows, box_tokens: usize) -> Result<Self, KdaError> {
+    /// `(width, heads, T)` at its strides, read or written in `[box_tokens][1][box_cols]` boxes
+    /// swizzled over their rows (128 bytes for 64 columns: what the wgmma operands `k` and `w`
+    /// need, and what keeps `ldmatrix` over `u` and `stmatrix` into the staging tiles free of
+    /// bank conflicts; 64 bytes for a narrow block's 32): `CHUNK` tokens for full chunks, one
+    /// for the tail chunk's valid rows.
+    fn tokens(address: u64, t: Rows, box_tokens: usize, box_cols: usize) -> Result<Self, KdaError> {
         let dims = [t.width, t.heads, t.tokens];
         let strides = [t.strides.head, t.strides.token];
-        Self::encode(address, Element::Bf16, dims, strides, [hopper::BOX_COLS, 1, box_tokens])
+        Self::encode(address, Element::Bf16, dims, strides, [box_cols, 1, box_tokens])
     }
 
     /// The tensor map of the `h` output (`[NT * HV]` bf16 states), written in one CTA's boxes of
-    /// `bf16(S)` for one chunk with the 128-byte swizzle of the kernel's staging tile: as
-    /// `(V, K, NT * HV)` in `[1][K][BOX_COLS]` boxes for key-first states, as `(K, V, NT * HV)`
-    /// in `[1][BV][BOX_COLS]` boxes (`KEY_BOXES` per chunk) for value-first ones.
-    fn states(address: u64, d: &Dims, chunk_heads: usize) -> Result<Self, KdaError> {
+    /// `bf16(S)` for one chunk, swizzled as the kernel's staging tile is: as `(V, K, NT * HV)` in
+    /// `[1][K][width]` boxes for key-first states, as `(K, V, NT * HV)` in
+    /// `[1][width][BOX_COLS]` boxes (one per 64 keys) for value-first ones.
+    fn states(address: u64, d: &Dims, chunk_heads: usize, width: usize) -> Result<Self, KdaError> {
         let (kd, vd) = (d.key_dim, d.value_dim);
         let (dims, boxes) = match d.layout {
-            StateLayout::KeyFirst => ([vd, kd, chunk_heads], [hopper::BOX_COLS, kd, 1]),
-            StateLayout::ValueFirst => ([kd, vd, chunk_heads], [hopper::BOX_COLS, hopper::BV, 1]),
+            StateLayout::KeyFirst => ([vd, kd, chunk_heads], [width, kd, 1]),
+            StateLayout::ValueFirst => ([kd, vd, chunk_heads], [hopper::BOX_COLS, width, 1]),
         };
         Self::encode(address, Element::Bf16, dims, packed(dims), boxes)
     }
 
     /// The tensor map of `h0` (`[N * HV]` f32 states), read in unswizzled boxes of one item's
-    /// block: `(V, K, N * HV)` in `[1][K][BV]` boxes, or `(K, V, N * HV)` in `[1][BV][K]` boxes
-    /// value-first.
-    fn initial_states(address: u64, d: &Dims, seq_heads: usize) -> Result<Self, KdaError> {
+    /// block: `(V, K, N * HV)` in `[1][K][width]` boxes, or `(K, V, N * HV)` in `[1][width][K]`
+    /// boxes value-first.
+    fn initial_states(address: u64, d: &Dims, seq_heads: usize, width: usize) -> Result<Self, KdaError> {
         let (kd, vd) = (d.key_dim, d.value_dim);
         let (dims, boxes) = match d.layout {
-            StateLayout::KeyFirst => ([vd, kd, seq_heads], [hopper::BV, kd, 1]),
-            StateLayout::ValueFirst => ([kd, vd, seq_heads], [kd, hopper::BV, 1]),
+            StateLayout::KeyFirst => ([vd, kd, seq_heads], [width, kd, 1]),
+            StateLayout::ValueFirst => ([kd, vd, seq_heads], [kd, width, 1]),
         };
         Self::encode(address, Element::F32, dims, packed(dims), boxes)
     }
@@ -99,8 +102,9 @@ impl TensorMapArg {
     }
 
     /// A tensor of extents `dims` (innermost first, the innermost contiguous) with element
-    /// strides `strides` for the outer two, in boxes of `boxes` elements: bf16 tiles 128-byte
-    /// swizzled (as wgmma and the staging tiles lay them out), f32 state blocks unswizzled.
+    /// strides `strides` for the outer two, in boxes of `boxes` elements: bf16 tiles swizzled
+    /// over their box rows (128 or 64 bytes, as wgmma and the staging tiles lay them out), f32
+    /// state blocks unswizzled.
     fn encode(
         address: u64,
         element: Element,
@@ -110,6 +114,11 @@ impl TensorMapArg {
     ) -> Result<Self, KdaError> {
         use cudarc::driver::sys::*;
         let (data_type, bytes, swizzle) = match element {
+            Element::Bf16 if boxes[0] == hopper::NARROW_BV => (
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            ),
             Element::Bf16 => (
                 CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                 2,
