@@ -406,7 +406,7 @@ fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
             workers: EXPLAIN_DEFAULT_WORKERS,
             block_width: Columns::Wide.width(),
         };
-        work.block_width = Columns::resolve(a.columns, view.plan, &work).width();
+        work.block_width = Columns::resolve(a.columns, view.plan, &work, a.split).width();
         let split = SplitPlan::decide(view.plan, &work, a.split);
         println!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");
         print!("{}", explanation(view.plan, &work, a.split, &split));

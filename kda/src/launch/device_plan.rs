@@ -29,6 +29,8 @@ pub struct DevicePlan {
     pub(super) split_plan: SplitPlan,
     /// What splitting was asked for ([`DevicePlan::set_split`]), kept for a change of columns.
     split_mode: SplitMode,
+    /// What column blocks were asked for ([`DevicePlan::set_columns`]).
+    column_mode: ColumnMode,
     /// The Hopper kernel's column blocks.
     pub(super) columns: Columns,
     pub(super) ordinal: usize,
@@ -124,6 +126,7 @@ impl DevicePlan {
             split: None,
             split_plan,
             split_mode: SplitMode::Auto,
+            column_mode: ColumnMode::Auto,
             columns: Columns::Wide,
             ordinal,
             workers,
@@ -142,8 +145,16 @@ impl DevicePlan {
 
     /// [`DevicePlan::with_columns`] in place.
     pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
+        self.column_mode = mode;
         let dims = self.dims();
-        self.columns = Columns::resolve(mode, &self.plan, &self.split_work(&dims, Columns::Wide));
+        let columns = Columns::resolve(mode, &self.plan, &self.split_work(&dims, Columns::Wide), self.split_mode);
+        if !columns.runs(dims.key_dim) && crate::layout::hopper::KEY_DIMS.contains(&dims.key_dim) {
+            return Err(KdaError::Unsupported {
+                argument: "columns",
+                reason: format!("K = {}: the Hopper kernel runs it in {:?} blocks only", dims.key_dim, Columns::Narrow),
+            });
+        }
+        self.columns = columns;
         let width = self.columns.width();
         let col_blocks = dims.value_dim.div_ceil(width);
         self.schedule =
@@ -185,6 +196,14 @@ impl DevicePlan {
     /// [`DevicePlan::with_split`] in place.
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
         self.split_mode = mode;
+        if self.column_mode == ColumnMode::Auto {
+            // The column choice depends on the split asked for (`Columns::choose`).
+            let dims = self.dims();
+            let columns = Columns::choose(&self.plan, &self.split_work(&dims, Columns::Wide), mode);
+            if columns != self.columns {
+                return self.set_columns(stream, ColumnMode::Auto);
+            }
+        }
         self.split = None;
         self.split_plan = SplitPlan::unsplit(&self.plan);
         let hopper_device = stream.context().compute_capability()?.0 == 9;
