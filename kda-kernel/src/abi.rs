@@ -246,8 +246,12 @@ pub const HOPPER_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_narrow", cra
 /// The warp-specialized kernel at `K = 64`, in narrow blocks.
 pub const HOPPER_K64_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k64_narrow", 64, hopper::NARROW_BV);
 
+/// The warp-specialized kernel at `K = 256`, in narrow blocks (its only width).
+pub const HOPPER_K256_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k256_narrow", 256, hopper::NARROW_BV);
+
 /// Every entry of the warp-specialized kernel.
-pub const HOPPER_ENTRIES: [&KernelAbi; 4] = [&HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW];
+pub const HOPPER_ENTRIES: [&KernelAbi; 5] =
+    [&HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW, &HOPPER_K256_NARROW];
 
 /// The Hopper kernel's entry for key size `key_dim` in blocks of `bv` value columns
 /// ([`hopper::BV`] or [`hopper::NARROW_BV`]), if it has one (`layout::hopper::KEY_DIMS`).
@@ -257,6 +261,7 @@ pub const fn hopper_for(key_dim: usize, bv: usize) -> Option<&'static KernelAbi>
         (crate::layout::K_DIM, hopper::BV) => Some(&HOPPER),
         (64, hopper::NARROW_BV) => Some(&HOPPER_K64_NARROW),
         (crate::layout::K_DIM, hopper::NARROW_BV) => Some(&HOPPER_NARROW),
+        (256, hopper::NARROW_BV) => Some(&HOPPER_K256_NARROW),
         _ => None,
     }
 }
@@ -283,7 +288,8 @@ pub const MERGE: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 6] = [BASELINE, HOPPER, HOPPER_K64, HOPPER_NARROW, HOPPER_K64_NARROW, MERGE];
+pub const KERNELS: [KernelAbi; 7] =
+    [BASELINE, HOPPER, HOPPER_K64, HOPPER_NARROW, HOPPER_K64_NARROW, HOPPER_K256_NARROW, MERGE];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");
@@ -291,8 +297,7 @@ const _: () = {
     assert!(core::mem::size_of::<TensorMaps>() == TENSOR_MAPS * TENSOR_MAP_BYTES);
     let mut i = 0;
     while i < hopper::KEY_DIMS.len() {
-        assert!(hopper_for(hopper::KEY_DIMS[i], hopper::BV).is_some(), "every key size has its entry");
-        assert!(hopper_for(hopper::KEY_DIMS[i], hopper::NARROW_BV).is_some(), "and its narrow one");
+        assert!(hopper_for(hopper::KEY_DIMS[i], hopper::NARROW_BV).is_some(), "every key size has a narrow entry");
         i += 1;
     }
 };

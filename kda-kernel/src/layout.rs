@@ -178,6 +178,9 @@ pub mod hopper {
     /// initial state routed through the ring to make room) were slower again: 208.5 against
     /// 207.7 us, 819.5 against 815.9 us (run 14).
     pub const STAGES: usize = 3;
+    /// Ring stages at `K = 256`, where a stage's `k` and `w` tiles take 64 KB: three would not
+    /// fit beside the rest (narrow blocks only).
+    pub const K256_STAGES: usize = 2;
 
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
     /// the 128-byte swizzle allows.
@@ -185,15 +188,18 @@ pub mod hopper {
     /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
     /// Key sizes `K` the Hopper kernel runs, one entry point each per block width
-    /// (`abi::hopper_for`): `K` sets the k-steps of product 1, the `N` (wide) or the m64 tiles
-    /// (narrow) of product 2 and the state's registers.
-    pub const KEY_DIMS: [usize; 2] = [64, K_DIM];
+    /// (`abi::hopper_for`; `K = 256` in narrow blocks only, its wide state would not fit in
+    /// registers): `K` sets the k-steps of product 1, the `N` (wide) or the m64 tiles (narrow) of
+    /// product 2 and the state's registers.
+    pub const KEY_DIMS: [usize; 3] = [64, K_DIM, 256];
     /// Staging buffers of `bf16(S)` and `bf16(Vn)` for the output stores, used round robin by
     /// chunk. With one, a chunk waits until the previous chunk's TMA stores have read theirs
     /// before it stages its own; with two the wait is for the stores of two chunks back, which
     /// have had a whole chunk's time (measured: three stages with two buffers beat three with
     /// one, 209.1 vs 210.3 us on fixed_8192, 817.0 vs 820.5 on fixed_32k).
     pub const STAGING: usize = 2;
+    /// Staging buffers at `K = 256` (shared memory holds one beside two ring stages).
+    pub const K256_STAGING: usize = 1;
 
     /// One 128-byte-swizzled bf16 box `[CHUNK][BOX_COLS]` as TMA writes it: 1024-byte aligned,
     /// as the swizzle pattern requires of a tile base.
@@ -282,25 +288,26 @@ pub mod hopper {
         pub u: TileBox,
     }
 
-    /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes) and block
-    /// width `B`. Never constructed: the kernel takes the field offsets (`core::mem::offset_of!`)
-    /// as shared-memory addresses, and the launcher allocates [`smem_bytes`].
+    /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes), block
+    /// width `B`, `R` ring stages and `G` staging buffers. Never constructed: the kernel takes
+    /// the field offsets (`core::mem::offset_of!`) as shared-memory addresses, and the launcher
+    /// allocates [`smem_bytes`].
     #[repr(C)]
-    pub struct SharedStorage<const K: usize, const KB: usize, B: Block> {
+    pub struct SharedStorage<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize> {
         /// The ring of chunk tiles the producer loads and the consumer reads.
-        pub stages: [Stage<KB>; STAGES],
+        pub stages: [Stage<KB>; R],
         /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
         /// row plus its last `g`; ones without gates), written by the producer.
-        pub decay: [[f32; K]; STAGES],
+        pub decay: [[f32; K]; R],
         /// Per stage, the scalar gate's scale of each token's `Vn` row (f32 `[CHUNK]`:
         /// `exp2(g_last - g[r])`; rows past the chunk's valid ones are never read), written by
         /// the producer.
-        pub row_scale: [[f32; CHUNK]; STAGES],
+        pub row_scale: [[f32; CHUNK]; R],
         /// `bf16(S)` staging for the `h` stores (`KB` boxes: `[K][BV]` key-first, `[BV][K]` as
         /// boxes of 64 keys value-first).
-        pub h_staging: [[B::StateBox; KB]; STAGING],
+        pub h_staging: [[B::StateBox; KB]; G],
         /// `bf16(Vn)` staging for the `v_new` stores.
-        pub vn_staging: [B::ValueTile; STAGING],
+        pub vn_staging: [B::ValueTile; G],
         /// Narrow blocks: `bf16(S)^T`, product 1's `B` (read within the chunk, so one buffer).
         pub s_operand: [B::OperandBox; KB],
         /// Narrow blocks: `bf16(Vn)^T` (scaled by the scalar gate when there is one), product
@@ -310,30 +317,32 @@ pub mod hopper {
         /// an item from shared memory instead of waiting on a global load.
         pub h0: [B::InitialBox; KB],
         /// The ring's `full` mbarriers (the stage's tiles have landed).
-        pub full: [u64; STAGES],
+        pub full: [u64; R],
         /// The ring's `empty` mbarriers (the consumer is done with the stage).
-        pub empty: [u64; STAGES],
+        pub empty: [u64; R],
         /// The `h0` slot's `full` mbarrier.
         pub h0_full: u64,
         /// The `h0` slot's `empty` mbarrier.
         pub h0_empty: u64,
     }
 
-    /// Dynamic shared memory of one CTA of key size `K` and block width `B`: up to the end of the
-    /// last barrier (the struct's size would round up to its 1024-byte alignment, which no field
-    /// needs).
-    pub const fn storage_bytes<const K: usize, const KB: usize, B: Block>() -> usize {
-        core::mem::offset_of!(SharedStorage<K, KB, B>, h0_empty) + 8
+    /// Dynamic shared memory of one CTA of key size `K`, block width `B`, `R` ring stages and `G`
+    /// staging buffers: up to the end of the last barrier (the struct's size would round up to
+    /// its 1024-byte alignment, which no field needs).
+    pub const fn storage_bytes<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize>() -> usize {
+        core::mem::offset_of!(SharedStorage<K, KB, B, R, G>, h0_empty) + 8
     }
 
     /// Dynamic shared memory of one CTA for key size `key_dim` (one of [`KEY_DIMS`]; 0 for any
-    /// other) and block width `bv` ([`BV`] or [`NARROW_BV`]; 0 for any other).
+    /// other) and block width `bv` ([`BV`] or [`NARROW_BV`]; 0 for any other, and for `K = 256`
+    /// in wide blocks).
     pub const fn smem_bytes(key_dim: usize, bv: usize) -> usize {
         match (key_dim, bv) {
-            (64, BV) => storage_bytes::<64, 1, Wide>(),
-            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide>(),
-            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow>(),
-            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow>(),
+            (64, BV) => storage_bytes::<64, 1, Wide, STAGES, STAGING>(),
+            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING>(),
+            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow, STAGES, STAGING>(),
+            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING>(),
+            (256, NARROW_BV) => storage_bytes::<256, 4, Narrow, K256_STAGES, K256_STAGING>(),
             _ => 0,
         }
     }
@@ -346,20 +355,21 @@ pub mod hopper {
     pub const CTAS_PER_SM: usize = 1;
 
     /// Compile-time checks of one key size's layout.
-    const fn check<const K: usize, const KB: usize, B: Block>() {
-        let bytes = storage_bytes::<K, KB, B>();
+    const fn check<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize>() {
+        let bytes = storage_bytes::<K, KB, B, R, G>();
         assert!(K == KB * BOX_COLS, "a k or w tile is KB boxes");
         assert!(core::mem::size_of::<Stage<KB>>() == (2 * KB + 1) * BOX_BYTES, "a stage is exactly its boxes");
         assert!(core::mem::size_of::<[B::StateBox; KB]>() == K * B::BV * 2);
         assert!(core::mem::size_of::<B::ValueTile>() == CHUNK * B::BV * 2);
         assert!(core::mem::size_of::<[B::InitialBox; KB]>() == K * B::BV * 4);
         assert!(bytes <= 227 * 1024, "one CTA may use at most 227 KB");
-        assert!(core::mem::size_of::<SharedStorage<K, KB, B>>() - bytes < 1024);
+        assert!(core::mem::size_of::<SharedStorage<K, KB, B, R, G>>() - bytes < 1024);
     }
-    const _: () = check::<64, 1, Wide>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide>();
-    const _: () = check::<64, 1, Narrow>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow>();
+    const _: () = check::<64, 1, Wide, STAGES, STAGING>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING>();
+    const _: () = check::<64, 1, Narrow, STAGES, STAGING>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING>();
+    const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));

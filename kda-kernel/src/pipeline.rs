@@ -1,7 +1,7 @@
 //! The shared-memory ring between a producer and a consumer, in the vocabulary of CUTLASS's sm90
 //! pipelines.
 //!
-//! A ring of `STAGES` buffers has, per stage, a **full** mbarrier (the producer's data has landed)
+//! A ring of `stages` buffers has, per stage, a **full** mbarrier (the producer's data has landed)
 //! and an **empty** mbarrier (the consumer is done with the buffer). Both sides walk the stages in
 //! the same order with a [`PipelineState`]: the stage index and the parity of the barrier phase
 //! they wait for, flipped each time the index wraps. One round of the ring is:
@@ -14,7 +14,7 @@
 //! | | read the stage |
 //! | | [`Pipeline::consumer_release`]: arrive on empty |
 //!
-//! The same type serves a one-slot handoff (`STAGES = 1`), as the Hopper kernel's initial-state
+//! The same type serves a one-slot handoff (`stages = 1`), as the Hopper kernel's initial-state
 //! slot uses it.
 
 use crate::arch::sm90::{mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
@@ -22,29 +22,33 @@ use crate::arch::sm90::{mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_ini
 /// Bytes of one mbarrier in shared memory.
 pub const MBARRIER_BYTES: u32 = 8;
 
-/// A position in a ring of `STAGES` stages: the stage index and the parity of the barrier phase
-/// a wait at this position is for.
+/// A position in a ring of `stages` stages: the stage index and the parity of the barrier phase
+/// a wait at this position is for. (The depth is a value, not a type parameter, so that each key
+/// size's kernel can have its own; it is a constant wherever the kernel is instantiated, and
+/// folds away.)
 #[derive(Clone, Copy)]
-pub struct PipelineState<const STAGES: usize> {
+pub struct PipelineState {
     index: u32,
     phase: u32,
+    stages: u32,
 }
 
-impl<const STAGES: usize> PipelineState<STAGES> {
-    /// The consumer's first position: stage 0, waiting for the first completion (phase 0) of its
-    /// `full` barrier.
-    pub const fn consumer_start() -> Self {
-        Self { index: 0, phase: 0 }
+impl PipelineState {
+    /// The consumer's first position in a ring of `stages`: stage 0, waiting for the first
+    /// completion (phase 0) of its `full` barrier.
+    pub const fn consumer_start(stages: usize) -> Self {
+        Self { index: 0, phase: 0, stages: stages as u32 }
     }
 
-    /// The producer's first position: stage 0, phase 1. A freshly initialised mbarrier counts as
-    /// having completed the phase before its first, so the producer's first wait on each `empty`
-    /// barrier (parity 1) returns at once: every stage starts free.
-    pub const fn producer_start() -> Self {
-        Self { index: 0, phase: 1 }
+    /// The producer's first position in a ring of `stages`: stage 0, phase 1. A freshly
+    /// initialised mbarrier counts as having completed the phase before its first, so the
+    /// producer's first wait on each `empty` barrier (parity 1) returns at once: every stage
+    /// starts free.
+    pub const fn producer_start(stages: usize) -> Self {
+        Self { index: 0, phase: 1, stages: stages as u32 }
     }
 
-    /// The stage index, `0 .. STAGES`.
+    /// The stage index, `0 .. stages`.
     #[inline(always)]
     pub fn index(self) -> usize {
         self.index as usize
@@ -56,34 +60,41 @@ impl<const STAGES: usize> PipelineState<STAGES> {
         // Selects, not a branch: the compiler cannot prove the condition warp-uniform, and a
         // branch would cost a reconvergence point per chunk.
         let next = self.index + 1;
-        let wrap = next == STAGES as u32;
+        let wrap = next == self.stages;
         self.index = if wrap { 0 } else { next };
         self.phase ^= wrap as u32;
     }
 }
 
-/// The `full` and `empty` mbarriers of a ring of `STAGES` stages: two arrays of `STAGES`
+/// The `full` and `empty` mbarriers of a ring of `stages` stages: two arrays of `stages`
 /// mbarriers at shared addresses `full` and `empty`.
 #[derive(Clone, Copy)]
-pub struct Pipeline<const STAGES: usize> {
+pub struct Pipeline {
     full: u32,
     empty: u32,
+    stages: u32,
 }
 
-impl<const STAGES: usize> Pipeline<STAGES> {
-    /// The ring whose barrier arrays start at shared addresses `full` and `empty`.
-    pub const fn new(full: u32, empty: u32) -> Self {
-        Self { full, empty }
+impl Pipeline {
+    /// The ring of `stages` whose barrier arrays start at shared addresses `full` and `empty`.
+    pub const fn new(full: u32, empty: u32, stages: usize) -> Self {
+        Self { full, empty, stages: stages as u32 }
+    }
+
+    /// Stages of the ring.
+    #[inline(always)]
+    pub fn stages(self) -> usize {
+        self.stages as usize
     }
 
     /// The `full` barrier of `state`'s stage: the one the producer's copies complete on.
     #[inline(always)]
-    pub fn full(self, state: PipelineState<STAGES>) -> u32 {
+    pub fn full(self, state: PipelineState) -> u32 {
         self.full + state.index * MBARRIER_BYTES
     }
 
     #[inline(always)]
-    fn empty(self, state: PipelineState<STAGES>) -> u32 {
+    fn empty(self, state: PipelineState) -> u32 {
         self.empty + state.index * MBARRIER_BYTES
     }
 
@@ -96,7 +107,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// [`crate::arch::sm90::fence_mbarrier_init`] and a CTA barrier publish the barriers.
     #[inline(always)]
     pub unsafe fn init(self, producers: u32, consumers: u32) {
-        for i in 0..STAGES as u32 {
+        for i in 0..self.stages {
             // SAFETY: see the function's contract.
             unsafe {
                 mbarrier_init(self.full + i * MBARRIER_BYTES, producers);
@@ -110,7 +121,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// # Safety
     /// The barriers are initialised; `state` is the producer's position.
     #[inline(always)]
-    pub unsafe fn producer_acquire(self, state: PipelineState<STAGES>) {
+    pub unsafe fn producer_acquire(self, state: PipelineState) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_wait(self.empty(state), state.phase) }
     }
@@ -124,7 +135,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// One producer thread per stage round, the others calling [`Self::producer_arrive`];
     /// exactly `bytes` of copies complete on [`Self::full`] of `state`.
     #[inline(always)]
-    pub unsafe fn producer_commit_tx(self, state: PipelineState<STAGES>, bytes: u32) {
+    pub unsafe fn producer_commit_tx(self, state: PipelineState, bytes: u32) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_arrive_expect_tx(self.full(state), bytes) }
     }
@@ -136,7 +147,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// # Safety
     /// Each producer thread but the one that commits the bytes calls it once per stage round.
     #[inline(always)]
-    pub unsafe fn producer_arrive(self, state: PipelineState<STAGES>) {
+    pub unsafe fn producer_arrive(self, state: PipelineState) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_arrive(self.full(state)) }
     }
@@ -146,7 +157,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// # Safety
     /// The barriers are initialised; `state` is the consumer's position.
     #[inline(always)]
-    pub unsafe fn consumer_wait(self, state: PipelineState<STAGES>) {
+    pub unsafe fn consumer_wait(self, state: PipelineState) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_wait(self.full(state), state.phase) }
     }
@@ -157,7 +168,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// # Safety
     /// Each consumer thread calls it once per stage round, after its last read of the stage.
     #[inline(always)]
-    pub unsafe fn consumer_release(self, state: PipelineState<STAGES>) {
+    pub unsafe fn consumer_release(self, state: PipelineState) {
         // SAFETY: see the function's contract.
         unsafe { mbarrier_arrive(self.empty(state)) }
     }

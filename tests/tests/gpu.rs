@@ -156,13 +156,13 @@ fn model_fixtures() {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
-    /// Every gate kind x head grouping x state layout x key size (64, 128) x value size (64 to
-    /// 512) x strided views x column blocks (wide, narrow) on the Hopper kernel, against the f64
-    /// reference.
+    /// Every gate kind x head grouping x state layout x key size (64, 128, 256) x value size (64
+    /// to 512) x strided views x column blocks (wide, narrow; `K = 256` narrow only) on the Hopper
+    /// kernel, against the f64 reference.
     #[test]
     fn model_variants(
         lengths in ragged_lengths(),
-        shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256, 512]),
+        shape in kda_tests::model_shapes(vec![64, 128, 256], vec![64, 128, 256, 512]),
         layouts in kda_tests::row_layouts(),
         narrow: bool,
         with_h0: bool,
@@ -172,6 +172,8 @@ proptest! {
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
         let strides = kda_tests::strides_of(layouts, &kda::Dims::model(&p.plan, &shape));
         let want = reference::model_reference(&p.view()).unwrap();
+        // K = 256 runs in narrow blocks only.
+        let narrow = narrow || !Columns::Wide.runs(shape.key_dim);
         let columns = ColumnMode::Force(if narrow { Columns::Narrow } else { Columns::Wide });
         let out = run_columns_guarded(gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?.0;
@@ -197,7 +199,10 @@ fn model_matrix() {
     {
         for (g, gk) in gates {
             for layout in layouts {
-                for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 64), (64, 256)] {
+                for (key_dim, value_dim) in [(128, 128), (128, 512), (64, 64), (64, 256), (256, 512)] {
+                    if columns == ColumnMode::Force(Columns::Wide) && !Columns::Wide.runs(key_dim) {
+                        continue;
+                    }
                     for rows in [RowLayout::Packed, RowLayout::Padded { pad: 64 }] {
                         let gates = Gates { g, gk };
                         let shape =
@@ -360,7 +365,7 @@ proptest! {
     #[test]
     fn split_sequences(
         lengths in split_lengths(),
-        shape in kda_tests::model_shapes(vec![64, 128], vec![64, 128, 256]),
+        shape in kda_tests::model_shapes(vec![64, 128, 256], vec![64, 128, 256]),
         segment_chunks in 1usize..5,
         narrow: bool,
         with_h0: bool,
@@ -369,6 +374,7 @@ proptest! {
         let gpu = GPU.get_or_init(Gpu::open);
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
         let mode = SplitMode::Chunks(segment_chunks);
+        let narrow = narrow || !Columns::Wide.runs(shape.key_dim);
         let columns = ColumnMode::Force(if narrow { Columns::Narrow } else { Columns::Wide });
         let (out, split) = run_columns_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;

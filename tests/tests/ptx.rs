@@ -7,7 +7,9 @@
 
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
-use kda_kernel::abi::{BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_NARROW, KERNELS, MERGE};
+use kda_kernel::abi::{
+    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -152,6 +154,7 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
         (&HOPPER_K64, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], wide(64)),
         (&HOPPER_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(128)),
         (&HOPPER_K64_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(64)),
+        (&HOPPER_K256_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(256)),
     ] {
         let r = resources(&report, abi.entry);
         println!("sm_90a {}: {r:?}", abi.entry);

@@ -15,7 +15,7 @@ use super::fragments::{
     ACC_PER_GROUP, ATOM_BYTES, CHUNKS_PER_ROW, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, matrix_row,
     swizzled,
 };
-use super::keys::KeySize;
+use super::keys::{KeySize, WideKey};
 use super::maps::StoreMaps;
 use super::smem::Smem;
 use super::tail;
@@ -27,7 +27,7 @@ use crate::arch::sm90::{
     tma_store_3d, wgmma_wait_m64n64,
 };
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, STAGES, STAGING, StateBox, Wide};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, StateBox, Wide};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
@@ -72,7 +72,7 @@ pub struct Variant {
 /// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
 /// launch's outputs.
 #[inline(always)]
-pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C, Wide>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+pub unsafe fn run<C: WideKey>(work: &Work, smem: Smem<C, Wide>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
     // SAFETY (block): as this function's.
     unsafe {
         match (kind.prescan, kind.scalar_gate, kind.value_first) {
@@ -92,7 +92,7 @@ pub unsafe fn run<C: KeySize>(work: &Work, smem: Smem<C, Wide>, tid: usize, out:
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
 #[inline(always)]
-unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     work: &Work,
     smem: Smem<C, Wide>,
     tid: usize,
@@ -100,11 +100,11 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     has_h0: bool,
 ) {
     let coords = |e| wide_coords(tid, e);
-    let mut stage = PipelineState::<STAGES>::consumer_start();
-    let mut slot = PipelineState::<1>::consumer_start();
+    let mut stage = PipelineState::consumer_start(smem.ring().stages());
+    let mut slot = PipelineState::consumer_start(1);
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
     // bulk-group read, not a barrier).
-    let mut staging = PipelineState::<STAGING>::consumer_start();
+    let mut staging = PipelineState::consumer_start(smem.staging_buffers());
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = C::zero_state();
         if PRESCAN {
@@ -159,7 +159,7 @@ pub(super) unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST:
     s: &mut [f32],
     coords: impl Fn(usize) -> (usize, usize),
     smem: Smem<C, B>,
-    slot: PipelineState<1>,
+    slot: PipelineState,
 ) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the slot holds this item's block once the wait returns; this thread reads it and
@@ -221,7 +221,7 @@ pub(super) unsafe fn store_final_state<const VALUE_FIRST: bool>(
 struct ChunkAt<'a> {
     item: &'a Item,
     c: usize,
-    stage: PipelineState<STAGES>,
+    stage: PipelineState,
     buf: usize,
 }
 
@@ -230,7 +230,7 @@ struct ChunkAt<'a> {
 /// # Safety
 /// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume_chunk<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     at: ChunkAt<'_>,
     smem: Smem<C, Wide>,
     out: Outputs,
@@ -243,7 +243,7 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
     let tid = thread_idx_x_fresh();
     // SAFETY (block): the stage's tiles are read only between the full wait and the release;
     // each wgmma's accumulator and A fragments are left alone between its start and its wait;
-    // the staging buffers are rewritten only after the stores that read them (`STAGING` chunks
+    // the staging buffers are rewritten only after the stores that read them (`staging` chunks
     // back) have, and published to the async proxy before the stores are issued.
     unsafe {
         ring.consumer_wait(stage);
@@ -257,7 +257,7 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         let mut vn = if zero_u { [0.0; VN_REGS] } else { load_u_transposed(tiles.u(), tid) };
         let a1 = C::state_fragments(s);
         if !PRESCAN {
-            stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid);
+            stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid, smem.staging_buffers());
         }
 
         // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
@@ -322,15 +322,19 @@ unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
 }
 
 /// Waits until the staging buffer of this chunk is free: the stores of the chunk that last used
-/// it (`STAGING` chunks back) have read it.
+/// it (`buffers` chunks back, `buffers` being 1 or 2) have read it.
 ///
 /// # Safety
 /// The warpgroup calls it together.
 #[inline(always)]
-pub(super) unsafe fn acquire_staging(tid: usize) {
+pub(super) unsafe fn acquire_staging(tid: usize, buffers: usize) {
     if tid == STORE_THREAD {
-        // One bulk group per chunk: all but the newest `STAGING - 1` have read their sources.
-        bulk_wait_group_read::<{ STAGING as u32 - 1 }>();
+        // One bulk group per chunk: all but the newest `buffers - 1` have read their sources.
+        if buffers >= 2 {
+            bulk_wait_group_read::<1>();
+        } else {
+            bulk_wait_group_read::<0>();
+        }
     }
     // SAFETY: the store thread's wait, published by the barrier, frees the buffer.
     unsafe { named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32) };
@@ -343,10 +347,10 @@ pub(super) unsafe fn acquire_staging(tid: usize) {
 /// # Safety
 /// The warpgroup calls it together; `tile` is a staging buffer of `K x BV` bf16.
 #[inline(always)]
-unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]], tid: usize) {
+unsafe fn stage_state<const VALUE_FIRST: bool>(tile: u32, a: &[[u32; 4]], tid: usize, buffers: usize) {
     // SAFETY: the buffer is free once the wait returns.
     unsafe {
-        acquire_staging(tid);
+        acquire_staging(tid, buffers);
         if VALUE_FIRST {
             stage_rows(tile, a, tid);
         } else {

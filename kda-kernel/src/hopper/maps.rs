@@ -3,7 +3,7 @@
 
 use super::smem::StageTiles;
 use crate::arch::sm90::{prefetch_tensormap, tma_load_3d};
-use crate::layout::hopper::{BOX_COLS, STAGES};
+use crate::layout::hopper::BOX_COLS;
 use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::Item;
 
@@ -78,8 +78,8 @@ pub struct ChunkLoad<'a> {
     /// This producer lane.
     pub lane: usize,
     pub maps: &'a LoadMaps,
-    pub ring: Pipeline<STAGES>,
-    pub stage: PipelineState<STAGES>,
+    pub ring: Pipeline,
+    pub stage: PipelineState,
 }
 
 impl ChunkLoad<'_> {

@@ -38,7 +38,7 @@ use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::{Block, CONSUMER_THREADS, Narrow, PRODUCER_THREADS, Wide};
 use crate::schedule::{RowStrides, Work};
 use consumer::{Outputs, Variant};
-use keys::{K64, K128, KeySize};
+use keys::{K64, K128, K256, KeySize, WideKey};
 use maps::{LoadMaps, StoreMaps};
 use producer::Gates;
 use smem::Smem;
@@ -48,47 +48,26 @@ const CONSUMER_ROLE: u32 = 0;
 /// The producer role's number.
 const PRODUCER_ROLE: u32 = 1;
 
-/// A block width's consumer warpgroup.
-trait BlockConsumer: Block + Sized {
+/// A block width's consumer warpgroup at key size `C`.
+trait BlockConsumer<C: KeySize>: Block + Sized {
     /// The consumer's loop over the CTA's items.
     ///
     /// # Safety
     /// As for `consumer::run`.
-    unsafe fn consume<C: KeySize>(
-        work: &Work,
-        smem: Smem<C, Self>,
-        tid: usize,
-        out: Outputs,
-        has_h0: bool,
-        kind: Variant,
-    );
+    unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant);
 }
 
-impl BlockConsumer for Wide {
+impl<C: WideKey> BlockConsumer<C> for Wide {
     #[inline(always)]
-    unsafe fn consume<C: KeySize>(
-        work: &Work,
-        smem: Smem<C, Self>,
-        tid: usize,
-        out: Outputs,
-        has_h0: bool,
-        kind: Variant,
-    ) {
+    unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
         // SAFETY: the caller's contract.
         unsafe { consumer::run(work, smem, tid, out, has_h0, kind) }
     }
 }
 
-impl BlockConsumer for Narrow {
+impl<C: KeySize> BlockConsumer<C> for Narrow {
     #[inline(always)]
-    unsafe fn consume<C: KeySize>(
-        work: &Work,
-        smem: Smem<C, Self>,
-        tid: usize,
-        out: Outputs,
-        has_h0: bool,
-        kind: Variant,
-    ) {
+    unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
         // SAFETY: the caller's contract.
         unsafe { narrow::run(work, smem, tid, out, has_h0, kind) }
     }
@@ -209,6 +188,12 @@ hopper_entry!(
     K64,
     Narrow
 );
+hopper_entry!(
+    /// The recurrence at `K = 256` in narrow blocks (`abi::HOPPER_K256_NARROW`; no wide entry).
+    kda_fwd_h_hopper_k256_narrow,
+    K256,
+    Narrow
+);
 
 /// The kernel for key size `C` and block width `B`, with its tensor maps at parameter-space
 /// address `maps_base`.
@@ -216,7 +201,7 @@ hopper_entry!(
 /// # Safety
 /// The entries' contract.
 #[inline(always)]
-unsafe fn run<C: KeySize, B: BlockConsumer>(maps_base: u64, p: Params) {
+unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
     let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
     // The pre-scan starts from `[I | 0]`, never from `h0`.
     let has_h0 = !p.h0.is_null() && p.pass != PassCode::Prescan as u32;

@@ -33,7 +33,7 @@ use crate::arch::sm90::{
     wgmma_wait_m64n32,
 };
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_COLS, CONSUMER_THREADS, Narrow, NarrowTile, STAGES, STAGING};
+use crate::layout::hopper::{BOX_COLS, CONSUMER_THREADS, Narrow, NarrowTile};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, Work};
 
@@ -94,9 +94,9 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     has_h0: bool,
 ) {
     let coords = |e| narrow_coords(tid, e);
-    let mut stage = PipelineState::<STAGES>::consumer_start();
-    let mut slot = PipelineState::<1>::consumer_start();
-    let mut staging = PipelineState::<STAGING>::consumer_start();
+    let mut stage = PipelineState::consumer_start(smem.ring().stages());
+    let mut slot = PipelineState::consumer_start(1);
+    let mut staging = PipelineState::consumer_start(smem.staging_buffers());
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = C::zero_narrow_state();
         if PRESCAN {
@@ -140,7 +140,7 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
 unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     item: &Item,
     c: usize,
-    stage: PipelineState<STAGES>,
+    stage: PipelineState,
     buf: usize,
     smem: Smem<C, Narrow>,
     out: Outputs,
@@ -176,7 +176,7 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
             wgmma_m64n32k16x4_sub_kmajor(&mut vn, a, b);
         }
         if !PRESCAN {
-            acquire_staging(tid);
+            acquire_staging(tid, smem.staging_buffers());
             for (t, acc) in s.as_ref().iter().enumerate() {
                 stage_state::<VALUE_FIRST>(smem.h(buf), t, &a_fragments::<2>(acc), tid);
             }

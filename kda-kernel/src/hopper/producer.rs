@@ -1,5 +1,5 @@
 //! The producer warp: loads each item's initial state into the `h0` slot and each chunk's tiles
-//! into the ring, running up to `STAGES` chunks ahead of the consumer (across item boundaries:
+//! into the ring, running up to its depth in chunks ahead of the consumer (across item boundaries:
 //! the next item's first loads overlap the current item's last chunks).
 
 use super::keys::KeySize;
@@ -9,7 +9,7 @@ use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32};
 use crate::arch::sm90::tma_load_3d;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, PRODUCER_THREADS, STAGES};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, PRODUCER_THREADS};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, RowStrides, Work};
 
@@ -86,8 +86,8 @@ impl Gates {
 /// schedule's items.
 #[inline(always)]
 pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usize, maps: LoadMaps, gates: Gates) {
-    let mut stage = PipelineState::<STAGES>::producer_start();
-    let mut slot = PipelineState::<1>::producer_start();
+    let mut stage = PipelineState::producer_start(smem.ring().stages());
+    let mut slot = PipelineState::producer_start(1);
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
         if let Some(h0) = maps.h0 {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
@@ -111,7 +111,7 @@ unsafe fn load_initial_state<C: KeySize, B: Block>(
     lane: usize,
     h0: u64,
     value_first: bool,
-    slot: PipelineState<1>,
+    slot: PipelineState,
 ) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
@@ -140,7 +140,7 @@ unsafe fn load_chunks<C: KeySize, B: Block>(
     lane: usize,
     maps: &LoadMaps,
     gates: Gates,
-    stage: &mut PipelineState<STAGES>,
+    stage: &mut PipelineState,
 ) {
     let ring = smem.ring();
     let chunks = item.chunks();

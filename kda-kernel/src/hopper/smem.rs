@@ -4,7 +4,7 @@
 use super::keys::KeySize;
 use crate::arch::sm80::smem_base_shared;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{Block, STAGES, TileBox};
+use crate::layout::hopper::{Block, TileBox};
 use crate::pipeline::Pipeline;
 use core::marker::PhantomData;
 use core::mem::{offset_of, size_of};
@@ -83,14 +83,21 @@ impl<C: KeySize, B: Block> Smem<C, B> {
 
     /// The ring's barriers.
     #[inline(always)]
-    pub fn ring(self) -> Pipeline<STAGES> {
-        Pipeline::new(self.base + C::smem::<B>().full, self.base + C::smem::<B>().empty)
+    pub fn ring(self) -> Pipeline {
+        let o = C::smem::<B>();
+        Pipeline::new(self.base + o.full, self.base + o.empty, o.ring as usize)
     }
 
     /// The initial-state slot's barriers: a one-stage ring.
     #[inline(always)]
-    pub fn h0_slot(self) -> Pipeline<1> {
-        Pipeline::new(self.base + C::smem::<B>().h0_full, self.base + C::smem::<B>().h0_empty)
+    pub fn h0_slot(self) -> Pipeline {
+        Pipeline::new(self.base + C::smem::<B>().h0_full, self.base + C::smem::<B>().h0_empty, 1)
+    }
+
+    /// Staging buffers of the output stores.
+    #[inline(always)]
+    pub fn staging_buffers(self) -> usize {
+        C::smem::<B>().staging as usize
     }
 }
 

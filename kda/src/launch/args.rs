@@ -217,12 +217,13 @@ mod tests {
     use super::*;
     use crate::ptx;
     use kda_kernel::abi::{
-        BASELINE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_NARROW, KERNELS, MERGE,
-        TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        BASELINE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS,
+        MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 6] = [&BASELINE, &HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW, &MERGE];
+    const ABIS: [&KernelAbi; 7] =
+        [&BASELINE, &HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW, &HOPPER_K256_NARROW, &MERGE];
 
     /// One parameter of a PTX `.entry`.
     #[derive(Debug, PartialEq, Eq)]

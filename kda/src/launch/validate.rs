@@ -300,7 +300,7 @@ mod tests {
         // What each kernel does not run.
         let unsupported = |argument: &'static str| move |e: &KdaError| matches!(e, KdaError::Unsupported { argument: a, .. } if *a == argument);
         for (shape, argument) in [
-            (ModelShape { key_dim: 256, ..kda }, "key_dim"),
+            (ModelShape { key_dim: 512, ..kda }, "key_dim"),
             (ModelShape { key_dim: 96, ..kda }, "key_dim"),
             (ModelShape { value_dim: 96, ..kda }, "value_dim"),
             (ModelShape { value_dim: 576, ..kda }, "value_dim"),
