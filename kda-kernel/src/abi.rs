@@ -37,7 +37,8 @@ pub enum MapSlot {
     K,
     /// `w`, as `K`.
     W,
-    /// `u` (`[T][H][V]`), as `K`.
+    /// `u` (`[T][H][V]`) in `[CHUNK][1][BV]` boxes (the launch's block width; 64-byte swizzled
+    /// for narrow blocks).
     U,
     /// `k` in one-token boxes (`[1][1][64]`), for the tail chunk's valid rows.
     KRow,
@@ -45,7 +46,8 @@ pub enum MapSlot {
     WRow,
     /// `u` in one-token boxes.
     URow,
-    /// The output `h` as a 3-D `[NT * H][K][V]` bf16 tensor in `[1][K][64]` boxes, swizzled.
+    /// The output `h` as a 3-D `[NT * H][K][V]` bf16 tensor in `[1][K][BV]` boxes (value-first:
+    /// `[1][BV][64]`), swizzled.
     H,
     /// The output `v_new` (`[T][H][V]`), as `U`.
     VNew,

@@ -241,6 +241,8 @@ pub mod hopper {
         const BV: usize;
         /// Bytes of one row of the `v_new` staging tile (`BV` bf16): its TMA swizzle span.
         const ROW_BYTES: usize = Self::BV * 2;
+        /// Bytes of a full chunk's `u` box (`[CHUNK][BV]`, in the stage's `u` tile).
+        const U_BOX_BYTES: usize = CHUNK * Self::BV * 2;
         /// One 64-key box of the `bf16(S)` staging tile.
         type StateBox;
         /// A `bf16(Vn)` staging tile, `[CHUNK][BV]`.
@@ -274,10 +276,11 @@ pub mod hopper {
     }
 
     /// One ring stage: a chunk's `k` and `w` tiles (`[CHUNK][K]`, `KB = K / BOX_COLS` boxes
-    /// each) and the `u` box holding this CTA's value columns (`[CHUNK][BOX_COLS]`: a wide
-    /// block's columns, or the 64 a narrow block's 32 lie in, which its neighbour loads too and
-    /// the L2 serves once; a 32-column box's rows would be 64 bytes, and the tail's one-row
-    /// boxes need 128-byte-aligned destinations).
+    /// each) and the `u` tile: this CTA's value columns (`[CHUNK][BV]`, 128-byte swizzled for a
+    /// wide block, 64-byte for a narrow one), except in a tail chunk, whose one-row boxes are
+    /// always `BOX_COLS` wide (a narrow block's 32 columns and their neighbours', 128-byte
+    /// swizzled: a 64-byte row's box would need a destination 128-byte aligned, which every
+    /// other row is not).
     #[repr(C, align(1024))]
     pub struct Stage<const KB: usize> {
         /// `k`, column boxes side by side.

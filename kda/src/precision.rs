@@ -43,10 +43,25 @@ pub fn bound(f32_floor: f64) -> f64 {
 /// and reported rather than hidden.
 pub const UNGATED_FLOOR_SLACK: f64 = 2.0;
 
-/// [`bound`] for a problem with or without any gate: [`UNGATED_FLOOR_SLACK`] in place of
-/// [`FLOOR_SLACK`] when `gated` is false.
-pub fn bound_for(gated: bool, f32_floor: f64) -> f64 {
-    let slack = if gated { FLOOR_SLACK } else { UNGATED_FLOOR_SLACK };
+/// [`FLOOR_SLACK`] for key sizes above 128. Product 1 sums `K` products per element in the
+/// tensor cores, whose accumulation rounds differently from the f32 emulation's: at `K = 256` with
+/// the per-key gate over 5096 tokens the H200 lands 1.42 to 1.54 x the f32 floor (1.0 to 1.4 x at
+/// `K <= 128`, and bitwise the same in wide and narrow blocks; bench/RESULTS.md, "Narrow column
+/// blocks"). Stated here, tested at this slack, and reported rather than hidden, as
+/// [`UNGATED_FLOOR_SLACK`] is.
+pub const LONG_KEY_FLOOR_SLACK: f64 = 1.75;
+/// The key sizes [`FLOOR_SLACK`] holds for.
+pub const SHORT_KEY_MAX: usize = 128;
+
+/// [`bound`] for a problem with or without any gate and key size `key_dim`:
+/// [`UNGATED_FLOOR_SLACK`] in place of [`FLOOR_SLACK`] when `gated` is false, else
+/// [`LONG_KEY_FLOOR_SLACK`] above [`SHORT_KEY_MAX`].
+pub fn bound_for(gated: bool, key_dim: usize, f32_floor: f64) -> f64 {
+    let slack = match (gated, key_dim > SHORT_KEY_MAX) {
+        (false, _) => UNGATED_FLOOR_SLACK,
+        (true, true) => LONG_KEY_FLOOR_SLACK,
+        (true, false) => FLOOR_SLACK,
+    };
     ERROR_BOUND.max(slack * f32_floor)
 }
 
@@ -84,9 +99,10 @@ mod tests {
         assert_eq!(bound(0.0), ERROR_BOUND);
         assert_eq!(bound(ERROR_BOUND / FLOOR_SLACK / 2.0), ERROR_BOUND);
         assert_eq!(bound(2e-3), FLOOR_SLACK * 2e-3);
-        assert_eq!(bound_for(true, 2e-3), bound(2e-3));
-        assert_eq!(bound_for(false, 2e-3), UNGATED_FLOOR_SLACK * 2e-3);
-        assert_eq!(bound_for(false, 0.0), ERROR_BOUND);
+        assert_eq!(bound_for(true, 128, 2e-3), bound(2e-3));
+        assert_eq!(bound_for(false, 128, 2e-3), UNGATED_FLOOR_SLACK * 2e-3);
+        assert_eq!(bound_for(false, 64, 0.0), ERROR_BOUND);
+        assert_eq!(bound_for(true, 256, 2e-3), LONG_KEY_FLOOR_SLACK * 2e-3);
     }
 
     #[test]

@@ -186,7 +186,8 @@ const COLUMN_MODES: [ColumnMode; 2] = [ColumnMode::Force(Columns::Wide), ColumnM
 
 /// Every gate kind x state layout x value size class x strides x column blocks on a short, a
 /// ragged and a long batch, each case printed before any is checked, so that one run shows the
-/// whole matrix. The ungated recurrence is held to `precision::UNGATED_FLOOR_SLACK` (see there).
+/// whole matrix. The ungated recurrence is held to `precision::UNGATED_FLOOR_SLACK`, `K = 256`
+/// to `precision::LONG_KEY_FLOOR_SLACK` (see there).
 #[test]
 fn model_matrix() {
     use kda_tests::RowLayout;
@@ -220,7 +221,7 @@ fn model_matrix() {
                         );
                         let [h, v, t] = errs;
                         println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e} (f32 floor h {:.2e})", floor[0]);
-                        let bound = |f: f64| kda::precision::bound_for(g || gk, f);
+                        let bound = |f: f64| kda::precision::bound_for(g || gk, key_dim, f);
                         if errs.iter().zip(floor).any(|(&e, f)| e.is_nan() || e >= bound(f)) {
                             failures.push(case);
                         }
@@ -325,8 +326,8 @@ fn unsupported_model_launches_are_typed_errors() {
     let odd = Strides { u: Some(kda::RowStrides { token: 128 + 4, head: 128 }), ..Strides::PACKED };
     let err = run_model_guarded(&gpu, &p.view(), odd, Kernel::Auto).unwrap_err();
     assert!(matches!(err, KdaError::Unsupported { argument: "u", .. }), "{err}");
-    let k256 = ModelShape { key_dim: 256, value_dim: 64, ..shape };
-    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), k256, false, 3).unwrap();
+    let k96 = ModelShape { key_dim: 96, value_dim: 64, ..shape };
+    let p = inputs::try_random_model_problem(Plan::from_lengths(&[70]), k96, false, 3).unwrap();
     let err = run_model_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto).unwrap_err();
     assert!(matches!(err, KdaError::Unsupported { argument: "key_dim", .. }), "{err}");
     let v96 = ModelShape { value_dim: 96, ..shape };

@@ -196,8 +196,8 @@ impl Ab {
         let want = io::read_model_outputs(&ref_path, &p.view()).map_err(|e| e.to_string())?;
         // The f32 rounding floor e32 of this problem, which sets the bound on long sequences.
         let e32 = rel_errors(&reference::model_reference_f32(&p.view()).map_err(|e| e.to_string())?, &want);
-        let gated = p.shape.gates.g || p.shape.gates.gk;
-        Ok(Expected { problem: p, want, f32_floor: e32, bounds: e32.map(|f| precision::bound_for(gated, f)) })
+        let (gated, key_dim) = (p.shape.gates.g || p.shape.gates.gk, p.shape.key_dim);
+        Ok(Expected { problem: p, want, f32_floor: e32, bounds: e32.map(|f| precision::bound_for(gated, key_dim, f)) })
     }
 
     /// Runs build `i` on `input` (of `shape`) and judges its outputs: whether it passed, and the

@@ -2,7 +2,8 @@
 //! synccheck over `kda run` on ragged inputs with tails: the golden fixture `ragged_h3` (one
 //! item per CTA), `ragged_many` (512 items, so CTAs of the persistent grid run several back to
 //! back), and the model fixtures the GPU runs (the scalar gate with grouped value heads,
-//! value-first states, both gates, no gate at V = 256). Prints each run's summary line, and the
+//! value-first states, both gates, no gate at V = 256, K = 64, K = 256), each in wide and in narrow
+//! column blocks (`K = 256` narrow only). Prints each run's summary line, and the
 //! log of a run that reports an error or hazard, fails or times out (the first and last 60
 //! lines); fails if any does. Each run's whole log is in DIR (default `target/sanitize`), one
 //! file per tool and input.
@@ -16,8 +17,12 @@ use std::time::Duration;
 const TOOLS: &[&str] = &["memcheck", "racecheck", "synccheck"];
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The model fixtures the GPU runs (`tests/fixtures/models/`).
-const MODEL_FIXTURES: [&str; 4] = ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "plain_delta_k128_v256"];
+/// The model fixtures the GPU runs in both column widths (`tests/fixtures/models/`).
+const MODEL_FIXTURES: [&str; 5] = ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "plain_delta_k128_v256", "kda_k64"];
+/// The model fixtures the GPU runs in narrow blocks only.
+const NARROW_FIXTURES: [&str; 1] = ["gdn_k256_v512"];
+/// The column blocks each input runs in (`kda run --columns`).
+const WIDTHS: [&str; 2] = ["wide", "narrow"];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
@@ -30,26 +35,30 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let many = scratch.join("ragged_many.safetensors");
     shapes::write("ragged_many", &many)?;
     let fixture = |name: &str| repo_root().join(format!("tests/fixtures/{name}.safetensors"));
-    let mut inputs = vec![("ragged_h3", fixture("ragged_h3")), ("ragged_many", many)];
+    let mut inputs = vec![("ragged_h3", fixture("ragged_h3"), &WIDTHS[..]), ("ragged_many", many, &WIDTHS[..])];
     // Every variant of the Hopper kernel: the scalar gate with grouped heads, value-first states,
-    // both gates, no gate at V = 256.
-    inputs.extend(MODEL_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")))));
+    // both gates, no gate at V = 256, K = 64, K = 256.
+    inputs.extend(MODEL_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[..])));
+    inputs.extend(NARROW_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[1..])));
 
     let mut failed = Vec::new();
     for tool in TOOLS {
-        for (name, input) in &inputs {
-            let log = out.join(format!("sanitizer_{tool}_{name}.txt"));
-            let mut cmd = Command::new(&sanitizer);
-            cmd.args(["--tool", tool]).arg(&kda).arg("run").arg("--inputs").arg(input);
-            cmd.arg("--out").arg(scratch.join("sanitized.safetensors"));
-            println!("== {tool} on {name} ...");
-            let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
-            let summary = summary_line(&text);
-            let clean = summary.is_some_and(reports_nothing);
-            println!("   {tool:<9} {name:<21} {}; {}", summary.unwrap_or("no summary line"), f.describe());
-            if !(f.ok() && clean) {
-                println!("{}", abridge(&text, 60, 60));
-                failed.push(format!("{tool} on {name}"));
+        for (name, input, widths) in &inputs {
+            for width in widths.iter() {
+                let log = out.join(format!("sanitizer_{tool}_{name}_{width}.txt"));
+                let mut cmd = Command::new(&sanitizer);
+                cmd.args(["--tool", tool]).arg(&kda).arg("run").arg("--inputs").arg(input);
+                cmd.arg("--out").arg(scratch.join("sanitized.safetensors")).args(["--columns", width]);
+                println!("== {tool} on {name} ({width}) ...");
+                let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
+                let summary = summary_line(&text);
+                let clean = summary.is_some_and(reports_nothing);
+                let case = format!("{name} {width}");
+                println!("   {tool:<9} {case:<28} {}; {}", summary.unwrap_or("no summary line"), f.describe());
+                if !(f.ok() && clean) {
+                    println!("{}", abridge(&text, 60, 60));
+                    failed.push(format!("{tool} on {case}"));
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ pub struct LoadMaps {
     pub k: u64,
     /// `w`, as `k`.
     pub w: u64,
-    /// `u`, as `k`.
+    /// `u` in `[CHUNK][1][BV]` boxes (the block's width).
     pub u: u64,
     /// `k` in one-row boxes.
     pub k_row: u64,
@@ -61,8 +61,8 @@ pub struct StoreMaps {
     pub v_new: u64,
 }
 
-/// The first column of the `u` box holding column `col`: a wide block's own columns, or the 64 a
-/// narrow block's 32 lie in (`layout::hopper::Stage`).
+/// The first column of the tail chunk's one-row `u` boxes holding column `col`: a wide block's
+/// own columns, or the 64 a narrow block's 32 lie in (`layout::hopper::Stage`).
 #[inline(always)]
 pub fn u_box_column(col: usize) -> usize {
     col - col % BOX_COLS

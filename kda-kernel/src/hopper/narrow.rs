@@ -165,7 +165,7 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
             stage_transposed(smem.s_operand() + t as u32 * TILE_BYTES, &a_fragments::<2>(acc), tid);
         }
         let zero_u = PRESCAN && item.u_col.is_none();
-        let mut vn = if zero_u { [0.0; NARROW_ACC] } else { load_u(tiles.u(), item.u_col.unwrap_or(0), tid) };
+        let mut vn = if zero_u { [0.0; NARROW_ACC] } else { load_u(tiles.u(), item.u_col.unwrap_or(0), rows, tid) };
         publish();
 
         // 2. Vn = u - w @ bf16(S), and meanwhile bf16(S) staged for `h` (none in the pre-scan);
@@ -236,19 +236,21 @@ unsafe fn publish() {
     unsafe { named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32) };
 }
 
-/// The block's `u` columns (column `u_col` of the stage's `u` box onward, `[CHUNK][BOX_COLS]`,
-/// 128-byte swizzled) as f32 in the m64n32 accumulator layout (rows = tokens).
+/// The block's `u` columns as f32 in the m64n32 accumulator layout (rows = tokens): the stage's
+/// `u` tile, `[CHUNK][32]` with the 64-byte swizzle for a full chunk, for a tail chunk (`rows <
+/// CHUNK`) the `[CHUNK][BOX_COLS]` one-row boxes (128-byte swizzle) holding column `u_col`.
 ///
 /// # Safety
-/// The warpgroup calls it together; `u` is a full stage's `u` box.
+/// The warpgroup calls it together; `u` is a full stage's `u` tile.
 #[inline(always)]
-unsafe fn load_u(u: u32, u_col: usize, tid: usize) -> [f32; NARROW_ACC] {
+unsafe fn load_u(u: u32, u_col: usize, rows: usize, tid: usize) -> [f32; NARROW_ACC] {
     let first = (u_col % BOX_COLS) / COLS_PER_CHUNK16;
     let mut vn = [0f32; NARROW_ACC];
     for step in 0..CHUNK / 32 {
         let (t, chunk) = fragment_row(tid, step);
-        // SAFETY: row `t < CHUNK`, chunk `first + chunk < 8` of the box.
-        let m = unsafe { ldmatrix_x4(u + swizzled(t, first + chunk)) };
+        let at = if rows == CHUNK { swizzled64(t, chunk) } else { swizzled(t, first + chunk) };
+        // SAFETY: row `t < CHUNK` and its chunk lie inside the tile.
+        let m = unsafe { ldmatrix_x4(u + at) };
         // Matrix `half + 2 * group` holds fragment elements 8 * step + 4 * group + 2 * half.
         for (i, &pair) in m.iter().enumerate() {
             let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);

@@ -3,7 +3,7 @@
 //! the next item's first loads overlap the current item's last chunks).
 
 use super::keys::KeySize;
-use super::maps::{ChunkLoad, LoadMaps, u_box_column};
+use super::maps::{ChunkLoad, LoadMaps};
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{exp2_approx, st_shared_f32};
@@ -217,14 +217,14 @@ unsafe fn load_full_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
         // SAFETY: the boxes are the chunk's rows of `k`, `w` and (unless its values are zero)
         // `u`, exactly the bytes announced.
         unsafe {
-            let u_bytes = if load.item.u_col.is_some() { 0 } else { BOX_BYTES as u32 };
-            load.ring.producer_commit_tx(load.stage, C::smem::<B>().stage_bytes - u_bytes);
+            let u_bytes = if load.item.u_col.is_some() { B::U_BOX_BYTES } else { 0 };
+            load.ring.producer_commit_tx(load.stage, (2 * C::KB * BOX_BYTES + u_bytes) as u32);
             for b in 0..C::KB {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
             if let Some(col) = load.item.u_col {
-                load.load_box(tiles.u(), maps.u, u_box_column(col), t);
+                load.load_box(tiles.u(), maps.u, col, t);
             }
         }
     }

@@ -33,7 +33,7 @@ pub(super) fn hopper_maps(
     let tile = hopper::BOX_COLS;
     set(MapSlot::K, TensorMapArg::tokens(p.k, k, CHUNK, tile)?);
     set(MapSlot::W, TensorMapArg::tokens(p.w, w, CHUNK, tile)?);
-    set(MapSlot::U, TensorMapArg::tokens(p.u, u, CHUNK, tile)?);
+    set(MapSlot::U, TensorMapArg::tokens(p.u, u, CHUNK, width)?);
     set(MapSlot::KRow, TensorMapArg::tokens(p.k, k, 1, tile)?);
     set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1, tile)?);
     set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1, tile)?);
