@@ -228,11 +228,12 @@ impl Bench<'_> {
             (self.median_us)(self.best, &mut devs).map_err(text)
         };
         let mut other_columns_us = None;
-        if self.best == Kernel::Hopper {
-            let other = match columns {
-                Columns::Wide => Columns::Narrow,
-                Columns::Narrow => Columns::Wide,
-            };
+        let other = match columns {
+            Columns::Wide => Columns::Narrow,
+            Columns::Narrow => Columns::Wide,
+        };
+        // (`K = 256` runs in narrow blocks only.)
+        if self.best == Kernel::Hopper && other.runs(p.shape.key_dim) {
             eprint!(" {columns:?} blocks; timing {other:?} ...");
             other_columns_us = Some(time_columns(ColumnMode::Force(other))?);
             time_columns(ColumnMode::Auto)?;
