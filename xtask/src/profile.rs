@@ -11,7 +11,8 @@ use crate::shapes;
 use std::process::Command;
 use std::time::Duration;
 
-const KERNEL: &str = "kda_fwd_h_hopper";
+/// Every entry of the Hopper kernel (wide, narrow, each key size).
+const KERNEL: &str = "regex:^kda_fwd_h_hopper";
 const SECTIONS: &[&str] = &[
     "SpeedOfLight",
     "MemoryWorkloadAnalysis",
