@@ -13,15 +13,13 @@
 
 use super::fragments::{
     ACC_PER_GROUP, ATOM_BYTES, CHUNKS_PER_ROW, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, matrix_row,
-    swizzled,
+    swizzled, unpack_matrices,
 };
 use super::keys::{KeySize, WideKey};
 use super::maps::StoreMaps;
 use super::smem::Smem;
 use super::tail;
-use crate::arch::sm80::{
-    bf16_to_f32, ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh,
-};
+use crate::arch::sm80::{ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh};
 use crate::arch::sm90::{
     bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4, stmatrix_x4_trans, sw128_desc,
     tma_store_3d, wgmma_wait_m64n64,
@@ -73,21 +71,28 @@ pub struct Variant {
 /// launch's outputs.
 #[inline(always)]
 pub unsafe fn run<C: WideKey>(work: &Work, smem: Smem<C, Wide>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
-    // SAFETY (block): as this function's.
-    unsafe {
-        match (kind.prescan, kind.scalar_gate, kind.value_first) {
-            (false, false, false) => consume::<C, false, false, false>(work, smem, tid, out, has_h0),
-            (false, false, true) => consume::<C, false, true, false>(work, smem, tid, out, has_h0),
-            (false, true, false) => consume::<C, true, false, false>(work, smem, tid, out, has_h0),
-            (false, true, true) => consume::<C, true, true, false>(work, smem, tid, out, has_h0),
-            (true, false, _) => consume::<C, false, false, true>(work, smem, tid, out, false),
-            (true, true, _) => consume::<C, true, false, true>(work, smem, tid, out, false),
-        }
-    }
+    // SAFETY: as this function's.
+    unsafe { for_variant!(kind, consume::<C>(work, smem, tid, out), has_h0) }
 }
 
-/// [`run`] for one variant: per item, the initial state from the producer's `h0` slot (or
-/// zeros, or in the pre-scan the identity's columns), the chunks, and the final state.
+/// Calls `$consume::<$key, SCALAR_GATE, VALUE_FIRST, PRESCAN>($args.., has_h0)` for the variant
+/// `$kind` (the pre-scan's states are key-first and start from no `h0`): the one dispatch of a
+/// consumer, so that its chunk loop carries no branch on the variant.
+macro_rules! for_variant {
+    ($kind:expr, $consume:ident::<$key:ty>($($arg:expr),*), $has_h0:expr) => {
+        match ($kind.prescan, $kind.scalar_gate, $kind.value_first) {
+            (false, false, false) => $consume::<$key, false, false, false>($($arg),*, $has_h0),
+            (false, false, true) => $consume::<$key, false, true, false>($($arg),*, $has_h0),
+            (false, true, false) => $consume::<$key, true, false, false>($($arg),*, $has_h0),
+            (false, true, true) => $consume::<$key, true, true, false>($($arg),*, $has_h0),
+            (true, false, _) => $consume::<$key, false, false, true>($($arg),*, false),
+            (true, true, _) => $consume::<$key, true, false, true>($($arg),*, false),
+        }
+    };
+}
+pub(super) use for_variant;
+
+/// [`run`] for one variant: [`walk_items`] with the wide state and chunk.
 ///
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
@@ -99,32 +104,71 @@ unsafe fn consume<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     out: Outputs,
     has_h0: bool,
 ) {
-    let coords = |e| wide_coords(tid, e);
+    let state = ItemState { zero: C::zero_state, flat: wide_flat::<C>, coords: |e| wide_coords(tid, e) };
+    // SAFETY: as this function's; each chunk runs at the consumer's positions.
+    unsafe {
+        walk_items::<C, Wide, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
+            consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
+        })
+    }
+}
+
+/// The wide state's registers as f32.
+#[inline(always)]
+fn wide_flat<C: WideKey>(s: &mut C::State) -> &mut [f32] {
+    s.as_mut()
+}
+
+/// How a consumer holds its state `S`: `zero()` makes one, `flat` views its registers as f32,
+/// element `e` of which is `coords(e)`, (key row, value column in the block).
+pub(super) struct ItemState<S, Z, P> {
+    pub zero: Z,
+    pub flat: fn(&mut S) -> &mut [f32],
+    pub coords: P,
+}
+
+/// The consumer's walk over the CTA's items, the same for both block widths: per item, the
+/// initial state (zeros, the pre-scan's identity columns, or the producer's `h0` slot), its
+/// chunks through `chunk` at the consumer's ring and staging positions, and the final state to
+/// `ht`; then the wait for the last stores.
+///
+/// # Safety
+/// The 128 consumer threads call it together, after the barriers are initialised; `out` holds
+/// the launch's outputs; `chunk` runs one chunk at the positions it is given.
+#[inline(always)]
+pub(super) unsafe fn walk_items<C: KeySize, B: Block, S, const VALUE_FIRST: bool, const PRESCAN: bool>(
+    work: &Work,
+    smem: Smem<C, B>,
+    tid: usize,
+    out: Outputs,
+    has_h0: bool,
+    state: ItemState<S, impl Fn() -> S, impl Fn(usize) -> (usize, usize) + Copy>,
+    mut chunk: impl FnMut(ChunkAt<'_>, &mut S),
+) {
+    let coords = state.coords;
     let mut stage = PipelineState::consumer_start(smem.ring().stages());
     let mut slot = PipelineState::consumer_start(1);
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
     // bulk-group read, not a barrier).
     let mut staging = PipelineState::consumer_start(smem.staging_buffers());
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
-        let mut s = C::zero_state();
+        let mut s = (state.zero)();
         if PRESCAN {
-            identity_columns(s.as_mut(), coords, item.vcol0);
+            identity_columns((state.flat)(&mut s), coords, item.vcol0);
         }
         if has_h0 {
             // SAFETY: the producer loads every item's state into the slot when `h0` is given.
-            unsafe { load_initial_state::<C, Wide, VALUE_FIRST>(s.as_mut(), coords, smem, slot) };
+            unsafe { load_initial_state::<C, B, VALUE_FIRST>((state.flat)(&mut s), coords, smem, slot) };
             slot.advance();
         }
         for c in 0..item.chunks() {
-            let at = ChunkAt { item: &item, c, stage, buf: staging.index() };
-            // SAFETY: as this function's; the positions are the consumer's.
-            unsafe { consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, &mut s) };
+            chunk(ChunkAt { item: &item, c, stage, buf: staging.index() }, &mut s);
             stage.advance();
             staging.advance();
         }
         if let (false, Some(row)) = (out.ht.is_null(), item.ht_row) {
             // SAFETY: `ht` holds the item's row of `K x value_dim` f32 states.
-            unsafe { store_final_state::<VALUE_FIRST>(s.as_ref(), coords, C::K, row, item.vcol0, out) };
+            unsafe { store_final_state::<VALUE_FIRST>((state.flat)(&mut s), coords, C::K, row, item.vcol0, out) };
         }
     }
     finish_stores(tid);
@@ -134,7 +178,7 @@ unsafe fn consume<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
 /// tiles: shared memory must outlive them (their global writes complete before the grid does
 /// without waiting here).
 #[inline(always)]
-pub(super) fn finish_stores(tid: usize) {
+fn finish_stores(tid: usize) {
     if tid == STORE_THREAD {
         bulk_wait_group_read::<0>();
     }
@@ -155,7 +199,7 @@ fn wide_coords(tid: usize, e: usize) -> (usize, usize) {
 /// # Safety
 /// Consumer threads only; `slot` is the consumer's position on the slot's barriers.
 #[inline(always)]
-pub(super) unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST: bool>(
+unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST: bool>(
     s: &mut [f32],
     coords: impl Fn(usize) -> (usize, usize),
     smem: Smem<C, B>,
@@ -183,7 +227,7 @@ pub(super) unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST:
 /// The pre-scan's initial state `[I | 0]` at this block's columns: `S[kk][vcol0 + v]` is one
 /// where `kk = vcol0 + v` (only in the key columns, `vcol0 < K`); element `e` is at `coords(e)`.
 #[inline(always)]
-pub(super) fn identity_columns(s: &mut [f32], coords: impl Fn(usize) -> (usize, usize), vcol0: usize) {
+fn identity_columns(s: &mut [f32], coords: impl Fn(usize) -> (usize, usize), vcol0: usize) {
     for (e, x) in s.iter_mut().enumerate() {
         let (kk, v) = coords(e);
         *x = if kk == vcol0 + v { 1.0 } else { 0.0 };
@@ -197,7 +241,7 @@ pub(super) fn identity_columns(s: &mut [f32], coords: impl Fn(usize) -> (usize, 
 /// Consumer threads only; `out.ht` holds states of `K x value_dim` f32 in the launch's layout,
 /// row `row` and the block's columns from `vcol0` included.
 #[inline(always)]
-pub(super) unsafe fn store_final_state<const VALUE_FIRST: bool>(
+unsafe fn store_final_state<const VALUE_FIRST: bool>(
     s: &[f32],
     coords: impl Fn(usize) -> (usize, usize),
     key_dim: usize,
@@ -218,11 +262,11 @@ pub(super) unsafe fn store_final_state<const VALUE_FIRST: bool>(
 /// Where a chunk is: chunk `c` of `item`, at ring position `stage`, staging its outputs in
 /// buffer `buf`.
 #[derive(Clone, Copy)]
-struct ChunkAt<'a> {
-    item: &'a Item,
-    c: usize,
-    stage: PipelineState,
-    buf: usize,
+pub(super) struct ChunkAt<'a> {
+    pub item: &'a Item,
+    pub c: usize,
+    pub stage: PipelineState,
+    pub buf: usize,
 }
 
 /// One chunk.
@@ -311,12 +355,7 @@ unsafe fn load_u_transposed(u: u32, tid: usize) -> [f32; VN_REGS] {
         let (t, chunk) = matrix_row(tid, step);
         // SAFETY: row `t < CHUNK`, chunk < 8 of the tile.
         let m = unsafe { ldmatrix_x4_trans(u + swizzled(t, chunk)) };
-        // Matrix `half + 2 * group` holds fragment elements 8 * step + 4 * group + 2 * half.
-        for (i, &pair) in m.iter().enumerate() {
-            let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);
-            vn[e] = bf16_to_f32(pair as u16);
-            vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
-        }
+        unpack_matrices(m, step, &mut vn);
     }
     vn
 }

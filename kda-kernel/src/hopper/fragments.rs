@@ -2,7 +2,7 @@
 //! 128-byte swizzle of the shared tiles, and the lane addresses of `ldmatrix` / `stmatrix` over
 //! them. Pure index arithmetic, written once.
 
-use crate::arch::sm80::pack_bf16x2;
+use crate::arch::sm80::{bf16_to_f32, pack_bf16x2};
 
 /// Bytes of one 128-byte swizzle row (64 bf16).
 pub const ROW_BYTES: u32 = 128;
@@ -91,4 +91,16 @@ pub fn acc_coords(tid: usize, e: usize) -> (usize, usize) {
 #[inline(always)]
 pub fn a_fragments<const STEPS: usize>(acc: &[f32]) -> [[u32; 4]; STEPS] {
     core::array::from_fn(|ks| core::array::from_fn(|p| pack_bf16x2(acc[8 * ks + 2 * p], acc[8 * ks + 2 * p + 1])))
+}
+
+/// Writes the four matrices `m` of an `x4` `ldmatrix` over the 16-column step `step` of an
+/// accumulator fragment into `acc` as f32: matrix `half + 2 * group` holds the bf16 pair of
+/// elements `8 * step + 4 * group + 2 * half` and `+ 1` ([`matrix_row`], [`fragment_row`]).
+#[inline(always)]
+pub fn unpack_matrices(m: [u32; 4], step: usize, acc: &mut [f32]) {
+    for (i, &pair) in m.iter().enumerate() {
+        let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);
+        acc[e] = bf16_to_f32(pair as u16);
+        acc[e + 1] = bf16_to_f32((pair >> 16) as u16);
+    }
 }

@@ -18,24 +18,24 @@
 //! memory (`[K][32]` and `[CHUNK][32]`, 64-byte swizzle; value-first `h` as `[32][K]`).
 
 use super::consumer::{
-    CONSUMER_BARRIER, Outputs, Staged, Variant, acquire_staging, finish_stores, identity_columns, load_initial_state,
-    stage_transposed, store_final_state, store_outputs,
+    CONSUMER_BARRIER, ChunkAt, ItemState, Outputs, Staged, Variant, acquire_staging, for_variant, stage_transposed,
+    store_outputs, walk_items,
 };
 use super::fragments::{
     ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, swizzled, swizzled64,
+    unpack_matrices,
 };
 use super::keys::{KeySize, NARROW_ACC};
 use super::smem::Smem;
 use super::tail;
-use crate::arch::sm80::{bf16_to_f32, ld_shared_f32, ldmatrix_x4, named_barrier, thread_idx_x_fresh};
+use crate::arch::sm80::{ld_shared_f32, ldmatrix_x4, named_barrier, thread_idx_x_fresh};
 use crate::arch::sm90::{
     fence_proxy_async, stmatrix_x4, sw128_desc, wgmma_m64n32k16x4_add_ta, wgmma_m64n32k16x4_sub_kmajor,
     wgmma_wait_m64n32,
 };
 use crate::layout::CHUNK;
 use crate::layout::hopper::{BOX_COLS, CONSUMER_THREADS, Narrow, NarrowTile};
-use crate::pipeline::PipelineState;
-use crate::schedule::{Item, Work};
+use crate::schedule::Work;
 
 /// Keys per m64 tile of the state (and per box of the `k`, `w` and `bf16(S)^T` tiles).
 const KEYS_PER_TILE: usize = 64;
@@ -59,17 +59,8 @@ pub unsafe fn run<C: KeySize>(
     has_h0: bool,
     kind: Variant,
 ) {
-    // SAFETY (block): as this function's.
-    unsafe {
-        match (kind.prescan, kind.scalar_gate, kind.value_first) {
-            (false, false, false) => consume::<C, false, false, false>(work, smem, tid, out, has_h0),
-            (false, false, true) => consume::<C, false, true, false>(work, smem, tid, out, has_h0),
-            (false, true, false) => consume::<C, true, false, false>(work, smem, tid, out, has_h0),
-            (false, true, true) => consume::<C, true, true, false>(work, smem, tid, out, has_h0),
-            (true, false, _) => consume::<C, false, false, true>(work, smem, tid, out, false),
-            (true, true, _) => consume::<C, true, false, true>(work, smem, tid, out, false),
-        }
-    }
+    // SAFETY: as this function's.
+    unsafe { for_variant!(kind, consume::<C>(work, smem, tid, out), has_h0) }
 }
 
 /// (key row, value column in the block) of element `e` of a narrow state: accumulator
@@ -80,8 +71,13 @@ fn narrow_coords(tid: usize, e: usize) -> (usize, usize) {
     (KEYS_PER_TILE * (e / NARROW_ACC) + row, col)
 }
 
-/// [`run`] for one variant: per item, the initial state (the `h0` slot, zeros, or the pre-scan's
-/// identity columns), the chunks, and the final state.
+/// The narrow state's registers as f32, tile after tile.
+#[inline(always)]
+fn narrow_flat<C: KeySize>(s: &mut C::NarrowState) -> &mut [f32] {
+    s.as_mut().as_flattened_mut()
+}
+
+/// [`run`] for one variant: `consumer::walk_items` with the narrow state and chunk.
 ///
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
@@ -93,59 +89,27 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     out: Outputs,
     has_h0: bool,
 ) {
-    let coords = |e| narrow_coords(tid, e);
-    let mut stage = PipelineState::consumer_start(smem.ring().stages());
-    let mut slot = PipelineState::consumer_start(1);
-    let mut staging = PipelineState::consumer_start(smem.staging_buffers());
-    for item in work.items::<{ super::CONSUMER_ROLE }>() {
-        let mut s = C::zero_narrow_state();
-        if PRESCAN {
-            identity_columns(s.as_mut().as_flattened_mut(), coords, item.vcol0);
-        }
-        if has_h0 {
-            // SAFETY: the producer loads every item's state into the slot when `h0` is given.
-            unsafe { load_initial_state::<C, Narrow, VALUE_FIRST>(s.as_mut().as_flattened_mut(), coords, smem, slot) };
-            slot.advance();
-        }
-        for c in 0..item.chunks() {
-            // SAFETY: as this function's; the positions are the consumer's.
-            unsafe {
-                consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(
-                    &item,
-                    c,
-                    stage,
-                    staging.index(),
-                    smem,
-                    out,
-                    &mut s,
-                )
-            };
-            stage.advance();
-            staging.advance();
-        }
-        if let (false, Some(row)) = (out.ht.is_null(), item.ht_row) {
-            // SAFETY: `ht` holds the item's row of `K x value_dim` f32 states.
-            unsafe { store_final_state::<VALUE_FIRST>(s.as_ref().as_flattened(), coords, C::K, row, item.vcol0, out) };
-        }
+    let state = ItemState { zero: C::zero_narrow_state, flat: narrow_flat::<C>, coords: |e| narrow_coords(tid, e) };
+    // SAFETY: as this function's; each chunk runs at the consumer's positions.
+    unsafe {
+        walk_items::<C, Narrow, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
+            consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
+        })
     }
-    finish_stores(tid);
 }
 
-/// Chunk `c` of `item` at ring position `stage`, staging its outputs in buffer `buf`.
+/// One chunk, at `at`.
 ///
 /// # Safety
-/// As for [`run`]; `stage` is the consumer's position.
+/// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
-    item: &Item,
-    c: usize,
-    stage: PipelineState,
-    buf: usize,
+    at: ChunkAt<'_>,
     smem: Smem<C, Narrow>,
     out: Outputs,
     s: &mut C::NarrowState,
 ) {
+    let (item, c, stage, buf) = (at.item, at.c, at.stage, at.buf);
     let ring = smem.ring();
     let tiles = smem.stage(stage.index());
     let rows = item.rows(c);
@@ -251,12 +215,7 @@ unsafe fn load_u(u: u32, u_col: usize, rows: usize, tid: usize) -> [f32; NARROW_
         let at = if rows == CHUNK { swizzled64(t, chunk) } else { swizzled(t, first + chunk) };
         // SAFETY: row `t < CHUNK` and its chunk lie inside the tile.
         let m = unsafe { ldmatrix_x4(u + at) };
-        // Matrix `half + 2 * group` holds fragment elements 8 * step + 4 * group + 2 * half.
-        for (i, &pair) in m.iter().enumerate() {
-            let e = 8 * step + 4 * (i / 2) + 2 * (i % 2);
-            vn[e] = bf16_to_f32(pair as u16);
-            vn[e + 1] = bf16_to_f32((pair >> 16) as u16);
-        }
+        unpack_matrices(m, step, &mut vn);
     }
     vn
 }
