@@ -117,7 +117,8 @@ impl DevicePlan {
         let ordinal = stream.context().ordinal();
         let split_plan = SplitPlan::unsplit(&plan);
         let mut this = Self {
-            schedule: Schedule::try_lpt(&plan, value_heads, 1, 0)?,
+            // An empty placeholder: `set_columns` below makes the schedule.
+            schedule: Schedule::try_lpt_lengths(&[], value_heads, 1, 0)?,
             plan,
             shape: *shape,
             strides: Strides::PACKED,
