@@ -36,10 +36,15 @@ fn run(cmd: &mut Command) -> String {
 
 /// Assembles `ptx` for `arch`; returns the cubin path and ptxas's `-v` report.
 fn assemble(ptx: &str, arch: &str) -> (PathBuf, String) {
+    assemble_as(ptx, arch, arch)
+}
+
+/// [`assemble`] into files named `name` (tests running at once each use their own).
+fn assemble_as(ptx: &str, arch: &str, name: &str) -> (PathBuf, String) {
     let dir = std::env::temp_dir().join(format!("kda-ptx-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join(format!("{arch}.ptx"));
-    let cubin = dir.join(format!("{arch}.cubin"));
+    let src = dir.join(format!("{name}.ptx"));
+    let cubin = dir.join(format!("{name}.cubin"));
     std::fs::write(&src, ptx).unwrap();
     let report = run(Command::new(tool("ptxas")).args(["-v", &format!("-arch={arch}"), "-o"]).arg(&cubin).arg(&src));
     (cubin, report)
@@ -100,6 +105,26 @@ fn baseline_assembles_without_spills_for_both_targets() {
             "{arch}: {} registers leave room for fewer than {BASELINE_CTAS_PER_SM} CTAs per SM",
             r.registers
         );
+    }
+}
+
+/// The GPUs the driver JIT-compiles the portable module for (compute capability 8.0 and newer
+/// other than 9.x takes it; sm_90 is included as the generic Hopper target): A100, A10 / RTX 30xx,
+/// L4 / L40S / RTX 40xx, H100 / H200, B200, RTX 50xx.
+const JIT_TARGETS: [&str; 6] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"];
+
+#[test]
+fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
+    let portable: Vec<_> = KERNELS.iter().filter(|k| k.targets.contains(&kda_kernel::abi::SM80)).collect();
+    assert!(portable.len() >= 2, "the portable module holds the baseline and the merge");
+    for arch in JIT_TARGETS {
+        let (_, report) = assemble_as(SM80, arch, &format!("jit-{arch}"));
+        for k in &portable {
+            let r = resources(&report, k.entry);
+            println!("{arch} {}: {} registers, {} bytes of dynamic shared memory", k.entry, r.registers, k.smem_bytes);
+            assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch} {}: {r:?}", k.entry);
+            assert!(r.registers * k.threads <= REGISTERS_PER_SM, "{arch} {}: {} registers", k.entry, r.registers);
+        }
     }
 }
 
