@@ -4,6 +4,7 @@
 //! ```text
 //! kda demo [--cpu]                                   a realistic workload: time, floor, error
 //! kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE] [--columns MODE] [--explain]
+//! kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
 //! ```
 
 use cudarc::driver::CudaStream;
@@ -35,7 +36,12 @@ const USAGE: &str = "usage:
       default) or forced. --explain prints the work items, the column blocks and split the
       planner chose and its modelled time (for 132 SMs when no GPU is used).
       A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) computes o and ht
-      with --cpu (the whole layer has no GPU kernel yet).";
+      with --cpu (the whole layer has no GPU kernel yet).
+  kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
+      The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
+      the metadata; tests/fixtures/layer/README.md): writes o and ht. --cpu computes it with the
+      f64 reference (the whole layer has no GPU kernel yet: without --cpu it is refused, naming
+      what is missing, and nothing is written).";
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -58,11 +64,12 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("layer") => layer(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
         }
-        _ => Err(CliError::Usage("expected a subcommand: demo or run".into())),
+        _ => Err(CliError::Usage("expected a subcommand: demo, run or layer".into())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -268,6 +275,28 @@ fn run(args: &[String]) -> Result<(), CliError> {
     io::write_outputs(output, &out, &d)?;
     println!("wrote h, v_new, ht to {}", output.display());
     Ok(())
+}
+
+/// Parses `kda layer`'s arguments: `kda run`'s, without the recurrence's planning options.
+fn parse_layer(args: &[String]) -> Result<RunArgs, String> {
+    let a = parse_run(args).map_err(|e| e.replacen("run:", "layer:", 1))?;
+    if a.split != SplitMode::Auto || a.columns != ColumnMode::Auto || a.explain {
+        return Err("layer: --split, --columns and --explain plan the recurrence; `kda run` takes them".into());
+    }
+    Ok(a)
+}
+
+/// `kda layer`: the whole layer's forward on a layer file, as `kda run` runs one.
+fn layer(args: &[String]) -> Result<(), CliError> {
+    let a = parse_layer(args).map_err(CliError::Usage)?;
+    if same_file(&a.input, &a.output) {
+        return Err(CliError::Usage(format!(
+            "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
+            a.output.display(),
+            a.input.display()
+        )));
+    }
+    run_layer(&a)
 }
 
 /// `kda run` on a layer file (`q`, `k`, `v`, the gate, `beta` to `o` and `ht`): the f64 reference
@@ -488,6 +517,19 @@ mod tests {
         assert!(text.contains("pre-scan of 7 segment maps over K + V = 256 columns"), "{text}");
         let off = explanation(&plan, &work, SplitMode::Off, &SplitPlan::unsplit(&plan));
         assert!(off.contains("split (Off): whole") && !off.contains("pre-scan"), "{off}");
+    }
+
+    #[test]
+    fn layer_arguments_are_run_arguments_without_the_planning_options() {
+        let a = parse_layer(&args(&["--inputs", "i", "--out", "o", "--cpu"])).unwrap();
+        assert!(a.cpu && a.repeat.is_none());
+        let planning = "layer: --split, --columns and --explain plan the recurrence; `kda run` takes them";
+        for extra in [&["--split", "off"][..], &["--columns", "narrow"], &["--explain"]] {
+            let mut v = vec!["--inputs", "i", "--out", "o"];
+            v.extend_from_slice(extra);
+            assert_eq!(parse_layer(&args(&v)).unwrap_err(), planning);
+        }
+        assert_eq!(parse_layer(&args(&["--out", "o"])).unwrap_err(), "layer: --inputs is required");
     }
 
     #[test]

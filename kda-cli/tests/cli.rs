@@ -230,3 +230,29 @@ fn run_cpu_computes_a_layer_file() {
     assert!(!o.status.success() && text(&o).contains("`q`: a layer file"), "{}", text(&o));
     assert!(!refused.exists());
 }
+
+/// `kda layer` runs a layer file as `kda run` does: the f64 reference with `--cpu` (the same
+/// bytes as `kda run --cpu`), a typed refusal without it, and a recurrence file is not a layer.
+#[test]
+fn the_layer_subcommand_computes_a_layer_file() {
+    let input = fixture("layer/kda_layer_gate_in_kernel");
+    let (by_layer, by_run) = (scratch("layer.sub.safetensors"), scratch("layer.run.safetensors"));
+    let o = kda(&["layer", "--cpu", "--inputs", input.to_str().unwrap(), "--out", by_layer.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = kda(&["run", "--cpu", "--inputs", input.to_str().unwrap(), "--out", by_run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&by_layer).unwrap(), std::fs::read(&by_run).unwrap());
+
+    let refused = scratch("layer.sub.refused.safetensors");
+    let o = kda(&["layer", "--inputs", input.to_str().unwrap(), "--out", refused.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("`q`: a layer file"), "{}", text(&o));
+    assert!(!refused.exists());
+
+    let recurrence = fixture("tail_h2");
+    let not_layer = scratch("layer.not.safetensors");
+    let o = kda(&["layer", "--cpu", "--inputs", recurrence.to_str().unwrap(), "--out", not_layer.to_str().unwrap()]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(!not_layer.exists());
+    let o = kda(&["layer", "--cpu", "--inputs", input.to_str().unwrap(), "--out", input.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
