@@ -1,6 +1,9 @@
-//! `cargo xtask bundle [--out DIR]`: the binaries a GPU machine without Rust runs, built here in
-//! release mode and copied into `target/gpu-bundle/` as `kda` (the CLI), `xtask` (this program:
-//! bench, gpu-suite, profile, sanitize, ab, gpu-session) and `gpu` (the GPU suite's test binary).
+//! `cargo xtask bundle [--out DIR] [--with REV,...]`: the binaries a GPU machine without Rust
+//! runs, built here in release mode and copied into `target/gpu-bundle/` as `kda` (the CLI),
+//! `xtask` (this program: bench, gpu-suite, profile, sanitize, ab, gpu-session) and `gpu` (the GPU
+//! suite's test binary). `--with` also builds the `kda` of each git revision named (a branch, a
+//! commit) in a worktree of its own under `target/bundle-worktrees/`, copied in as
+//! `kda-<rev>`: the builds `xtask ab` compares on the GPU.
 
 use crate::args::Args;
 use crate::proc::{create_dir, repo_root};
@@ -12,10 +15,11 @@ use std::process::{Command, Stdio};
 const CARRY_LIMIT: u64 = 64 << 20;
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("bundle", args, &["--out"], &[])?;
+    let a = Args::parse("bundle", args, &["--out", "--with"], &[])?;
     a.no_positional("bundle")?;
     let root = repo_root();
     let out = a.path("--out", root.join("target/gpu-bundle"));
+    let revisions = a.list("--with", &[]);
     // Three builds: `--bin kda` finds the CLI in whichever workspace package holds it, and would
     // filter xtask's binary out of a combined build.
     let kda = build(&["build", "--release", "--bin", "kda"], &root, |t| is(t, "kda", "bin"))?;
@@ -25,9 +29,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         &root,
         |t| is(t, "gpu", "test"),
     )?;
+    let mut builds = vec![("kda".to_string(), kda), ("xtask".into(), xtask), ("gpu".into(), gpu)];
+    for rev in &revisions {
+        builds.push((format!("kda-{}", file_name_of(rev)), build_revision(&root, rev)?));
+    }
     create_dir(&out)?;
     let mut total = 0;
-    for (name, src) in [("kda", kda), ("xtask", xtask), ("gpu", gpu)] {
+    for (name, src) in builds {
         let dst = out.join(name);
         // Removed first: a copy onto a running executable fails, an unlink does not.
         let _ = std::fs::remove_file(&dst);
@@ -36,6 +44,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         total += bytes;
     }
     println!("{:>8.1} MiB  in all", mib(total));
+    if !revisions.is_empty() {
+        let others: Vec<String> =
+            revisions.iter().map(|r| format!("{}/kda-{}", out.display(), file_name_of(r))).collect();
+        println!("compare on the GPU: xtask ab {}/kda {}", out.display(), others.join(" "));
+    }
     if total > CARRY_LIMIT {
         return Err(format!(
             "the bundle is {:.1} MiB, over the {} MiB a device call carries",
@@ -44,6 +57,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `rev` as a file name: every character but letters, digits, `-`, `_` and `.` becomes `-`.
+fn file_name_of(rev: &str) -> String {
+    rev.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' }).collect()
+}
+
+/// Builds the `kda` binary of git revision `rev` in a worktree of its own
+/// (`target/bundle-worktrees/<rev>`, made afresh), with its own target directory.
+fn build_revision(root: &Path, rev: &str) -> Result<PathBuf, String> {
+    let tree = root.join("target/bundle-worktrees").join(file_name_of(rev));
+    let git = |args: &[&str]| -> Result<(), String> {
+        let status =
+            Command::new("git").args(args).current_dir(root).status().map_err(|e| format!("cannot run git: {e}"))?;
+        if status.success() { Ok(()) } else { Err(format!("git {} failed ({status})", args.join(" "))) }
+    };
+    if tree.exists() {
+        git(&["worktree", "remove", "--force", &tree.to_string_lossy()])?;
+    }
+    git(&["worktree", "add", "--detach", &tree.to_string_lossy(), rev])?;
+    build(&["build", "--release", "--bin", "kda"], &tree, |t| is(t, "kda", "bin"))
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -87,6 +121,13 @@ fn executable(json_lines: &str, want: impl Fn(&Value) -> bool) -> Option<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revisions_become_file_names() {
+        assert_eq!(file_name_of("narrow-four-stages"), "narrow-four-stages");
+        assert_eq!(file_name_of("origin/main~2"), "origin-main-2");
+        assert_eq!(file_name_of("v1.2_x"), "v1.2_x");
+    }
 
     #[test]
     fn the_test_binary_from_cargo_messages() {
