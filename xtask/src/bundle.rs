@@ -45,9 +45,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     println!("{:>8.1} MiB  in all", mib(total));
     if !revisions.is_empty() {
-        let others: Vec<String> =
-            revisions.iter().map(|r| format!("{}/kda-{}", out.display(), file_name_of(r))).collect();
-        println!("compare on the GPU: xtask ab {}/kda {}", out.display(), others.join(" "));
+        // Relative to the repository root, where commands on the GPU machine run.
+        let dir = out.strip_prefix(&root).unwrap_or(&out).display().to_string();
+        let others: Vec<String> = revisions.iter().map(|r| format!("{dir}/kda-{}", file_name_of(r))).collect();
+        println!("compare on the GPU: {dir}/xtask ab {dir}/kda {}", others.join(" "));
     }
     if total > CARRY_LIMIT {
         return Err(format!(

@@ -25,7 +25,7 @@ mod harness {
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/gpu-bundle/xtask <command>)
   ptx                                   ptxas resource report (registers, shared memory, spills) of every kernel; no GPU
-  bundle [--out DIR] [--with REV,...]                    builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle)
+  bundle [--out DIR] [--with REV,...]   builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle); --with adds the kda of each git revision as kda-REV, for ab
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
   bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
   profile [--shape NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3); details and SASS source CSV in DIR (target/profile)
