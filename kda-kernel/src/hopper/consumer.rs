@@ -16,7 +16,7 @@ use super::fragments::{
     swizzled, unpack_matrices,
 };
 use super::keys::{KeySize, WideKey};
-use super::maps::StoreMaps;
+use super::maps::{Outputs, StoreMaps};
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh};
@@ -27,7 +27,7 @@ use crate::arch::sm90::{
 use crate::layout::CHUNK;
 use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, StateBox, Wide};
 use crate::pipeline::PipelineState;
-use crate::schedule::{Item, RowStrides, Work};
+use crate::schedule::{Item, Work};
 
 /// f32 registers of `Vn^T` per consumer thread (the m64n64 accumulator).
 const VN_REGS: usize = CHUNK / 2;
@@ -38,18 +38,6 @@ pub(super) const STORE_THREAD: usize = 0;
 pub(super) const CONSUMER_BARRIER: u32 = 1;
 /// Bytes of one 64-key box of a wide block's `bf16(S)` staging tile.
 const STATE_BOX_BYTES: usize = core::mem::size_of::<StateBox>();
-
-/// What the consumer writes: the `h` and `v_new` maps, `v_new`'s rows for the tail stores, and
-/// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32).
-#[derive(Clone, Copy)]
-pub struct Outputs {
-    pub maps: StoreMaps,
-    pub v_new: *mut u16,
-    pub v_new_rows: RowStrides,
-    pub ht: *mut f32,
-    /// `V`.
-    pub value_dim: usize,
-}
 
 /// The launch's variant, as the consumer's loop is specialized for it (each is a generic
 /// parameter of [`consume`], so the chunk loop carries no branch on them).

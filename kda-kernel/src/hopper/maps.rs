@@ -1,11 +1,12 @@
 //! The tensor maps each role hands to TMA, by generic address (they stay in the kernel's
-//! parameter space), and a chunk's load job as the producer and the tail share it.
+//! parameter space), a chunk's load job as the producer and the tail share it, and the outputs
+//! the consumers and the tail write.
 
 use super::smem::StageTiles;
 use crate::arch::sm90::{prefetch_tensormap, tma_load_3d};
 use crate::layout::hopper::BOX_COLS;
 use crate::pipeline::{Pipeline, PipelineState};
-use crate::schedule::Item;
+use crate::schedule::{Item, RowStrides};
 
 /// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
 /// one-row boxes for tail chunks.
@@ -111,4 +112,16 @@ impl ChunkLoad<'_> {
         // SAFETY: the callers' contract.
         unsafe { tma_load_3d(dst, map, col as i32, head as i32, token as i32, full) }
     }
+}
+
+/// What the consumer writes: the `h` and `v_new` maps, `v_new`'s rows for the tail stores, and
+/// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32).
+#[derive(Clone, Copy)]
+pub struct Outputs {
+    pub maps: StoreMaps,
+    pub v_new: *mut u16,
+    pub v_new_rows: RowStrides,
+    pub ht: *mut f32,
+    /// `V`.
+    pub value_dim: usize,
 }

@@ -37,9 +37,9 @@ use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
 use crate::layout::hopper::{Block, CONSUMER_THREADS, Narrow, PRODUCER_THREADS, Wide};
 use crate::schedule::{RowStrides, Work};
-use consumer::{Outputs, Variant};
+use consumer::Variant;
 use keys::{K64, K128, K256, KeySize, WideKey};
-use maps::{LoadMaps, StoreMaps};
+use maps::{LoadMaps, Outputs, StoreMaps};
 use producer::Gates;
 use smem::Smem;
 

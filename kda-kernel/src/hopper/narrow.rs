@@ -18,7 +18,7 @@
 //! memory (`[K][32]` and `[CHUNK][32]`, 64-byte swizzle; value-first `h` as `[32][K]`).
 
 use super::consumer::{
-    CONSUMER_BARRIER, ChunkAt, ItemState, Outputs, Staged, Variant, acquire_staging, for_variant, stage_transposed,
+    CONSUMER_BARRIER, ChunkAt, ItemState, Staged, Variant, acquire_staging, for_variant, stage_transposed,
     store_outputs, walk_items,
 };
 use super::fragments::{
@@ -26,6 +26,7 @@ use super::fragments::{
     unpack_matrices,
 };
 use super::keys::{KeySize, NARROW_ACC};
+use super::maps::Outputs;
 use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{ld_shared_f32, ldmatrix_x4, named_barrier, thread_idx_x_fresh};

@@ -7,9 +7,9 @@
 //! the end; the consumer zeroes `Vn`'s rows past the end and stores the valid `v_new` rows with
 //! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
 
-use super::consumer::Outputs;
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled_rows};
 use super::keys::KeySize;
+use super::maps::Outputs;
 use super::maps::{ChunkLoad, u_box_column};
 use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
