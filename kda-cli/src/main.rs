@@ -236,13 +236,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
 fn run(args: &[String]) -> Result<(), CliError> {
     let a = parse_run(args).map_err(CliError::Usage)?;
     let (input, output, cpu) = (&a.input, &a.output, a.cpu);
-    if same_file(input, output) {
-        return Err(CliError::Usage(format!(
-            "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
-            output.display(),
-            input.display()
-        )));
-    }
+    refuse_output_over_input(input, output)?;
     let p = match io::read_problem(input) {
         Ok((p, _expected)) => p,
         // Not the KDA slice: a generalized problem, a layer file (looked for only then, so a
@@ -289,14 +283,21 @@ fn parse_layer(args: &[String]) -> Result<RunArgs, String> {
 /// `kda layer`: the whole layer's forward on a layer file, as `kda run` runs one.
 fn layer(args: &[String]) -> Result<(), CliError> {
     let a = parse_layer(args).map_err(CliError::Usage)?;
-    if same_file(&a.input, &a.output) {
+    refuse_output_over_input(&a.input, &a.output)?;
+    run_layer(&a)
+}
+
+/// The usage error of an `output` that names the file `input` is (the outputs would replace the
+/// inputs).
+fn refuse_output_over_input(input: &Path, output: &Path) -> Result<(), CliError> {
+    if same_file(input, output) {
         return Err(CliError::Usage(format!(
             "--out {} names the input file {}: the outputs would replace the inputs; choose another path",
-            a.output.display(),
-            a.input.display()
+            output.display(),
+            input.display()
         )));
     }
-    run_layer(&a)
+    Ok(())
 }
 
 /// `kda run` on a layer file (`q`, `k`, `v`, the gate, `beta` to `o` and `ht`): the f64 reference

@@ -155,15 +155,22 @@ impl DevicePlan {
                 reason: format!("K = {}: the Hopper kernel runs it in {:?} blocks only", dims.key_dim, Columns::Narrow),
             });
         }
+        self.use_columns(stream, columns)
+    }
+
+    /// Schedules the plan in `columns`, uploads its work records on `stream` and plans the split
+    /// in them.
+    fn use_columns(&mut self, stream: &Arc<CudaStream>, columns: Columns) -> Result<(), KdaError> {
+        let dims = self.dims();
         self.columns = columns;
-        let width = self.columns.width();
+        let width = columns.width();
         let col_blocks = dims.value_dim.div_ceil(width);
         self.schedule =
             Schedule::try_lpt(&self.plan, dims.value_heads, col_blocks, self.workers)?.with_block_width(width);
         // No table (offsets past 32 bits): such batches take the baseline kernel.
         let table = self.schedule.table(&self.plan, dims.group());
         self.work = table.map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
-        self.set_split(stream, self.split_mode)
+        self.plan_split(stream)
     }
 
     /// The Hopper kernel's column blocks.
@@ -202,9 +209,16 @@ impl DevicePlan {
             let dims = self.dims();
             let columns = Columns::choose(&self.plan, &self.split_work(&dims, Columns::Wide), mode);
             if columns != self.columns {
-                return self.set_columns(stream, ColumnMode::Auto);
+                return self.use_columns(stream, columns);
             }
         }
+        self.plan_split(stream)
+    }
+
+    /// Plans the split `self.split_mode` asks for in the plan's columns, uploading its tables and
+    /// workspace on `stream`.
+    fn plan_split(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        let mode = self.split_mode;
         self.split = None;
         self.split_plan = SplitPlan::unsplit(&self.plan);
         let hopper_device = stream.context().compute_capability()?.0 == 9;
