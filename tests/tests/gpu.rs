@@ -9,7 +9,7 @@
 use kda::columns::{ColumnMode, Columns};
 use kda::model::{Gates, ModelShape, StateLayout};
 use kda::split::{SplitMode, split_reference};
-use kda::{KdaError, Kernel, Plan, Strides, inputs, io, reference};
+use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference};
 use kda_tests::{
     Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_columns_guarded, run_guarded, run_model_guarded,
     run_split_guarded,
@@ -357,6 +357,15 @@ fn split_lengths() -> impl Strategy<Value = Vec<usize>> {
 /// entry state or a segment written at the wrong place is orders of magnitude above it.
 const SPLIT_BOUND: f64 = 5e-3;
 
+/// The bound against the unsplit recurrence for one problem: [`SPLIT_BOUND`], or the split's own
+/// rounding difference on that problem (the f64 model of the split against the unsplit model,
+/// measured on the CPU) with [`precision::FLOOR_SLACK`] where that is larger. Without any gate
+/// the state never decays, and the pre-scan's extra roundings grow with it (4.6e-3 measured at
+/// K = 64 over 1400 tokens): the same problem's CPU model sets the level, not a constant.
+fn unsplit_bounds(split_model: &Outputs, unsplit_model: &Outputs) -> [f64; 3] {
+    errors(split_model, unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
     /// The split passes (pre-scan, merge, main pass) at forced segment lengths, single-chunk
@@ -380,12 +389,16 @@ proptest! {
         let (out, split) = run_columns_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(split.is_split(), "{lengths:?} every {segment_chunks} chunks: not split");
-        let model = errors(&out, &split_reference(&p.view(), &split).unwrap());
-        let errs = errors(&out, &reference::model_reference(&p.view()).unwrap());
+        let (split_model, unsplit_model) =
+            (split_reference(&p.view(), &split).unwrap(), reference::model_reference(&p.view()).unwrap());
+        let model = errors(&out, &split_model);
+        let errs = errors(&out, &unsplit_model);
+        let bounds = unsplit_bounds(&split_model, &unsplit_model);
         let case = format!("{lengths:?} {shape:?} every {segment_chunks} chunks {columns:?} h0={with_h0}");
-        println!("{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e}",
-            model[0], model[1], model[2], errs[0], errs[1], errs[2]);
-        prop_assert!(model.iter().chain(&errs).all(|&e| e < SPLIT_BOUND), "{case}: {model:?} {errs:?}");
+        println!("{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e} (bounds {:.2e} {:.2e} {:.2e})",
+            model[0], model[1], model[2], errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]);
+        prop_assert!(model.iter().all(|&e| e < SPLIT_BOUND), "{case}: vs split model {model:?}");
+        prop_assert!(errs.iter().zip(&bounds).all(|(e, b)| e < b), "{case}: vs unsplit {errs:?}, bounds {bounds:?}");
     }
 }
 
@@ -401,14 +414,18 @@ fn split_head_sizes() {
             let (out, split) =
                 run_split_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto, SplitMode::Chunks(2)).unwrap();
             assert!(split.is_split());
-            let model = errors(&out, &split_reference(&p.view(), &split).unwrap());
-            let errs = errors(&out, &reference::model_reference(&p.view()).unwrap());
+            let (split_model, unsplit_model) =
+                (split_reference(&p.view(), &split).unwrap(), reference::model_reference(&p.view()).unwrap());
+            let model = errors(&out, &split_model);
+            let errs = errors(&out, &unsplit_model);
+            let bounds = unsplit_bounds(&split_model, &unsplit_model);
             let case = format!("K={key_dim} V={value_dim} {layout:?}");
             println!(
                 "{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e}",
                 model[0], model[1], model[2], errs[0]
             );
-            assert!(model.iter().chain(&errs).all(|&e| e < SPLIT_BOUND), "{case}: {model:?} {errs:?}");
+            assert!(model.iter().all(|&e| e < SPLIT_BOUND), "{case}: vs split model {model:?}");
+            assert!(errs.iter().zip(&bounds).all(|(e, b)| e < b), "{case}: vs unsplit {errs:?}, bounds {bounds:?}");
         }
     }
 }
