@@ -1,9 +1,13 @@
-//! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]`:
-//! several `kda` builds (each built from its commit and carried along) on the same inputs.
+//! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]
+//! [--time-unchecked]`: several `kda` builds (each built from its commit and carried along) on the
+//! same inputs.
 //!
 //! First each build's outputs are checked against the f64 reference (`kda run --cpu`, once per
 //! input with the first build) on every timed shape and on `ragged_many`, to the contract's bound
-//! `kda::precision::bound(e32)`; a build that fails is not timed. Then, round by round
+//! `kda::precision::bound(e32)`; a build that fails is not timed. With `--time-unchecked` a build
+//! after the first that fails is timed anyway and its failure reported, not fatal: for
+//! speed-of-light experiments that skip part of the work on purpose (the first build, the
+//! baseline, must still pass). Then, round by round
 //! (the build order reversed every other round), each build times each shape with
 //! `kda run --repeat N`. Prints a table of the median over rounds of each run's median and each
 //! build's ratio to the first, and writes it all to `DIR/ab.json` (default `target/ab`), every
@@ -41,10 +45,13 @@ struct Options {
     repeat: usize,
     timeout: Duration,
     out: PathBuf,
+    /// Time builds after the first that fail their check (`--time-unchecked`).
+    time_unchecked: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
-    let a = Args::parse("ab", args, &["--shapes", "--rounds", "--repeat", "--timeout", "--out"], &[])?;
+    let a =
+        Args::parse("ab", args, &["--shapes", "--rounds", "--repeat", "--timeout", "--out"], &["--time-unchecked"])?;
     if a.positional.is_empty() {
         return Err("ab: name the kda binaries to compare (KDA_A KDA_B ...)".into());
     }
@@ -63,6 +70,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         repeat: a.count("--repeat", DEFAULT_REPEAT)?,
         timeout: a.timeout("--timeout", DEFAULT_TIMEOUT)?,
         out: a.path("--out", "target/ab"),
+        time_unchecked: a.has("--time-unchecked"),
     })
 }
 
@@ -84,13 +92,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     // Correctness first, on every timed shape and on ragged_many.
     let checks = ab.check()?;
-    let timed: Vec<usize> = (0..ab.o.builds.len()).filter(|&i| checks.passed[i]).collect();
+    let timed: Vec<usize> =
+        (0..ab.o.builds.len()).filter(|&i| checks.passed[i] || (ab.o.time_unchecked && i > 0)).collect();
     for i in (0..ab.o.builds.len()).filter(|i| !checks.passed[*i]) {
-        println!("{} failed its check: not timed", label(i));
+        let what = if timed.contains(&i) { "timed anyway (--time-unchecked)" } else { "not timed" };
+        println!("{} failed its check: {what}", label(i));
     }
     let timing = ab.time(&timed)?;
     ab.report(&checks, &timing)?;
-    verdict(&checks.passed, &timing.failures)
+    // Under --time-unchecked only the baseline's check is binding.
+    let binding: Vec<bool> =
+        checks.passed.iter().enumerate().map(|(i, &ok)| ok || (ab.o.time_unchecked && i > 0)).collect();
+    verdict(&binding, &timing.failures)
 }
 
 /// One comparison: its options, its scratch space (the inputs, outputs and the log of the run
@@ -398,6 +411,8 @@ mod tests {
         assert_eq!(o.shapes, strings(DEFAULT_SHAPES));
         assert_eq!((o.rounds, o.repeat, o.timeout), (2, 100, DEFAULT_TIMEOUT));
         assert_eq!(o.out, PathBuf::from("target/ab"));
+        assert!(!o.time_unchecked);
+        assert!(parse(&strings(&["a/kda", "b/kda", "--time-unchecked"])).unwrap().time_unchecked);
         let o = parse(&strings(&[
             "a/kda",
             "--shapes",
