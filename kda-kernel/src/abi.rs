@@ -178,6 +178,54 @@ pub const MERGE_PARAMS: [Param; 8] = [
     Param::u32("state_layout"),
 ];
 
+/// The layer's prepare kernel's parameters, in order: `k`, `v`, the gate, `beta`, `A_log` and
+/// `dt_bias` (null unless the gate is raw), the chunk table (`layout::layer::CHUNK_WORDS` words
+/// per chunk), the outputs `k_rec`, `w`, `u` and the recurrence's gate, then `heads`,
+/// `value_heads`, `key_dim`, `value_dim`, `gate_width` (`K` or 1), `options`
+/// (`layout::layer::OPT_*` bits), `gate_mode` (`layout::layer::GATE_*`) and the lower bound's
+/// f32 bits.
+pub const LAYER_PREPARE_PARAMS: [Param; 19] = [
+    Param::pointer("k"),
+    Param::pointer("v"),
+    Param::pointer("g"),
+    Param::pointer("beta"),
+    Param::pointer("a_log"),
+    Param::pointer("dt_bias"),
+    Param::pointer("chunks"),
+    Param::pointer("k_rec"),
+    Param::pointer("w"),
+    Param::pointer("u"),
+    Param::pointer("gate_out"),
+    Param::u32("heads"),
+    Param::u32("value_heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("gate_width"),
+    Param::u32("options"),
+    Param::u32("gate_mode"),
+    Param::u32("lower_bound_bits"),
+];
+
+/// The layer's output kernel's parameters, in order: `q`, `k`, the prepare kernel's gate, the
+/// recurrence's `h` and `v_new`, the output `o`, the chunk table, then `heads`, `value_heads`,
+/// `key_dim`, `value_dim`, `gate_width`, `options` and the scale's f32 bits.
+pub const LAYER_OUTPUT_PARAMS: [Param; 14] = [
+    Param::pointer("q"),
+    Param::pointer("k"),
+    Param::pointer("gate"),
+    Param::pointer("h"),
+    Param::pointer("v_new"),
+    Param::pointer("o"),
+    Param::pointer("chunks"),
+    Param::u32("heads"),
+    Param::u32("value_heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("gate_width"),
+    Param::u32("options"),
+    Param::u32("scale_bits"),
+];
+
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
 /// of `k`).
 pub const BASELINE_PARAMS: [Param; 11] = [
@@ -289,9 +337,40 @@ pub const MERGE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
+/// f32 arithmetic, every target).
+pub const LAYER_PREPARE: KernelAbi = KernelAbi {
+    entry: "kda_layer_prepare",
+    params: &LAYER_PREPARE_PARAMS,
+    threads: crate::layout::layer::THREADS,
+    smem_bytes: crate::layout::layer::PREPARE_SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
+/// The layer's output kernel: `o` from the recurrence's `h` and `v_new` (plain f32 arithmetic,
+/// every target).
+pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
+    entry: "kda_layer_output",
+    params: &LAYER_OUTPUT_PARAMS,
+    threads: crate::layout::layer::THREADS,
+    smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 7] =
-    [BASELINE, HOPPER, HOPPER_K64, HOPPER_NARROW, HOPPER_K64_NARROW, HOPPER_K256_NARROW, MERGE];
+pub const KERNELS: [KernelAbi; 9] = [
+    BASELINE,
+    HOPPER,
+    HOPPER_K64,
+    HOPPER_NARROW,
+    HOPPER_K64_NARROW,
+    HOPPER_K256_NARROW,
+    MERGE,
+    LAYER_PREPARE,
+    LAYER_OUTPUT,
+];
 
 const _: () = {
     assert!(TENSOR_MAP_BYTES == 128, "CUtensorMap is 128 bytes");

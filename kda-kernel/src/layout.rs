@@ -108,6 +108,52 @@ pub mod merge {
     };
 }
 
+/// Sizes of the layer's token-parallel kernels (`kda_layer_prepare`, `kda_layer_output`): one CTA
+/// per (chunk, value head), plain f32 arithmetic (every sm_80+ target has it).
+pub mod layer {
+    use super::CHUNK;
+
+    /// Threads per CTA: one per column of `[w | u]` at `K = V = 128` in the forward substitution.
+    pub const THREADS: usize = 256;
+    /// The largest key size the layer kernels hold (their shared-memory tiles are sized for it).
+    pub const MAX_K: usize = 128;
+    /// The largest value size the layer kernels hold.
+    pub const MAX_V: usize = 128;
+    /// Words per chunk of the chunk table: the chunk's first token and its valid rows.
+    pub const CHUNK_WORDS: usize = 2;
+    /// Option bit: `q` and `k` rows L2-normalised inside the layer.
+    pub const OPT_L2NORM: u32 = 1;
+    /// Option bit: `beta` given as logits (the sigmoid inside the layer).
+    pub const OPT_BETA_SIGMOID: u32 = 2;
+    /// Gate mode: the gate is the decay in natural log.
+    pub const GATE_LOG: u32 = 0;
+    /// Gate mode: `-exp(A_log) * softplus(g + dt_bias)`.
+    pub const GATE_SOFTPLUS: u32 = 1;
+    /// Gate mode: `lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`.
+    pub const GATE_LOWER_BOUND: u32 = 2;
+
+    /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
+    /// (`[CHUNK][MAX_K]` each), `beta` (`[CHUNK]`), the strictly lower matrix (`[CHUNK][CHUNK]`)
+    /// and the substitution's solution `[w | u]` (`[CHUNK][MAX_K + MAX_V]`).
+    pub const PREPARE_WORDS: usize = 2 * CHUNK * MAX_K + CHUNK + CHUNK * CHUNK + CHUNK * (MAX_K + MAX_V);
+    /// Bytes of the prepare kernel's shared memory.
+    pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
+    /// f32 words of the output kernel's shared memory: the chunk's queries, keys and cumulative
+    /// gate (`[CHUNK][MAX_K]` each) and the causal attention (`[CHUNK][CHUNK]`).
+    pub const OUTPUT_WORDS: usize = 3 * CHUNK * MAX_K + CHUNK * CHUNK;
+    /// Bytes of the output kernel's shared memory.
+    pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
+
+    const _: () = {
+        assert!(THREADS >= CHUNK, "one thread per row for the row loops");
+        // The output kernel stages `h` (`[K][V]` bf16) and `v_new` (`[CHUNK][V]` bf16) over its key
+        // and gate tiles once the attention is formed.
+        assert!(MAX_K * MAX_V * 2 + CHUNK * MAX_V * 2 <= 2 * CHUNK * MAX_K * 4);
+        // Every sm_80+ GPU of compute capability 8.0 and 9.x gives a CTA this much.
+        assert!(PREPARE_SMEM_BYTES <= 163 * 1024 && OUTPUT_SMEM_BYTES <= 163 * 1024);
+    };
+}
+
 /// Tile shapes of the baseline (portable, sm_80+) kernel.
 pub mod baseline {
     use super::{CHUNK, K_DIM, V_DIM};

@@ -14,6 +14,7 @@
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
 //! | `merge` | the merge of split sequences: segment maps chained into entry states |
+//! | `layer` | the layer's token-parallel kernels: gate, norms and the WY solve before the recurrence, the output after it |
 //!
 //! The math is `docs/CONTRACT.md`.
 #![no_std]
@@ -27,6 +28,8 @@ pub mod arch;
 
 #[cfg(target_arch = "nvptx64")]
 mod baseline;
+#[cfg(target_arch = "nvptx64")]
+mod layer;
 #[cfg(target_arch = "nvptx64")]
 mod merge;
 

@@ -26,7 +26,10 @@ pub mod ptx;
 
 pub use error::KdaError;
 pub use half::bf16;
-pub use launch::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, TENSOR_ALIGN};
+pub use launch::{
+    DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace,
+    TENSOR_ALIGN,
+};
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};
 pub use precision::rel_error;

@@ -4,10 +4,12 @@
 
 use half::bf16;
 use kda::columns::ColumnMode;
+use kda::inputs::{random_words, unit_uniform};
+use kda::layer::{GateInput, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
 use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
-use kda::{Kda, Kernel, Outputs, Problem, precision, rel_error};
+use kda::{Kda, Kernel, Outputs, Plan, Problem, precision, rel_error};
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -297,4 +299,88 @@ pub fn strides_of(layouts: [RowLayout; 6], d: &kda::Dims) -> Strides {
         gk: gk.strides(t, hv, kd),
         v_new: v_new.strides(t, hv, vd),
     }
+}
+
+/// A random layer problem of `shape` (values in the ranges models see: unit-scale `q`, `k`,
+/// `v`, `beta` in (0, 1) or its logits, decays down to -5 per token).
+pub fn random_layer_problem(
+    lengths: &[usize],
+    shape: LayerShape,
+    options: LayerOptions,
+    with_h0: bool,
+    seed: u64,
+) -> LayerProblem {
+    let plan = Plan::from_lengths(lengths);
+    let (t, n) = (plan.tokens(), plan.num_seqs());
+    let mut words = random_words(seed, 0).map(unit_uniform);
+    let mut draw = |len: usize, lo: f64, hi: f64| -> Vec<f64> {
+        (0..len).map(|_| lo + (hi - lo) * words.next().unwrap()).collect()
+    };
+    let bf = |v: Vec<f64>| v.into_iter().map(bf16::from_f64).collect::<Vec<_>>();
+    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+    let (h, hv, kd, vd, gw) = (shape.heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.gate_width());
+    let key_scale = 1.0 / (kd as f64).sqrt();
+    let raw = !matches!(options.gate, GateInput::Log);
+    LayerProblem {
+        q: bf(draw(t * h * kd, -key_scale, key_scale)),
+        k: bf(draw(t * h * kd, -key_scale, key_scale)),
+        v: bf(draw(t * hv * vd, -1.0, 1.0)),
+        g: f(if raw { draw(t * hv * gw, -3.0, 3.0) } else { draw(t * hv * gw, -0.5, 0.0) }),
+        beta: f(if options.beta_sigmoid { draw(t * hv, -3.0, 3.0) } else { draw(t * hv, 0.0, 1.0) }),
+        a_log: raw.then(|| f(draw(hv, -1.0, 1.0))),
+        dt_bias: raw.then(|| f(draw(hv * gw, -1.0, 1.0))),
+        h0: with_h0.then(|| f(draw(n * hv * kd * vd, -1.0, 1.0))),
+        plan,
+        shape,
+        options,
+    }
+}
+
+/// The layer forward on the GPU (`Kda::launch_layer`) over `p`, with guard elements around every
+/// buffer and the outputs poisoned first: panics when a guard is overwritten or an element of
+/// `o` or `ht` is left unwritten. Returns `o` (as f32) and `ht`.
+pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
+    use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan};
+    let s = &gpu.stream;
+    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?;
+    let mut workspace = plan.workspace(s)?;
+    let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
+    let (hv, vd) = (p.shape.value_heads, p.shape.value_dim);
+    let state = n * hv * p.shape.key_dim * vd;
+    let (nan_bf, nan_f) = (bf16::NAN, f32::NAN);
+    let (q, k, v) = (guarded(s, &p.q, nan_bf), guarded(s, &p.k, nan_bf), guarded(s, &p.v, nan_bf));
+    let (g, beta) = (guarded(s, &p.g, nan_f), guarded(s, &p.beta, nan_f));
+    let a_log = p.a_log.as_ref().map(|x| guarded(s, x, nan_f));
+    let dt_bias = p.dt_bias.as_ref().map(|x| guarded(s, x, nan_f));
+    let h0 = p.h0.as_ref().map(|x| guarded(s, x, nan_f));
+    let (sent_bf, sent_f) = (bf16::from_bits(SENTINEL_BF16), f32::from_bits(SENTINEL_F32));
+    let mut o = guarded(s, &vec![bf16::from_bits(POISON_BF16); t * hv * vd], sent_bf);
+    let mut ht = guarded(s, &vec![f32::from_bits(POISON_F32); state], sent_f);
+    {
+        let inputs = LayerInputs {
+            q: q.slice(GUARD..GUARD + p.q.len()),
+            k: k.slice(GUARD..GUARD + p.k.len()),
+            v: v.slice(GUARD..GUARD + p.v.len()),
+            g: g.slice(GUARD..GUARD + p.g.len()),
+            beta: beta.slice(GUARD..GUARD + p.beta.len()),
+            a_log: a_log.as_ref().map(|x| x.slice(GUARD..GUARD + hv)),
+            dt_bias: dt_bias.as_ref().map(|x| x.slice(GUARD..GUARD + p.dt_bias.as_ref().map_or(0, Vec::len))),
+            h0: h0.as_ref().map(|x| x.slice(GUARD..GUARD + state)),
+        };
+        let mut outputs = LayerDeviceOutputs {
+            o: o.slice_mut(GUARD..GUARD + t * hv * vd),
+            ht: Some(ht.slice_mut(GUARD..GUARD + state)),
+        };
+        gpu.kda.launch_layer(s, &plan, &inputs, &mut outputs, &mut workspace)?;
+    }
+    s.synchronize().expect("layer kernels failed");
+    let o = s.clone_dtoh(&o).expect("download");
+    let ht = s.clone_dtoh(&ht).expect("download");
+    check_guards("o", &o, sent_bf);
+    check_guards("ht", &ht, sent_f);
+    let o = &o[GUARD..GUARD + t * hv * vd];
+    let ht = &ht[GUARD..GUARD + state];
+    assert_all_written("o", o.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
+    assert_all_written("ht", ht.iter().map(|x| x.to_bits()), POISON_F32);
+    Ok(LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht: ht.to_vec() })
 }

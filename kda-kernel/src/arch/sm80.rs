@@ -101,6 +101,30 @@ pub fn exp2_approx(x: f32) -> f32 {
     y
 }
 
+/// `lg2.approx.f32 y, x;` (PTX 1.0): `log2(x)` with at most 2 ulp error (the SFU's log2).
+#[inline(always)]
+pub fn log2_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("lg2.approx.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
+/// `sqrt.rn.f32 y, x;` (PTX 1.4): the correctly rounded square root.
+#[inline(always)]
+pub fn sqrt_f32(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("sqrt.rn.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
 /// `trap;` (PTX 1.0): aborts the kernel; the host sees an illegal-instruction launch error.
 #[inline(always)]
 pub fn trap() -> ! {

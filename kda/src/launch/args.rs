@@ -218,12 +218,21 @@ mod tests {
     use crate::ptx;
     use kda_kernel::abi::{
         BASELINE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS,
-        MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        LAYER_OUTPUT, LAYER_PREPARE, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 7] =
-        [&BASELINE, &HOPPER, &HOPPER_K64, &HOPPER_NARROW, &HOPPER_K64_NARROW, &HOPPER_K256_NARROW, &MERGE];
+    const ABIS: [&KernelAbi; 9] = [
+        &BASELINE,
+        &HOPPER,
+        &HOPPER_K64,
+        &HOPPER_NARROW,
+        &HOPPER_K64_NARROW,
+        &HOPPER_K256_NARROW,
+        &MERGE,
+        &LAYER_PREPARE,
+        &LAYER_OUTPUT,
+    ];
 
     /// One parameter of a PTX `.entry`.
     #[derive(Debug, PartialEq, Eq)]
@@ -322,6 +331,14 @@ mod tests {
         let mut pushed = Recorder::default();
         merge.push(&mut pushed);
         check_entry(&MERGE, &pushed.0);
+
+        let (prepare, output) = super::super::layer::sample_args();
+        let mut pushed = Recorder::default();
+        prepare.push(&mut pushed);
+        check_entry(&LAYER_PREPARE, &pushed.0);
+        let mut pushed = Recorder::default();
+        output.push(&mut pushed);
+        check_entry(&LAYER_OUTPUT, &pushed.0);
 
         // Those are every kernel there is.
         assert_eq!(KERNELS.map(|k| k.entry), ABIS.map(|k| k.entry));

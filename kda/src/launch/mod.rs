@@ -8,10 +8,12 @@
 
 mod args;
 mod device_plan;
+mod layer;
 mod tensor_map;
 mod validate;
 
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
+pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
@@ -19,7 +21,10 @@ use crate::{Dims, KdaError, Tensor, ptx};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use kda_kernel::abi::{BASELINE, HOPPER_ENTRIES, KernelAbi, MERGE, PassCode, StateLayoutCode, TensorMaps, hopper_for};
+use kda_kernel::abi::{
+    BASELINE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PassCode, StateLayoutCode, TensorMaps,
+    hopper_for,
+};
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::hopper::BV;
 use std::sync::Arc;
@@ -75,6 +80,8 @@ pub struct Kda {
     baseline: Loaded,
     /// The merge of split sequences.
     merge: Loaded,
+    /// The layer's token-parallel kernels: prepare, output.
+    layer: [Loaded; 2],
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
@@ -94,12 +101,13 @@ impl Kda {
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let baseline = Loaded::load(&module, &BASELINE)?;
         let merge = Loaded::load(&module, &MERGE)?;
+        let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let hopper = if compute_capability.0 == 9 {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
-        Ok(Self { ctx, baseline, merge, hopper, compute_capability })
+        Ok(Self { ctx, baseline, merge, layer, hopper, compute_capability })
     }
 
     /// The context the kernels live in.

@@ -1,0 +1,414 @@
+//! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): three launches on the caller's
+//! stream, with nothing between them on the host:
+//!
+//! 1. `kda_layer_prepare`, one CTA per (chunk, value head): the gate activated and summed in the
+//!    chunk, `q`/`k` normalised and `beta`'s sigmoid when asked, the WY representation `w`, `u`,
+//!    and the recurrence's keys and log2 gate;
+//! 2. the recurrence ([`Kda::launch`]: the Hopper kernel on 9.x), writing every chunk's entry
+//!    state `h`, `v_new` and the final states;
+//! 3. `kda_layer_output`, one CTA per (chunk, value head): `o` from `q`, `k`, the gate, `h` and
+//!    `v_new`.
+//!
+//! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
+//! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
+
+use super::args::{Address, ArgSink};
+use super::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
+use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+use crate::model::{Gates, ModelShape, StateLayout};
+use crate::{KdaError, Plan};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
+use half::bf16;
+use kda_kernel::layout::CHUNK;
+use kda_kernel::layout::layer::{
+    CHUNK_WORDS, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM,
+};
+use std::sync::Arc;
+
+/// A layer batch planned for the GPU: the recurrence's [`DevicePlan`] and the chunk table of the
+/// token-parallel kernels, uploaded once.
+pub struct LayerPlan {
+    shape: LayerShape,
+    options: LayerOptions,
+    recurrence: DevicePlan,
+    /// `CHUNK_WORDS` words per chunk (first token, valid rows), in the recurrence's chunk order.
+    chunks: CudaSlice<u32>,
+    num_chunks: usize,
+}
+
+/// The layer's inputs on the device, borrowed from the caller (packed, token-major; the shapes of
+/// [`crate::layer::LayerProblem`]).
+pub struct LayerInputs<'a> {
+    /// `[T, H, K]` bf16.
+    pub q: CudaView<'a, bf16>,
+    /// `[T, H, K]` bf16.
+    pub k: CudaView<'a, bf16>,
+    /// `[T, HV, V]` bf16.
+    pub v: CudaView<'a, bf16>,
+    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN) f32: the gate, log-space or raw as the options say.
+    pub g: CudaView<'a, f32>,
+    /// `[T, HV]` f32: `beta`, or its logits.
+    pub beta: CudaView<'a, f32>,
+    /// `[HV]` f32, given exactly when the gate is raw.
+    pub a_log: Option<CudaView<'a, f32>>,
+    /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
+    pub dt_bias: Option<CudaView<'a, f32>>,
+    /// `[N, HV, K, V]` f32 initial states, or `None` for zeros.
+    pub h0: Option<CudaView<'a, f32>>,
+}
+
+/// The layer's outputs on the device, borrowed mutably from the caller.
+pub struct LayerDeviceOutputs<'a> {
+    /// `[T, HV, V]` bf16.
+    pub o: CudaViewMut<'a, bf16>,
+    /// `[N, HV, K, V]` f32 final states, or `None` to skip them.
+    pub ht: Option<CudaViewMut<'a, f32>>,
+}
+
+/// The intermediates of one layer launch: the recurrence's keys, `w`, `u` and gate (written by
+/// the prepare kernel), `h` and `v_new` (written by the recurrence). `h` holds every chunk's
+/// entry state, for callers that want it.
+pub struct LayerWorkspace {
+    /// KDA: `[T, HV, K]`; GDN: `[T, H, K]`.
+    pub k_rec: CudaSlice<bf16>,
+    /// `[T, HV, K]`.
+    pub w: CudaSlice<bf16>,
+    /// `[T, HV, V]`.
+    pub u: CudaSlice<bf16>,
+    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN) f32, log2, cumulative inside each chunk.
+    pub gate: CudaSlice<f32>,
+    /// `[NT, HV, K, V]` bf16.
+    pub h: CudaSlice<bf16>,
+    /// `[T, HV, V]` bf16.
+    pub v_new: CudaSlice<bf16>,
+}
+
+impl LayerPlan {
+    /// Plans `plan` for a layer of `shape` with `options` on `stream`'s device and uploads its
+    /// tables. Refuses, with a typed error, what the GPU layer does not run yet: `K` or `V` above
+    /// 128 (`layout::layer::MAX_K`, `MAX_V`).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        plan: Plan,
+        shape: LayerShape,
+        options: LayerOptions,
+    ) -> Result<Self, KdaError> {
+        shape.validate()?;
+        for (argument, size, max) in [("key_dim", shape.key_dim, MAX_K), ("value_dim", shape.value_dim, MAX_V)] {
+            if size > max {
+                return Err(KdaError::Unsupported {
+                    argument,
+                    reason: format!("the GPU layer holds sizes up to {max}, got {size}"),
+                });
+            }
+        }
+        let mut table = Vec::with_capacity(plan.chunks() * CHUNK_WORDS);
+        for seq in plan.seqs() {
+            for c in 0..seq.chunks() {
+                let first = seq.token_start + c * CHUNK;
+                let rows = (seq.len - c * CHUNK).min(CHUNK);
+                let word = |x: usize| {
+                    u32::try_from(x).map_err(|_| KdaError::Argument {
+                        name: "cu_seqlens",
+                        reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
+                    })
+                };
+                table.extend([word(first)?, word(rows)?]);
+            }
+        }
+        let num_chunks = table.len() / CHUNK_WORDS;
+        if table.is_empty() {
+            table.push(0); // a one-word placeholder keeps the buffer non-empty
+        }
+        let chunks = stream.clone_htod(&table)?;
+        let recurrence = DevicePlan::model(stream, plan, &recurrence_shape(&shape))?;
+        Ok(Self { shape, options, recurrence, chunks, num_chunks })
+    }
+
+    /// The layer's shape.
+    pub fn shape(&self) -> LayerShape {
+        self.shape
+    }
+
+    /// The recurrence's plan (its column blocks and split can be set as for any recurrence).
+    pub fn recurrence(&mut self) -> &mut DevicePlan {
+        &mut self.recurrence
+    }
+
+    /// Allocates the intermediates of a launch of this plan on `stream`.
+    pub fn workspace(&self, stream: &Arc<CudaStream>) -> Result<LayerWorkspace, KdaError> {
+        let s = self.shape;
+        let plan = self.recurrence.plan();
+        let (t, nt) = (plan.tokens(), plan.chunks());
+        let key_heads = recurrence_shape(&s).heads;
+        let len = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c)).ok_or_else(overflow);
+        // (One element at least: cudarc cannot allocate an empty buffer on every driver.)
+        let bf = |n: usize| stream.alloc_zeros::<bf16>(n.max(1));
+        let f = |n: usize| stream.alloc_zeros::<f32>(n.max(1));
+        Ok(LayerWorkspace {
+            k_rec: bf(len(t, key_heads, s.key_dim)?)?,
+            w: bf(len(t, s.value_heads, s.key_dim)?)?,
+            u: bf(len(t, s.value_heads, s.value_dim)?)?,
+            gate: f(len(t, s.value_heads, s.gate_width())?)?,
+            h: bf(len(nt, s.value_heads, s.key_dim * s.value_dim)?)?,
+            v_new: bf(len(t, s.value_heads, s.value_dim)?)?,
+        })
+    }
+}
+
+/// The address of a device tensor, its stream record kept in `records` until the launch is
+/// enqueued (cudarc's event tracking).
+fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u64, SyncOnDrop<'a>)) -> u64 {
+    records.push(record);
+    address
+}
+
+fn overflow() -> KdaError {
+    KdaError::Argument { name: "cu_seqlens", reason: "the batch's tensors exceed the address space".into() }
+}
+
+/// The recurrence the layer runs: KDA's keys per value head (`k Γ_last / Γ` depends on the value
+/// head's gate), GDN's the key heads'; key-first states.
+fn recurrence_shape(s: &LayerShape) -> ModelShape {
+    let kda = s.kind == LayerKind::Kda;
+    ModelShape {
+        heads: if kda { s.value_heads } else { s.heads },
+        value_heads: s.value_heads,
+        key_dim: s.key_dim,
+        value_dim: s.value_dim,
+        gates: Gates { g: !kda, gk: kda },
+        layout: StateLayout::KeyFirst,
+    }
+}
+
+/// `(name, actual length, expected length)` of a tensor, for the length checks.
+type LenCheck = (&'static str, Option<usize>, Option<usize>);
+
+impl Kda {
+    /// The layer forward over `plan`'s batch: `o` (and the final states when asked) from
+    /// `inputs`, through `workspace` (from [`LayerPlan::workspace`]). Validates every length
+    /// first; a refused call launches nothing and writes nothing.
+    pub fn launch_layer(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &LayerPlan,
+        inputs: &LayerInputs<'_>,
+        outputs: &mut LayerDeviceOutputs<'_>,
+        workspace: &mut LayerWorkspace,
+    ) -> Result<(), KdaError> {
+        let s = plan.shape;
+        let p = plan.recurrence.plan();
+        let (t, n, nt) = (p.tokens(), p.num_seqs(), p.chunks());
+        let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
+        let raw = !matches!(plan.options.gate, GateInput::Log);
+        let key_heads = recurrence_shape(&s).heads;
+        let opt = |present: bool, len: usize| present.then_some(len);
+        let checks: [LenCheck; 14] = [
+            ("q", Some(inputs.q.len()), Some(t * h * kd)),
+            ("k", Some(inputs.k.len()), Some(t * h * kd)),
+            ("v", Some(inputs.v.len()), Some(t * hv * vd)),
+            ("g", Some(inputs.g.len()), Some(t * hv * s.gate_width())),
+            ("beta", Some(inputs.beta.len()), Some(t * hv)),
+            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), opt(raw, hv)),
+            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), opt(raw, hv * s.gate_width())),
+            ("h0", inputs.h0.as_ref().map(|x| x.len()), inputs.h0.as_ref().map(|_| n * hv * kd * vd)),
+            ("o", Some(outputs.o.len()), Some(t * hv * vd)),
+            ("ht", outputs.ht.as_ref().map(|x| x.len()), outputs.ht.as_ref().map(|_| n * hv * kd * vd)),
+            ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
+            ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
+            ("workspace.u", Some(workspace.u.len().min(workspace.v_new.len())), Some((t * hv * vd).max(1))),
+            ("workspace.h", Some(workspace.h.len()), Some((nt * hv * kd * vd).max(1))),
+        ];
+        for (tensor, actual, expected) in checks {
+            if actual != expected {
+                let describe = |x: Option<usize>| x.map_or("absent".to_string(), |n| format!("{n} elements"));
+                return Err(KdaError::Shape {
+                    tensor,
+                    expected: describe(expected),
+                    expected_len: expected.unwrap_or(0),
+                    actual: describe(actual),
+                });
+            }
+        }
+        if workspace.gate.len() != (t * hv * s.gate_width()).max(1) {
+            return Err(KdaError::Shape {
+                tensor: "workspace.gate",
+                expected: format!("{} elements", (t * hv * s.gate_width()).max(1)),
+                expected_len: (t * hv * s.gate_width()).max(1),
+                actual: format!("{} elements", workspace.gate.len()),
+            });
+        }
+        let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
+        let dims = LayerDims::of(&s)?;
+        let options = (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
+            | (if plan.options.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 });
+        let (gate_mode, lower_bound) = match plan.options.gate {
+            GateInput::Log => (GATE_LOG, 0.0),
+            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
+            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
+        };
+        let (chunks, _chunks_record) = plan.chunks.device_ptr(stream);
+        if ctas > 0 {
+            let mut records = Vec::new();
+            let mut read = |x| keep(&mut records, x);
+            let args = PrepareArgs {
+                ptrs: [
+                    read(inputs.k.device_ptr(stream)),
+                    read(inputs.v.device_ptr(stream)),
+                    read(inputs.g.device_ptr(stream)),
+                    read(inputs.beta.device_ptr(stream)),
+                    inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                    inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                    chunks,
+                    read(workspace.k_rec.device_ptr_mut(stream)),
+                    read(workspace.w.device_ptr_mut(stream)),
+                    read(workspace.u.device_ptr_mut(stream)),
+                    read(workspace.gate.device_ptr_mut(stream)),
+                ],
+                dims,
+                options,
+                gate_mode,
+                lower_bound_bits: lower_bound.to_bits(),
+            };
+            // SAFETY: every tensor was checked to hold the batch's rows above; the chunk table
+            // was built from the same plan (each chunk's rows inside its sequence); `K`, `V` are
+            // within the kernels' tiles (`LayerPlan::new`); the workspace buffers are `&mut`
+            // borrows, so they alias no input.
+            unsafe { enqueue(stream, self.layer_kernel(0)?, ctas, |sink| args.push(sink)) }?;
+        }
+        {
+            let gate = || workspace.gate.slice(..t * hv * s.gate_width());
+            let rec_inputs = KdaInputs {
+                k: workspace.k_rec.slice(..t * key_heads * kd),
+                w: workspace.w.slice(..t * hv * kd),
+                u: workspace.u.slice(..t * hv * vd),
+                g: (s.kind == LayerKind::Gdn).then(gate),
+                gk: (s.kind == LayerKind::Kda).then(gate),
+                h0: inputs.h0.as_ref().map(|x| x.slice(..)),
+            };
+            let mut rec_outputs = KdaOutputs {
+                h: workspace.h.slice_mut(..nt * hv * kd * vd),
+                v_new: workspace.v_new.slice_mut(..t * hv * vd),
+                ht: outputs.ht.as_mut().map(|x| x.slice_mut(..)),
+            };
+            self.launch(stream, &plan.recurrence, &rec_inputs, &mut rec_outputs, Kernel::Auto)?;
+        }
+        if ctas > 0 {
+            let mut records = Vec::new();
+            let mut read = |x| keep(&mut records, x);
+            let args = OutputArgs {
+                ptrs: [
+                    read(inputs.q.device_ptr(stream)),
+                    read(inputs.k.device_ptr(stream)),
+                    read(workspace.gate.device_ptr(stream)),
+                    read(workspace.h.device_ptr(stream)),
+                    read(workspace.v_new.device_ptr(stream)),
+                    read(outputs.o.device_ptr_mut(stream)),
+                    chunks,
+                ],
+                dims,
+                options,
+                scale_bits: (plan.options.scale as f32).to_bits(),
+            };
+            // SAFETY: as for the prepare launch; `h` holds a state per (chunk, value head), in
+            // the chunk table's order, written by the recurrence just before on this stream.
+            unsafe { enqueue(stream, self.layer_kernel(1)?, ctas, |sink| args.push(sink)) }?;
+        }
+        Ok(())
+    }
+}
+
+/// The head counts and sizes the layer kernels take, as `u32`.
+#[derive(Clone, Copy)]
+struct LayerDims {
+    heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    gate_width: u32,
+}
+
+impl LayerDims {
+    fn of(s: &LayerShape) -> Result<Self, KdaError> {
+        let word = |name: &'static str, x: usize| {
+            u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
+        };
+        Ok(Self {
+            heads: word("heads", s.heads)?,
+            value_heads: word("value_heads", s.value_heads)?,
+            key_dim: word("key_dim", s.key_dim)?,
+            value_dim: word("value_dim", s.value_dim)?,
+            gate_width: word("key_dim", s.gate_width())?,
+        })
+    }
+
+    fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        sink.push("heads", &self.heads);
+        sink.push("value_heads", &self.value_heads);
+        sink.push("key_dim", &self.key_dim);
+        sink.push("value_dim", &self.value_dim);
+        sink.push("gate_width", &self.gate_width);
+    }
+}
+
+/// The prepare kernel's arguments (`kda_kernel::abi::LAYER_PREPARE_PARAMS`).
+pub(super) struct PrepareArgs {
+    ptrs: [Address; 11],
+    dims: LayerDims,
+    options: u32,
+    gate_mode: u32,
+    lower_bound_bits: u32,
+}
+
+impl PrepareArgs {
+    const TENSORS: [&'static str; 11] =
+        ["k", "v", "g", "beta", "a_log", "dt_bias", "chunks", "k_rec", "w", "u", "gate_out"];
+
+    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        self.dims.push(sink);
+        sink.push("options", &self.options);
+        sink.push("gate_mode", &self.gate_mode);
+        sink.push("lower_bound_bits", &self.lower_bound_bits);
+    }
+}
+
+/// The output kernel's arguments (`kda_kernel::abi::LAYER_OUTPUT_PARAMS`).
+pub(super) struct OutputArgs {
+    ptrs: [Address; 7],
+    dims: LayerDims,
+    options: u32,
+    scale_bits: u32,
+}
+
+impl OutputArgs {
+    const TENSORS: [&'static str; 7] = ["q", "k", "gate", "h", "v_new", "o", "chunks"];
+
+    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        self.dims.push(sink);
+        sink.push("options", &self.options);
+        sink.push("scale_bits", &self.scale_bits);
+    }
+}
+
+impl Kda {
+    /// The layer kernel `i` (0 prepare, 1 output).
+    fn layer_kernel(&self, i: usize) -> Result<&Loaded, KdaError> {
+        Ok(&self.layer[i])
+    }
+}
+
+/// One argument list of each layer kernel, for the launcher's ABI test (`args::tests`).
+#[cfg(test)]
+pub(super) fn sample_args() -> (PrepareArgs, OutputArgs) {
+    let dims = LayerDims { heads: 1, value_heads: 2, key_dim: 3, value_dim: 4, gate_width: 5 };
+    (
+        PrepareArgs { ptrs: [1; 11], dims, options: 1, gate_mode: 2, lower_bound_bits: 3 },
+        OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2 },
+    )
+}
