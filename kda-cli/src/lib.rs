@@ -4,6 +4,7 @@
 //! them (it launches through [`kda::Kda::launch`] on its own device tensors):
 //!
 //! * [`DeviceProblem`]: a [`kda::Problem`] copied to the device with output buffers;
+//! * [`DeviceLayer`]: a layer problem on the device, launched through `kda::Kda::launch_layer`;
 //! * [`median_us`], [`copy_bandwidth`]: event timing of launches and of device copies;
 //! * [`floor_bytes`], [`floor_us`], [`model_floor_bytes`], [`model_floor_us`]: the memory floor
 //!   (docs/CONTRACT.md#the-memory-floor);
@@ -14,12 +15,14 @@
 
 pub mod device;
 pub mod floor;
+pub mod layer;
 pub mod shapes;
 pub mod timing;
 pub mod tools;
 
 pub use device::DeviceProblem;
 pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
+pub use layer::DeviceLayer;
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

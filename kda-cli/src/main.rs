@@ -35,13 +35,13 @@ const USAGE: &str = "usage:
       kernel's column blocks (64 or 32 value columns per chain) as the planner decides (auto, the
       default) or forced. --explain prints the work items, the column blocks and split the
       planner chose and its modelled time (for 132 SMs when no GPU is used).
-      A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) computes o and ht
-      with --cpu (the whole layer has no GPU kernel yet).
+      A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) runs the whole
+      layer, as `kda layer` does.
   kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
-      the metadata; tests/fixtures/layer/README.md): writes o and ht. --cpu computes it with the
-      f64 reference (the whole layer has no GPU kernel yet: without --cpu it is refused, naming
-      what is missing, and nothing is written).";
+      the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
+      128; a larger size fails with the reason and writes nothing), --repeat N printing the median
+      time of N launches; --cpu computes it with the f64 reference.";
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -300,8 +300,9 @@ fn refuse_output_over_input(input: &Path, output: &Path) -> Result<(), CliError>
     Ok(())
 }
 
-/// `kda run` on a layer file (`q`, `k`, `v`, the gate, `beta` to `o` and `ht`): the f64 reference
-/// with `--cpu`; the GPU layer is not built yet, which without `--cpu` is the typed refusal.
+/// `kda run` on a layer file (`q`, `k`, `v`, the gate, `beta` to `o` and `ht`): on the GPU
+/// (`Kda::launch_layer`; `--repeat N` prints the median of N launches), or the f64 reference with
+/// `--cpu`.
 fn run_layer(a: &RunArgs) -> Result<(), CliError> {
     let (p, golden) = kda::layer::read_layer_problem(&a.input)?;
     let s = p.shape;
@@ -318,12 +319,20 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
         p.options,
         if p.h0.is_some() { "given" } else { "zeros" }
     );
-    if !a.cpu {
-        return Err(
-            KdaError::Unsupported { argument: "q", reason: "a layer file (q, k, v, the gate, beta)".into() }.into()
-        );
-    }
-    let out = kda::layer::layer_reference(&p)?;
+    let out = if a.cpu {
+        kda::layer::layer_reference(&p)?
+    } else {
+        let (kda, stream) = Kda::open(0)?;
+        let mut dev = kda_cli::DeviceLayer::upload(&stream, &p)?;
+        match a.repeat {
+            Some(n) => {
+                let us = median_us(&stream, WARMUP, n, |_| dev.launch(&kda, &stream))?;
+                println!("layer: median {us:.2} us over {n} launches");
+            }
+            None => dev.launch(&kda, &stream)?,
+        }
+        dev.download(&stream)?
+    };
     if let Some(g) = golden {
         let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
         println!(

@@ -130,6 +130,11 @@ impl LayerPlan {
         self.shape
     }
 
+    /// The batch layout.
+    pub fn batch(&self) -> &Plan {
+        self.recurrence.plan()
+    }
+
     /// The recurrence's plan (its column blocks and split can be set as for any recurrence).
     pub fn recurrence(&mut self) -> &mut DevicePlan {
         &mut self.recurrence
