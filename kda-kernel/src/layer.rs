@@ -24,7 +24,7 @@ use crate::arch::sm80::{
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
-    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM, THREADS,
+    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, THREADS,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -134,7 +134,7 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e.checked_div(c).unwrap_or(0) as usize, e.checked_rem(c).unwrap_or(0) as usize)
 }
 
-/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst` (`[CHUNK][MAX_K]`
+/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst` (`[CHUNK][ROW_WORDS]`
 /// f32), each row divided by its L2 norm when `l2norm`. Ends with the CTA synchronised.
 ///
 /// # Safety
@@ -146,12 +146,12 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
     unsafe {
         for e in (tid..w.rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
-            *dst.add(r * MAX_K + a) = bf16_to_f32(*src.add(((w.t0 + r) * heads + head) * kd + a));
+            *dst.add(r * ROW_WORDS + a) = bf16_to_f32(*src.add(((w.t0 + r) * heads + head) * kd + a));
         }
         sync_threads();
         if l2norm {
             if tid < w.rows {
-                let row = dst.add(tid * MAX_K);
+                let row = dst.add(tid * ROW_WORDS);
                 let mut sum = 0.0;
                 for a in 0..kd {
                     sum = fma_f32(*row.add(a), *row.add(a), sum);
@@ -166,7 +166,7 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
     }
 }
 
-/// `G` (`[CHUNK][MAX_K]` f32, natural log) at row `r`, key `a` (column 0 for a per-head gate).
+/// `G` (`[CHUNK][ROW_WORDS]` f32, natural log) at row `r`, key `a` (column 0 for a per-head gate).
 ///
 /// # Safety
 /// Row `r` of the tile is written.
@@ -174,10 +174,10 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
 unsafe fn gate_at(g: *const f32, d: &Dims, r: usize, a: usize) -> f32 {
     let col = if d.per_key_gate() { a } else { 0 };
     // SAFETY: see the function's contract.
-    unsafe { *g.add(r * MAX_K + col) }
+    unsafe { *g.add(r * ROW_WORDS + col) }
 }
 
-/// `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])`: rows `r` of `x` and `s` of `y` (`[CHUNK][MAX_K]`
+/// `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])`: rows `r` of `x` and `s` of `y` (`[CHUNK][ROW_WORDS]`
 /// tiles), gated from `s` to `r`.
 ///
 /// # Safety
@@ -190,11 +190,11 @@ unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: *const 
         if d.per_key_gate() {
             for a in 0..d.key_dim {
                 let decay = exp(gate_at(g, d, r, a) - gate_at(g, d, s, a));
-                acc = fma_f32(*x.add(r * MAX_K + a) * *y.add(s * MAX_K + a), decay, acc);
+                acc = fma_f32(*x.add(r * ROW_WORDS + a) * *y.add(s * ROW_WORDS + a), decay, acc);
             }
         } else {
             for a in 0..d.key_dim {
-                acc = fma_f32(*x.add(r * MAX_K + a), *y.add(s * MAX_K + a), acc);
+                acc = fma_f32(*x.add(r * ROW_WORDS + a), *y.add(s * ROW_WORDS + a), acc);
             }
             acc *= exp(gate_at(g, d, r, 0) - gate_at(g, d, s, 0));
         }
@@ -252,8 +252,8 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
         let smem = smem_base_generic() as *mut f32;
         let keys = smem;
-        let gates = keys.add(CHUNK * MAX_K);
-        let betas = gates.add(CHUNK * MAX_K);
+        let gates = keys.add(CHUNK * ROW_WORDS);
+        let betas = gates.add(CHUNK * ROW_WORDS);
         let lower = betas.add(CHUNK);
         let solution = lower.add(CHUNK * CHUNK);
 
@@ -265,7 +265,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
             let (r, a) = split(e, gw);
             let raw = *g.add(((t0 + r) * hv + i) * gw + a);
             let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-            *gates.add(r * MAX_K + a) = match gate_mode {
+            *gates.add(r * ROW_WORDS + a) = match gate_mode {
                 GATE_SOFTPLUS => -strength * softplus(raw + bias),
                 GATE_LOWER_BOUND => f32::from_bits(lower_bound_bits) * sigmoid(strength * (raw + bias)),
                 _ => raw,
@@ -280,8 +280,8 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         for a in (tid..gw).step_by(THREADS) {
             let mut acc = 0.0;
             for r in 0..rows {
-                acc += *gates.add(r * MAX_K + a);
-                *gates.add(r * MAX_K + a) = acc;
+                acc += *gates.add(r * ROW_WORDS + a);
+                *gates.add(r * ROW_WORDS + a) = acc;
             }
         }
         sync_threads();
@@ -300,7 +300,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
             for r in 0..rows {
                 let b = *betas.add(r);
                 let mut acc = if col < kd {
-                    b * *keys.add(r * MAX_K + col) * exp(gate_at(gates, &d, r, col))
+                    b * *keys.add(r * ROW_WORDS + col) * exp(gate_at(gates, &d, r, col))
                 } else {
                     b * bf16_to_f32(*v.add(((t0 + r) * hv + i) * vd + col - kd))
                 };
@@ -320,7 +320,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         let last = rows - 1;
         for e in (tid..rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
-            let key = *keys.add(r * MAX_K + a);
+            let key = *keys.add(r * ROW_WORDS + a);
             if d.per_key_gate() {
                 let to_end = exp(gate_at(gates, &d, last, a) - gate_at(gates, &d, r, a));
                 *k_rec.add(((t0 + r) * hv + i) * kd + a) = f32_to_bf16(key * to_end);
@@ -331,7 +331,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         }
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
-            *gate_out.add(((t0 + r) * hv + i) * gw + a) = *gates.add(r * MAX_K + a) * LOG2_E;
+            *gate_out.add(((t0 + r) * hv + i) * gw + a) = *gates.add(r * ROW_WORDS + a) * LOG2_E;
         }
     }
 }
@@ -377,15 +377,16 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
         let smem = smem_base_generic() as *mut f32;
         let queries = smem;
-        let keys = queries.add(CHUNK * MAX_K);
-        let gates = keys.add(CHUNK * MAX_K);
-        let attention = gates.add(CHUNK * MAX_K);
+        let keys = queries.add(CHUNK * ROW_WORDS);
+        let gates = keys.add(CHUNK * ROW_WORDS);
+        let attention = gates.add(CHUNK * ROW_WORDS);
+        let entry = attention.add(CHUNK * CHUNK) as *mut u16;
 
         load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
         load_rows(keys, k, &wk, d.heads, wk.j, kd, l2norm);
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
-            *gates.add(r * MAX_K + a) = *gate.add(((t0 + r) * hv + i) * gw + a) * LN_2;
+            *gates.add(r * ROW_WORDS + a) = *gate.add(((t0 + r) * hv + i) * gw + a) * LN_2;
         }
         sync_threads();
 
@@ -397,20 +398,24 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
             }
         }
         sync_threads();
-        // q Γ, for the entry state's part.
+        // q Γ, for the entry state's part; the entry state, which every row reads.
         for e in (tid..rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
-            *queries.add(r * MAX_K + a) *= exp(gate_at(gates, &d, r, a));
+            *queries.add(r * ROW_WORDS + a) *= exp(gate_at(gates, &d, r, a));
+        }
+        let block = h.add((wk.chunk * hv + i) * kd * vd);
+        for e in (tid..kd * vd).step_by(THREADS) {
+            *entry.add(e) = *block.add(e);
         }
         sync_threads();
 
         let scale = f32::from_bits(scale_bits);
-        let state = h.add((wk.chunk * hv + i) * kd * vd);
+        let state = entry as *const u16;
         for e in (tid..rows * vd).step_by(THREADS) {
             let (r, col) = split(e, vd);
             let mut acc = 0.0;
             for a in 0..kd {
-                acc = fma_f32(*queries.add(r * MAX_K + a), bf16_to_f32(*state.add(a * vd + col)), acc);
+                acc = fma_f32(*queries.add(r * ROW_WORDS + a), bf16_to_f32(*state.add(a * vd + col)), acc);
             }
             for s in 0..=r {
                 let vn = bf16_to_f32(*v_new.add(((t0 + s) * hv + i) * vd + col));

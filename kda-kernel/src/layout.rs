@@ -132,23 +132,25 @@ pub mod layer {
     /// Gate mode: `lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`.
     pub const GATE_LOWER_BOUND: u32 = 2;
 
+    /// f32 words between the rows of a `[CHUNK][MAX_K]` tile: one more than a row, so the threads
+    /// of a warp reading one column of different rows hit different banks (a stride of `MAX_K`,
+    /// a multiple of 32 banks, put every such read on one bank).
+    pub const ROW_WORDS: usize = MAX_K + 1;
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
-    /// (`[CHUNK][MAX_K]` each), `beta` (`[CHUNK]`), the strictly lower matrix (`[CHUNK][CHUNK]`)
+    /// (`[CHUNK][ROW_WORDS]` each), `beta` (`[CHUNK]`), the strictly lower matrix (`[CHUNK][CHUNK]`)
     /// and the substitution's solution `[w | u]` (`[CHUNK][MAX_K + MAX_V]`).
-    pub const PREPARE_WORDS: usize = 2 * CHUNK * MAX_K + CHUNK + CHUNK * CHUNK + CHUNK * (MAX_K + MAX_V);
+    pub const PREPARE_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * CHUNK + CHUNK * (MAX_K + MAX_V);
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
     /// f32 words of the output kernel's shared memory: the chunk's queries, keys and cumulative
-    /// gate (`[CHUNK][MAX_K]` each) and the causal attention (`[CHUNK][CHUNK]`).
-    pub const OUTPUT_WORDS: usize = 3 * CHUNK * MAX_K + CHUNK * CHUNK;
+    /// gate (`[CHUNK][ROW_WORDS]` each), the causal attention (`[CHUNK][CHUNK]`) and the chunk's
+    /// entry state (`[MAX_K][MAX_V]` bf16, two to a word), read by every row of the chunk.
+    pub const OUTPUT_WORDS: usize = 3 * CHUNK * ROW_WORDS + CHUNK * CHUNK + MAX_K * MAX_V / 2;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
 
     const _: () = {
         assert!(THREADS >= CHUNK, "one thread per row for the row loops");
-        // The output kernel stages `h` (`[K][V]` bf16) and `v_new` (`[CHUNK][V]` bf16) over its key
-        // and gate tiles once the attention is formed.
-        assert!(MAX_K * MAX_V * 2 + CHUNK * MAX_V * 2 <= 2 * CHUNK * MAX_K * 4);
         // Every sm_80+ GPU of compute capability 8.0 and 9.x gives a CTA this much.
         assert!(PREPARE_SMEM_BYTES <= 163 * 1024 && OUTPUT_SMEM_BYTES <= 163 * 1024);
     };

@@ -347,9 +347,16 @@ static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
 /// whole number of chunks, so its last segment ends in a partial chunk), and up to three more,
 /// empty ones among them.
 fn split_lengths() -> impl Strategy<Value = Vec<usize>> {
-    (200usize..1300, prop::collection::vec(prop_oneof![Just(0usize), 1usize..400], 0..3))
+    // The first sequence is longer than the longest forced segment, so every case splits.
+    (
+        MAX_SEGMENT_CHUNKS * kda::layout::CHUNK + 1..1300,
+        prop::collection::vec(prop_oneof![Just(0usize), 1usize..400], 0..3),
+    )
         .prop_map(|(long, rest)| std::iter::once(long).chain(rest).collect())
 }
+
+/// The longest segment `split_sequences` forces, in chunks.
+const MAX_SEGMENT_CHUNKS: usize = 4;
 
 /// Bound on the split passes against the f64 model of the same split (`split_reference`, which
 /// rounds where the kernels round) and against the unsplit recurrence: the CPU-measured level of
@@ -376,7 +383,7 @@ proptest! {
     fn split_sequences(
         lengths in split_lengths(),
         shape in kda_tests::model_shapes(vec![64, 128, 256], vec![64, 128, 256]),
-        segment_chunks in 1usize..5,
+        segment_chunks in 1usize..=MAX_SEGMENT_CHUNKS,
         narrow: bool,
         with_h0: bool,
         seed: u64,
