@@ -384,3 +384,22 @@ pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, Kd
     assert_all_written("ht", ht.iter().map(|x| x.to_bits()), POISON_F32);
     Ok(LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht: ht.to_vec() })
 }
+
+/// The layer fixtures (FLA's outputs and the f64 reference; `tests/fixtures/layer/README.md`).
+pub const LAYER_FIXTURES: [&str; 5] = [
+    "kda_layer_ragged",
+    "kda_layer_gate_in_kernel",
+    "kda_layer_dense_no_h0",
+    "gdn_layer_gva_ragged",
+    "gdn_layer_dense",
+];
+
+/// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
+/// inputs (`../shared/LAYER.md`, "Precision").
+pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;
+
+/// Relative errors of a layer's `o` and `ht`.
+pub fn layer_errors(out: &LayerOutputs, want: &LayerOutputs) -> [f64; 2] {
+    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    [rel_error(&f(&out.o), &f(&want.o)), rel_error(&f(&out.ht), &f(&want.ht))]
+}

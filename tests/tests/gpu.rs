@@ -11,8 +11,8 @@ use kda::model::{Gates, ModelShape, StateLayout};
 use kda::split::{SplitMode, split_reference};
 use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference};
 use kda_tests::{
-    Gpu, assert_within_floor, errors, fixture, ragged_lengths, run_columns_guarded, run_guarded, run_model_guarded,
-    run_split_guarded,
+    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, errors, fixture, layer_errors, ragged_lengths,
+    run_columns_guarded, run_guarded, run_model_guarded, run_split_guarded,
 };
 use proptest::prelude::*;
 use std::sync::Mutex;
@@ -488,30 +488,11 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     assert!(replayed == first, "the captured split launch gave different bits");
 }
 
-/// The layer fixtures (FLA's outputs and the f64 reference; `../shared/fixtures/layer/`).
-const LAYER_FIXTURES: [&str; 5] = [
-    "kda_layer_ragged",
-    "kda_layer_gate_in_kernel",
-    "kda_layer_dense_no_h0",
-    "gdn_layer_gva_ragged",
-    "gdn_layer_dense",
-];
-
-/// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
-/// inputs (`../shared/LAYER.md`, "Precision").
-const LAYER_BOUND_OVER_FLA: f64 = 1.25;
-
 /// On random layers, how far above the f64 model of the same pipeline (`layer_chunked` with
 /// `Rounding::Kernels`: bf16 `k'`, `w`, `u`, `h`, `v_new`, f64 everywhere else) the GPU's error
 /// against the definition may land: its token-parallel kernels sum in f32, so its bf16 roundings
 /// flip elsewhere, while an indexing or gating bug is orders of magnitude above either.
 const LAYER_SLACK_OVER_MODEL: f64 = 1.5;
-
-/// Relative errors of a layer's `o` and `ht`.
-fn layer_errors(out: &kda::layer::LayerOutputs, want: &kda::layer::LayerOutputs) -> [f64; 2] {
-    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-    [kda::rel_error(&f(&out.o), &f(&want.o)), kda::rel_error(&f(&out.ht), &f(&want.ht))]
-}
 
 /// The layer forward on the GPU (prepare, recurrence, output) reproduces FLA's layer fixtures
 /// within the layer's bound, every element of `o` and `ht` written and nothing outside them.
