@@ -19,8 +19,8 @@
 //! target; only the chunk's valid rows are read or written.
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, fma_f32, log2_approx, smem_base_generic, sqrt_f32,
-    sync_threads, thread_idx_x,
+    bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, fma_f32, log2_approx, rcp_approx, rsqrt_approx,
+    smem_base_generic, sync_threads, thread_idx_x,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
@@ -43,7 +43,7 @@ fn exp(x: f32) -> f32 {
 /// `1 / (1 + e^-x)`.
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    rcp_approx(1.0 + exp(-x))
 }
 
 /// `ln(1 + e^x)` without overflow.
@@ -156,9 +156,9 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
                 for a in 0..kd {
                     sum = fma_f32(*row.add(a), *row.add(a), sum);
                 }
-                let norm = sqrt_f32(sum + L2NORM_EPS);
+                let inverse = rsqrt_approx(sum + L2NORM_EPS);
                 for a in 0..kd {
-                    *row.add(a) /= norm;
+                    *row.add(a) *= inverse;
                 }
             }
             sync_threads();

@@ -113,13 +113,27 @@ pub fn log2_approx(x: f32) -> f32 {
     y
 }
 
-/// `sqrt.rn.f32 y, x;` (PTX 1.4): the correctly rounded square root.
+/// `rsqrt.approx.f32 y, x;` (PTX 1.0): `1 / sqrt(x)` on the SFU (an IEEE square root compiles
+/// to a subroutine).
 #[inline(always)]
-pub fn sqrt_f32(x: f32) -> f32 {
+pub fn rsqrt_approx(x: f32) -> f32 {
     let y: f32;
     // SAFETY: a register-only instruction.
     unsafe {
-        asm!("sqrt.rn.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+        asm!("rsqrt.approx.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
+/// `rcp.approx.f32 y, x;` (PTX 1.0): `1 / x` within 1 ulp, without the subroutine an IEEE
+/// division compiles to.
+#[inline(always)]
+pub fn rcp_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("rcp.approx.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
              options(pure, nomem, nostack))
     };
     y
