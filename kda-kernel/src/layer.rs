@@ -1,38 +1,49 @@
 //! The layer's token-parallel kernels (docs/CONTRACT.md, "The layer"): everything of a KDA or
-//! Gated DeltaNet layer forward except the serial recurrence, one CTA per (chunk, value head).
+//! Gated DeltaNet layer forward except the serial recurrence, one CTA of eight warps per (chunk,
+//! value head).
 //!
 //! - [`kda_layer_prepare`]: the gate activated and summed inside the chunk (`G`, natural log),
-//!   `q`/`k` normalised and `beta` through its sigmoid when asked, then the WY representation by
-//!   forward substitution,
+//!   `k` normalised and `beta` through its sigmoid when asked, then the WY representation,
 //!
 //!   ```text
-//!   (I + strictly_lower(diag(beta) (k Γ) (k / Γ)^T)) [w | u] = diag(beta) [k Γ | v]
+//!   (I + L) [w | u] = diag(beta) [k Γ | v],   L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T)
 //!   ```
 //!
+//!   solved block by block (`SUB` rows at a time: `Y = R_b - L_b,<b X_<b`, `X_b = (I + L_bb)^-1 Y`),
 //!   and the recurrence's keys (KDA: `k Γ_last / Γ` per value head; GDN: the key head's `k`) and
 //!   gate (`G / ln 2`, the contract's log2 cumulative form).
-//! - [`kda_layer_output`]: `o = scale ((q Γ) h + causal((q Γ) (k / Γ)^T) v_new)` from the
+//! - [`kda_layer_output`]: `o = scale ((q Γ) h + P v_new)`, `P = causal((q Γ) (k / Γ)^T)`, from the
 //!   recurrence's `h` (each chunk's entry state) and `v_new`.
 //!
-//! Every gated product is formed from differences of `G` (`exp(G[r] - G[s])`, never a ratio of
-//! exponentials), which stay in range however strong the decay. Plain f32 arithmetic on every
-//! target; only the chunk's valid rows are read or written.
+//! The products run on the tensor cores in TF32 (`mma.sync` m16n8k8, f32 accumulation). A gated
+//! product `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` between sub-blocks `bi > bj` is one
+//! `mma` of `x[r] exp(G[r] - G[f])` by `y[s] exp(G[f] - G[s])` with `f` the first row of `bi`:
+//! `G` falls down the chunk, so both factors are at most 1 whatever the decay; on the diagonal
+//! sub-blocks each element takes `exp(G[r] - G[s])` itself. Rows past the chunk's valid rows hold
+//! zero keys, queries and `beta` and the last valid row's `G`, so they add nothing and overflow
+//! nothing; only valid rows are read from or written to global memory.
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, fma_f32, log2_approx, rcp_approx, rsqrt_approx,
-    smem_base_generic, sync_threads, thread_idx_x,
+    bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
+    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
-    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, THREADS,
+    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, MAX_K, MAX_V, OPT_BETA_SIGMOID,
+    OPT_L2NORM, ROW_WORDS, SOLUTION_ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
 /// The L2 norm's epsilon inside the layer (FLA's `use_qk_l2norm_in_kernel`).
 const L2NORM_EPS: f32 = 1e-6;
-/// Columns of the substitution's solution tile `[w | u]`.
-const SOLUTION_COLS: usize = MAX_K + MAX_V;
+/// Lanes of a warp.
+const LANES: usize = 32;
+/// Columns of an `mma` tile (its `N`) and depth of one `mma` (its `K`).
+const TILE_N: usize = 8;
+const TILE_K: usize = 8;
+/// The sub-block pairs `(bi, bj)`, `bi > bj`, below the diagonal: one warp each.
+const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)];
 
 /// `e^x` through the SFU's `exp2`.
 #[inline(always)]
@@ -76,15 +87,17 @@ impl Dims {
         }
     }
 
-    /// What the launcher guarantees; checked again so the divisions and tiles below are safe.
+    /// What the launcher guarantees; checked again so the tiles and divisions below are safe:
+    /// `K` and `V` multiples of 64 up to the tiles' sizes (each warp's share of `[w | u]` and of
+    /// `o` is whole `mma` tiles).
     fn valid(&self) -> bool {
         self.heads > 0
             && self.value_heads > 0
             && self.value_heads.is_multiple_of(self.heads)
-            && self.key_dim > 0
-            && self.key_dim <= MAX_K
-            && self.value_dim > 0
-            && self.value_dim <= MAX_V
+            && self.key_dim.is_multiple_of(64)
+            && (64..=MAX_K).contains(&self.key_dim)
+            && self.value_dim.is_multiple_of(64)
+            && (64..=MAX_V).contains(&self.value_dim)
             && (self.gate_width == 1 || self.gate_width == self.key_dim)
     }
 
@@ -122,7 +135,7 @@ impl Work {
         // SAFETY: see the function's contract.
         let (t0, rows) = unsafe { (*chunks.add(chunk * CHUNK_WORDS), *chunks.add(chunk * CHUNK_WORDS + 1)) };
         let j = i.checked_div(d.group()).unwrap_or(0);
-        Self { chunk, i, j, t0: t0 as usize, rows: (rows as usize).min(CHUNK) }
+        Self { chunk, i, j, t0: t0 as usize, rows: (rows as usize).clamp(1, CHUNK) }
     }
 }
 
@@ -134,19 +147,74 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e.checked_div(c).unwrap_or(0) as usize, e.checked_rem(c).unwrap_or(0) as usize)
 }
 
-/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst` (`[CHUNK][ROW_WORDS]`
-/// f32), each row divided by its L2 norm when `l2norm`. Ends with the CTA synchronised.
+/// A lane's place in the `mma` fragments: `g = lane / 4`, `t = lane % 4`.
+#[derive(Clone, Copy)]
+struct Lane {
+    g: usize,
+    t: usize,
+}
+
+impl Lane {
+    fn of(tid: usize) -> Self {
+        let lane = tid % LANES;
+        Self { g: lane / 4, t: lane % 4 }
+    }
+
+    /// Row and column inside the 16 x 8 tile of accumulator element `e` (0..4).
+    #[inline(always)]
+    fn acc_at(self, e: usize) -> (usize, usize) {
+        (self.g + 8 * (e / 2), 2 * self.t + e % 2)
+    }
+}
+
+/// `acc += A B` over depth `depth` (a multiple of `TILE_K`), the warp's 16 x 8 tile, with A's
+/// element (m, k) `a(m, k)` and B's (k, n) `b(k, n)` (TF32).
 ///
 /// # Safety
-/// The CTA calls it together; the rows exist in `src`; `dst` is a free tile.
+/// The warp calls it together; the closures read only written shared memory.
+#[inline(always)]
+unsafe fn mma_tile(
+    acc: &mut [f32; 4],
+    depth: usize,
+    l: Lane,
+    a: impl Fn(usize, usize) -> f32,
+    b: impl Fn(usize, usize) -> f32,
+) {
+    let (g, t) = (l.g, l.t);
+    for k0 in (0..depth).step_by(TILE_K) {
+        let af = [a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)].map(cvt_tf32);
+        let bf = [b(k0 + t, g), b(k0 + t + 4, g)].map(cvt_tf32);
+        // SAFETY: the warp is converged here (the caller's contract).
+        unsafe { mma_m16n8k8_tf32(acc, af, bf) };
+    }
+}
+
+/// f32 tile element `(r, c)` at `stride` words per row.
+///
+/// # Safety
+/// The element lies inside the tile.
+#[inline(always)]
+unsafe fn at(tile: *const f32, stride: usize, r: usize, c: usize) -> f32 {
+    // SAFETY: see the function's contract.
+    unsafe { *tile.add(r * stride + c) }
+}
+
+/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst`
+/// (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm when `l2norm`; rows past the
+/// valid ones are zeros. Ends with the CTA synchronised.
+///
+/// # Safety
+/// The CTA calls it together; the valid rows exist in `src`; `dst` is a free tile.
 #[inline(always)]
 unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head: usize, kd: usize, l2norm: bool) {
     let tid = thread_idx_x();
-    // SAFETY (block): rows `< w.rows` of the chunk, columns `< kd <= MAX_K`.
+    // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`; global rows only below
+    // `w.rows`.
     unsafe {
-        for e in (tid..w.rows * kd).step_by(THREADS) {
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
-            *dst.add(r * ROW_WORDS + a) = bf16_to_f32(*src.add(((w.t0 + r) * heads + head) * kd + a));
+            let x = if r < w.rows { bf16_to_f32(*src.add(((w.t0 + r) * heads + head) * kd + a)) } else { 0.0 };
+            *dst.add(r * ROW_WORDS + a) = x;
         }
         sync_threads();
         if l2norm {
@@ -166,40 +234,137 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
     }
 }
 
-/// `G` (`[CHUNK][ROW_WORDS]` f32, natural log) at row `r`, key `a` (column 0 for a per-head gate).
-///
-/// # Safety
-/// Row `r` of the tile is written.
-#[inline(always)]
-unsafe fn gate_at(g: *const f32, d: &Dims, r: usize, a: usize) -> f32 {
-    let col = if d.per_key_gate() { a } else { 0 };
-    // SAFETY: see the function's contract.
-    unsafe { *g.add(r * ROW_WORDS + col) }
+/// The tile of `G` (`[CHUNK][ROW_WORDS]` f32, natural log) and how to read it.
+#[derive(Clone, Copy)]
+struct Gates {
+    tile: *mut f32,
+    per_key: bool,
 }
 
-/// `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])`: rows `r` of `x` and `s` of `y` (`[CHUNK][ROW_WORDS]`
-/// tiles), gated from `s` to `r`.
+impl Gates {
+    /// `G` at row `r`, key `a` (column 0 for a per-head gate).
+    ///
+    /// # Safety
+    /// Row `r < CHUNK` of the tile is written.
+    #[inline(always)]
+    unsafe fn at(self, r: usize, a: usize) -> f32 {
+        let col = if self.per_key { a } else { 0 };
+        // SAFETY: see the function's contract.
+        unsafe { *self.tile.add(r * ROW_WORDS + col) }
+    }
+
+    /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends
+    /// with the CTA synchronised.
+    ///
+    /// # Safety
+    /// The CTA calls it together; rows `< rows` are written.
+    #[inline(always)]
+    unsafe fn pad(self, rows: usize, gw: usize) {
+        let tid = thread_idx_x();
+        // SAFETY (block): rows `< CHUNK`, columns `< gw <= MAX_K`.
+        unsafe {
+            for e in (tid..(CHUNK - rows) * gw).step_by(THREADS) {
+                let (r, a) = split(e, gw);
+                *self.tile.add((rows + r) * ROW_WORDS + a) = *self.tile.add((rows - 1) * ROW_WORDS + a);
+            }
+            sync_threads();
+        }
+    }
+}
+
+/// `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` element by element (for the diagonal
+/// sub-blocks).
 ///
 /// # Safety
-/// Rows `r` and `s` of the three tiles are written.
+/// Rows `r` and `s` of the tiles are written.
 #[inline(always)]
-unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: *const f32, d: &Dims) -> f32 {
+unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: Gates, kd: usize) -> f32 {
     let mut acc = 0.0;
     // SAFETY (block): see the function's contract.
     unsafe {
-        if d.per_key_gate() {
-            for a in 0..d.key_dim {
-                let decay = exp(gate_at(g, d, r, a) - gate_at(g, d, s, a));
-                acc = fma_f32(*x.add(r * ROW_WORDS + a) * *y.add(s * ROW_WORDS + a), decay, acc);
+        if g.per_key {
+            for a in 0..kd {
+                let decay = exp(g.at(r, a) - g.at(s, a));
+                acc = fma_f32(at(x, ROW_WORDS, r, a) * at(y, ROW_WORDS, s, a), decay, acc);
             }
         } else {
-            for a in 0..d.key_dim {
-                acc = fma_f32(*x.add(r * ROW_WORDS + a), *y.add(s * ROW_WORDS + a), acc);
+            for a in 0..kd {
+                acc = fma_f32(at(x, ROW_WORDS, r, a), at(y, ROW_WORDS, s, a), acc);
             }
-            acc *= exp(gate_at(g, d, r, 0) - gate_at(g, d, s, 0));
+            acc *= exp(g.at(r, 0) - g.at(s, 0));
         }
     }
     acc
+}
+
+/// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`
+/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`: below the diagonal sub-blocks on the
+/// tensor cores (one warp per pair), the diagonal ones element by element (`s <= r`, or `s < r`
+/// when `strict`), zeros above. Ends with the CTA synchronised.
+///
+/// # Safety
+/// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
+#[inline(always)]
+unsafe fn gated_products(
+    out: *mut f32,
+    x: *const f32,
+    y: *const f32,
+    g: Gates,
+    kd: usize,
+    strict: bool,
+    row_scale: impl Fn(usize) -> f32,
+) {
+    let tid = thread_idx_x();
+    let (warp, l) = (tid / LANES, Lane::of(tid));
+    // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns.
+    unsafe {
+        if warp < LOWER_PAIRS.len() {
+            let (bi, bj) = LOWER_PAIRS[warp];
+            let (r0, s0) = (bi * SUB, bj * SUB);
+            // The first row of `bi`: G falls from every row of `bj` to it and from it to every
+            // row of `bi`.
+            let f = r0;
+            for n0 in (0..SUB).step_by(TILE_N) {
+                let mut acc = [0.0f32; 4];
+                if g.per_key {
+                    mma_tile(
+                        &mut acc,
+                        kd,
+                        l,
+                        |m, a| at(x, ROW_WORDS, r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
+                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
+                    );
+                } else {
+                    mma_tile(
+                        &mut acc,
+                        kd,
+                        l,
+                        |m, a| at(x, ROW_WORDS, r0 + m, a),
+                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a),
+                    );
+                }
+                for (e, v) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    let (r, s) = (r0 + m, s0 + n0 + n);
+                    let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
+                    *out.add(r * MATRIX_ROW_WORDS + s) = v * decay * row_scale(r);
+                }
+            }
+        }
+        // The diagonal sub-blocks, and zeros above them.
+        for e in (tid..CHUNK * CHUNK).step_by(THREADS) {
+            let (r, s) = split(e, CHUNK);
+            let (bi, bj) = (r / SUB, s / SUB);
+            if bi == bj {
+                let below = if strict { s < r } else { s <= r };
+                let v = if below { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
+                *out.add(r * MATRIX_ROW_WORDS + s) = v;
+            } else if bj > bi {
+                *out.add(r * MATRIX_ROW_WORDS + s) = 0.0;
+            }
+        }
+        sync_threads();
+    }
 }
 
 /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
@@ -244,85 +409,145 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
     }
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
     let tid = thread_idx_x();
-    // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and
-    // `MAX_K` / `SOLUTION_COLS` columns (`Dims::valid`), every tensor index inside the chunk's
-    // valid rows.
+    let (warp, l) = (tid / LANES, Lane::of(tid));
+    // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
+    // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
     unsafe {
         let wk = Work::of_this_cta(chunks, &d);
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
         let smem = smem_base_generic() as *mut f32;
         let keys = smem;
-        let gates = keys.add(CHUNK * ROW_WORDS);
-        let betas = gates.add(CHUNK * ROW_WORDS);
+        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+        let betas = gates.tile.add(CHUNK * ROW_WORDS);
         let lower = betas.add(CHUNK);
-        let solution = lower.add(CHUNK * CHUNK);
+        let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
+        let solution = inverse.add(SUBS * SUB * INVERSE_ROW_WORDS);
 
         load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
 
-        // The decay per row (natural log), activated when raw; `beta`.
+        // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
         let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
             let raw = *g.add(((t0 + r) * hv + i) * gw + a);
             let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-            *gates.add(r * ROW_WORDS + a) = match gate_mode {
+            *gates.tile.add(r * ROW_WORDS + a) = match gate_mode {
                 GATE_SOFTPLUS => -strength * softplus(raw + bias),
                 GATE_LOWER_BOUND => f32::from_bits(lower_bound_bits) * sigmoid(strength * (raw + bias)),
                 _ => raw,
             };
         }
-        if tid < rows {
-            let b = *beta.add((t0 + tid) * hv + i);
-            *betas.add(tid) = if options & OPT_BETA_SIGMOID != 0 { sigmoid(b) } else { b };
+        if tid < CHUNK {
+            let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
+            *betas.add(tid) = if tid >= rows {
+                0.0
+            } else if options & OPT_BETA_SIGMOID != 0 {
+                sigmoid(b)
+            } else {
+                b
+            };
         }
         sync_threads();
         // G: the decay summed down each column.
         for a in (tid..gw).step_by(THREADS) {
             let mut acc = 0.0;
             for r in 0..rows {
-                acc += *gates.add(r * ROW_WORDS + a);
-                *gates.add(r * ROW_WORDS + a) = acc;
+                acc += *gates.tile.add(r * ROW_WORDS + a);
+                *gates.tile.add(r * ROW_WORDS + a) = acc;
+            }
+        }
+        sync_threads();
+        gates.pad(rows, gw);
+
+        // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
+        gated_products(lower, keys, keys, gates, kd, true, |r| *betas.add(r));
+
+        // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
+        // thread by forward substitution; the right-hand side diag(beta) [k Γ | v].
+        if tid < SUBS * SUB {
+            let (b, c) = (tid / SUB, tid % SUB);
+            let base = b * SUB;
+            for r in 0..SUB {
+                let mut acc = if r == c { 1.0 } else { 0.0 };
+                for s in c..r {
+                    let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
+                    acc = fma_f32(-at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
+                }
+                *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
+            }
+        }
+        for e in (tid..CHUNK * (kd + vd)).step_by(THREADS) {
+            let (r, col) = split(e, kd + vd);
+            let b = *betas.add(r);
+            let x = if r >= rows {
+                0.0
+            } else if col < kd {
+                b * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col))
+            } else {
+                b * bf16_to_f32(*v.add(((t0 + r) * hv + i) * vd + col - kd))
+            };
+            *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
+        }
+        sync_threads();
+
+        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
+        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
+        let cols_per_warp = (kd + vd) / (THREADS / LANES);
+        for b in 0..SUBS {
+            let r0 = b * SUB;
+            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
+                let mut acc = [0.0f32; 4];
+                for (e, x) in acc.iter_mut().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *x = at(solution, SOLUTION_ROW_WORDS, r0 + m, n0 + n);
+                }
+                mma_tile(
+                    &mut acc,
+                    r0,
+                    l,
+                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
+                    |s, n| at(solution, SOLUTION_ROW_WORDS, s, n0 + n),
+                );
+                sync_warp();
+                for (e, x) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
+                }
+                sync_warp();
+                let mut out = [0.0f32; 4];
+                mma_tile(
+                    &mut out,
+                    SUB,
+                    l,
+                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                    |s, n| at(solution, SOLUTION_ROW_WORDS, r0 + s, n0 + n),
+                );
+                sync_warp();
+                for (e, x) in out.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
+                }
+                sync_warp();
             }
         }
         sync_threads();
 
-        // The strictly lower matrix `beta[r] (k Γ)[r] . (k / Γ)[s]`, s < r.
-        for e in (tid..rows * CHUNK).step_by(THREADS) {
-            let (r, s) = split(e, CHUNK);
-            if s < r {
-                *lower.add(e) = *betas.add(r) * gated_dot(keys, r, keys, s, gates, &d);
+        // w and u; the recurrence's keys and gate.
+        for e in (tid..rows * (kd + vd)).step_by(THREADS) {
+            let (r, col) = split(e, kd + vd);
+            let x = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, col));
+            if col < kd {
+                *w_out.add(((t0 + r) * hv + i) * kd + col) = x;
+            } else {
+                *u_out.add(((t0 + r) * hv + i) * vd + col - kd) = x;
             }
         }
-        sync_threads();
-
-        // Forward substitution, one column of `[w | u]` per thread, rows in order.
-        for col in (tid..kd + vd).step_by(THREADS) {
-            for r in 0..rows {
-                let b = *betas.add(r);
-                let mut acc = if col < kd {
-                    b * *keys.add(r * ROW_WORDS + col) * exp(gate_at(gates, &d, r, col))
-                } else {
-                    b * bf16_to_f32(*v.add(((t0 + r) * hv + i) * vd + col - kd))
-                };
-                for s in 0..r {
-                    acc = fma_f32(-*lower.add(r * CHUNK + s), *solution.add(s * SOLUTION_COLS + col), acc);
-                }
-                *solution.add(r * SOLUTION_COLS + col) = acc;
-                if col < kd {
-                    *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(acc);
-                } else {
-                    *u_out.add(((t0 + r) * hv + i) * vd + col - kd) = f32_to_bf16(acc);
-                }
-            }
-        }
-
-        // The recurrence's keys and gate.
         let last = rows - 1;
         for e in (tid..rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
-            let key = *keys.add(r * ROW_WORDS + a);
+            let key = at(keys, ROW_WORDS, r, a);
             if d.per_key_gate() {
-                let to_end = exp(gate_at(gates, &d, last, a) - gate_at(gates, &d, r, a));
+                let to_end = exp(gates.at(last, a) - gates.at(r, a));
                 *k_rec.add(((t0 + r) * hv + i) * kd + a) = f32_to_bf16(key * to_end);
             } else if i.checked_rem(d.group()) == Some(0) {
                 // GDN's keys are the key head's, written by the first value head of its group.
@@ -331,7 +556,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         }
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
-            *gate_out.add(((t0 + r) * hv + i) * gw + a) = *gates.add(r * ROW_WORDS + a) * LOG2_E;
+            *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
         }
     }
 }
@@ -370,6 +595,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
     }
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
     let tid = thread_idx_x();
+    let (warp, l) = (tid / LANES, Lane::of(tid));
     let l2norm = options & OPT_L2NORM != 0;
     // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
     unsafe {
@@ -378,50 +604,70 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         let smem = smem_base_generic() as *mut f32;
         let queries = smem;
         let keys = queries.add(CHUNK * ROW_WORDS);
-        let gates = keys.add(CHUNK * ROW_WORDS);
-        let attention = gates.add(CHUNK * ROW_WORDS);
-        let entry = attention.add(CHUNK * CHUNK) as *mut u16;
+        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+        let attention = gates.tile.add(CHUNK * ROW_WORDS);
+        // Staged once the attention is formed, over the keys and the gate (bf16).
+        let staged_h = keys as *mut u16;
+        let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
         load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
         load_rows(keys, k, &wk, d.heads, wk.j, kd, l2norm);
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
-            *gates.add(r * ROW_WORDS + a) = *gate.add(((t0 + r) * hv + i) * gw + a) * LN_2;
+            *gates.tile.add(r * ROW_WORDS + a) = *gate.add(((t0 + r) * hv + i) * gw + a) * LN_2;
         }
         sync_threads();
+        gates.pad(rows, gw);
 
-        // The causal attention inside the chunk, diagonal included.
-        for e in (tid..rows * CHUNK).step_by(THREADS) {
-            let (r, s) = split(e, CHUNK);
-            if s <= r {
-                *attention.add(e) = gated_dot(queries, r, keys, s, gates, &d);
-            }
+        // P = causal((q Γ) (k / Γ)^T), diagonal included.
+        gated_products(attention, queries, keys, gates, kd, false, |_| 1.0);
+        // q Γ, for the entry state's part.
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, a) = split(e, kd);
+            *queries.add(r * ROW_WORDS + a) *= exp(gates.at(r, a));
         }
         sync_threads();
-        // q Γ, for the entry state's part; the entry state, which every row reads.
-        for e in (tid..rows * kd).step_by(THREADS) {
-            let (r, a) = split(e, kd);
-            *queries.add(r * ROW_WORDS + a) *= exp(gate_at(gates, &d, r, a));
-        }
+        // The entry state and the chunk's v_new (zeros past the valid rows).
         let block = h.add((wk.chunk * hv + i) * kd * vd);
         for e in (tid..kd * vd).step_by(THREADS) {
-            *entry.add(e) = *block.add(e);
+            let (a, col) = split(e, vd);
+            *staged_h.add(a * STAGED_ROW + col) = *block.add(e);
+        }
+        for e in (tid..CHUNK * vd).step_by(THREADS) {
+            let (r, col) = split(e, vd);
+            let x = if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 };
+            *staged_v.add(r * STAGED_ROW + col) = x;
         }
         sync_threads();
 
+        // o = scale ((q Γ) h + P v_new): warp (row block, column half).
         let scale = f32::from_bits(scale_bits);
-        let state = entry as *const u16;
-        for e in (tid..rows * vd).step_by(THREADS) {
-            let (r, col) = split(e, vd);
-            let mut acc = 0.0;
-            for a in 0..kd {
-                acc = fma_f32(*queries.add(r * ROW_WORDS + a), bf16_to_f32(*state.add(a * vd + col)), acc);
+        let (rb, half) = (warp % SUBS, warp / SUBS);
+        let r0 = rb * SUB;
+        let cols = vd / 2;
+        for n0 in (half * cols..(half + 1) * cols).step_by(TILE_N) {
+            let mut acc = [0.0f32; 4];
+            mma_tile(
+                &mut acc,
+                kd,
+                l,
+                |m, a| at(queries, ROW_WORDS, r0 + m, a),
+                |a, n| bf16_to_f32(*staged_h.add(a * STAGED_ROW + n0 + n)),
+            );
+            mma_tile(
+                &mut acc,
+                r0 + SUB,
+                l,
+                |m, s| at(attention, MATRIX_ROW_WORDS, r0 + m, s),
+                |s, n| bf16_to_f32(*staged_v.add(s * STAGED_ROW + n0 + n)),
+            );
+            for (e, x) in acc.iter().enumerate() {
+                let (m, n) = l.acc_at(e);
+                let r = r0 + m;
+                if r < rows {
+                    *o.add(((t0 + r) * hv + i) * vd + n0 + n) = f32_to_bf16(scale * x);
+                }
             }
-            for s in 0..=r {
-                let vn = bf16_to_f32(*v_new.add(((t0 + s) * hv + i) * vd + col));
-                acc = fma_f32(*attention.add(r * CHUNK + s), vn, acc);
-            }
-            *o.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(scale * acc);
         }
     }
 }

@@ -132,25 +132,48 @@ pub mod layer {
     /// Gate mode: `lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`.
     pub const GATE_LOWER_BOUND: u32 = 2;
 
-    /// f32 words between the rows of a `[CHUNK][MAX_K]` tile: one more than a row, so the threads
-    /// of a warp reading one column of different rows hit different banks (a stride of `MAX_K`,
-    /// a multiple of 32 banks, put every such read on one bank).
-    pub const ROW_WORDS: usize = MAX_K + 1;
+    /// Rows of a sub-block: the `M` of the `mma` tiles. The chunk's matrices are handled in
+    /// `SUB x SUB` blocks: off the diagonal as products of gated tiles, on it element by element.
+    pub const SUB: usize = 16;
+    /// Sub-blocks per chunk.
+    pub const SUBS: usize = CHUNK / SUB;
+    /// f32 words between the rows of a `[CHUNK][MAX_K]` tile: `MAX_K + 4`, so the rows a warp's
+    /// `mma` fragment reads (8 rows, 4 columns) fall on 32 different banks.
+    pub const ROW_WORDS: usize = MAX_K + 4;
+    /// f32 words between the rows of a `[CHUNK][CHUNK]` matrix (the strictly lower `L`, the
+    /// attention), for the same reason.
+    pub const MATRIX_ROW_WORDS: usize = CHUNK + 4;
+    /// f32 words between the rows of the substitution's `[CHUNK][MAX_K + MAX_V]` solution: a row
+    /// stride of 8 mod 32 banks, so a `B` fragment (4 rows, 8 columns) and an accumulator
+    /// (8 rows, 8 columns) fall on 32 different banks.
+    pub const SOLUTION_ROW_WORDS: usize = MAX_K + MAX_V + 8;
+    /// f32 words between the rows of a sub-block's inverse (`[SUB][SUB]`).
+    pub const INVERSE_ROW_WORDS: usize = SUB + 4;
+    /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 8`
+    /// (a 4-words-mod-32 stride).
+    pub const STAGED_ROW: usize = MAX_V + 8;
+
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
-    /// (`[CHUNK][ROW_WORDS]` each), `beta` (`[CHUNK]`), the strictly lower matrix (`[CHUNK][CHUNK]`)
-    /// and the substitution's solution `[w | u]` (`[CHUNK][MAX_K + MAX_V]`).
-    pub const PREPARE_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * CHUNK + CHUNK * (MAX_K + MAX_V);
+    /// (`[CHUNK][ROW_WORDS]` each), `beta` (`[CHUNK]`), the strictly lower matrix `L`, the
+    /// inverses of its diagonal sub-blocks plus identity, and the solution `[w | u]`.
+    pub const PREPARE_WORDS: usize = 2 * CHUNK * ROW_WORDS
+        + CHUNK
+        + CHUNK * MATRIX_ROW_WORDS
+        + SUBS * SUB * INVERSE_ROW_WORDS
+        + CHUNK * SOLUTION_ROW_WORDS;
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
     /// f32 words of the output kernel's shared memory: the chunk's queries, keys and cumulative
-    /// gate (`[CHUNK][ROW_WORDS]` each), the causal attention (`[CHUNK][CHUNK]`) and the chunk's
-    /// entry state (`[MAX_K][MAX_V]` bf16, two to a word), read by every row of the chunk.
-    pub const OUTPUT_WORDS: usize = 3 * CHUNK * ROW_WORDS + CHUNK * CHUNK + MAX_K * MAX_V / 2;
+    /// gate (`[CHUNK][ROW_WORDS]` each) and the causal attention (`[CHUNK][MATRIX_ROW_WORDS]`);
+    /// `h` and `v_new` are staged (bf16) over the keys and the gate once the attention is formed.
+    pub const OUTPUT_WORDS: usize = 3 * CHUNK * ROW_WORDS + CHUNK * MATRIX_ROW_WORDS;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
 
     const _: () = {
         assert!(THREADS >= CHUNK, "one thread per row for the row loops");
+        assert!(THREADS / 32 == 8 && SUBS == 4, "eight warps: the six lower sub-block pairs, then 4 x 2 output tiles");
+        assert!((MAX_K + CHUNK) * STAGED_ROW * 2 <= 2 * CHUNK * ROW_WORDS * 4, "h and v_new fit over keys and gate");
         // Every sm_80+ GPU of compute capability 8.0 and 9.x gives a CTA this much.
         assert!(PREPARE_SMEM_BYTES <= 163 * 1024 && OUTPUT_SMEM_BYTES <= 163 * 1024);
     };

@@ -139,6 +139,38 @@ pub fn rcp_approx(x: f32) -> f32 {
     y
 }
 
+/// `cvt.rna.tf32.f32 d, x;` (PTX 7.0, sm_80): `x` rounded to TF32 (10-bit mantissa, ties away
+/// from zero), as the bits a TF32 `mma` operand takes.
+#[inline(always)]
+pub fn cvt_tf32(x: f32) -> u32 {
+    let d: u32;
+    // SAFETY: a register-only conversion.
+    unsafe { asm!("cvt.rna.tf32.f32 {d}, {x};", d = out(reg32) d, x = in(reg32) x, options(pure, nomem, nostack)) };
+    d
+}
+
+/// `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32` (PTX 7.0, sm_80): the warp's 16 x 8 tile
+/// `acc += A B` with A 16 x 8 and B 8 x 8 in TF32, f32 accumulation. Fragments (PTX ISA, "Matrix
+/// fragments for mma.m16n8k8", `g = lane / 4`, `t = lane % 4`): `a` holds A at (g, t),
+/// (g + 8, t), (g, t + 4), (g + 8, t + 4); `b` holds B at (t, g), (t + 4, g); `acc` holds the
+/// tile at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+///
+/// # Safety
+/// The 32 lanes of the warp call it together (converged), each with its own fragments.
+#[inline(always)]
+pub unsafe fn mma_m16n8k8_tf32(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+            d0 = inout(reg32) acc[0], d1 = inout(reg32) acc[1], d2 = inout(reg32) acc[2], d3 = inout(reg32) acc[3],
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+            options(nostack),
+        )
+    };
+}
+
 /// `trap;` (PTX 1.0): aborts the kernel; the host sees an illegal-instruction launch error.
 #[inline(always)]
 pub fn trap() -> ! {

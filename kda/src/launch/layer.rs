@@ -25,6 +25,10 @@ use kda_kernel::layout::layer::{
 };
 use std::sync::Arc;
 
+/// `K` and `V` the layer kernels take are multiples of this (each of their eight warps owns whole
+/// 8-column `mma` tiles of `[w | u]` and of `o`).
+const LAYER_SIZE_STEP: usize = 64;
+
 /// A layer batch planned for the GPU: the recurrence's [`DevicePlan`] and the chunk table of the
 /// token-parallel kernels, uploaded once.
 pub struct LayerPlan {
@@ -85,8 +89,8 @@ pub struct LayerWorkspace {
 
 impl LayerPlan {
     /// Plans `plan` for a layer of `shape` with `options` on `stream`'s device and uploads its
-    /// tables. Refuses, with a typed error, what the GPU layer does not run yet: `K` or `V` above
-    /// 128 (`layout::layer::MAX_K`, `MAX_V`).
+    /// tables. Refuses, with a typed error, what the GPU layer does not run yet: `K` or `V` other
+    /// than 64 or 128 (`layout::layer::MAX_K`, `MAX_V`).
     pub fn new(
         stream: &Arc<CudaStream>,
         plan: Plan,
@@ -95,10 +99,10 @@ impl LayerPlan {
     ) -> Result<Self, KdaError> {
         shape.validate()?;
         for (argument, size, max) in [("key_dim", shape.key_dim, MAX_K), ("value_dim", shape.value_dim, MAX_V)] {
-            if size > max {
+            if size > max || !size.is_multiple_of(LAYER_SIZE_STEP) {
                 return Err(KdaError::Unsupported {
                     argument,
-                    reason: format!("the GPU layer holds sizes up to {max}, got {size}"),
+                    reason: format!("the GPU layer holds multiples of {LAYER_SIZE_STEP} up to {max}, got {size}"),
                 });
             }
         }
