@@ -2,7 +2,7 @@
 //! forward (`kda::Kda::launch_layer`) and downloads `o` and the final states.
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kda::layer::{LayerOutputs, LayerProblem};
+use kda::layer::{GateInput, LayerKind, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
 use kda::{Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, bf16};
 use std::sync::Arc;
 
@@ -80,4 +80,68 @@ impl DeviceLayer {
             ht: ht[..n * s.value_heads * s.key_dim * s.value_dim].to_vec(),
         })
     }
+}
+
+/// The layer shapes the peers are measured on (`../shared/LAYER.md`): KDA at fixed_8192 with 64
+/// heads in FlashKDA's configuration (gate activated inside with lower bound -5, L2 norm and
+/// `beta`'s sigmoid inside), Gated DeltaNet at qwen3_next_8192 (16 key and 32 value heads, `g`
+/// given in log space). Each as (name, shape, options, lengths).
+pub fn layer_bench_shapes() -> Vec<(&'static str, LayerShape, LayerOptions, Vec<usize>)> {
+    let scale = (PEER_HEAD_SIZE as f64).powf(-0.5);
+    let size = PEER_HEAD_SIZE;
+    vec![
+        (
+            "kda_fixed_8192",
+            LayerShape { kind: LayerKind::Kda, heads: 64, value_heads: 64, key_dim: size, value_dim: size },
+            LayerOptions { scale, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::LowerBound(-5.0) },
+            vec![8192],
+        ),
+        (
+            "gdn_qwen3_next_8192",
+            LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: size, value_dim: size },
+            LayerOptions { scale, l2norm_qk: false, beta_sigmoid: false, gate: GateInput::Log },
+            vec![8192],
+        ),
+    ]
+}
+
+/// The head size of the peers' layer shapes.
+const PEER_HEAD_SIZE: usize = 128;
+
+/// The layer's IO floor in bytes (`../shared/LAYER.md`): every input read once, `o` and the final
+/// states written once.
+pub fn layer_floor_bytes(p: &LayerProblem) -> usize {
+    let s = p.shape;
+    let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
+    let bf = 2 * (p.q.len() + p.k.len() + p.v.len() + t * s.value_heads * s.value_dim);
+    let f = 4
+        * (p.g.len() + p.beta.len() + p.h0.as_ref().map_or(0, Vec::len) + n * s.value_heads * s.key_dim * s.value_dim);
+    bf + f
+}
+
+/// One timed layer shape: its median time over `repeat` launches after a checked first run
+/// (every output finite), and its IO floor at `bandwidth` bytes per second.
+pub struct LayerTiming {
+    /// Median of the event-timed launches, us.
+    pub us: f64,
+    /// The IO floor, us.
+    pub floor_us: f64,
+}
+
+/// Runs `p` once (every element of `o` and `ht` must be finite), then times `repeat` launches.
+pub fn time_layer(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    p: &LayerProblem,
+    repeat: usize,
+    bandwidth: f64,
+) -> Result<LayerTiming, KdaError> {
+    let mut dev = DeviceLayer::upload(stream, p)?;
+    dev.launch(kda, stream)?;
+    let out = dev.download(stream)?;
+    if let Some(bad) = out.o.iter().chain(&out.ht).position(|x| !x.is_finite()) {
+        return Err(KdaError::Argument { name: "layer", reason: format!("output element {bad} is not finite") });
+    }
+    let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
+    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6 })
 }

@@ -22,7 +22,7 @@ pub mod tools;
 
 pub use device::DeviceProblem;
 pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
-pub use layer::DeviceLayer;
+pub use layer::{DeviceLayer, LayerTiming, layer_bench_shapes, layer_floor_bytes, time_layer};
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

@@ -37,6 +37,9 @@ const USAGE: &str = "usage:
       planner chose and its modelled time (for 132 SMs when no GPU is used).
       A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) runs the whole
       layer, as `kda layer` does.
+  kda layer --bench [NAME,...] [--repeat N]
+      The peers' layer shapes (kda_fixed_8192, gdn_qwen3_next_8192) on random inputs on the GPU:
+      a checked first run, then the median time of N launches against the IO floor.
   kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
       the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
@@ -280,12 +283,64 @@ fn parse_layer(args: &[String]) -> Result<RunArgs, String> {
     Ok(a)
 }
 
-/// `kda layer`: the whole layer's forward on a layer file, as `kda run` runs one.
+/// `kda layer`: the whole layer's forward on a layer file, as `kda run` runs one; or, with
+/// `--bench [NAME,...] [--repeat N]`, the peers' layer shapes on random inputs, timed.
 fn layer(args: &[String]) -> Result<(), CliError> {
+    if args.first().map(String::as_str) == Some("--bench") {
+        return layer_bench(&args[1..]);
+    }
     let a = parse_layer(args).map_err(CliError::Usage)?;
     refuse_output_over_input(&a.input, &a.output)?;
     run_layer(&a)
 }
+
+/// `kda layer --bench [NAME,...] [--repeat N]`: each named peer layer shape (all without names)
+/// on random inputs: a checked first run, then the median of N event-timed launches (default
+/// `LAYER_BENCH_REPEAT`) against the IO floor at the measured copy bandwidth.
+fn layer_bench(args: &[String]) -> Result<(), CliError> {
+    let shapes = kda_cli::layer_bench_shapes();
+    let (mut names, mut repeat) = (Vec::new(), LAYER_BENCH_REPEAT);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--repeat" => {
+                let v = it.next().ok_or_else(|| CliError::Usage("layer: --repeat needs a count".into()))?;
+                repeat =
+                    v.parse().ok().filter(|&n| n > 0).ok_or_else(|| CliError::Usage(format!("layer: --repeat {v}")))?;
+            }
+            list => names.extend(list.split(',').map(String::from)),
+        }
+    }
+    for n in &names {
+        if !shapes.iter().any(|s| s.0 == n) {
+            let known: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+            return Err(CliError::Usage(format!("layer --bench: unknown shape {n} (known: {})", known.join(", "))));
+        }
+    }
+    let (kda, stream) = Kda::open(0)?;
+    let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
+    println!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
+    for (name, shape, options, lengths) in
+        shapes.into_iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.0))
+    {
+        let p = kda::inputs::random_layer_problem(&lengths, shape, options, false, LAYER_BENCH_SEED);
+        let t = kda_cli::time_layer(&kda, &stream, &p, repeat, bandwidth)?;
+        println!(
+            "layer {name}: median {:.1} us over {repeat} launches, IO floor {:.1} us ({:.3} of it)",
+            t.us,
+            t.floor_us,
+            t.floor_us / t.us
+        );
+    }
+    Ok(())
+}
+
+/// Launches `kda layer --bench` times per shape, by default.
+const LAYER_BENCH_REPEAT: usize = 20;
+/// Copies timed for the bandwidth `kda layer --bench` measures the floor at.
+const LAYER_BENCH_COPIES: usize = 10;
+/// The seed of `kda layer --bench`'s random inputs.
+const LAYER_BENCH_SEED: u64 = 5;
 
 /// The usage error of an `output` that names the file `input` is (the outputs would replace the
 /// inputs).

@@ -4,6 +4,7 @@
 //! Every tensor is drawn from a small counter-based generator seeded per (tensor, token), so a
 //! problem is a pure function of `(plan, heads, with_h0, seed)` whatever the thread count.
 
+use crate::layer::{GateInput, LayerOptions, LayerProblem, LayerShape};
 use crate::model::{ModelProblem, ModelShape, checked_product};
 use crate::{Dims, KdaError, Plan, Problem};
 use half::bf16;
@@ -233,6 +234,41 @@ pub fn try_random_model_problem(
         shape,
         plan,
     })
+}
+
+/// A random layer problem of `shape` (values in the ranges models see: unit-scale `q`, `k`,
+/// `v`, `beta` in (0, 1) or its logits, decays down to -5 per token).
+pub fn random_layer_problem(
+    lengths: &[usize],
+    shape: LayerShape,
+    options: LayerOptions,
+    with_h0: bool,
+    seed: u64,
+) -> LayerProblem {
+    let plan = Plan::from_lengths(lengths);
+    let (t, n) = (plan.tokens(), plan.num_seqs());
+    let mut words = random_words(seed, 0).map(unit_uniform);
+    let mut draw = |len: usize, lo: f64, hi: f64| -> Vec<f64> {
+        (0..len).map(|_| lo + (hi - lo) * words.next().unwrap()).collect()
+    };
+    let bf = |v: Vec<f64>| v.into_iter().map(bf16::from_f64).collect::<Vec<_>>();
+    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+    let (h, hv, kd, vd, gw) = (shape.heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.gate_width());
+    let key_scale = 1.0 / (kd as f64).sqrt();
+    let raw = !matches!(options.gate, GateInput::Log);
+    LayerProblem {
+        q: bf(draw(t * h * kd, -key_scale, key_scale)),
+        k: bf(draw(t * h * kd, -key_scale, key_scale)),
+        v: bf(draw(t * hv * vd, -1.0, 1.0)),
+        g: f(if raw { draw(t * hv * gw, -3.0, 3.0) } else { draw(t * hv * gw, -0.5, 0.0) }),
+        beta: f(if options.beta_sigmoid { draw(t * hv, -3.0, 3.0) } else { draw(t * hv, 0.0, 1.0) }),
+        a_log: raw.then(|| f(draw(hv, -1.0, 1.0))),
+        dt_bias: raw.then(|| f(draw(hv * gw, -1.0, 1.0))),
+        h0: with_h0.then(|| f(draw(n * hv * kd * vd, -1.0, 1.0))),
+        plan,
+        shape,
+        options,
+    }
 }
 
 #[cfg(test)]

@@ -4,12 +4,12 @@
 
 use half::bf16;
 use kda::columns::ColumnMode;
-use kda::inputs::{random_words, unit_uniform};
-use kda::layer::{GateInput, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
+pub use kda::inputs::random_layer_problem;
+use kda::layer::{LayerOutputs, LayerProblem};
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
 use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
-use kda::{Kda, Kernel, Outputs, Plan, Problem, precision, rel_error};
+use kda::{Kda, Kernel, Outputs, Problem, precision, rel_error};
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -298,41 +298,6 @@ pub fn strides_of(layouts: [RowLayout; 6], d: &kda::Dims) -> Strides {
         g: g.strides(t, hv, 1),
         gk: gk.strides(t, hv, kd),
         v_new: v_new.strides(t, hv, vd),
-    }
-}
-
-/// A random layer problem of `shape` (values in the ranges models see: unit-scale `q`, `k`,
-/// `v`, `beta` in (0, 1) or its logits, decays down to -5 per token).
-pub fn random_layer_problem(
-    lengths: &[usize],
-    shape: LayerShape,
-    options: LayerOptions,
-    with_h0: bool,
-    seed: u64,
-) -> LayerProblem {
-    let plan = Plan::from_lengths(lengths);
-    let (t, n) = (plan.tokens(), plan.num_seqs());
-    let mut words = random_words(seed, 0).map(unit_uniform);
-    let mut draw = |len: usize, lo: f64, hi: f64| -> Vec<f64> {
-        (0..len).map(|_| lo + (hi - lo) * words.next().unwrap()).collect()
-    };
-    let bf = |v: Vec<f64>| v.into_iter().map(bf16::from_f64).collect::<Vec<_>>();
-    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
-    let (h, hv, kd, vd, gw) = (shape.heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.gate_width());
-    let key_scale = 1.0 / (kd as f64).sqrt();
-    let raw = !matches!(options.gate, GateInput::Log);
-    LayerProblem {
-        q: bf(draw(t * h * kd, -key_scale, key_scale)),
-        k: bf(draw(t * h * kd, -key_scale, key_scale)),
-        v: bf(draw(t * hv * vd, -1.0, 1.0)),
-        g: f(if raw { draw(t * hv * gw, -3.0, 3.0) } else { draw(t * hv * gw, -0.5, 0.0) }),
-        beta: f(if options.beta_sigmoid { draw(t * hv, -3.0, 3.0) } else { draw(t * hv, 0.0, 1.0) }),
-        a_log: raw.then(|| f(draw(hv, -1.0, 1.0))),
-        dt_bias: raw.then(|| f(draw(hv * gw, -1.0, 1.0))),
-        h0: with_h0.then(|| f(draw(n * hv * kd * vd, -1.0, 1.0))),
-        plan,
-        shape,
-        options,
     }
 }
 

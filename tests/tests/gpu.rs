@@ -564,72 +564,18 @@ fn layer_random() {
 /// "Precision"): the bound where no CPU model of the pipeline runs.
 const LAYER_PEER_SPREAD: f64 = 5e-3;
 
-/// The GPU layer's time on the peers' shapes (`../shared/LAYER.md`: KDA at fixed_8192 with 64
-/// heads in FlashKDA's configuration, Gated DeltaNet at qwen3_next_8192), against the IO floor
-/// (every input read once, `o` and `ht` written once, at the measured copy bandwidth). The first
-/// run is checked (every element of `o` and `ht` written, nothing outside them, all finite);
-/// then the median of 20 event-timed launches is printed for bench/RESULTS.md.
+/// The GPU layer on the peers' shapes (`kda layer --bench`'s, `../shared/LAYER.md`): a checked
+/// first run (every element of `o` and `ht` finite, and, through `run_layer_guarded`, written and
+/// nothing outside them), then the median of 20 event-timed launches against the IO floor,
+/// printed for bench/RESULTS.md.
 #[test]
 fn layer_speed_on_the_peer_shapes() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
-    use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan, bf16};
     let gpu = Gpu::open();
-    let s = &gpu.stream;
-    let bandwidth = kda_cli::copy_bandwidth(s, 10).unwrap();
-    let kda_config = LayerOptions {
-        scale: 128f64.powf(-0.5),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        gate: GateInput::LowerBound(-5.0),
-    };
-    let gdn_config =
-        LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: false, beta_sigmoid: false, gate: GateInput::Log };
-    let cases = [
-        (
-            "kda fixed_8192 H 64",
-            LayerShape { kind: LayerKind::Kda, heads: 64, value_heads: 64, key_dim: 128, value_dim: 128 },
-            kda_config,
-        ),
-        (
-            "gdn qwen3_next_8192",
-            LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: 128, value_dim: 128 },
-            gdn_config,
-        ),
-    ];
-    for (name, shape, options) in cases {
-        let p = kda_tests::random_layer_problem(&[8192], shape, options, false, 5);
-        let checked = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-        assert!(checked.o.iter().chain(&checked.ht).all(|x| x.is_finite()), "{name}: non-finite output");
-        let plan = LayerPlan::new(s, p.plan.clone(), shape, options).unwrap();
-        let mut workspace = plan.workspace(s).unwrap();
-        let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
-        let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
-        let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
-        let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
-        let (t, hv) = (p.plan.tokens(), shape.value_heads);
-        let state = hv * shape.key_dim * shape.value_dim;
-        let mut o = s.alloc_zeros::<bf16>(t * hv * shape.value_dim).unwrap();
-        let mut ht = s.alloc_zeros::<f32>(state).unwrap();
-        let us = kda_cli::median_us(s, 3, 20, |_| {
-            let inputs = LayerInputs {
-                q: q.slice(..),
-                k: k.slice(..),
-                v: v.slice(..),
-                g: g.slice(..),
-                beta: beta.slice(..),
-                a_log: a_log.as_ref().map(|x| x.slice(..)),
-                dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
-                h0: None,
-            };
-            let mut outputs = LayerDeviceOutputs { o: o.slice_mut(..), ht: Some(ht.slice_mut(..)) };
-            gpu.kda.launch_layer(s, &plan, &inputs, &mut outputs, &mut workspace)
-        })
-        .unwrap();
-        let bytes = 2 * (p.q.len() + p.k.len() + p.v.len())
-            + 4 * (p.g.len() + p.beta.len())
-            + 2 * t * hv * shape.value_dim
-            + 4 * state;
-        let floor = bytes as f64 / bandwidth * 1e6;
-        println!("{name}: layer {us:.1} us, IO floor {floor:.1} us ({:.3} of it)", floor / us);
+    let bandwidth = kda_cli::copy_bandwidth(&gpu.stream, 10).unwrap();
+    for (name, shape, options, lengths) in kda_cli::layer_bench_shapes() {
+        let p = kda_tests::random_layer_problem(&lengths, shape, options, false, 5);
+        kda_tests::run_layer_guarded(&gpu, &p).unwrap();
+        let t = kda_cli::time_layer(&gpu.kda, &gpu.stream, &p, 20, bandwidth).unwrap();
+        println!("{name}: layer {:.1} us, IO floor {:.1} us ({:.3} of it)", t.us, t.floor_us, t.floor_us / t.us);
     }
 }
