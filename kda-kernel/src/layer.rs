@@ -147,6 +147,30 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e.checked_div(c).unwrap_or(0) as usize, e.checked_rem(c).unwrap_or(0) as usize)
 }
 
+/// Global loads a thread issues before storing any of them: a copy loop that stored each element
+/// before loading the next waited one round trip to memory per element.
+const LOADS_IN_FLIGHT: usize = 8;
+
+/// `store(e, load(e))` for every `e` of `tid, tid + THREADS, ..` below `n`, `LOADS_IN_FLIGHT`
+/// loads at a time issued before their stores.
+#[inline(always)]
+fn copy_strided<T: Copy + Default>(n: usize, load: impl Fn(usize) -> T, mut store: impl FnMut(usize, T)) {
+    let mut base = thread_idx_x();
+    while base < n {
+        let values: [T; LOADS_IN_FLIGHT] = core::array::from_fn(|j| {
+            let e = base + j * THREADS;
+            if e < n { load(e) } else { T::default() }
+        });
+        for (j, &v) in values.iter().enumerate() {
+            let e = base + j * THREADS;
+            if e < n {
+                store(e, v);
+            }
+        }
+        base += LOADS_IN_FLIGHT * THREADS;
+    }
+}
+
 /// A lane's place in the `mma` fragments: `g = lane / 4`, `t = lane % 4`.
 #[derive(Clone, Copy)]
 struct Lane {
@@ -211,11 +235,17 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
     // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`; global rows only below
     // `w.rows`.
     unsafe {
-        for e in (tid..CHUNK * kd).step_by(THREADS) {
-            let (r, a) = split(e, kd);
-            let x = if r < w.rows { bf16_to_f32(*src.add(((w.t0 + r) * heads + head) * kd + a)) } else { 0.0 };
-            *dst.add(r * ROW_WORDS + a) = x;
-        }
+        copy_strided(
+            CHUNK * kd,
+            |e| {
+                let (r, a) = split(e, kd);
+                if r < w.rows { *src.add(((w.t0 + r) * heads + head) * kd + a) } else { 0 }
+            },
+            |e, x| {
+                let (r, a) = split(e, kd);
+                *dst.add(r * ROW_WORDS + a) = bf16_to_f32(x);
+            },
+        );
         sync_threads();
         if l2norm {
             if tid < w.rows {
@@ -427,16 +457,22 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
 
         // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
         let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
-        for e in (tid..rows * gw).step_by(THREADS) {
-            let (r, a) = split(e, gw);
-            let raw = *g.add(((t0 + r) * hv + i) * gw + a);
-            let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-            *gates.tile.add(r * ROW_WORDS + a) = match gate_mode {
-                GATE_SOFTPLUS => -strength * softplus(raw + bias),
-                GATE_LOWER_BOUND => f32::from_bits(lower_bound_bits) * sigmoid(strength * (raw + bias)),
-                _ => raw,
-            };
-        }
+        copy_strided(
+            rows * gw,
+            |e| {
+                let (r, a) = split(e, gw);
+                *g.add(((t0 + r) * hv + i) * gw + a)
+            },
+            |e, raw| {
+                let (r, a) = split(e, gw);
+                let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+                *gates.tile.add(r * ROW_WORDS + a) = match gate_mode {
+                    GATE_SOFTPLUS => -strength * softplus(raw + bias),
+                    GATE_LOWER_BOUND => f32::from_bits(lower_bound_bits) * sigmoid(strength * (raw + bias)),
+                    _ => raw,
+                };
+            },
+        );
         if tid < CHUNK {
             let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
             *betas.add(tid) = if tid >= rows {
@@ -476,18 +512,25 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
                 *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
             }
         }
-        for e in (tid..CHUNK * (kd + vd)).step_by(THREADS) {
-            let (r, col) = split(e, kd + vd);
-            let b = *betas.add(r);
-            let x = if r >= rows {
-                0.0
-            } else if col < kd {
-                b * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col))
-            } else {
-                b * bf16_to_f32(*v.add(((t0 + r) * hv + i) * vd + col - kd))
-            };
-            *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
-        }
+        copy_strided(
+            CHUNK * (kd + vd),
+            |e| {
+                let (r, col) = split(e, kd + vd);
+                if r < rows && col >= kd { *v.add(((t0 + r) * hv + i) * vd + col - kd) } else { 0 }
+            },
+            |e, value| {
+                let (r, col) = split(e, kd + vd);
+                let b = *betas.add(r);
+                let x = if r >= rows {
+                    0.0
+                } else if col < kd {
+                    b * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col))
+                } else {
+                    b * bf16_to_f32(value)
+                };
+                *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
+            },
+        );
         sync_threads();
 
         // Block by block, each warp its own columns of [w | u] (no other warp touches them):
@@ -612,10 +655,17 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
 
         load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
         load_rows(keys, k, &wk, d.heads, wk.j, kd, l2norm);
-        for e in (tid..rows * gw).step_by(THREADS) {
-            let (r, a) = split(e, gw);
-            *gates.tile.add(r * ROW_WORDS + a) = *gate.add(((t0 + r) * hv + i) * gw + a) * LN_2;
-        }
+        copy_strided(
+            rows * gw,
+            |e| {
+                let (r, a) = split(e, gw);
+                *gate.add(((t0 + r) * hv + i) * gw + a)
+            },
+            |e, x| {
+                let (r, a) = split(e, gw);
+                *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
+            },
+        );
         sync_threads();
         gates.pad(rows, gw);
 
@@ -629,15 +679,25 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         sync_threads();
         // The entry state and the chunk's v_new (zeros past the valid rows).
         let block = h.add((wk.chunk * hv + i) * kd * vd);
-        for e in (tid..kd * vd).step_by(THREADS) {
-            let (a, col) = split(e, vd);
-            *staged_h.add(a * STAGED_ROW + col) = *block.add(e);
-        }
-        for e in (tid..CHUNK * vd).step_by(THREADS) {
-            let (r, col) = split(e, vd);
-            let x = if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 };
-            *staged_v.add(r * STAGED_ROW + col) = x;
-        }
+        copy_strided(
+            kd * vd,
+            |e| *block.add(e),
+            |e, x| {
+                let (a, col) = split(e, vd);
+                *staged_h.add(a * STAGED_ROW + col) = x;
+            },
+        );
+        copy_strided(
+            CHUNK * vd,
+            |e| {
+                let (r, col) = split(e, vd);
+                if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
+            },
+            |e, x| {
+                let (r, col) = split(e, vd);
+                *staged_v.add(r * STAGED_ROW + col) = x;
+            },
+        );
         sync_threads();
 
         // o = scale ((q Γ) h + P v_new): warp (row block, column half).
