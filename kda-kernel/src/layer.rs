@@ -76,15 +76,17 @@ struct Dims {
 }
 
 impl Dims {
-    fn new(heads: u32, value_heads: u32, key_dim: u32, value_dim: u32, gate_width: u32) -> Self {
+    /// The launch's dimensions, when [`Dims::valid`].
+    fn checked(heads: u32, value_heads: u32, key_dim: u32, value_dim: u32, gate_width: u32) -> Option<Self> {
         let u = |x: u32| x as usize;
-        Self {
+        let d = Self {
             heads: u(heads),
             value_heads: u(value_heads),
             key_dim: u(key_dim),
             value_dim: u(value_dim),
             gate_width: u(gate_width),
-        }
+        };
+        d.valid().then_some(d)
     }
 
     /// What the launcher guarantees; checked again so the tiles and divisions below are safe:
@@ -433,13 +435,11 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
     gate_mode: u32,
     lower_bound_bits: u32,
 ) {
-    let d = Dims::new(heads, value_heads, key_dim, value_dim, gate_width);
-    if !d.valid() {
+    let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
         return; // the launcher never launches so; this proves the tiles and divisions safe
-    }
+    };
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let tid = thread_idx_x();
-    let (warp, l) = (tid / LANES, Lane::of(tid));
+    let (tid, warp, l) = (thread_idx_x(), thread_idx_x() / LANES, Lane::of(thread_idx_x()));
     // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
     // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
     unsafe {
@@ -632,13 +632,11 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
     options: u32,
     scale_bits: u32,
 ) {
-    let d = Dims::new(heads, value_heads, key_dim, value_dim, gate_width);
-    if !d.valid() {
+    let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
         return; // the launcher never launches so; this proves the tiles and divisions safe
-    }
+    };
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let tid = thread_idx_x();
-    let (warp, l) = (tid / LANES, Lane::of(tid));
+    let (tid, warp, l) = (thread_idx_x(), thread_idx_x() / LANES, Lane::of(thread_idx_x()));
     let l2norm = options & OPT_L2NORM != 0;
     // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
     unsafe {
