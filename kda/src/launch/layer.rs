@@ -31,6 +31,48 @@ const LAYER_SIZE_STEP: usize = 64;
 
 /// A layer batch planned for the GPU: the recurrence's [`DevicePlan`] and the chunk table of the
 /// token-parallel kernels, uploaded once.
+///
+/// A Gated DeltaNet layer (Qwen3-Next's heads) over two prompts, from the model's device tensors:
+///
+/// ```no_run
+/// use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+/// use kda::{Kda, LayerDeviceOutputs, LayerInputs, LayerPlan, Plan, bf16};
+///
+/// # fn main() -> Result<(), kda::KdaError> {
+/// let (kda, stream) = Kda::open(0)?;
+/// let batch = Plan::from_lengths(&[1000, 300]);
+/// let shape = LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: 128, value_dim: 128 };
+/// let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: false, gate: GateInput::Log };
+/// let plan = LayerPlan::new(&stream, batch.clone(), shape, options)?;
+/// let mut workspace = plan.workspace(&stream)?; // once per plan, reused by every launch
+///
+/// // The model's tensors (zeros here): q, k [T, 16, 128], v [T, 32, 128], g and beta [T, 32].
+/// let t = batch.tokens();
+/// let q = stream.alloc_zeros::<bf16>(t * 16 * 128)?;
+/// let k = stream.alloc_zeros::<bf16>(t * 16 * 128)?;
+/// let v = stream.alloc_zeros::<bf16>(t * 32 * 128)?;
+/// let g = stream.alloc_zeros::<f32>(t * 32)?;
+/// let beta = stream.alloc_zeros::<f32>(t * 32)?;
+/// let mut o = stream.alloc_zeros::<bf16>(t * 32 * 128)?;
+/// let mut ht = stream.alloc_zeros::<f32>(2 * 32 * 128 * 128)?;
+///
+/// let inputs = LayerInputs {
+///     q: q.slice(..),
+///     k: k.slice(..),
+///     v: v.slice(..),
+///     g: g.slice(..),
+///     beta: beta.slice(..),
+///     a_log: None,
+///     dt_bias: None,
+///     h0: None,
+/// };
+/// let mut outputs = LayerDeviceOutputs { o: o.slice_mut(..), ht: Some(ht.slice_mut(..)) };
+/// // Three launches on `stream`, no host synchronisation, no allocation.
+/// kda.launch_layer(&stream, &plan, &inputs, &mut outputs, &mut workspace)?;
+/// stream.synchronize()?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct LayerPlan {
     shape: LayerShape,
     options: LayerOptions,
@@ -97,29 +139,8 @@ impl LayerPlan {
         shape: LayerShape,
         options: LayerOptions,
     ) -> Result<Self, KdaError> {
-        shape.validate()?;
-        for (argument, size, max) in [("key_dim", shape.key_dim, MAX_K), ("value_dim", shape.value_dim, MAX_V)] {
-            if size > max || !size.is_multiple_of(LAYER_SIZE_STEP) {
-                return Err(KdaError::Unsupported {
-                    argument,
-                    reason: format!("the GPU layer holds multiples of {LAYER_SIZE_STEP} up to {max}, got {size}"),
-                });
-            }
-        }
-        let mut table = Vec::with_capacity(plan.chunks() * CHUNK_WORDS);
-        for seq in plan.seqs() {
-            for c in 0..seq.chunks() {
-                let first = seq.token_start + c * CHUNK;
-                let rows = (seq.len - c * CHUNK).min(CHUNK);
-                let word = |x: usize| {
-                    u32::try_from(x).map_err(|_| KdaError::Argument {
-                        name: "cu_seqlens",
-                        reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
-                    })
-                };
-                table.extend([word(first)?, word(rows)?]);
-            }
-        }
+        layer_supports(&shape)?;
+        let mut table = chunk_table(&plan)?;
         let num_chunks = table.len() / CHUNK_WORDS;
         if table.is_empty() {
             table.push(0); // a one-word placeholder keeps the buffer non-empty
@@ -163,6 +184,40 @@ impl LayerPlan {
             v_new: bf(len(t, s.value_heads, s.value_dim)?)?,
         })
     }
+}
+
+/// Whether the GPU layer runs `shape`: a valid layer shape with `K` and `V` of 64 or 128 (the
+/// typed refusal names the size otherwise).
+fn layer_supports(shape: &LayerShape) -> Result<(), KdaError> {
+    shape.validate()?;
+    for (argument, size, max) in [("key_dim", shape.key_dim, MAX_K), ("value_dim", shape.value_dim, MAX_V)] {
+        if size > max || !size.is_multiple_of(LAYER_SIZE_STEP) {
+            return Err(KdaError::Unsupported {
+                argument,
+                reason: format!("the GPU layer holds multiples of {LAYER_SIZE_STEP} up to {max}, got {size}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The layer kernels' chunk table of `plan`: per chunk, in the recurrence's chunk order, its
+/// first token and its valid rows (`CHUNK_WORDS` words); empty sequences own no chunk.
+fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
+    let word = |x: usize| {
+        u32::try_from(x).map_err(|_| KdaError::Argument {
+            name: "cu_seqlens",
+            reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
+        })
+    };
+    let mut table = Vec::with_capacity(plan.chunks() * CHUNK_WORDS);
+    for seq in plan.seqs() {
+        for c in 0..seq.chunks() {
+            let rows = (seq.len - c * CHUNK).min(CHUNK);
+            table.extend([word(seq.token_start + c * CHUNK)?, word(rows)?]);
+        }
+    }
+    Ok(table)
 }
 
 /// The address of a device tensor, its stream record kept in `records` until the launch is
@@ -420,4 +475,41 @@ pub(super) fn sample_args() -> (PrepareArgs, OutputArgs) {
         PrepareArgs { ptrs: [1; 11], dims, options: 1, gate_mode: 2, lower_bound_bits: 3 },
         OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2 },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chunk_table_lists_every_chunk_in_the_recurrences_order() {
+        let plan = Plan::from_lengths(&[130, 0, 64, 1]);
+        let table = chunk_table(&plan).unwrap();
+        // 130 tokens: chunks of 64, 64 and 2 rows; the empty sequence none; then 64 and 1.
+        assert_eq!(table, [0, 64, 64, 64, 128, 2, 130, 64, 194, 1]);
+        assert_eq!(table.len() / CHUNK_WORDS, plan.chunks());
+        for (c, seq) in plan.seqs().iter().flat_map(|s| (0..s.chunks()).map(move |c| (s.chunk_start + c, s))) {
+            assert!(table[c * CHUNK_WORDS] as usize >= seq.token_start, "chunk {c} inside its sequence");
+        }
+        assert!(chunk_table(&Plan::from_lengths(&[0, 0])).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_gpu_layer_refuses_the_sizes_it_does_not_hold() {
+        let shape =
+            |key_dim, value_dim| LayerShape { kind: LayerKind::Gdn, heads: 2, value_heads: 4, key_dim, value_dim };
+        for (k, v) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            assert!(layer_supports(&shape(k, v)).is_ok(), "K = {k}, V = {v}");
+        }
+        for (k, v, bad) in
+            [(256, 128, "key_dim"), (128, 256, "value_dim"), (96, 128, "key_dim"), (128, 32, "value_dim")]
+        {
+            match layer_supports(&shape(k, v)) {
+                Err(KdaError::Unsupported { argument, .. }) => assert_eq!(argument, bad, "K = {k}, V = {v}"),
+                other => panic!("K = {k}, V = {v}: {other:?}"),
+            }
+        }
+        let grouped_badly = LayerShape { value_heads: 3, ..shape(128, 128) };
+        assert!(matches!(layer_supports(&grouped_badly), Err(KdaError::Argument { name: "value_heads", .. })));
+    }
 }
