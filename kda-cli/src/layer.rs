@@ -120,12 +120,15 @@ pub fn layer_floor_bytes(p: &LayerProblem) -> usize {
 }
 
 /// One timed layer shape: its median time over `repeat` launches after a checked first run
-/// (every output finite), and its IO floor at `bandwidth` bytes per second.
+/// (every output finite), its IO floor at `bandwidth` bytes per second, and the first run's
+/// outputs.
 pub struct LayerTiming {
     /// Median of the event-timed launches, us.
     pub us: f64,
     /// The IO floor, us.
     pub floor_us: f64,
+    /// `o` and the final states of the first run.
+    pub outputs: LayerOutputs,
 }
 
 /// Runs `p` once (every element of `o` and `ht` must be finite), then times `repeat` launches.
@@ -143,5 +146,5 @@ pub fn time_layer(
         return Err(KdaError::Argument { name: "layer", reason: format!("output element {bad} is not finite") });
     }
     let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
-    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6 })
+    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs: out })
 }

@@ -5,7 +5,8 @@
 //! rotated over enough copies that the L2 cannot keep them), checks the outputs against the f64
 //! reference, prints a table and writes `bench/results.json`. Then the same for every model shape
 //! of the generalized recurrence (`kda_cli::model_bench_shapes`) in a second table; a shape the
-//! launcher refuses (`KdaError::Unsupported`) is a row and a record saying why.
+//! launcher refuses (`KdaError::Unsupported`) is a row and a record saying why. Last, the whole
+//! layer on the peers' shapes (`kda layer --bench`'s), checked against the f64 definition.
 
 use crate::args::Args;
 use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, floor_us, median_us};
@@ -91,8 +92,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         model_bench_shapes().into_iter().map(|(name, lengths, shape)| bench.measure_model(name, lengths, shape));
     let models = models.collect::<Result<Vec<_>, _>>()?;
     println!("\nmodel shapes:\n\n{}", model_table(&models));
+    let layer_repeat = o.repeat.min(LAYER_REPEAT);
+    let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat)?;
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
-    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).collect();
+    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).collect();
     let doc = json!({ "gpu": gpu, "date": date, "copy_bw_Bps": copy_bw, "shapes": rows });
     write_results(&o.out_dir, &doc)
 }
@@ -502,6 +505,41 @@ fn model_table(rows: &[ModelRow]) -> String {
 /// timed).
 fn other_cell(us: Option<f64>, floor_us: f64) -> String {
     us.map_or(String::new(), |u| format!("{u:.1} ({:.3})", floor_us / u))
+}
+
+/// Launches timed per layer shape: a layer launch takes milliseconds, not microseconds.
+const LAYER_REPEAT: usize = 20;
+
+/// The whole layer on the peers' shapes (`kda_cli::layer_bench_shapes`): each timed by `time`
+/// (`kda_cli::time_layer` over `repeat` launches) and its first run's `o` and final states checked against the f64
+/// definition (`kda::layer::layer_reference`); prints a table, returns a record per shape.
+fn layer_rows(
+    time: &dyn Fn(&kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
+    repeat: usize,
+) -> Result<Vec<Value>, String> {
+    let mut rows = Vec::new();
+    let mut lines = vec!["| layer shape | us | IO floor us | floor / time | rel err o | rel err ht |".to_string()];
+    lines.push("|---|---:|---:|---:|---:|---:|".into());
+    for (name, shape, options, lengths) in kda_cli::layer_bench_shapes() {
+        let p = inputs::random_layer_problem(&lengths, shape, options, false, SEED);
+        let t = time(&p).map_err(text)?;
+        let want = kda::layer::layer_reference(&p).map_err(text)?;
+        let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let errs = [rel_error(&f(&t.outputs.o), &f(&want.o)), rel_error(&f(&t.outputs.ht), &f(&want.ht))];
+        let ratio = t.floor_us / t.us;
+        lines.push(format!(
+            "| layer_{name} | {:.1} | {:.1} | {ratio:.3} | {:.2e} | {:.2e} |",
+            t.us, t.floor_us, errs[0], errs[1]
+        ));
+        rows.push(json!({
+            "shape": format!("layer_{name}"), "kernel": "layer", "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
+            "rel_err_o": errs[0], "rel_err_ht": errs[1], "repeat": repeat, "lengths": lengths,
+            "heads": shape.heads, "value_heads": shape.value_heads, "key_dim": shape.key_dim, "value_dim": shape.value_dim,
+            "options": format!("{options:?}"),
+        }));
+    }
+    println!("\nthe layer:\n\n{}", lines.join("\n"));
+    Ok(rows)
 }
 
 /// Writes `doc` to `out_dir/results.json`.
