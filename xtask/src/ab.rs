@@ -1,6 +1,7 @@
 //! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]
 //! [--time-unchecked]`: several `kda` builds (each built from its commit and carried along) on the
-//! same inputs.
+//! same inputs. A shape `layer:NAME` is the whole layer on a peer shape (`kda layer --bench NAME`,
+//! random inputs of a fixed seed, each build's first run checked for finite outputs).
 //!
 //! First each build's outputs are checked against the f64 reference (`kda run --cpu`, once per
 //! input with the first build) on every timed shape and on `ragged_many`, to the contract's bound
@@ -61,7 +62,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
         return Err("ab: --shapes names no shape".into());
     }
     for s in &shapes {
-        shapes::lookup(s)?;
+        match layer_shape(s) {
+            Some(name) => {
+                if !kda_cli::layer_bench_shapes().iter().any(|l| l.0 == name) {
+                    return Err(format!("ab: unknown layer shape {name}"));
+                }
+            }
+            None => {
+                shapes::lookup(s)?;
+            }
+        }
     }
     Ok(Options {
         builds: a.positional.iter().map(PathBuf::from).collect(),
@@ -73,6 +83,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
         time_unchecked: a.has("--time-unchecked"),
     })
 }
+
+/// The layer shape a `layer:NAME` shape names (`kda layer --bench NAME`), or `None` for a
+/// recurrence shape.
+fn layer_shape(shape: &str) -> Option<&str> {
+    shape.strip_prefix(LAYER_PREFIX)
+}
+
+/// The prefix of a layer shape in `--shapes`.
+const LAYER_PREFIX: &str = "layer:";
 
 /// Removes repeated names, keeping the first of each.
 fn dedup(v: &mut Vec<String>) {
@@ -167,7 +186,10 @@ impl Ab {
 
     /// Checks every build against the f64 reference on each timed shape and on [`CHECK_SHAPE`].
     fn check(&self) -> Result<Checks, String> {
-        let mut check_shapes = self.o.shapes.clone();
+        // Layer shapes are checked by each build's own first run (`kda layer --bench`: finite
+        // outputs); their accuracy is the GPU suite's.
+        let mut check_shapes: Vec<String> =
+            self.o.shapes.iter().filter(|s| layer_shape(s).is_none()).cloned().collect();
         check_shapes.push(CHECK_SHAPE.into());
         dedup(&mut check_shapes);
         let mut checks = Checks { passed: vec![true; self.o.builds.len()], records: Vec::new() };
@@ -265,8 +287,16 @@ impl Ab {
     fn time_run(&self, round: usize, s: usize, i: usize, timing: &mut Timing) -> Result<(), String> {
         let shape = &self.o.shapes[s];
         let mut cmd = Command::new(&self.o.builds[i]);
-        cmd.arg("run").arg("--inputs").arg(self.input(shape));
-        cmd.arg("--out").arg(self.scratch.join("timed.safetensors")).args(["--repeat", &self.o.repeat.to_string()]);
+        match layer_shape(shape) {
+            Some(name) => {
+                cmd.args(["layer", "--bench", name, "--repeat", &self.o.repeat.to_string()]);
+            }
+            None => {
+                cmd.arg("run").arg("--inputs").arg(self.input(shape));
+                cmd.arg("--out").arg(self.scratch.join("timed.safetensors"));
+                cmd.args(["--repeat", &self.o.repeat.to_string()]);
+            }
+        }
         let (f, text) = self.run(&format!("round {} {shape} {}", round + 1, label(i)), &mut cmd, self.o.timeout)?;
         match parse_median(&text).filter(|_| f.ok()) {
             Some(us) => {
@@ -433,6 +463,10 @@ mod tests {
         assert_eq!((o.rounds, o.repeat, o.timeout, o.out), (3, 50, Duration::from_secs(90), "/o".into()));
         assert!(parse(&[]).is_err());
         assert!(parse(&strings(&["a", "--shapes", "nope"])).unwrap_err().contains("unknown shape nope"));
+        let o = parse(&strings(&["a", "--shapes", "layer:kda_fixed_8192,fixed_8192"])).unwrap();
+        assert_eq!(o.shapes, strings(&["layer:kda_fixed_8192", "fixed_8192"]));
+        assert_eq!(layer_shape(&o.shapes[0]), Some("kda_fixed_8192"));
+        assert!(parse(&strings(&["a", "--shapes", "layer:nope"])).unwrap_err().contains("unknown layer shape nope"));
         assert!(parse(&strings(&["a", "--rounds", "0"])).is_err());
     }
 
