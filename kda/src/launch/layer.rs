@@ -220,6 +220,21 @@ fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
     Ok(table)
 }
 
+/// Each `(tensor, actual length, expected length)` (`None`: absent, or not wanted) must match:
+/// the first that does not is a `KdaError::Shape` naming the tensor and both lengths.
+pub(super) fn check_lengths(checks: &[LenCheck]) -> Result<(), KdaError> {
+    let describe = |x: Option<usize>| x.map_or("absent".to_string(), |n| format!("{n} elements"));
+    match checks.iter().find(|(_, actual, expected)| actual != expected) {
+        Some(&(tensor, actual, expected)) => Err(KdaError::Shape {
+            tensor,
+            expected: describe(expected),
+            expected_len: expected.unwrap_or(0),
+            actual: describe(actual),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The address of a device tensor, its stream record kept in `records` until the launch is
 /// enqueued (cudarc's event tracking).
 fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u64, SyncOnDrop<'a>)) -> u64 {
@@ -283,25 +298,8 @@ impl Kda {
             ("workspace.u", Some(workspace.u.len().min(workspace.v_new.len())), Some((t * hv * vd).max(1))),
             ("workspace.h", Some(workspace.h.len()), Some((nt * hv * kd * vd).max(1))),
         ];
-        for (tensor, actual, expected) in checks {
-            if actual != expected {
-                let describe = |x: Option<usize>| x.map_or("absent".to_string(), |n| format!("{n} elements"));
-                return Err(KdaError::Shape {
-                    tensor,
-                    expected: describe(expected),
-                    expected_len: expected.unwrap_or(0),
-                    actual: describe(actual),
-                });
-            }
-        }
-        if workspace.gate.len() != (t * hv * s.gate_width()).max(1) {
-            return Err(KdaError::Shape {
-                tensor: "workspace.gate",
-                expected: format!("{} elements", (t * hv * s.gate_width()).max(1)),
-                expected_len: (t * hv * s.gate_width()).max(1),
-                actual: format!("{} elements", workspace.gate.len()),
-            });
-        }
+        check_lengths(&checks)?;
+        check_lengths(&[("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1)))])?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let options = (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
@@ -492,6 +490,24 @@ mod tests {
             assert!(table[c * CHUNK_WORDS] as usize >= seq.token_start, "chunk {c} inside its sequence");
         }
         assert!(chunk_table(&Plan::from_lengths(&[0, 0])).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_length_mismatch_names_its_tensor_and_both_lengths() {
+        assert!(check_lengths(&[("q", Some(8), Some(8)), ("h0", None, None)]).is_ok());
+        let cases: [(LenCheck, &str); 3] = [
+            (("v", Some(7), Some(8)), "v: expected 8 elements, got 7 elements"),
+            (("A_log", None, Some(4)), "A_log: expected 4 elements, got absent"),
+            (("dt_bias", Some(4), None), "dt_bias: expected absent, got 4 elements"),
+        ];
+        for (check, what) in cases {
+            match check_lengths(&[("q", Some(8), Some(8)), check]) {
+                Err(KdaError::Shape { tensor, expected, actual, .. }) => {
+                    assert_eq!(format!("{tensor}: expected {expected}, got {actual}"), what)
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 
     #[test]
