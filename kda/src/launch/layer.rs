@@ -17,7 +17,7 @@ use super::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
 use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
 use crate::model::{Gates, ModelShape, StateLayout};
 use crate::{KdaError, Plan};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
 use kda_kernel::layout::CHUNK;
 use kda_kernel::layout::layer::{
@@ -235,6 +235,15 @@ pub(super) fn check_lengths(checks: &[LenCheck]) -> Result<(), KdaError> {
     }
 }
 
+/// Each `(name, device ordinal)` must be the launcher's device `expected`: the first that is not
+/// is a `KdaError::WrongDevice` naming it.
+pub(super) fn check_devices(expected: usize, named: &[(&'static str, usize)]) -> Result<(), KdaError> {
+    match named.iter().find(|(_, actual)| *actual != expected) {
+        Some(&(tensor, actual)) => Err(KdaError::WrongDevice { tensor, expected, actual }),
+        None => Ok(()),
+    }
+}
+
 /// The address of a device tensor, its stream record kept in `records` until the launch is
 /// enqueued (cudarc's event tracking).
 fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u64, SyncOnDrop<'a>)) -> u64 {
@@ -266,7 +275,8 @@ type LenCheck = (&'static str, Option<usize>, Option<usize>);
 impl Kda {
     /// The layer forward over `plan`'s batch: `o` (and the final states when asked) from
     /// `inputs`, through `workspace` (from [`LayerPlan::workspace`]). Validates every length
-    /// first; a refused call launches nothing and writes nothing.
+    /// first, and that every tensor, the stream and the plan are on the launcher's device; a
+    /// refused call launches nothing and writes nothing.
     pub fn launch_layer(
         &self,
         stream: &Arc<CudaStream>,
@@ -299,6 +309,26 @@ impl Kda {
             ("workspace.h", Some(workspace.h.len()), Some((nt * hv * kd * vd).max(1))),
         ];
         check_lengths(&checks)?;
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
+        check_devices(
+            self.ctx.ordinal(),
+            &[
+                ("stream", ordinal(stream)),
+                ("plan", plan.recurrence.ordinal),
+                ("q", ordinal(inputs.q.stream())),
+                ("k", ordinal(inputs.k.stream())),
+                ("v", ordinal(inputs.v.stream())),
+                ("g", ordinal(inputs.g.stream())),
+                ("beta", ordinal(inputs.beta.stream())),
+                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
+                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
+                ("h0", optional(inputs.h0.as_ref().map(|x| ordinal(x.stream())))),
+                ("o", ordinal(outputs.o.stream())),
+                ("ht", optional(outputs.ht.as_ref().map(|x| ordinal(x.stream())))),
+                ("workspace", ordinal(workspace.w.stream())),
+            ],
+        )?;
         check_lengths(&[("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1)))])?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
@@ -507,6 +537,17 @@ mod tests {
                 }
                 other => panic!("{what}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_tensor_on_another_device_is_named() {
+        assert!(check_devices(1, &[("stream", 1), ("q", 1)]).is_ok());
+        match check_devices(1, &[("stream", 1), ("q", 1), ("beta", 0), ("o", 2)]) {
+            Err(KdaError::WrongDevice { tensor, expected, actual }) => {
+                assert_eq!((tensor, expected, actual), ("beta", 1, 0))
+            }
+            other => panic!("{other:?}"),
         }
     }
 
