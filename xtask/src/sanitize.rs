@@ -3,7 +3,8 @@
 //! item per CTA), `ragged_many` (512 items, so CTAs of the persistent grid run several back to
 //! back), and the model fixtures the GPU runs (the scalar gate with grouped value heads,
 //! value-first states, both gates, no gate at V = 256, K = 64, K = 256), each in wide and in narrow
-//! column blocks (`K = 256` narrow only). Prints each run's summary line, and the
+//! column blocks (`K = 256` narrow only), and the whole layer (`kda layer`) on three layer
+//! fixtures. Prints each run's summary line, and the
 //! log of a run that reports an error or hazard, fails or times out (the first and last 60
 //! lines); fails if any does. Each run's whole log is in DIR (default `target/sanitize`), one
 //! file per tool and input.
@@ -23,6 +24,12 @@ const MODEL_FIXTURES: [&str; 5] = ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk
 const NARROW_FIXTURES: [&str; 1] = ["gdn_k256_v512"];
 /// The column blocks each input runs in (`kda run --columns`).
 const WIDTHS: [&str; 2] = ["wide", "narrow"];
+/// The layer fixtures (`tests/fixtures/layer/`), run through the whole layer (`kda layer`: its
+/// prepare and output kernels around the recurrence): KDA ragged with tails, the gate activated
+/// inside, Gated DeltaNet with grouped value heads.
+const LAYER_FIXTURES: [&str; 3] = ["kda_layer_ragged", "kda_layer_gate_in_kernel", "gdn_layer_gva_ragged"];
+/// The mode a layer input runs in, in place of a column width.
+const LAYER_MODE: [&str; 1] = ["layer"];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
@@ -40,6 +47,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // both gates, no gate at V = 256, K = 64, K = 256.
     inputs.extend(MODEL_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[..])));
     inputs.extend(NARROW_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[1..])));
+    inputs.extend(LAYER_FIXTURES.map(|name| (name, fixture(&format!("layer/{name}")), &LAYER_MODE[..])));
 
     let mut failed = Vec::new();
     for tool in TOOLS {
@@ -47,8 +55,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
             for width in widths.iter() {
                 let log = out.join(format!("sanitizer_{tool}_{name}_{width}.txt"));
                 let mut cmd = Command::new(&sanitizer);
-                cmd.args(["--tool", tool]).arg(&kda).arg("run").arg("--inputs").arg(input);
-                cmd.arg("--out").arg(scratch.join("sanitized.safetensors")).args(["--columns", width]);
+                cmd.args(["--tool", tool]).arg(&kda);
+                if *width == LAYER_MODE[0] {
+                    cmd.arg("layer").arg("--inputs").arg(input).arg("--out").arg(scratch.join("sanitized.safetensors"));
+                } else {
+                    cmd.arg("run").arg("--inputs").arg(input);
+                    cmd.arg("--out").arg(scratch.join("sanitized.safetensors")).args(["--columns", width]);
+                }
                 println!("== {tool} on {name} ({width}) ...");
                 let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
                 let summary = summary_line(&text);
