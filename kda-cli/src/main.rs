@@ -389,12 +389,8 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
         dev.download(&stream)?
     };
     if let Some(g) = golden {
-        let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-        println!(
-            "FLA's outputs in the file against this reference: o {:.2e}, ht {:.2e}",
-            rel_error(&f(&g.fla.o), &f(&out.o)),
-            rel_error(&f(&g.fla.ht), &f(&out.ht))
-        );
+        let [o, ht] = g.fla.errors(&out);
+        println!("FLA's outputs in the file against this reference: o {o:.2e}, ht {ht:.2e}");
     }
     io::write_layer_outputs(&a.output, &out, &p)?;
     println!("wrote o, ht to {}", a.output.display());

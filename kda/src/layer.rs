@@ -157,6 +157,13 @@ pub struct LayerOutputs {
     pub ht: Vec<f32>,
 }
 
+impl LayerOutputs {
+    /// Relative errors of `o` and `ht` against `reference` ([`crate::rel_error`]).
+    pub fn errors(&self, reference: &LayerOutputs) -> [f64; 2] {
+        [crate::rel_error(&self.o, &reference.o), crate::rel_error(&self.ht, &reference.ht)]
+    }
+}
+
 /// Where [`layer_chunked`] rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rounding {

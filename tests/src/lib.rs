@@ -362,9 +362,3 @@ pub const LAYER_FIXTURES: [&str; 5] = [
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;
-
-/// Relative errors of a layer's `o` and `ht`.
-pub fn layer_errors(out: &LayerOutputs, want: &LayerOutputs) -> [f64; 2] {
-    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-    [rel_error(&f(&out.o), &f(&want.o)), rel_error(&f(&out.ht), &f(&want.ht))]
-}

@@ -11,7 +11,7 @@ use kda::model::{Gates, ModelShape, StateLayout};
 use kda::split::{SplitMode, split_reference};
 use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference};
 use kda_tests::{
-    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, errors, fixture, layer_errors, ragged_lengths,
+    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, errors, fixture, ragged_lengths,
     run_columns_guarded, run_guarded, run_model_guarded, run_split_guarded,
 };
 use proptest::prelude::*;
@@ -502,7 +502,7 @@ fn layer_fixtures() {
     for name in LAYER_FIXTURES {
         let (p, golden) = kda::layer::read_layer_fixture(&fixture(&format!("layer/{name}"))).unwrap();
         let out = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-        let errs = layer_errors(&out, &golden.reference);
+        let errs = out.errors(&golden.reference);
         let [fo, fh] = golden.fla_errors;
         println!(
             "{name}: GPU layer o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
@@ -542,10 +542,10 @@ fn layer_random() {
             let p = kda_tests::random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64);
             let out = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
             let want = layer_reference(&p).unwrap();
-            let errs = layer_errors(&out, &want);
+            let errs = out.errors(&want);
             // The pipeline's own rounding level, where the CPU model runs it (KDA's needs H = HV).
             let model = (kind == LayerKind::Gdn || heads == value_heads)
-                .then(|| layer_errors(&layer_chunked(&p, Rounding::Kernels).unwrap(), &want));
+                .then(|| layer_chunked(&p, Rounding::Kernels).unwrap().errors(&want));
             let bounds = model.map(|m| m.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND)));
             println!(
                 "{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}: o {:.2e} ht {:.2e}, model {model:?}",

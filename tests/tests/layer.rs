@@ -5,7 +5,7 @@
 //! contract (bf16 `k'`, `w`, `u`, `h`, `v_new`) lands within the layer's precision bound.
 
 use kda::layer::{LayerOutputs, Rounding, layer_chunked, layer_reference, read_layer_fixture};
-use kda_tests::{LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, layer_errors};
+use kda_tests::{LAYER_BOUND_OVER_FLA, LAYER_FIXTURES};
 
 fn fixture(name: &str) -> std::path::PathBuf {
     kda_tests::fixture(&format!("layer/{name}"))
@@ -16,8 +16,8 @@ fn the_definition_reproduces_the_fixtures_reference() {
     for name in LAYER_FIXTURES {
         let (p, golden) = read_layer_fixture(&fixture(name)).unwrap();
         let out = layer_reference(&p).unwrap();
-        let errs = layer_errors(&out, &golden.reference);
-        let fla = layer_errors(&golden.fla, &out);
+        let errs = out.errors(&golden.reference);
+        let fla = golden.fla.errors(&out);
         println!(
             "{name}: vs the fixture's reference o {:.2e} ht {:.2e}; FLA vs ours o {:.2e} ht {:.2e} (recorded {:.2e} {:.2e})",
             errs[0], errs[1], fla[0], fla[1], golden.fla_errors[0], golden.fla_errors[1]
@@ -38,7 +38,7 @@ fn the_chunked_layer_is_the_definition() {
     for name in LAYER_FIXTURES {
         let (p, _) = read_layer_fixture(&fixture(name)).unwrap();
         let want = layer_reference(&p).unwrap();
-        let errs = layer_errors(&layer_chunked(&p, Rounding::Exact).unwrap(), &want);
+        let errs = layer_chunked(&p, Rounding::Exact).unwrap().errors(&want);
         println!("{name}: chunked (f64) vs token by token: o {:.2e} ht {:.2e}", errs[0], errs[1]);
         // Both f64, stored as f32: only the summation order and the final rounding differ.
         assert!(errs.iter().all(|&e| e < 1e-6), "{name}: {errs:?}");
@@ -49,7 +49,7 @@ fn the_chunked_layer_is_the_definition() {
 fn the_layer_on_the_recurrence_contract_is_within_the_layer_bound() {
     for name in LAYER_FIXTURES {
         let (p, golden) = read_layer_fixture(&fixture(name)).unwrap();
-        let errs = layer_errors(&layer_chunked(&p, Rounding::Kernels).unwrap(), &golden.reference);
+        let errs = layer_chunked(&p, Rounding::Kernels).unwrap().errors(&golden.reference);
         let [fo, fh] = golden.fla_errors;
         println!(
             "{name}: on the recurrence contract o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
@@ -111,7 +111,7 @@ mod random {
         ) {
             let p = problem(&lengths, shape, options, with_h0, seed);
             let want = layer_reference(&p).unwrap();
-            let errs = layer_errors(&layer_chunked(&p, Rounding::Exact).unwrap(), &want);
+            let errs = layer_chunked(&p, Rounding::Exact).unwrap().errors(&want);
             prop_assert!(errs.iter().all(|&e| e < 1e-6), "{:?} {:?} {:?}: {:?}", lengths, shape, options, errs);
         }
     }
@@ -192,7 +192,7 @@ mod random {
                 o: o.concat(),
                 ht: (0..lengths.len()).flat_map(|n| states[pool.offset(n + 1, 0).unwrap()..][..hv * pool.state_len()].to_vec()).collect(),
             };
-            let errs = layer_errors(&got, &want);
+            let errs = got.errors(&want);
             prop_assert!(errs.iter().all(|&e| e < 1e-6), "{:?} prompts {:?}: {:?}", lengths, prompt, errs);
             prop_assert!(states[..pool.offset(1, 0).unwrap()] == untouched[0][..], "slot 0 written");
             prop_assert!(states[pool.offset(lengths.len() + 1, 0).unwrap()..] == untouched[1][..], "the last slot written");

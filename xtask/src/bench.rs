@@ -524,8 +524,7 @@ fn layer_rows(
         let p = inputs::random_layer_problem(&lengths, shape, options, false, SEED);
         let t = time(&p).map_err(text)?;
         let want = kda::layer::layer_reference(&p).map_err(text)?;
-        let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-        let errs = [rel_error(&f(&t.outputs.o), &f(&want.o)), rel_error(&f(&t.outputs.ht), &f(&want.ht))];
+        let errs = t.outputs.errors(&want);
         let ratio = t.floor_us / t.us;
         lines.push(format!(
             "| layer_{name} | {:.1} | {:.1} | {ratio:.3} | {:.2e} | {:.2e} |",
