@@ -364,13 +364,25 @@ const MAX_SEGMENT_CHUNKS: usize = 4;
 /// entry state or a segment written at the wrong place is orders of magnitude above it.
 const SPLIT_BOUND: f64 = 5e-3;
 
-/// The bound against the unsplit recurrence for one problem: [`SPLIT_BOUND`], or the split's own
+/// A split run's errors: against the f64 model of the same split (`model`), against the unsplit
+/// model (`unsplit`), and the bound on the latter (`bounds`): [`SPLIT_BOUND`], or the split's own
 /// rounding difference on that problem (the f64 model of the split against the unsplit model,
 /// measured on the CPU) with [`precision::FLOOR_SLACK`] where that is larger. Without any gate
 /// the state never decays, and the pre-scan's extra roundings grow with it (4.6e-3 measured at
 /// K = 64 over 1400 tokens): the same problem's CPU model sets the level, not a constant.
-fn unsplit_bounds(split_model: &Outputs, unsplit_model: &Outputs) -> [f64; 3] {
-    errors(split_model, unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent))
+struct SplitErrors {
+    model: [f64; 3],
+    unsplit: [f64; 3],
+    bounds: [f64; 3],
+}
+
+impl SplitErrors {
+    fn of(out: &Outputs, p: &kda::model::ModelView<'_>, split: &kda::split::SplitPlan) -> Self {
+        let (split_model, unsplit_model) = (split_reference(p, split).unwrap(), reference::model_reference(p).unwrap());
+        let bounds =
+            errors(&split_model, &unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent));
+        Self { model: errors(out, &split_model), unsplit: errors(out, &unsplit_model), bounds }
+    }
 }
 
 proptest! {
@@ -396,11 +408,7 @@ proptest! {
         let (out, split) = run_columns_guarded(gpu, &p.view(), Strides::PACKED, Kernel::Auto, mode, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(split.is_split(), "{lengths:?} every {segment_chunks} chunks: not split");
-        let (split_model, unsplit_model) =
-            (split_reference(&p.view(), &split).unwrap(), reference::model_reference(&p.view()).unwrap());
-        let model = errors(&out, &split_model);
-        let errs = errors(&out, &unsplit_model);
-        let bounds = unsplit_bounds(&split_model, &unsplit_model);
+        let SplitErrors { model, unsplit: errs, bounds } = SplitErrors::of(&out, &p.view(), &split);
         let case = format!("{lengths:?} {shape:?} every {segment_chunks} chunks {columns:?} h0={with_h0}");
         println!("{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e} (bounds {:.2e} {:.2e} {:.2e})",
             model[0], model[1], model[2], errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]);
@@ -421,11 +429,7 @@ fn split_head_sizes() {
             let (out, split) =
                 run_split_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto, SplitMode::Chunks(2)).unwrap();
             assert!(split.is_split());
-            let (split_model, unsplit_model) =
-                (split_reference(&p.view(), &split).unwrap(), reference::model_reference(&p.view()).unwrap());
-            let model = errors(&out, &split_model);
-            let errs = errors(&out, &unsplit_model);
-            let bounds = unsplit_bounds(&split_model, &unsplit_model);
+            let SplitErrors { model, unsplit: errs, bounds } = SplitErrors::of(&out, &p.view(), &split);
             let case = format!("K={key_dim} V={value_dim} {layout:?}");
             println!(
                 "{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e}",
