@@ -292,7 +292,7 @@ impl Kda {
         let raw = !matches!(plan.options.gate, GateInput::Log);
         let key_heads = recurrence_shape(&s).heads;
         let opt = |present: bool, len: usize| present.then_some(len);
-        let checks: [LenCheck; 14] = [
+        let checks: [LenCheck; 16] = [
             ("q", Some(inputs.q.len()), Some(t * h * kd)),
             ("k", Some(inputs.k.len()), Some(t * h * kd)),
             ("v", Some(inputs.v.len()), Some(t * hv * vd)),
@@ -305,7 +305,9 @@ impl Kda {
             ("ht", outputs.ht.as_ref().map(|x| x.len()), outputs.ht.as_ref().map(|_| n * hv * kd * vd)),
             ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
             ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
-            ("workspace.u", Some(workspace.u.len().min(workspace.v_new.len())), Some((t * hv * vd).max(1))),
+            ("workspace.u", Some(workspace.u.len()), Some((t * hv * vd).max(1))),
+            ("workspace.v_new", Some(workspace.v_new.len()), Some((t * hv * vd).max(1))),
+            ("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1))),
             ("workspace.h", Some(workspace.h.len()), Some((nt * hv * kd * vd).max(1))),
         ];
         check_lengths(&checks)?;
@@ -329,7 +331,6 @@ impl Kda {
                 ("workspace", ordinal(workspace.w.stream())),
             ],
         )?;
-        check_lengths(&[("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1)))])?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let options = (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
