@@ -22,14 +22,29 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const MODEL_FIXTURES: [&str; 5] = ["gdn_gva_ragged", "kda_gva_vfirst", "g_and_gk", "plain_delta_k128_v256", "kda_k64"];
 /// The model fixtures the GPU runs in narrow blocks only.
 const NARROW_FIXTURES: [&str; 1] = ["gdn_k256_v512"];
-/// The column blocks each input runs in (`kda run --columns`).
-const WIDTHS: [&str; 2] = ["wide", "narrow"];
-/// The layer fixtures (`tests/fixtures/layer/`), run through the whole layer (`kda layer`: its
-/// prepare and output kernels around the recurrence): KDA ragged with tails, the gate activated
+/// How an input runs: the recurrence in a column width (`kda run --columns`), or the whole
+/// layer (`kda layer`: its prepare and output kernels around the recurrence).
+#[derive(Clone, Copy)]
+enum Mode {
+    Columns(&'static str),
+    Layer,
+}
+
+impl Mode {
+    /// The mode's name in the log file names and the summary.
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Columns(width) => width,
+            Mode::Layer => "layer",
+        }
+    }
+}
+
+/// The column blocks each recurrence input runs in.
+const WIDTHS: [Mode; 2] = [Mode::Columns("wide"), Mode::Columns("narrow")];
+/// The layer fixtures (`tests/fixtures/layer/`): KDA ragged with tails, the gate activated
 /// inside, Gated DeltaNet with grouped value heads.
 const LAYER_FIXTURES: [&str; 3] = ["kda_layer_ragged", "kda_layer_gate_in_kernel", "gdn_layer_gva_ragged"];
-/// The mode a layer input runs in, in place of a column width.
-const LAYER_MODE: [&str; 1] = ["layer"];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse("sanitize", args, &["--out", "--bundle"], &[])?;
@@ -47,20 +62,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // both gates, no gate at V = 256, K = 64, K = 256.
     inputs.extend(MODEL_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[..])));
     inputs.extend(NARROW_FIXTURES.map(|name| (name, fixture(&format!("models/{name}")), &WIDTHS[1..])));
-    inputs.extend(LAYER_FIXTURES.map(|name| (name, fixture(&format!("layer/{name}")), &LAYER_MODE[..])));
+    inputs.extend(LAYER_FIXTURES.map(|name| (name, fixture(&format!("layer/{name}")), &[Mode::Layer][..])));
 
     let mut failed = Vec::new();
     for tool in TOOLS {
-        for (name, input, widths) in &inputs {
-            for width in widths.iter() {
+        for (name, input, modes) in &inputs {
+            for &mode in modes.iter() {
+                let width = mode.name();
                 let log = out.join(format!("sanitizer_{tool}_{name}_{width}.txt"));
                 let mut cmd = Command::new(&sanitizer);
                 cmd.args(["--tool", tool]).arg(&kda);
-                if *width == LAYER_MODE[0] {
-                    cmd.arg("layer").arg("--inputs").arg(input).arg("--out").arg(scratch.join("sanitized.safetensors"));
-                } else {
-                    cmd.arg("run").arg("--inputs").arg(input);
-                    cmd.arg("--out").arg(scratch.join("sanitized.safetensors")).args(["--columns", width]);
+                cmd.arg(if let Mode::Layer = mode { "layer" } else { "run" });
+                cmd.arg("--inputs").arg(input).arg("--out").arg(scratch.join("sanitized.safetensors"));
+                if let Mode::Columns(width) = mode {
+                    cmd.args(["--columns", width]);
                 }
                 println!("== {tool} on {name} ({width}) ...");
                 let (f, text) = run_logged(&mut cmd, RUN_TIMEOUT, &log)?;
