@@ -186,6 +186,13 @@ impl Lane {
         Self { g: lane / 4, t: lane % 4 }
     }
 
+    /// This thread's index in the CTA, its warp and its place in the fragments.
+    #[inline(always)]
+    fn this_thread() -> (usize, usize, Self) {
+        let tid = thread_idx_x();
+        (tid, tid / LANES, Self::of(tid))
+    }
+
     /// Row and column inside the 16 x 8 tile of accumulator element `e` (0..4).
     #[inline(always)]
     fn acc_at(self, e: usize) -> (usize, usize) {
@@ -346,8 +353,7 @@ unsafe fn gated_products(
     strict: bool,
     row_scale: impl Fn(usize) -> f32,
 ) {
-    let tid = thread_idx_x();
-    let (warp, l) = (tid / LANES, Lane::of(tid));
+    let (tid, warp, l) = Lane::this_thread();
     // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns.
     unsafe {
         if warp < LOWER_PAIRS.len() {
@@ -439,7 +445,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         return; // the launcher never launches so; this proves the tiles and divisions safe
     };
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let (tid, warp, l) = (thread_idx_x(), thread_idx_x() / LANES, Lane::of(thread_idx_x()));
+    let (tid, warp, l) = Lane::this_thread();
     // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
     // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
     unsafe {
@@ -636,7 +642,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         return; // the launcher never launches so; this proves the tiles and divisions safe
     };
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let (tid, warp, l) = (thread_idx_x(), thread_idx_x() / LANES, Lane::of(thread_idx_x()));
+    let (tid, warp, l) = Lane::this_thread();
     let l2norm = options & OPT_L2NORM != 0;
     // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
     unsafe {
