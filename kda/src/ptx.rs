@@ -1,12 +1,12 @@
-//! The embedded PTX of the device crate, built by `build.rs` with the pinned nightly: one module
-//! per target of `kda_kernel::abi::TARGETS`.
+//! The embedded PTX of the device crate, one module per target of `kda_kernel::abi::TARGETS`:
+//! the shipped modules in `ptx/`, or a build from source where `build.rs` chose one.
 
 use kda_kernel::abi::{KernelAbi, SM80 as SM80_TARGET, SM90A as SM90A_TARGET};
 
 /// PTX for sm_90a (Hopper): all kernels, the warp-specialized one included.
-pub const SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/kda_sm_90a.ptx"));
+pub const SM90A: &str = include_str!(concat!(env!("KDA_PTX_DIR"), "/kda_sm_90a.ptx"));
 /// PTX for sm_80: the portable baseline kernel, JIT-compiled by the driver on sm_80 and newer.
-pub const SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kda_sm_80.ptx"));
+pub const SM80: &str = include_str!(concat!(env!("KDA_PTX_DIR"), "/kda_sm_80.ptx"));
 
 /// The embedded module of PTX target `target` (one of `kda_kernel::abi::TARGETS`).
 pub fn module(target: &str) -> Option<&'static str> {

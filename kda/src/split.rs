@@ -254,7 +254,7 @@ impl SplitPlan {
         Some(table)
     }
 
-    /// The modelled time of the batch, in chunk times of a lone chain (see [`pass_time`] for a
+    /// The modelled time of the batch, in chunk times of a lone chain (see `pass_time` for a
     /// pass); when split, the pre-scan, the merge's longest chain of steps, the main pass and the
     /// two extra launches.
     pub fn modelled_cost(&self, work: &Work) -> u64 {

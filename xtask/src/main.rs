@@ -24,7 +24,8 @@ mod harness {
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/gpu-bundle/xtask <command>)
-  ptx                                   ptxas resource report (registers, shared memory, spills) of every kernel; no GPU
+  ptx [--write | --check]               ptxas resource report (registers, shared memory, spills) of every kernel; --write rebuilds
+                                        the shipped PTX (kda/ptx/) from source, --check fails unless it equals a rebuild byte for byte; no GPU
   bundle [--out DIR] [--with REV,...]   builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle); --with adds the kda of each git revision as kda-REV, for ab
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
   bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
     let result: Result<(), Failure> = match args.first().map(String::as_str) {
-        Some("ptx") if rest.is_empty() => ptx::run().map_err(Failure::from),
+        Some("ptx") => ptx::run(rest).map_err(Failure::from),
         Some("bundle") => bundle::run(rest).map_err(Failure::from),
         Some("gpu-suite") => suite::run(rest),
         Some("bench") => bench::run(rest).map_err(Failure::from),

@@ -1,6 +1,11 @@
-//! `cargo xtask ptx`: assemble the embedded PTX with ptxas and print its resource report.
+//! `cargo xtask ptx`: assemble the embedded PTX with ptxas and print its resource report;
+//! `--write` rebuilds the shipped PTX (`kda/ptx/`) from the device crate's sources, `--check`
+//! rebuilds it aside and fails unless it equals the shipped PTX byte for byte.
 
-use std::path::PathBuf;
+use crate::args::Args;
+use kda_kernel::abi::TARGETS;
+use kda_kernel::builder;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `ptxas` as `.ci/setup` installs it (see [`crate::harness::cuda_tool`]).
@@ -13,7 +18,84 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-pub fn run() -> Result<(), String> {
+pub fn run(args: &[String]) -> Result<(), String> {
+    let args = Args::parse("ptx", args, &[], &["--write", "--check"])?;
+    args.no_positional("ptx")?;
+    match (args.has("--write"), args.has("--check")) {
+        (true, true) => Err("ptx: --write or --check, not both".into()),
+        (true, false) => write(),
+        (false, true) => check(),
+        (false, false) => report(),
+    }
+}
+
+/// The device crate's sources and the shipped PTX's directory.
+fn device_and_shipped() -> (PathBuf, PathBuf) {
+    let root = workspace_root();
+    (root.join("kda-kernel"), root.join("kda/ptx"))
+}
+
+/// Rebuilds the shipped PTX from source, in place (each file renamed over the old one when
+/// complete).
+fn write() -> Result<(), String> {
+    let (device, shipped) = device_and_shipped();
+    builder::build_all(&device, &workspace_root().join("target/device-ptx"), &shipped)?;
+    let digest = builder::source_digest(&device)?;
+    for cpu in TARGETS {
+        let path = shipped.join(builder::file_name(cpu));
+        let bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+        println!("wrote kda/ptx/{} ({bytes} bytes, source digest {digest:016x})", builder::file_name(cpu));
+    }
+    Ok(())
+}
+
+/// Rebuilds the PTX from source aside and compares it with the shipped PTX byte for byte.
+fn check() -> Result<(), String> {
+    let (device, shipped) = device_and_shipped();
+    let target = workspace_root().join("target/device-ptx-check");
+    let built = target.join("out");
+    builder::build_all(&device, &target, &built)?;
+    for cpu in TARGETS {
+        let name = builder::file_name(cpu);
+        let (fresh, old) = (read(&built.join(&name))?, read(&shipped.join(&name))?);
+        if let Some(diff) = first_difference(&fresh, &old) {
+            return Err(format!(
+                "kda/ptx/{name} differs from a build from source ({diff}): run `cargo xtask ptx --write` and commit it"
+            ));
+        }
+        println!("kda/ptx/{name}: equal to a build from source ({} bytes)", fresh.len());
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Where `built` and `shipped` first differ: the line, both versions of it.
+fn first_difference(built: &str, shipped: &str) -> Option<String> {
+    if built == shipped {
+        return None;
+    }
+    let (mut a, mut b) = (built.lines(), shipped.lines());
+    for line in 1.. {
+        match (a.next(), b.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (None, None) => break,
+            (x, y) => {
+                return Some(format!(
+                    "line {line}: built `{}`, shipped `{}`",
+                    x.unwrap_or("<end>"),
+                    y.unwrap_or("<end>")
+                ));
+            }
+        }
+    }
+    Some("line endings only".into())
+}
+
+/// The ptxas resource report of the embedded PTX.
+fn report() -> Result<(), String> {
     let tmp = std::env::temp_dir().join(format!("kda-xtask-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     for (arch, ptx) in [("sm_90a", kda::ptx::SM90A), ("sm_80", kda::ptx::SM80)] {
@@ -33,4 +115,17 @@ pub fn run() -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_difference_names_the_line() {
+        assert_eq!(first_difference("a\nb\n", "a\nb\n"), None);
+        assert_eq!(first_difference("a\nb\n", "a\nc\n").unwrap(), "line 2: built `b`, shipped `c`");
+        assert_eq!(first_difference("a\n", "a\nc\n").unwrap(), "line 2: built `<end>`, shipped `c`");
+        assert_eq!(first_difference("a\n", "a\r\n").unwrap(), "line endings only");
+    }
 }
