@@ -18,17 +18,23 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-const USAGE: &str = "usage:
-  kda demo [--cpu]
+/// Each subcommand and its help (`kda SUBCOMMAND --help`); `kda --help` prints them all.
+const SUBCOMMANDS: [(&str, &str); 3] = [
+    (
+        "demo",
+        "  kda demo [--cpu]
       Runs a realistic workload (H = 64, six ragged sequences, 8192 tokens) on the GPU and prints
       the kernel time, the memory floor and the error against the f64 reference. Without a GPU (or
-      with --cpu) it says so and runs the CPU reference on a small default instead.
-  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE]
+      with --cpu) it says so and runs the CPU reference on a small default instead.",
+    ),
+    (
+        "run",
+        "  kda run --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu] [--split MODE]
           [--columns MODE] [--explain]
       Reads k, w, u, gk, optional h0 and cu_seqlens; writes h, v_new, ht. With --repeat N prints
       the median kernel time over N launches (CUDA events). --cpu computes with the f64 reference.
       A model file (a scalar gate g, grouped value heads, other head sizes, a value-first state)
-      runs the same way; one no GPU kernel runs (the Hopper kernel needs K = 64 or 128) fails with
+      runs the same way; one that no GPU kernel runs (the Hopper kernel needs K = 64 or 128) fails with
       the reason and writes nothing; --cpu computes it.
       --split auto|off|N: split long sequences across the GPU as the planner decides (auto, the
       default), never (off), or into segments of N chunks. --columns auto|wide|narrow: the Hopper
@@ -36,15 +42,20 @@ const USAGE: &str = "usage:
       default) or forced. --explain prints the work items, the column blocks and split the
       planner chose and its modelled time (for 132 SMs when no GPU is used).
       A layer file (q, k, v, the gate, beta; tests/fixtures/layer/README.md) runs the whole
-      layer, as `kda layer` does.
-  kda layer --bench [NAME,...] [--repeat N]
+      layer, as `kda layer` does.",
+    ),
+    (
+        "layer",
+        "  kda layer --bench [NAME,...] [--repeat N]
       The peers' layer shapes (kda_fixed_8192, gdn_qwen3_next_8192) on random inputs on the GPU:
       a checked first run, then the median time of N launches against the IO floor.
   kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
       the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
       128; a larger size fails with the reason and writes nothing), --repeat N printing the median
-      time of N launches; --cpu computes it with the f64 reference.";
+      time of N launches; --cpu computes it with the f64 reference.",
+    ),
+];
 
 /// The demo's GPU workload: the `mixed_6` reference shape (docs/CONTRACT.md#reference-shapes).
 const DEMO_LENGTHS: [usize; 6] = [1300, 547, 2048, 963, 271, 3063];
@@ -63,13 +74,21 @@ const DEVICE: usize = 0;
 const EXPLAIN_DEFAULT_WORKERS: usize = 132;
 
 fn main() -> ExitCode {
+    let started = Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [command, rest @ ..] = &args[..]
+        && rest.iter().any(|a| a == "--help" || a == "-h")
+        && SUBCOMMANDS.iter().any(|(name, _)| name == command)
+    {
+        println!("{}", usage(Some(command)));
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
-        Some("demo") => demo(&args[1..]),
+        Some("demo") => demo(&args[1..], started),
         Some("run") => run(&args[1..]),
         Some("layer") => layer(&args[1..]),
         Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
+            println!("{}", usage(None));
             Ok(())
         }
         _ => Err(CliError::Usage("expected a subcommand: demo, run or layer".into())),
@@ -77,7 +96,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Usage(msg)) => {
-            eprintln!("error: {msg}\n{USAGE}");
+            eprintln!("error: {msg}\n{}", usage(None));
             ExitCode::from(2)
         }
         Err(CliError::Kda(e)) => {
@@ -93,6 +112,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The usage of `command`, or of every subcommand.
+fn usage(command: Option<&str>) -> String {
+    let texts = SUBCOMMANDS.iter().filter(|(name, _)| command.is_none_or(|c| c == *name)).map(|(_, text)| *text);
+    format!("usage:\n{}", texts.collect::<Vec<_>>().join("\n"))
 }
 
 enum CliError {
@@ -111,7 +136,15 @@ impl From<KdaError> for CliError {
     }
 }
 
-fn demo(args: &[String]) -> Result<(), CliError> {
+/// Prints the cold start: the time from `started` (the start of `main`) to the first result.
+fn print_cold_start(started: Instant, what: &str) {
+    println!(
+        "cold start: {:.1} ms from process start to the first result ({what})",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
     let cpu = match args {
         [] => false,
         [flag] if flag == "--cpu" => true,
@@ -125,6 +158,7 @@ fn demo(args: &[String]) -> Result<(), CliError> {
             let p = inputs::random_problem(Plan::from_lengths(&DEMO_CPU_LENGTHS), DEMO_CPU_HEADS, true, DEMO_SEED);
             let t = Instant::now();
             let out = reference::reference(&p)?;
+            print_cold_start(started, "the f64 reference on the CPU");
             println!(
                 "reference: lengths {DEMO_CPU_LENGTHS:?}, H = {DEMO_CPU_HEADS}: {} chunks in {:.1} ms; |ht| = {:.4}",
                 p.plan.chunks(),
@@ -140,6 +174,12 @@ fn demo(args: &[String]) -> Result<(), CliError> {
     println!("workload: lengths {DEMO_LENGTHS:?}, H = {DEMO_HEADS}, K = V = 128, h0 and ht");
     let mut dev = DeviceProblem::upload(&stream, &p)?;
     let kernel = kda.resolve(Kernel::Auto);
+    dev.launch(&kda, &stream, kernel)?;
+    dev.download(&stream)?;
+    print_cold_start(
+        started,
+        "driver start, module load with the driver's PTX JIT (cached after the first run), upload, first launch, download",
+    );
     let us = median_us(&stream, WARMUP, DEMO_REPEAT, |_| dev.launch(&kda, &stream, kernel))?;
     let bw = copy_bandwidth(&stream, COPY_REPEAT)?;
     let floor = floor_us(&p.dims(), bw);

@@ -79,10 +79,30 @@ fn usage_errors_exit_with_2() {
 }
 
 #[test]
+fn every_subcommand_has_its_own_help() {
+    let subcommands = ["demo", "run", "layer"];
+    for command in subcommands {
+        for flag in ["--help", "-h"] {
+            let o = kda(&[command, "--inputs", "x", flag]);
+            assert!(o.status.success(), "{command} {flag}: {}", text(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.starts_with("usage:") && out.contains(&format!("kda {command} ")), "{command}: {out}");
+            for other in subcommands.iter().filter(|c| **c != command) {
+                assert!(!out.contains(&format!("kda {other} ")), "{command}'s help shows {other}'s");
+            }
+        }
+    }
+    let all = kda(&["--help"]);
+    assert!(all.status.success());
+    assert!(subcommands.iter().all(|c| String::from_utf8_lossy(&all.stdout).contains(&format!("kda {c} "))));
+}
+
+#[test]
 fn demo_without_a_gpu_says_so_and_runs_the_reference() {
     let o = kda(&["demo", "--cpu"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("no GPU run (--cpu given)"), "{}", text(&o));
+    assert!(text(&o).contains("ms from process start to the first result"), "{}", text(&o));
 }
 
 /// Without a GPU (CI) `kda run` fails with the typed reason and the way out, never a panic; with

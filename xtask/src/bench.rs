@@ -44,15 +44,18 @@ struct Options {
     repeat: usize,
     out_dir: PathBuf,
     limit: Duration,
+    /// Also draw `chart.svg` beside `results.json`.
+    plot: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
-    let a = Args::parse("bench", args, &["--repeat", "--out", "--timeout"], &[])?;
+    let a = Args::parse("bench", args, &["--repeat", "--out", "--timeout"], &["--plot"])?;
     a.no_positional("bench")?;
     Ok(Options {
         repeat: a.count("--repeat", DEFAULT_REPEAT)?,
         out_dir: a.path("--out", PathBuf::from("bench")),
         limit: a.timeout("--timeout", DEFAULT_TIMEOUT)?,
+        plot: a.has("--plot"),
     })
 }
 
@@ -97,7 +100,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).collect();
     let doc = json!({ "gpu": gpu, "date": date, "copy_bw_Bps": copy_bw, "shapes": rows });
-    write_results(&o.out_dir, &doc)
+    write_results(&o.out_dir, &doc)?;
+    if o.plot {
+        crate::chart::write(&doc, &o.out_dir.join("chart.svg"))?;
+    }
+    Ok(())
 }
 
 /// The GPU work runs in this process: a watchdog thread ends it at `limit`.
@@ -573,9 +580,9 @@ mod tests {
     #[test]
     fn options() {
         let o = parse(&[]).unwrap();
-        assert_eq!(o, Options { repeat: 200, out_dir: "bench".into(), limit: DEFAULT_TIMEOUT });
-        let o = parse(&strings(&["--repeat", "100", "--timeout=300", "--out", "/o"])).unwrap();
-        assert_eq!(o, Options { repeat: 100, out_dir: "/o".into(), limit: Duration::from_secs(300) });
+        assert_eq!(o, Options { repeat: 200, out_dir: "bench".into(), limit: DEFAULT_TIMEOUT, plot: false });
+        let o = parse(&strings(&["--repeat", "100", "--timeout=300", "--out", "/o", "--plot"])).unwrap();
+        assert_eq!(o, Options { repeat: 100, out_dir: "/o".into(), limit: Duration::from_secs(300), plot: true });
         assert_eq!(parse(&strings(&["x"])).unwrap_err(), "bench: unexpected argument x");
         assert!(parse(&strings(&["--repeat", "0"])).is_err());
     }

@@ -6,6 +6,7 @@ mod ab;
 mod args;
 mod bench;
 mod bundle;
+mod chart;
 mod outputs;
 mod proc;
 mod profile;
@@ -28,7 +29,8 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
                                         the shipped PTX (kda/ptx/) from source, --check fails unless it equals a rebuild byte for byte; no GPU
   bundle [--out DIR] [--with REV,...]   builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle); --with adds the kda of each git revision as kda-REV, for ab
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
-  bench [--repeat N] [--out DIR] [--timeout S]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench)
+  bench [--repeat N] [--out DIR] [--timeout S] [--plot]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench), with --plot also DIR/chart.svg
+  plot [--results FILE] [--out FILE]    the chart of a saved run (bench/results.json to bench/chart.svg); no GPU
   profile [--shape NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3); details and SASS source CSV in DIR (target/profile)
   sanitize [--out DIR]                  GPU: compute-sanitizer memcheck, racecheck, synccheck over `kda run` on ragged inputs; logs in DIR (target/sanitize)
   ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
         Some("bundle") => bundle::run(rest).map_err(Failure::from),
         Some("gpu-suite") => suite::run(rest),
         Some("bench") => bench::run(rest).map_err(Failure::from),
+        Some("plot") => chart::run(rest).map_err(Failure::from),
         Some("profile") => profile::run(rest).map_err(Failure::from),
         Some("sanitize") => sanitize::run(rest).map_err(Failure::from),
         Some("ab") => ab::run(rest).map_err(Failure::from),

@@ -98,7 +98,7 @@ fn steps(p: &Places, quick: bool) -> Vec<Step> {
         steps.extend(interop_steps(p));
     }
     // The benchmark's own limit is 300 s (it runs in one process, under a watchdog).
-    steps.push(step("bench", 330, &p.me).args(["bench", "--repeat", "100", "--timeout", "300", "--out"]).arg(&p.out));
+    steps.push(step("bench", 330, &p.me).args(["bench", "--plot", "--repeat", "100", "--timeout", "300", "--out"]).arg(&p.out));
     if !quick {
         // Six sanitizer runs of at most 120 s each.
         let sanitize = step("sanitize", 780, &p.me).arg("sanitize").arg("--bundle").arg(&p.bundle);
@@ -208,7 +208,7 @@ mod tests {
                 60,
                 format!("{py} compare {s}/torch_in.safetensors {s}/torch_gpu.safetensors {s}/torch_cpu.safetensors"),
             ),
-            ("bench", 330, "/b/xtask bench --repeat 100 --timeout 300 --out /o".into()),
+            ("bench", 330, "/b/xtask bench --plot --repeat 100 --timeout 300 --out /o".into()),
             ("sanitize", 780, format!("/b/xtask sanitize --bundle /b --out {s}/sanitize")),
         ];
         let got: Vec<_> = steps(&p, false).iter().map(|s| (s.name, s.limit.as_secs(), describe(&s.cmd))).collect();
