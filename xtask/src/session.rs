@@ -98,7 +98,9 @@ fn steps(p: &Places, quick: bool) -> Vec<Step> {
         steps.extend(interop_steps(p));
     }
     // The benchmark's own limit is 300 s (it runs in one process, under a watchdog).
-    steps.push(step("bench", 330, &p.me).args(["bench", "--plot", "--repeat", "100", "--timeout", "300", "--out"]).arg(&p.out));
+    steps.push(
+        step("bench", 330, &p.me).args(["bench", "--plot", "--repeat", "100", "--timeout", "300", "--out"]).arg(&p.out),
+    );
     if !quick {
         // Six sanitizer runs of at most 120 s each.
         let sanitize = step("sanitize", 780, &p.me).arg("sanitize").arg("--bundle").arg(&p.bundle);
