@@ -7,6 +7,8 @@ mod launch;
 mod plan;
 mod problem;
 
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod columns;
 pub mod inputs;
 pub mod io;
