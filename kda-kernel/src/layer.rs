@@ -25,7 +25,7 @@
 
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x,
+    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
@@ -89,16 +89,16 @@ impl Dims {
         d.valid().then_some(d)
     }
 
-    /// What the launcher guarantees; checked again so the tiles and divisions below are safe:
-    /// `K` and `V` multiples of 64 up to the tiles' sizes (each warp's share of `[w | u]` and of
-    /// `o` is whole `mma` tiles).
+    /// What the launcher guarantees; checked again so the tiles and index splits below are safe:
+    /// `K` and `V` powers of two from 64 up to the tiles' sizes (each warp's share of `[w | u]`
+    /// and of `o` is whole `mma` tiles; `split` shifts by them).
     fn valid(&self) -> bool {
         self.heads > 0
             && self.value_heads > 0
             && self.value_heads.is_multiple_of(self.heads)
-            && self.key_dim.is_multiple_of(64)
+            && self.key_dim.is_power_of_two()
             && (64..=MAX_K).contains(&self.key_dim)
-            && self.value_dim.is_multiple_of(64)
+            && self.value_dim.is_power_of_two()
             && (64..=MAX_V).contains(&self.value_dim)
             && (self.gate_width == 1 || self.gate_width == self.key_dim)
     }
@@ -141,12 +141,13 @@ impl Work {
     }
 }
 
-/// `(row, column)` of flat index `e` over rows of `cols` columns (32-bit division).
+/// `(row, column)` of flat index `e` over rows of `cols` columns, `cols` a power of two (every
+/// width the kernels split by: `K`, `V`, the gate's 1 or `K`, `CHUNK`): a shift and a mask (a
+/// 32-bit division per element was a sixth of the kernels' instructions).
 #[inline(always)]
 fn split(e: usize, cols: usize) -> (usize, usize) {
-    let (e, c) = (e as u32, cols as u32);
-    // (Checked: callers pass positive sizes, which the compiler cannot see; no panic path.)
-    (e.checked_div(c).unwrap_or(0) as usize, e.checked_rem(c).unwrap_or(0) as usize)
+    let shift = cols.trailing_zeros();
+    (e >> shift, e & (cols - 1))
 }
 
 /// Global loads a thread issues before storing any of them: a copy loop that stored each element
@@ -336,10 +337,20 @@ unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: Gates, 
     acc
 }
 
+/// The largest exponent a factor of a diagonal sub-block's product may take: `exp` of it stays
+/// far below f32's largest value (`e^88.7`), even summed over `MAX_K` products.
+const SAFE_EXPONENT: f32 = 80.0;
+
+/// Units of work of [`gated_products`]: the six sub-block pairs below the diagonal, then the four
+/// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
+const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
+
 /// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`
-/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`: below the diagonal sub-blocks on the
-/// tensor cores (one warp per pair), the diagonal ones element by element (`s <= r`, or `s < r`
-/// when `strict`), zeros above. Ends with the CTA synchronised.
+/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`, on the tensor cores: a sub-block
+/// pair below the diagonal factored through the first row `f` of the lower block (both factors
+/// at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves more than
+/// `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping `s <= r`
+/// (`s < r` when `strict`); zeros above. Ends with the CTA synchronised.
 ///
 /// # Safety
 /// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
@@ -354,50 +365,76 @@ unsafe fn gated_products(
     row_scale: impl Fn(usize) -> f32,
 ) {
     let (tid, warp, l) = Lane::this_thread();
-    // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns.
+    let warps = THREADS / LANES;
+    // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
+    // one warp's, converged.
     unsafe {
-        if warp < LOWER_PAIRS.len() {
-            let (bi, bj) = LOWER_PAIRS[warp];
-            let (r0, s0) = (bi * SUB, bj * SUB);
-            // The first row of `bi`: G falls from every row of `bj` to it and from it to every
-            // row of `bi`.
-            let f = r0;
-            for n0 in (0..SUB).step_by(TILE_N) {
-                let mut acc = [0.0f32; 4];
-                if g.per_key {
-                    mma_tile(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| at(x, ROW_WORDS, r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
-                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
-                    );
-                } else {
-                    mma_tile(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| at(x, ROW_WORDS, r0 + m, a),
-                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a),
-                    );
+        for unit in (warp..PRODUCT_UNITS).step_by(warps) {
+            // The unit's sub-blocks and the row its factors are taken at.
+            let (r0, s0, f, diagonal) = if unit < LOWER_PAIRS.len() {
+                let (bi, bj) = LOWER_PAIRS[unit];
+                (bi * SUB, bj * SUB, bi * SUB, false)
+            } else {
+                let b = unit - LOWER_PAIRS.len();
+                (b * SUB, b * SUB, b * SUB + SUB / 2, true)
+            };
+            let factored = !diagonal || !g.per_key || {
+                // Whether any key's gate moves more than SAFE_EXPONENT from the middle row to
+                // either end of the block (G falls down the block).
+                let mut far = false;
+                for a in (l.g * 4 + l.t..kd).step_by(LANES) {
+                    far |=
+                        g.at(r0, a) - g.at(f, a) > SAFE_EXPONENT || g.at(f, a) - g.at(r0 + SUB - 1, a) > SAFE_EXPONENT;
                 }
-                for (e, v) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    let (r, s) = (r0 + m, s0 + n0 + n);
-                    let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
-                    *out.add(r * MATRIX_ROW_WORDS + s) = v * decay * row_scale(r);
+                !vote_any(far)
+            };
+            if factored {
+                for n0 in (0..SUB).step_by(TILE_N) {
+                    let mut acc = [0.0f32; 4];
+                    if g.per_key {
+                        mma_tile(
+                            &mut acc,
+                            kd,
+                            l,
+                            |m, a| at(x, ROW_WORDS, r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
+                            |a, n| at(y, ROW_WORDS, s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
+                        );
+                    } else {
+                        mma_tile(
+                            &mut acc,
+                            kd,
+                            l,
+                            |m, a| at(x, ROW_WORDS, r0 + m, a),
+                            |a, n| at(y, ROW_WORDS, s0 + n0 + n, a),
+                        );
+                    }
+                    for (e, v) in acc.iter().enumerate() {
+                        let (m, n) = l.acc_at(e);
+                        let (r, s) = (r0 + m, s0 + n0 + n);
+                        let kept = !diagonal || if strict { s < r } else { s <= r };
+                        let value = if !kept {
+                            0.0
+                        } else {
+                            let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
+                            v * decay * row_scale(r)
+                        };
+                        *out.add(r * MATRIX_ROW_WORDS + s) = value;
+                    }
+                }
+            } else {
+                for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
+                    let (m, n) = split(e, SUB);
+                    let (r, s) = (r0 + m, s0 + n);
+                    let kept = if strict { s < r } else { s <= r };
+                    let value = if kept { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
+                    *out.add(r * MATRIX_ROW_WORDS + s) = value;
                 }
             }
         }
-        // The diagonal sub-blocks, and zeros above them.
+        // Zeros above the diagonal sub-blocks.
         for e in (tid..CHUNK * CHUNK).step_by(THREADS) {
             let (r, s) = split(e, CHUNK);
-            let (bi, bj) = (r / SUB, s / SUB);
-            if bi == bj {
-                let below = if strict { s < r } else { s <= r };
-                let v = if below { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
-                *out.add(r * MATRIX_ROW_WORDS + s) = v;
-            } else if bj > bi {
+            if s / SUB > r / SUB {
                 *out.add(r * MATRIX_ROW_WORDS + s) = 0.0;
             }
         }
@@ -518,23 +555,21 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
                 *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
             }
         }
+        // diag(beta) k Γ, then diag(beta) v (zeros past the valid rows).
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
+            *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
+        }
         copy_strided(
-            CHUNK * (kd + vd),
+            CHUNK * vd,
             |e| {
-                let (r, col) = split(e, kd + vd);
-                if r < rows && col >= kd { *v.add(((t0 + r) * hv + i) * vd + col - kd) } else { 0 }
+                let (r, col) = split(e, vd);
+                if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
             },
             |e, value| {
-                let (r, col) = split(e, kd + vd);
-                let b = *betas.add(r);
-                let x = if r >= rows {
-                    0.0
-                } else if col < kd {
-                    b * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col))
-                } else {
-                    b * bf16_to_f32(value)
-                };
-                *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
+                let (r, col) = split(e, vd);
+                *solution.add(r * SOLUTION_ROW_WORDS + kd + col) = *betas.add(r) * bf16_to_f32(value);
             },
         );
         sync_threads();
@@ -582,14 +617,13 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         sync_threads();
 
         // w and u; the recurrence's keys and gate.
-        for e in (tid..rows * (kd + vd)).step_by(THREADS) {
-            let (r, col) = split(e, kd + vd);
-            let x = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, col));
-            if col < kd {
-                *w_out.add(((t0 + r) * hv + i) * kd + col) = x;
-            } else {
-                *u_out.add(((t0 + r) * hv + i) * vd + col - kd) = x;
-            }
+        for e in (tid..rows * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, col));
+        }
+        for e in (tid..rows * vd).step_by(THREADS) {
+            let (r, col) = split(e, vd);
+            *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, kd + col));
         }
         let last = rows - 1;
         for e in (tid..rows * kd).step_by(THREADS) {
