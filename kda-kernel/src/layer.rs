@@ -30,7 +30,7 @@ use crate::arch::sm80::{
 use crate::layout::CHUNK;
 use crate::layout::layer::{
     CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, MAX_K, MAX_V, OPT_BETA_SIGMOID,
-    OPT_L2NORM, ROW_WORDS, SOLUTION_ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
+    OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -494,7 +494,6 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         let betas = gates.tile.add(CHUNK * ROW_WORDS);
         let lower = betas.add(CHUNK);
         let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
-        let solution = inverse.add(SUBS * SUB * INVERSE_ROW_WORDS);
 
         load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
 
@@ -542,7 +541,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         gated_products(lower, keys, keys, gates, kd, true, |r| *betas.add(r));
 
         // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-        // thread by forward substitution; the right-hand side diag(beta) [k Γ | v].
+        // thread by forward substitution.
         if tid < SUBS * SUB {
             let (b, c) = (tid / SUB, tid % SUB);
             let base = b * SUB;
@@ -555,76 +554,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
                 *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
             }
         }
-        // diag(beta) k Γ, then diag(beta) v (zeros past the valid rows).
-        for e in (tid..CHUNK * kd).step_by(THREADS) {
-            let (r, col) = split(e, kd);
-            let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
-            *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
-        }
-        copy_strided(
-            CHUNK * vd,
-            |e| {
-                let (r, col) = split(e, vd);
-                if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
-            },
-            |e, value| {
-                let (r, col) = split(e, vd);
-                *solution.add(r * SOLUTION_ROW_WORDS + kd + col) = *betas.add(r) * bf16_to_f32(value);
-            },
-        );
-        sync_threads();
-
-        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
-        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
-        let cols_per_warp = (kd + vd) / (THREADS / LANES);
-        for b in 0..SUBS {
-            let r0 = b * SUB;
-            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
-                let mut acc = [0.0f32; 4];
-                for (e, x) in acc.iter_mut().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *x = at(solution, SOLUTION_ROW_WORDS, r0 + m, n0 + n);
-                }
-                mma_tile(
-                    &mut acc,
-                    r0,
-                    l,
-                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
-                    |s, n| at(solution, SOLUTION_ROW_WORDS, s, n0 + n),
-                );
-                sync_warp();
-                for (e, x) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
-                }
-                sync_warp();
-                let mut out = [0.0f32; 4];
-                mma_tile(
-                    &mut out,
-                    SUB,
-                    l,
-                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                    |s, n| at(solution, SOLUTION_ROW_WORDS, r0 + s, n0 + n),
-                );
-                sync_warp();
-                for (e, x) in out.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
-                }
-                sync_warp();
-            }
-        }
-        sync_threads();
-
-        // w and u; the recurrence's keys and gate.
-        for e in (tid..rows * kd).step_by(THREADS) {
-            let (r, col) = split(e, kd);
-            *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, col));
-        }
-        for e in (tid..rows * vd).step_by(THREADS) {
-            let (r, col) = split(e, vd);
-            *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, kd + col));
-        }
+        // The recurrence's keys and gate, while the key and gate tiles still hold them.
         let last = rows - 1;
         for e in (tid..rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
@@ -640,6 +570,83 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
             *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
+        }
+        // The right-hand side in place: diag(beta) k Γ over the keys (each thread its own
+        // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
+        // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
+        // tile, u's in the gate tile.
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
+            *keys.add(r * ROW_WORDS + col) = x;
+        }
+        sync_threads();
+        let values = gates.tile;
+        copy_strided(
+            CHUNK * vd,
+            |e| {
+                let (r, col) = split(e, vd);
+                if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
+            },
+            |e, value| {
+                let (r, col) = split(e, vd);
+                *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
+            },
+        );
+        sync_threads();
+
+        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
+        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
+        let cols_per_warp = (kd + vd) / (THREADS / LANES);
+        for b in 0..SUBS {
+            let r0 = b * SUB;
+            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
+                // The 8 columns' tile: w's in the key tile, u's in the gate tile.
+                let (tile, c0) = if n0 < kd { (keys, n0) } else { (values, n0 - kd) };
+                let mut acc = [0.0f32; 4];
+                for (e, x) in acc.iter_mut().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *x = at(tile, ROW_WORDS, r0 + m, c0 + n);
+                }
+                mma_tile(
+                    &mut acc,
+                    r0,
+                    l,
+                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
+                    |s, n| at(tile, ROW_WORDS, s, c0 + n),
+                );
+                sync_warp();
+                for (e, x) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                }
+                sync_warp();
+                let mut out = [0.0f32; 4];
+                mma_tile(
+                    &mut out,
+                    SUB,
+                    l,
+                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                    |s, n| at(tile, ROW_WORDS, r0 + s, c0 + n),
+                );
+                sync_warp();
+                for (e, x) in out.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                }
+                sync_warp();
+            }
+        }
+        sync_threads();
+
+        // w and u.
+        for e in (tid..rows * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
+        }
+        for e in (tid..rows * vd).step_by(THREADS) {
+            let (r, col) = split(e, vd);
+            *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
         }
     }
 }
