@@ -359,7 +359,7 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     params: &LAYER_OUTPUT_PARAMS,
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
-    max_registers: None,
+    max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
 

@@ -29,8 +29,8 @@ use crate::arch::sm80::{
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
-    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, MAX_K, MAX_V, OPT_BETA_SIGMOID,
-    OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
+    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
+    OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -233,6 +233,40 @@ unsafe fn at(tile: *const f32, stride: usize, r: usize, c: usize) -> f32 {
     unsafe { *tile.add(r * stride + c) }
 }
 
+/// A `[CHUNK][..]` tile of rows a gated product reads, element `(r, a)` as f32.
+trait RowTile: Copy {
+    /// Element `(r, a)`.
+    ///
+    /// # Safety
+    /// The element lies inside the tile and is written.
+    unsafe fn get(self, r: usize, a: usize) -> f32;
+}
+
+/// An f32 tile at `ROW_WORDS` words per row.
+#[derive(Clone, Copy)]
+struct F32Rows(*const f32);
+
+impl RowTile for F32Rows {
+    #[inline(always)]
+    unsafe fn get(self, r: usize, a: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { at(self.0, ROW_WORDS, r, a) }
+    }
+}
+
+/// A bf16 tile at `KEY_ROW` elements per row (the output kernel's keys: half the bytes, the
+/// rounding FLA's own normalised keys have).
+#[derive(Clone, Copy)]
+struct Bf16Rows(*const u16);
+
+impl RowTile for Bf16Rows {
+    #[inline(always)]
+    unsafe fn get(self, r: usize, a: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { bf16_to_f32(*self.0.add(r * KEY_ROW + a)) }
+    }
+}
+
 /// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst`
 /// (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm when `l2norm`; rows past the
 /// valid ones are zeros. Ends with the CTA synchronised.
@@ -318,18 +352,18 @@ impl Gates {
 /// # Safety
 /// Rows `r` and `s` of the tiles are written.
 #[inline(always)]
-unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: Gates, kd: usize) -> f32 {
+unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32 {
     let mut acc = 0.0;
     // SAFETY (block): see the function's contract.
     unsafe {
         if g.per_key {
             for a in 0..kd {
                 let decay = exp(g.at(r, a) - g.at(s, a));
-                acc = fma_f32(at(x, ROW_WORDS, r, a) * at(y, ROW_WORDS, s, a), decay, acc);
+                acc = fma_f32(x.get(r, a) * y.get(s, a), decay, acc);
             }
         } else {
             for a in 0..kd {
-                acc = fma_f32(at(x, ROW_WORDS, r, a), at(y, ROW_WORDS, s, a), acc);
+                acc = fma_f32(x.get(r, a), y.get(s, a), acc);
             }
             acc *= exp(g.at(r, 0) - g.at(s, 0));
         }
@@ -357,8 +391,8 @@ const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
 #[inline(always)]
 unsafe fn gated_products(
     out: *mut f32,
-    x: *const f32,
-    y: *const f32,
+    x: impl RowTile,
+    y: impl RowTile,
     g: Gates,
     kd: usize,
     strict: bool,
@@ -396,17 +430,11 @@ unsafe fn gated_products(
                             &mut acc,
                             kd,
                             l,
-                            |m, a| at(x, ROW_WORDS, r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
-                            |a, n| at(y, ROW_WORDS, s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
+                            |m, a| x.get(r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
+                            |a, n| y.get(s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
                         );
                     } else {
-                        mma_tile(
-                            &mut acc,
-                            kd,
-                            l,
-                            |m, a| at(x, ROW_WORDS, r0 + m, a),
-                            |a, n| at(y, ROW_WORDS, s0 + n0 + n, a),
-                        );
+                        mma_tile(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n0 + n, a));
                     }
                     for (e, v) in acc.iter().enumerate() {
                         let (m, n) = l.acc_at(e);
@@ -538,7 +566,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         gates.pad(rows, gw);
 
         // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-        gated_products(lower, keys, keys, gates, kd, true, |r| *betas.add(r));
+        gated_products(lower, F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
 
         // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
         // thread by forward substitution.
@@ -691,15 +719,22 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
         let smem = smem_base_generic() as *mut f32;
         let queries = smem;
-        let keys = queries.add(CHUNK * ROW_WORDS);
-        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+        let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
+        let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
         let attention = gates.tile.add(CHUNK * ROW_WORDS);
         // Staged once the attention is formed, over the keys and the gate (bf16).
-        let staged_h = keys as *mut u16;
+        let staged_h = keys;
         let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
+        // The keys (normalised when asked) through the query tile into their bf16 tile, then the
+        // queries.
+        load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, a) = split(e, kd);
+            *keys.add(r * KEY_ROW + a) = f32_to_bf16(at(queries, ROW_WORDS, r, a));
+        }
+        sync_threads();
         load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-        load_rows(keys, k, &wk, d.heads, wk.j, kd, l2norm);
         copy_strided(
             rows * gw,
             |e| {
@@ -715,7 +750,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         gates.pad(rows, gw);
 
         // P = causal((q Γ) (k / Γ)^T), diagonal included.
-        gated_products(attention, queries, keys, gates, kd, false, |_| 1.0);
+        gated_products(attention, F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
         // q Γ, for the entry state's part.
         for e in (tid..CHUNK * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
