@@ -337,6 +337,10 @@ pub const MERGE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// Register budget of the layer's token-parallel kernels: two CTAs of 256 threads per SM (their
+/// shared memory allows two), 2 x 256 x 128 = 65536 registers.
+pub const LAYER_MAX_REGISTERS: u32 = 128;
+
 /// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
 /// f32 arithmetic, every target).
 pub const LAYER_PREPARE: KernelAbi = KernelAbi {
@@ -344,7 +348,7 @@ pub const LAYER_PREPARE: KernelAbi = KernelAbi {
     params: &LAYER_PREPARE_PARAMS,
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::PREPARE_SMEM_BYTES,
-    max_registers: None,
+    max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
 
@@ -355,7 +359,7 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     params: &LAYER_OUTPUT_PARAMS,
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
-    max_registers: None,
+    max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
 

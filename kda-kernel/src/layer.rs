@@ -25,12 +25,12 @@
 
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x,
+    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
-    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, MAX_K, MAX_V, OPT_BETA_SIGMOID,
-    OPT_L2NORM, ROW_WORDS, SOLUTION_ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
+    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
+    OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -89,16 +89,16 @@ impl Dims {
         d.valid().then_some(d)
     }
 
-    /// What the launcher guarantees; checked again so the tiles and divisions below are safe:
-    /// `K` and `V` multiples of 64 up to the tiles' sizes (each warp's share of `[w | u]` and of
-    /// `o` is whole `mma` tiles).
+    /// What the launcher guarantees; checked again so the tiles and index splits below are safe:
+    /// `K` and `V` powers of two from 64 up to the tiles' sizes (each warp's share of `[w | u]`
+    /// and of `o` is whole `mma` tiles; `split` shifts by them).
     fn valid(&self) -> bool {
         self.heads > 0
             && self.value_heads > 0
             && self.value_heads.is_multiple_of(self.heads)
-            && self.key_dim.is_multiple_of(64)
+            && self.key_dim.is_power_of_two()
             && (64..=MAX_K).contains(&self.key_dim)
-            && self.value_dim.is_multiple_of(64)
+            && self.value_dim.is_power_of_two()
             && (64..=MAX_V).contains(&self.value_dim)
             && (self.gate_width == 1 || self.gate_width == self.key_dim)
     }
@@ -141,12 +141,13 @@ impl Work {
     }
 }
 
-/// `(row, column)` of flat index `e` over rows of `cols` columns (32-bit division).
+/// `(row, column)` of flat index `e` over rows of `cols` columns, `cols` a power of two (every
+/// width the kernels split by: `K`, `V`, the gate's 1 or `K`, `CHUNK`): a shift and a mask (a
+/// 32-bit division per element was a sixth of the kernels' instructions).
 #[inline(always)]
 fn split(e: usize, cols: usize) -> (usize, usize) {
-    let (e, c) = (e as u32, cols as u32);
-    // (Checked: callers pass positive sizes, which the compiler cannot see; no panic path.)
-    (e.checked_div(c).unwrap_or(0) as usize, e.checked_rem(c).unwrap_or(0) as usize)
+    let shift = cols.trailing_zeros();
+    (e >> shift, e & (cols - 1))
 }
 
 /// Global loads a thread issues before storing any of them: a copy loop that stored each element
@@ -230,6 +231,40 @@ unsafe fn mma_tile(
 unsafe fn at(tile: *const f32, stride: usize, r: usize, c: usize) -> f32 {
     // SAFETY: see the function's contract.
     unsafe { *tile.add(r * stride + c) }
+}
+
+/// A `[CHUNK][..]` tile of rows a gated product reads, element `(r, a)` as f32.
+trait RowTile: Copy {
+    /// Element `(r, a)`.
+    ///
+    /// # Safety
+    /// The element lies inside the tile and is written.
+    unsafe fn get(self, r: usize, a: usize) -> f32;
+}
+
+/// An f32 tile at `ROW_WORDS` words per row.
+#[derive(Clone, Copy)]
+struct F32Rows(*const f32);
+
+impl RowTile for F32Rows {
+    #[inline(always)]
+    unsafe fn get(self, r: usize, a: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { at(self.0, ROW_WORDS, r, a) }
+    }
+}
+
+/// A bf16 tile at `KEY_ROW` elements per row (the output kernel's keys: half the bytes, the
+/// rounding FLA's own normalised keys have).
+#[derive(Clone, Copy)]
+struct Bf16Rows(*const u16);
+
+impl RowTile for Bf16Rows {
+    #[inline(always)]
+    unsafe fn get(self, r: usize, a: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { bf16_to_f32(*self.0.add(r * KEY_ROW + a)) }
+    }
 }
 
 /// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst`
@@ -317,18 +352,18 @@ impl Gates {
 /// # Safety
 /// Rows `r` and `s` of the tiles are written.
 #[inline(always)]
-unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: Gates, kd: usize) -> f32 {
+unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32 {
     let mut acc = 0.0;
     // SAFETY (block): see the function's contract.
     unsafe {
         if g.per_key {
             for a in 0..kd {
                 let decay = exp(g.at(r, a) - g.at(s, a));
-                acc = fma_f32(at(x, ROW_WORDS, r, a) * at(y, ROW_WORDS, s, a), decay, acc);
+                acc = fma_f32(x.get(r, a) * y.get(s, a), decay, acc);
             }
         } else {
             for a in 0..kd {
-                acc = fma_f32(at(x, ROW_WORDS, r, a), at(y, ROW_WORDS, s, a), acc);
+                acc = fma_f32(x.get(r, a), y.get(s, a), acc);
             }
             acc *= exp(g.at(r, 0) - g.at(s, 0));
         }
@@ -336,68 +371,98 @@ unsafe fn gated_dot(x: *const f32, r: usize, y: *const f32, s: usize, g: Gates, 
     acc
 }
 
+/// The largest exponent a factor of a diagonal sub-block's product may take: `exp` of it stays
+/// far below f32's largest value (`e^88.7`), even summed over `MAX_K` products.
+const SAFE_EXPONENT: f32 = 80.0;
+
+/// Units of work of [`gated_products`]: the six sub-block pairs below the diagonal, then the four
+/// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
+const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
+
 /// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`
-/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`: below the diagonal sub-blocks on the
-/// tensor cores (one warp per pair), the diagonal ones element by element (`s <= r`, or `s < r`
-/// when `strict`), zeros above. Ends with the CTA synchronised.
+/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`, on the tensor cores: a sub-block
+/// pair below the diagonal factored through the first row `f` of the lower block (both factors
+/// at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves more than
+/// `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping `s <= r`
+/// (`s < r` when `strict`); zeros above. Ends with the CTA synchronised.
 ///
 /// # Safety
 /// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
 #[inline(always)]
 unsafe fn gated_products(
     out: *mut f32,
-    x: *const f32,
-    y: *const f32,
+    x: impl RowTile,
+    y: impl RowTile,
     g: Gates,
     kd: usize,
     strict: bool,
     row_scale: impl Fn(usize) -> f32,
 ) {
     let (tid, warp, l) = Lane::this_thread();
-    // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns.
+    let warps = THREADS / LANES;
+    // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
+    // one warp's, converged.
     unsafe {
-        if warp < LOWER_PAIRS.len() {
-            let (bi, bj) = LOWER_PAIRS[warp];
-            let (r0, s0) = (bi * SUB, bj * SUB);
-            // The first row of `bi`: G falls from every row of `bj` to it and from it to every
-            // row of `bi`.
-            let f = r0;
-            for n0 in (0..SUB).step_by(TILE_N) {
-                let mut acc = [0.0f32; 4];
-                if g.per_key {
-                    mma_tile(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| at(x, ROW_WORDS, r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
-                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
-                    );
-                } else {
-                    mma_tile(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| at(x, ROW_WORDS, r0 + m, a),
-                        |a, n| at(y, ROW_WORDS, s0 + n0 + n, a),
-                    );
+        for unit in (warp..PRODUCT_UNITS).step_by(warps) {
+            // The unit's sub-blocks and the row its factors are taken at.
+            let (r0, s0, f, diagonal) = if unit < LOWER_PAIRS.len() {
+                let (bi, bj) = LOWER_PAIRS[unit];
+                (bi * SUB, bj * SUB, bi * SUB, false)
+            } else {
+                let b = unit - LOWER_PAIRS.len();
+                (b * SUB, b * SUB, b * SUB + SUB / 2, true)
+            };
+            let factored = !diagonal || !g.per_key || {
+                // Whether any key's gate moves more than SAFE_EXPONENT from the middle row to
+                // either end of the block (G falls down the block).
+                let mut far = false;
+                for a in (l.g * 4 + l.t..kd).step_by(LANES) {
+                    far |=
+                        g.at(r0, a) - g.at(f, a) > SAFE_EXPONENT || g.at(f, a) - g.at(r0 + SUB - 1, a) > SAFE_EXPONENT;
                 }
-                for (e, v) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    let (r, s) = (r0 + m, s0 + n0 + n);
-                    let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
-                    *out.add(r * MATRIX_ROW_WORDS + s) = v * decay * row_scale(r);
+                !vote_any(far)
+            };
+            if factored {
+                for n0 in (0..SUB).step_by(TILE_N) {
+                    let mut acc = [0.0f32; 4];
+                    if g.per_key {
+                        mma_tile(
+                            &mut acc,
+                            kd,
+                            l,
+                            |m, a| x.get(r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
+                            |a, n| y.get(s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
+                        );
+                    } else {
+                        mma_tile(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n0 + n, a));
+                    }
+                    for (e, v) in acc.iter().enumerate() {
+                        let (m, n) = l.acc_at(e);
+                        let (r, s) = (r0 + m, s0 + n0 + n);
+                        let kept = !diagonal || if strict { s < r } else { s <= r };
+                        let value = if !kept {
+                            0.0
+                        } else {
+                            let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
+                            v * decay * row_scale(r)
+                        };
+                        *out.add(r * MATRIX_ROW_WORDS + s) = value;
+                    }
+                }
+            } else {
+                for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
+                    let (m, n) = split(e, SUB);
+                    let (r, s) = (r0 + m, s0 + n);
+                    let kept = if strict { s < r } else { s <= r };
+                    let value = if kept { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
+                    *out.add(r * MATRIX_ROW_WORDS + s) = value;
                 }
             }
         }
-        // The diagonal sub-blocks, and zeros above them.
+        // Zeros above the diagonal sub-blocks.
         for e in (tid..CHUNK * CHUNK).step_by(THREADS) {
             let (r, s) = split(e, CHUNK);
-            let (bi, bj) = (r / SUB, s / SUB);
-            if bi == bj {
-                let below = if strict { s < r } else { s <= r };
-                let v = if below { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
-                *out.add(r * MATRIX_ROW_WORDS + s) = v;
-            } else if bj > bi {
+            if s / SUB > r / SUB {
                 *out.add(r * MATRIX_ROW_WORDS + s) = 0.0;
             }
         }
@@ -457,7 +522,6 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         let betas = gates.tile.add(CHUNK * ROW_WORDS);
         let lower = betas.add(CHUNK);
         let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
-        let solution = inverse.add(SUBS * SUB * INVERSE_ROW_WORDS);
 
         load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
 
@@ -502,10 +566,10 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         gates.pad(rows, gw);
 
         // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-        gated_products(lower, keys, keys, gates, kd, true, |r| *betas.add(r));
+        gated_products(lower, F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
 
         // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-        // thread by forward substitution; the right-hand side diag(beta) [k Γ | v].
+        // thread by forward substitution.
         if tid < SUBS * SUB {
             let (b, c) = (tid / SUB, tid % SUB);
             let base = b * SUB;
@@ -518,79 +582,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
                 *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
             }
         }
-        copy_strided(
-            CHUNK * (kd + vd),
-            |e| {
-                let (r, col) = split(e, kd + vd);
-                if r < rows && col >= kd { *v.add(((t0 + r) * hv + i) * vd + col - kd) } else { 0 }
-            },
-            |e, value| {
-                let (r, col) = split(e, kd + vd);
-                let b = *betas.add(r);
-                let x = if r >= rows {
-                    0.0
-                } else if col < kd {
-                    b * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col))
-                } else {
-                    b * bf16_to_f32(value)
-                };
-                *solution.add(r * SOLUTION_ROW_WORDS + col) = x;
-            },
-        );
-        sync_threads();
-
-        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
-        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
-        let cols_per_warp = (kd + vd) / (THREADS / LANES);
-        for b in 0..SUBS {
-            let r0 = b * SUB;
-            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
-                let mut acc = [0.0f32; 4];
-                for (e, x) in acc.iter_mut().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *x = at(solution, SOLUTION_ROW_WORDS, r0 + m, n0 + n);
-                }
-                mma_tile(
-                    &mut acc,
-                    r0,
-                    l,
-                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
-                    |s, n| at(solution, SOLUTION_ROW_WORDS, s, n0 + n),
-                );
-                sync_warp();
-                for (e, x) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
-                }
-                sync_warp();
-                let mut out = [0.0f32; 4];
-                mma_tile(
-                    &mut out,
-                    SUB,
-                    l,
-                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                    |s, n| at(solution, SOLUTION_ROW_WORDS, r0 + s, n0 + n),
-                );
-                sync_warp();
-                for (e, x) in out.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *solution.add((r0 + m) * SOLUTION_ROW_WORDS + n0 + n) = *x;
-                }
-                sync_warp();
-            }
-        }
-        sync_threads();
-
-        // w and u; the recurrence's keys and gate.
-        for e in (tid..rows * (kd + vd)).step_by(THREADS) {
-            let (r, col) = split(e, kd + vd);
-            let x = f32_to_bf16(at(solution, SOLUTION_ROW_WORDS, r, col));
-            if col < kd {
-                *w_out.add(((t0 + r) * hv + i) * kd + col) = x;
-            } else {
-                *u_out.add(((t0 + r) * hv + i) * vd + col - kd) = x;
-            }
-        }
+        // The recurrence's keys and gate, while the key and gate tiles still hold them.
         let last = rows - 1;
         for e in (tid..rows * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);
@@ -606,6 +598,83 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
         for e in (tid..rows * gw).step_by(THREADS) {
             let (r, a) = split(e, gw);
             *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
+        }
+        // The right-hand side in place: diag(beta) k Γ over the keys (each thread its own
+        // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
+        // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
+        // tile, u's in the gate tile.
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
+            *keys.add(r * ROW_WORDS + col) = x;
+        }
+        sync_threads();
+        let values = gates.tile;
+        copy_strided(
+            CHUNK * vd,
+            |e| {
+                let (r, col) = split(e, vd);
+                if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
+            },
+            |e, value| {
+                let (r, col) = split(e, vd);
+                *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
+            },
+        );
+        sync_threads();
+
+        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
+        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
+        let cols_per_warp = (kd + vd) / (THREADS / LANES);
+        for b in 0..SUBS {
+            let r0 = b * SUB;
+            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
+                // The 8 columns' tile: w's in the key tile, u's in the gate tile.
+                let (tile, c0) = if n0 < kd { (keys, n0) } else { (values, n0 - kd) };
+                let mut acc = [0.0f32; 4];
+                for (e, x) in acc.iter_mut().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *x = at(tile, ROW_WORDS, r0 + m, c0 + n);
+                }
+                mma_tile(
+                    &mut acc,
+                    r0,
+                    l,
+                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
+                    |s, n| at(tile, ROW_WORDS, s, c0 + n),
+                );
+                sync_warp();
+                for (e, x) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                }
+                sync_warp();
+                let mut out = [0.0f32; 4];
+                mma_tile(
+                    &mut out,
+                    SUB,
+                    l,
+                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                    |s, n| at(tile, ROW_WORDS, r0 + s, c0 + n),
+                );
+                sync_warp();
+                for (e, x) in out.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                }
+                sync_warp();
+            }
+        }
+        sync_threads();
+
+        // w and u.
+        for e in (tid..rows * kd).step_by(THREADS) {
+            let (r, col) = split(e, kd);
+            *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
+        }
+        for e in (tid..rows * vd).step_by(THREADS) {
+            let (r, col) = split(e, vd);
+            *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
         }
     }
 }
@@ -650,15 +719,22 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
         let smem = smem_base_generic() as *mut f32;
         let queries = smem;
-        let keys = queries.add(CHUNK * ROW_WORDS);
-        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+        let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
+        let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
         let attention = gates.tile.add(CHUNK * ROW_WORDS);
         // Staged once the attention is formed, over the keys and the gate (bf16).
-        let staged_h = keys as *mut u16;
+        let staged_h = keys;
         let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
+        // The keys (normalised when asked) through the query tile into their bf16 tile, then the
+        // queries.
+        load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
+        for e in (tid..CHUNK * kd).step_by(THREADS) {
+            let (r, a) = split(e, kd);
+            *keys.add(r * KEY_ROW + a) = f32_to_bf16(at(queries, ROW_WORDS, r, a));
+        }
+        sync_threads();
         load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-        load_rows(keys, k, &wk, d.heads, wk.j, kd, l2norm);
         copy_strided(
             rows * gw,
             |e| {
@@ -674,7 +750,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         gates.pad(rows, gw);
 
         // P = causal((q Γ) (k / Γ)^T), diagonal included.
-        gated_products(attention, queries, keys, gates, kd, false, |_| 1.0);
+        gated_products(attention, F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
         // q Γ, for the entry state's part.
         for e in (tid..CHUNK * kd).step_by(THREADS) {
             let (r, a) = split(e, kd);

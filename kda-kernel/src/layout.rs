@@ -143,37 +143,40 @@ pub mod layer {
     /// f32 words between the rows of a `[CHUNK][CHUNK]` matrix (the strictly lower `L`, the
     /// attention), for the same reason.
     pub const MATRIX_ROW_WORDS: usize = CHUNK + 4;
-    /// f32 words between the rows of the substitution's `[CHUNK][MAX_K + MAX_V]` solution: a row
-    /// stride of 8 mod 32 banks, so a `B` fragment (4 rows, 8 columns) and an accumulator
-    /// (8 rows, 8 columns) fall on 32 different banks.
-    pub const SOLUTION_ROW_WORDS: usize = MAX_K + MAX_V + 8;
     /// f32 words between the rows of a sub-block's inverse (`[SUB][SUB]`).
     pub const INVERSE_ROW_WORDS: usize = SUB + 4;
-    /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 8`
-    /// (a 4-words-mod-32 stride).
-    pub const STAGED_ROW: usize = MAX_V + 8;
+    /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 4`
+    /// (a 2-words-mod-32 stride: a `B` fragment's reads at most two to a bank).
+    pub const STAGED_ROW: usize = MAX_V + 4;
+    /// bf16 elements between the rows of the output kernel's key tile: `MAX_K + 8` (a
+    /// 4-words-mod-32 stride, as `ROW_WORDS`).
+    pub const KEY_ROW: usize = MAX_K + 8;
 
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
-    /// (`[CHUNK][ROW_WORDS]` each), `beta` (`[CHUNK]`), the strictly lower matrix `L`, the
-    /// inverses of its diagonal sub-blocks plus identity, and the solution `[w | u]`.
-    pub const PREPARE_WORDS: usize = 2 * CHUNK * ROW_WORDS
-        + CHUNK
-        + CHUNK * MATRIX_ROW_WORDS
-        + SUBS * SUB * INVERSE_ROW_WORDS
-        + CHUNK * SOLUTION_ROW_WORDS;
+    /// (`[CHUNK][ROW_WORDS]` each; then the solution `[w | u]`, `w` over the keys and `u` over the
+    /// gate), `beta` (`[CHUNK]`), the strictly lower matrix `L` and the inverses of its diagonal
+    /// sub-blocks plus identity: about 90 KB, two CTAs per SM.
+    pub const PREPARE_WORDS: usize =
+        2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * MATRIX_ROW_WORDS + SUBS * SUB * INVERSE_ROW_WORDS;
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
-    /// f32 words of the output kernel's shared memory: the chunk's queries, keys and cumulative
-    /// gate (`[CHUNK][ROW_WORDS]` each) and the causal attention (`[CHUNK][MATRIX_ROW_WORDS]`);
-    /// `h` and `v_new` are staged (bf16) over the keys and the gate once the attention is formed.
-    pub const OUTPUT_WORDS: usize = 3 * CHUNK * ROW_WORDS + CHUNK * MATRIX_ROW_WORDS;
+    /// f32 words of the output kernel's shared memory: the chunk's queries and cumulative gate
+    /// (`[CHUNK][ROW_WORDS]` f32 each), its keys (`[CHUNK][KEY_ROW]` bf16), the causal attention
+    /// (`[CHUNK][MATRIX_ROW_WORDS]`); `h` and `v_new` are staged (bf16) over the keys and the gate
+    /// once the attention is formed. About 100 KB: two CTAs per SM.
+    pub const OUTPUT_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK * KEY_ROW / 2 + CHUNK * MATRIX_ROW_WORDS;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
 
     const _: () = {
         assert!(THREADS >= CHUNK, "one thread per row for the row loops");
+        assert!(MAX_V <= MAX_K, "u's columns of the solution fit the gate tile");
         assert!(THREADS / 32 == 8 && SUBS == 4, "eight warps: the six lower sub-block pairs, then 4 x 2 output tiles");
-        assert!((MAX_K + CHUNK) * STAGED_ROW * 2 <= 2 * CHUNK * ROW_WORDS * 4, "h and v_new fit over keys and gate");
+        assert!(
+            (MAX_K + CHUNK) * STAGED_ROW * 2 <= CHUNK * KEY_ROW * 2 + CHUNK * ROW_WORDS * 4,
+            "h and v_new fit over keys and gate"
+        );
+        assert!(KEY_ROW.is_multiple_of(2), "the gate tile after the keys stays 4-byte aligned");
         // Every sm_80+ GPU of compute capability 8.0 and 9.x gives a CTA this much.
         assert!(PREPARE_SMEM_BYTES <= 163 * 1024 && OUTPUT_SMEM_BYTES <= 163 * 1024);
     };

@@ -171,6 +171,23 @@ pub unsafe fn mma_m16n8k8_tf32(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
     };
 }
 
+/// `vote.sync.any.pred` (PTX 6.0): whether `pred` holds on any lane of the warp.
+///
+/// # Safety
+/// The 32 lanes of the warp call it together (converged).
+#[inline(always)]
+pub unsafe fn vote_any(pred: bool) -> bool {
+    let any: u32;
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+            x = in(reg32) pred as u32, r = out(reg32) any, options(nomem, nostack)
+        )
+    };
+    any != 0
+}
+
 /// `trap;` (PTX 1.0): aborts the kernel; the host sees an illegal-instruction launch error.
 #[inline(always)]
 pub fn trap() -> ! {
