@@ -208,8 +208,9 @@ pub const LAYER_PREPARE_PARAMS: [Param; 19] = [
 
 /// The layer's output kernel's parameters, in order: `q`, `k`, the prepare kernel's gate, the
 /// recurrence's `h` and `v_new`, the output `o`, the chunk table, then `heads`, `value_heads`,
-/// `key_dim`, `value_dim`, `gate_width`, `options` and the scale's f32 bits.
-pub const LAYER_OUTPUT_PARAMS: [Param; 14] = [
+/// `key_dim`, `value_dim`, `gate_width`, `options`, the scale's f32 bits and `h`'s layout (a
+/// [`StateLayoutCode`]).
+pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("gate"),
@@ -224,6 +225,7 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 14] = [
     Param::u32("gate_width"),
     Param::u32("options"),
     Param::u32("scale_bits"),
+    Param::u32("state_layout"),
 ];
 
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads

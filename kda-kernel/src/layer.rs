@@ -23,6 +23,7 @@
 //! zero keys, queries and `beta` and the last valid row's `G`, so they add nothing and overflow
 //! nothing; only valid rows are read from or written to global memory.
 
+use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
     rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
@@ -684,8 +685,9 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
 ///
 /// Reads `q`, `k` `[T, H, K]` (bf16), the prepare kernel's gate (`[T, HV, gate_width]` f32,
 /// log2, cumulative inside each chunk), the recurrence's `h` (`[NT, HV, K, V]` bf16, key-first;
-/// the chunk table's order is the recurrence's chunk order) and `v_new` (`[T, HV, V]` bf16);
-/// writes `o` (`[T, HV, V]` bf16) times `f32::from_bits(scale_bits)`.
+/// value-first `[NT, HV, V, K]` when `state_layout` is `StateLayoutCode::ValueFirst`; the chunk
+/// table's order is the recurrence's chunk order) and `v_new` (`[T, HV, V]` bf16); writes `o`
+/// (`[T, HV, V]` bf16) times `f32::from_bits(scale_bits)`.
 ///
 /// # Safety
 /// As for [`kda_layer_prepare`]; `h` holds a state per (chunk of the table, value head).
@@ -706,6 +708,7 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
     gate_width: u32,
     options: u32,
     scale_bits: u32,
+    state_layout: u32,
 ) {
     let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
         return; // the launcher never launches so; this proves the tiles and divisions safe
@@ -759,11 +762,18 @@ pub unsafe extern "ptx-kernel" fn kda_layer_output(
         sync_threads();
         // The entry state and the chunk's v_new (zeros past the valid rows).
         let block = h.add((wk.chunk * hv + i) * kd * vd);
+        let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
         copy_strided(
             kd * vd,
             |e| *block.add(e),
             |e, x| {
-                let (a, col) = split(e, vd);
+                // Element e of the block: (key a, column) key-first, (column, key a) value-first.
+                let (a, col) = if value_first {
+                    let (col, a) = split(e, kd);
+                    (a, col)
+                } else {
+                    split(e, vd)
+                };
                 *staged_h.add(a * STAGED_ROW + col) = x;
             },
         );

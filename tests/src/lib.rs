@@ -305,9 +305,32 @@ pub fn strides_of(layouts: [RowLayout; 6], d: &kda::Dims) -> Strides {
 /// buffer and the outputs poisoned first: panics when a guard is overwritten or an element of
 /// `o` or `ht` is left unwritten. Returns `o` (as f32) and `ht`.
 pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
+    run_layer_guarded_in(gpu, p, StateLayout::KeyFirst)
+}
+
+/// Each `[K, V]` state of `states` (`[.., K, V]` f32) as `[V, K]`, or back with `inverse`.
+pub fn transpose_states(states: &[f32], key_dim: usize, value_dim: usize, inverse: bool) -> Vec<f32> {
+    let (rows, cols) = if inverse { (value_dim, key_dim) } else { (key_dim, value_dim) };
+    let mut out = vec![0.0; states.len()];
+    for (src, dst) in states.chunks_exact(rows * cols).zip(out.chunks_exact_mut(rows * cols)) {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
+}
+
+/// [`run_layer_guarded`] with the plan's states in `layout`: `p.h0` (key-first) goes up in that
+/// layout and the final states come back key-first.
+pub fn run_layer_guarded_in(gpu: &Gpu, p: &LayerProblem, layout: StateLayout) -> Result<LayerOutputs, KdaError> {
     use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan};
     let s = &gpu.stream;
-    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?;
+    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?.with_state_layout(s, layout)?;
+    let (kd_, vd_) = (p.shape.key_dim, p.shape.value_dim);
+    let value_first = layout == StateLayout::ValueFirst;
+    let h0_laid = p.h0.as_ref().map(|h0| if value_first { transpose_states(h0, kd_, vd_, false) } else { h0.clone() });
     let mut workspace = plan.workspace(s)?;
     let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
     let (hv, vd) = (p.shape.value_heads, p.shape.value_dim);
@@ -317,7 +340,7 @@ pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, Kd
     let (g, beta) = (guarded(s, &p.g, nan_f), guarded(s, &p.beta, nan_f));
     let a_log = p.a_log.as_ref().map(|x| guarded(s, x, nan_f));
     let dt_bias = p.dt_bias.as_ref().map(|x| guarded(s, x, nan_f));
-    let h0 = p.h0.as_ref().map(|x| guarded(s, x, nan_f));
+    let h0 = h0_laid.as_ref().map(|x| guarded(s, x, nan_f));
     let (sent_bf, sent_f) = (bf16::from_bits(SENTINEL_BF16), f32::from_bits(SENTINEL_F32));
     let mut o = guarded(s, &vec![bf16::from_bits(POISON_BF16); t * hv * vd], sent_bf);
     let mut ht = guarded(s, &vec![f32::from_bits(POISON_F32); state], sent_f);
@@ -347,7 +370,8 @@ pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, Kd
     let ht = &ht[GUARD..GUARD + state];
     assert_all_written("o", o.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("ht", ht.iter().map(|x| x.to_bits()), POISON_F32);
-    Ok(LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht: ht.to_vec() })
+    let ht = if value_first { transpose_states(ht, kd_, vd_, true) } else { ht.to_vec() };
+    Ok(LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht })
 }
 
 /// The layer fixtures (FLA's outputs and the f64 reference; `tests/fixtures/layer/README.md`).
@@ -362,3 +386,17 @@ pub const LAYER_FIXTURES: [&str; 5] = [
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;
+
+#[cfg(test)]
+mod tests {
+    use super::transpose_states;
+
+    #[test]
+    fn states_transpose_and_back() {
+        // Two [2, 3] states.
+        let key_first: Vec<f32> = (0..12).map(|x| x as f32).collect();
+        let value_first = transpose_states(&key_first, 2, 3, false);
+        assert_eq!(value_first, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0, 6.0, 9.0, 7.0, 10.0, 8.0, 11.0]);
+        assert_eq!(transpose_states(&value_first, 2, 3, true), key_first);
+    }
+}

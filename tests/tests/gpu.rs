@@ -583,3 +583,34 @@ fn layer_speed_on_the_peer_shapes() {
         println!("{name}: layer {:.1} us, IO floor {:.1} us ({:.3} of it)", t.us, t.floor_us, t.floor_us / t.us);
     }
 }
+
+/// The layer with value-first states (`LayerPlan::with_state_layout`): `h0` in and `ht` out as
+/// `[N, HV, V, K]`, the output kernel reading `h` value-first; against the f64 definition at the
+/// random layers' bound, and equal to the key-first run within it.
+#[test]
+fn layer_value_first_states() {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+    let gpu = Gpu::open();
+    for (c, kind) in [LayerKind::Kda, LayerKind::Gdn].into_iter().enumerate() {
+        let shape = LayerShape { kind, heads: 2, value_heads: 2, key_dim: 128, value_dim: 64 };
+        let options = LayerOptions {
+            scale: 128f64.powf(-0.5),
+            l2norm_qk: true,
+            beta_sigmoid: true,
+            gate: GateInput::LowerBound(-5.0),
+        };
+        let p = kda_tests::random_layer_problem(&[300, 0, 64, 17], shape, options, true, 70 + c as u64);
+        let want = layer_reference(&p).unwrap();
+        let model = layer_chunked(&p, Rounding::Kernels).unwrap().errors(&want);
+        let bounds = model.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND));
+        for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
+            let out = kda_tests::run_layer_guarded_in(&gpu, &p, layout).unwrap();
+            let errs = out.errors(&want);
+            println!(
+                "{kind:?} {layout:?}: o {:.2e} ht {:.2e} (bounds {:.2e} {:.2e})",
+                errs[0], errs[1], bounds[0], bounds[1]
+            );
+            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{kind:?} {layout:?}: {errs:?} over {bounds:?}");
+        }
+    }
+}

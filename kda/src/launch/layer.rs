@@ -19,6 +19,7 @@ use crate::model::{Gates, ModelShape, StateLayout};
 use crate::{KdaError, Plan};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
+use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::CHUNK;
 use kda_kernel::layout::layer::{
     CHUNK_WORDS, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM,
@@ -77,6 +78,8 @@ pub struct LayerPlan {
     shape: LayerShape,
     options: LayerOptions,
     recurrence: DevicePlan,
+    /// The states' layout (`h0`, `ht`, and `h` in the workspace).
+    layout: StateLayout,
     /// `CHUNK_WORDS` words per chunk (first token, valid rows), in the recurrence's chunk order.
     chunks: CudaSlice<u32>,
     num_chunks: usize,
@@ -99,7 +102,8 @@ pub struct LayerInputs<'a> {
     pub a_log: Option<CudaView<'a, f32>>,
     /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
     pub dt_bias: Option<CudaView<'a, f32>>,
-    /// `[N, HV, K, V]` f32 initial states, or `None` for zeros.
+    /// `[N, HV, K, V]` f32 initial states (`[N, HV, V, K]` in a value-first plan), or `None` for
+    /// zeros.
     pub h0: Option<CudaView<'a, f32>>,
 }
 
@@ -107,7 +111,8 @@ pub struct LayerInputs<'a> {
 pub struct LayerDeviceOutputs<'a> {
     /// `[T, HV, V]` bf16.
     pub o: CudaViewMut<'a, bf16>,
-    /// `[N, HV, K, V]` f32 final states, or `None` to skip them.
+    /// `[N, HV, K, V]` f32 final states (`[N, HV, V, K]` in a value-first plan), or `None` to skip
+    /// them.
     pub ht: Option<CudaViewMut<'a, f32>>,
 }
 
@@ -123,7 +128,7 @@ pub struct LayerWorkspace {
     pub u: CudaSlice<bf16>,
     /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN) f32, log2, cumulative inside each chunk.
     pub gate: CudaSlice<f32>,
-    /// `[NT, HV, K, V]` bf16.
+    /// `[NT, HV, K, V]` bf16 (`[NT, HV, V, K]` in a value-first plan).
     pub h: CudaSlice<bf16>,
     /// `[T, HV, V]` bf16.
     pub v_new: CudaSlice<bf16>,
@@ -146,8 +151,23 @@ impl LayerPlan {
             table.push(0); // a one-word placeholder keeps the buffer non-empty
         }
         let chunks = stream.clone_htod(&table)?;
-        let recurrence = DevicePlan::model(stream, plan, &recurrence_shape(&shape))?;
-        Ok(Self { shape, options, recurrence, chunks, num_chunks })
+        let recurrence = DevicePlan::model(stream, plan, &recurrence_shape(&shape, StateLayout::KeyFirst))?;
+        Ok(Self { shape, options, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
+    }
+
+    /// This plan with its states (`h0`, `ht`, and `h` in the workspace) in `layout`: key-first
+    /// `[.., K, V]` (what [`LayerPlan::new`] plans) or value-first `[.., V, K]`. The recurrence is
+    /// planned afresh (column blocks and split back to the planner's choice).
+    pub fn with_state_layout(mut self, stream: &Arc<CudaStream>, layout: StateLayout) -> Result<Self, KdaError> {
+        let batch = self.recurrence.plan().clone();
+        self.recurrence = DevicePlan::model(stream, batch, &recurrence_shape(&self.shape, layout))?;
+        self.layout = layout;
+        Ok(self)
+    }
+
+    /// The states' layout.
+    pub fn state_layout(&self) -> StateLayout {
+        self.layout
     }
 
     /// The layer's shape.
@@ -175,7 +195,7 @@ impl LayerPlan {
         let s = self.shape;
         let plan = self.recurrence.plan();
         let (t, nt) = (plan.tokens(), plan.chunks());
-        let key_heads = recurrence_shape(&s).heads;
+        let key_heads = recurrence_shape(&s, self.layout).heads;
         let len = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c)).ok_or_else(overflow);
         // (One element at least: cudarc cannot allocate an empty buffer on every driver.)
         let bf = |n: usize| stream.alloc_zeros::<bf16>(n.max(1));
@@ -261,8 +281,8 @@ fn overflow() -> KdaError {
 }
 
 /// The recurrence the layer runs: KDA's keys per value head (`k Γ_last / Γ` depends on the value
-/// head's gate), GDN's the key heads'; key-first states.
-fn recurrence_shape(s: &LayerShape) -> ModelShape {
+/// head's gate), GDN's the key heads'; states in `layout`.
+fn recurrence_shape(s: &LayerShape, layout: StateLayout) -> ModelShape {
     let kda = s.kind == LayerKind::Kda;
     ModelShape {
         heads: if kda { s.value_heads } else { s.heads },
@@ -270,7 +290,7 @@ fn recurrence_shape(s: &LayerShape) -> ModelShape {
         key_dim: s.key_dim,
         value_dim: s.value_dim,
         gates: Gates { g: !kda, gk: kda },
-        layout: StateLayout::KeyFirst,
+        layout,
     }
 }
 
@@ -295,7 +315,7 @@ impl Kda {
         let (t, n, nt) = (p.tokens(), p.num_seqs(), p.chunks());
         let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
         let raw = !matches!(plan.options.gate, GateInput::Log);
-        let key_heads = recurrence_shape(&s).heads;
+        let key_heads = recurrence_shape(&s, plan.layout).heads;
         let opt = |present: bool, len: usize| present.then_some(len);
         let checks: [LenCheck; 16] = [
             ("q", Some(inputs.q.len()), Some(t * h * kd)),
@@ -407,6 +427,10 @@ impl Kda {
                 dims,
                 options,
                 scale_bits: (plan.options.scale as f32).to_bits(),
+                state_layout: match plan.layout {
+                    StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
+                    StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
+                } as u32,
             };
             // SAFETY: as for the prepare launch; `h` holds a state per (chunk, value head), in
             // the chunk table's order, written by the recurrence just before on this stream.
@@ -479,6 +503,8 @@ pub(super) struct OutputArgs {
     dims: LayerDims,
     options: u32,
     scale_bits: u32,
+    /// A `kda_kernel::abi::StateLayoutCode`.
+    state_layout: u32,
 }
 
 impl OutputArgs {
@@ -491,6 +517,7 @@ impl OutputArgs {
         self.dims.push(sink);
         sink.push("options", &self.options);
         sink.push("scale_bits", &self.scale_bits);
+        sink.push("state_layout", &self.state_layout);
     }
 }
 
@@ -507,7 +534,7 @@ pub(super) fn sample_args() -> (PrepareArgs, OutputArgs) {
     let dims = LayerDims { heads: 1, value_heads: 2, key_dim: 3, value_dim: 4, gate_width: 5 };
     (
         PrepareArgs { ptrs: [1; 11], dims, options: 1, gate_mode: 2, lower_bound_bits: 3 },
-        OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2 },
+        OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2, state_layout: 1 },
     )
 }
 
