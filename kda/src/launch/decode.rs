@@ -5,7 +5,7 @@
 //! synchronises, so a serving loop can capture it in a CUDA graph.
 
 use super::args::{Address, ArgSink};
-use super::layer::keep;
+use super::layer::{check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
@@ -131,17 +131,7 @@ impl Kda {
             ("pool", Some(pool.len()), Some(pool_len)),
             ("o", Some(o.len()), Some(n * hv * vd)),
         ];
-        for (tensor, actual, expected) in checks {
-            if actual != expected {
-                let describe = |x: Option<usize>| x.map_or("absent".to_string(), |n| format!("{n} elements"));
-                return Err(KdaError::Shape {
-                    tensor,
-                    expected: describe(expected),
-                    expected_len: expected.unwrap_or(0),
-                    actual: describe(actual),
-                });
-            }
-        }
+        check_lengths(&checks)?;
         let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
             name: "slot_indices",
             reason: format!("{n} sequences x {hv} heads exceed the grid"),
