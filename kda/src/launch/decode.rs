@@ -5,13 +5,13 @@
 //! synchronises, so a serving loop can capture it in a CUDA graph.
 
 use super::args::{Address, ArgSink};
-use super::layer::{check_lengths, keep};
+use super::layer::{check_devices, check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::model::StateLayout;
 use crate::pool::{PoolShape, SlotUse, slot_uses};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
 use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
 use kda_kernel::layout::layer::{GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, OPT_BETA_SIGMOID, OPT_L2NORM};
@@ -132,6 +132,24 @@ impl Kda {
             ("o", Some(o.len()), Some(n * hv * vd)),
         ];
         check_lengths(&checks)?;
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
+        check_devices(
+            self.ctx.ordinal(),
+            &[
+                ("stream", ordinal(stream)),
+                ("plan", ordinal(plan.slots.stream())),
+                ("q", ordinal(inputs.q.stream())),
+                ("k", ordinal(inputs.k.stream())),
+                ("v", ordinal(inputs.v.stream())),
+                ("g", ordinal(inputs.g.stream())),
+                ("beta", ordinal(inputs.beta.stream())),
+                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
+                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
+                ("pool", ordinal(pool.stream())),
+                ("o", ordinal(o.stream())),
+            ],
+        )?;
         let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
             name: "slot_indices",
             reason: format!("{n} sequences x {hv} heads exceed the grid"),
