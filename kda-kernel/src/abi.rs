@@ -228,6 +228,33 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
     Param::u32("state_layout"),
 ];
 
+/// The decode step's parameters, in order: `q`, `k`, `v`, the gate, `beta`, `A_log`, `dt_bias`
+/// (null unless the gate is raw), the slots (`[N]` i64, negative: padding), the fresh flags
+/// (`[N]` u32), the pool, the output `o`, then `heads`, `value_heads`, `key_dim`, `value_dim`,
+/// `gate_width`, `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
+pub const DECODE_PARAMS: [Param; 20] = [
+    Param::pointer("q"),
+    Param::pointer("k"),
+    Param::pointer("v"),
+    Param::pointer("g"),
+    Param::pointer("beta"),
+    Param::pointer("a_log"),
+    Param::pointer("dt_bias"),
+    Param::pointer("slots"),
+    Param::pointer("fresh"),
+    Param::pointer("pool"),
+    Param::pointer("o"),
+    Param::u32("heads"),
+    Param::u32("value_heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("gate_width"),
+    Param::u32("options"),
+    Param::u32("gate_mode"),
+    Param::u32("lower_bound_bits"),
+    Param::u32("scale_bits"),
+];
+
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
 /// of `k`).
 pub const BASELINE_PARAMS: [Param; 11] = [
@@ -365,8 +392,18 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// The decode step: one token per sequence, states in a pool by slot (plain f32, every target).
+pub const DECODE: KernelAbi = KernelAbi {
+    entry: "kda_decode_step",
+    params: &DECODE_PARAMS,
+    threads: crate::layout::decode::THREADS,
+    smem_bytes: crate::layout::decode::SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 9] = [
+pub const KERNELS: [KernelAbi; 10] = [
     BASELINE,
     HOPPER,
     HOPPER_K64,
@@ -376,6 +413,7 @@ pub const KERNELS: [KernelAbi; 9] = [
     MERGE,
     LAYER_PREPARE,
     LAYER_OUTPUT,
+    DECODE,
 ];
 
 const _: () = {

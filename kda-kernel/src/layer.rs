@@ -37,7 +37,7 @@ use crate::layout::layer::{
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
 /// The L2 norm's epsilon inside the layer (FLA's `use_qk_l2norm_in_kernel`).
-const L2NORM_EPS: f32 = 1e-6;
+pub(crate) const L2NORM_EPS: f32 = 1e-6;
 /// Lanes of a warp.
 const LANES: usize = 32;
 /// Columns of an `mma` tile (its `N`) and depth of one `mma` (its `K`).
@@ -48,13 +48,13 @@ const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1)
 
 /// `e^x` through the SFU's `exp2`.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     exp2_approx(x * LOG2_E)
 }
 
 /// `1 / (1 + e^-x)`.
 #[inline(always)]
-fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     rcp_approx(1.0 + exp(-x))
 }
 
@@ -63,6 +63,18 @@ fn sigmoid(x: f32) -> f32 {
 fn softplus(x: f32) -> f32 {
     let (pos, abs) = if x > 0.0 { (x, x) } else { (0.0, -x) };
     pos + log2_approx(1.0 + exp(-abs)) * LN_2
+}
+
+/// The decay in natural log from the gate's `raw` value as `gate_mode` gives it
+/// (`layout::layer::GATE_*`): itself, `-strength * softplus(raw + bias)` or
+/// `lower_bound * sigmoid(strength * (raw + bias))`, `strength` being `exp(A_log)`.
+#[inline(always)]
+pub(crate) fn activate(raw: f32, gate_mode: u32, strength: f32, bias: f32, lower_bound: f32) -> f32 {
+    match gate_mode {
+        GATE_SOFTPLUS => -strength * softplus(raw + bias),
+        GATE_LOWER_BOUND => lower_bound * sigmoid(strength * (raw + bias)),
+        _ => raw,
+    }
 }
 
 /// A launch's head counts and sizes.
@@ -537,11 +549,8 @@ pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
             |e, raw| {
                 let (r, a) = split(e, gw);
                 let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-                *gates.tile.add(r * ROW_WORDS + a) = match gate_mode {
-                    GATE_SOFTPLUS => -strength * softplus(raw + bias),
-                    GATE_LOWER_BOUND => f32::from_bits(lower_bound_bits) * sigmoid(strength * (raw + bias)),
-                    _ => raw,
-                };
+                *gates.tile.add(r * ROW_WORDS + a) =
+                    activate(raw, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
             },
         );
         if tid < CHUNK {

@@ -182,6 +182,27 @@ pub mod layer {
     };
 }
 
+/// Sizes of the decode step (`kda_decode_step`): one CTA per (sequence, value head, block of
+/// `COLS` value columns); a warp per quarter of the keys, a lane per column.
+pub mod decode {
+    /// Value columns per CTA: a warp's lanes, so each warp reads and writes whole 128-byte rows
+    /// of the pooled state.
+    pub const COLS: usize = 32;
+    /// Warps per CTA, each holding `K / KEY_GROUPS` keys of its columns' state in registers.
+    pub const KEY_GROUPS: usize = 4;
+    /// Threads per CTA.
+    pub const THREADS: usize = COLS * KEY_GROUPS;
+    /// The largest key size the registers hold (`MAX_K / KEY_GROUPS` state values per thread).
+    pub const MAX_K: usize = 128;
+    /// Keys per thread at `MAX_K`.
+    pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
+    /// f32 words of shared memory: the token's `q`, `k` and decay (`[MAX_K]` each) and the
+    /// partial sums across the key groups (`[KEY_GROUPS][COLS]`, twice: `S^T k` and `S^T q`).
+    pub const SMEM_WORDS: usize = 3 * MAX_K + 2 * KEY_GROUPS * COLS;
+    /// Bytes of shared memory.
+    pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
+}
+
 /// Tile shapes of the baseline (portable, sm_80+) kernel.
 pub mod baseline {
     use super::{CHUNK, K_DIM, V_DIM};

@@ -15,6 +15,7 @@
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
 //! | `merge` | the merge of split sequences: segment maps chained into entry states |
+//! | `decode` | the decode step: one token per sequence, states in a pool by slot |
 //! | `layer` | the layer's token-parallel kernels: gate, norms and the WY solve before the recurrence, the output after it |
 //! | [`builder`] | (host only) how this crate becomes PTX: the pinned nightly, the ABI's fix-ups, the source digest |
 //!
@@ -33,6 +34,8 @@ pub mod arch;
 
 #[cfg(target_arch = "nvptx64")]
 mod baseline;
+#[cfg(target_arch = "nvptx64")]
+mod decode;
 #[cfg(target_arch = "nvptx64")]
 mod layer;
 #[cfg(target_arch = "nvptx64")]

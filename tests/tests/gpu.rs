@@ -614,3 +614,93 @@ fn layer_value_first_states() {
         }
     }
 }
+
+/// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
+/// relative per element) with headroom; the pooled states, f32 after one token, at most
+/// `DECODE_STATE_BOUND`.
+const DECODE_O_BOUND: f64 = 4e-3;
+const DECODE_STATE_BOUND: f64 = 1e-5;
+
+/// The decode step (`Kda::launch_decode`) against the f64 layer over a pool
+/// (`kda::layer::layer_reference_pooled`): both kinds, grouped value heads, the gate forms and
+/// options; padding sequences (nothing read or written: their `o` rows keep their poison and
+/// every slot no live sequence names keeps its bits), a fresh sequence (from zeros).
+#[test]
+fn decode_step_matches_the_pooled_reference() {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+    use kda::pool::{PoolShape, slot_uses};
+    use kda::{DecodeInputs, DecodePlan, bf16};
+    let gpu = Gpu::open();
+    let s = &gpu.stream;
+    let indices: [i64; 6] = [3, -1, 0, 5, 7, -1];
+    let fresh = [false, false, true, false, false, false];
+    let cases = [
+        (LayerKind::Kda, 2, 2, 128, 128, GateInput::LowerBound(-5.0), true),
+        (LayerKind::Kda, 1, 2, 64, 64, GateInput::Log, false),
+        (LayerKind::Gdn, 1, 2, 128, 128, GateInput::Softplus, true),
+        (LayerKind::Gdn, 2, 4, 64, 96, GateInput::Log, false),
+    ];
+    for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {
+        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
+        let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
+        let p = kda_tests::random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
+        let pool_shape = PoolShape { slots: 8, value_heads, key_dim, value_dim, layout: StateLayout::KeyFirst };
+        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 7)
+            .take(pool_shape.len().unwrap())
+            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
+            .collect();
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let mut want_pool = pool.clone();
+        let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
+
+        let plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
+        let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
+        let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
+        let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
+        let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
+        let mut pool_dev = up_f(&pool);
+        let row = value_heads * value_dim;
+        let mut o = up_bf(&vec![bf16::from_bits(kda_tests::POISON_BF16); indices.len() * row]);
+        let inputs = DecodeInputs {
+            q: q.slice(..),
+            k: k.slice(..),
+            v: v.slice(..),
+            g: g.slice(..),
+            beta: beta.slice(..),
+            a_log: a_log.as_ref().map(|x| x.slice(..)),
+            dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
+        };
+        gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..)).unwrap();
+        s.synchronize().expect("decode step failed");
+        let got_pool = s.clone_dtoh(&pool_dev).unwrap();
+        let got_o = s.clone_dtoh(&o).unwrap();
+
+        let state = value_heads * key_dim * value_dim;
+        for slot in 0..pool_shape.slots {
+            let range = slot * state..(slot + 1) * state;
+            if uses.iter().any(|u| u.slot() == Some(slot)) {
+                let e = kda::rel_error(&got_pool[range.clone()], &want_pool[range]);
+                assert!(e < DECODE_STATE_BOUND, "case {c}: slot {slot}: state error {e:.2e}");
+            } else {
+                assert!(got_pool[range.clone()] == pool[range], "case {c}: slot {slot}, named by no sequence, changed");
+            }
+        }
+        for (n, want) in want_o.iter().enumerate() {
+            let got = &got_o[n * row..(n + 1) * row];
+            match want {
+                Some(want) => {
+                    let got: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+                    let e = kda::rel_error(&got, want);
+                    println!(
+                        "case {c} {kind:?} {heads}/{value_heads} K={key_dim} V={value_dim}: sequence {n}: o {e:.2e}"
+                    );
+                    assert!(e < DECODE_O_BOUND, "case {c}: sequence {n}: o error {e:.2e}");
+                }
+                None => assert!(
+                    got.iter().all(|x| x.to_bits() == kda_tests::POISON_BF16),
+                    "case {c}: padding sequence {n}'s o was written"
+                ),
+            }
+        }
+    }
+}

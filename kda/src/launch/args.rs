@@ -217,12 +217,12 @@ mod tests {
     use super::*;
     use crate::ptx;
     use kda_kernel::abi::{
-        BASELINE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS,
-        LAYER_OUTPUT, LAYER_PREPARE, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
+        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 9] = [
+    const ABIS: [&KernelAbi; 10] = [
         &BASELINE,
         &HOPPER,
         &HOPPER_K64,
@@ -232,6 +232,7 @@ mod tests {
         &MERGE,
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
+        &DECODE,
     ];
 
     /// One parameter of a PTX `.entry`.
@@ -339,6 +340,9 @@ mod tests {
         let mut pushed = Recorder::default();
         output.push(&mut pushed);
         check_entry(&LAYER_OUTPUT, &pushed.0);
+        let mut pushed = Recorder::default();
+        super::super::decode::sample_args().push(&mut pushed);
+        check_entry(&DECODE, &pushed.0);
 
         // Those are every kernel there is.
         assert_eq!(KERNELS.map(|k| k.entry), ABIS.map(|k| k.entry));

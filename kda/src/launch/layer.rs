@@ -271,7 +271,7 @@ pub(super) fn check_devices(expected: usize, named: &[(&'static str, usize)]) ->
 
 /// The address of a device tensor, its stream record kept in `records` until the launch is
 /// enqueued (cudarc's event tracking).
-fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u64, SyncOnDrop<'a>)) -> u64 {
+pub(super) fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u64, SyncOnDrop<'a>)) -> u64 {
     records.push(record);
     address
 }

@@ -7,11 +7,13 @@
 //! CUDA graph.
 
 mod args;
+mod decode;
 mod device_plan;
 mod layer;
 mod tensor_map;
 mod validate;
 
+pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
 pub use validate::TENSOR_ALIGN;
@@ -22,8 +24,8 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use kda_kernel::abi::{
-    BASELINE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PassCode, StateLayoutCode, TensorMaps,
-    hopper_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PassCode, StateLayoutCode,
+    TensorMaps, hopper_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::hopper::BV;
@@ -82,6 +84,8 @@ pub struct Kda {
     merge: Loaded,
     /// The layer's token-parallel kernels: prepare, output.
     layer: [Loaded; 2],
+    /// The decode step.
+    decode: Loaded,
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
@@ -102,12 +106,13 @@ impl Kda {
         let baseline = Loaded::load(&module, &BASELINE)?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
+        let decode = Loaded::load(&module, &DECODE)?;
         let hopper = if compute_capability.0 == 9 {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
-        Ok(Self { ctx, baseline, merge, layer, hopper, compute_capability })
+        Ok(Self { ctx, baseline, merge, layer, decode, hopper, compute_capability })
     }
 
     /// The context the kernels live in.

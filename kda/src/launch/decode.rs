@@ -1,0 +1,276 @@
+//! The decode step on the GPU (`../shared/LAYER.md`, "Decode"): one token per sequence through the
+//! layer, each sequence's state read from and written back to its slot of the caller's pool, in
+//! place (`kda_decode_step`, one launch). [`DecodePlan`] checks the slot indices once (in range,
+//! no slot named twice) and uploads them; [`Kda::launch_decode`] allocates nothing and never
+//! synchronises, so a serving loop can capture it in a CUDA graph.
+
+use super::args::{Address, ArgSink};
+use super::layer::{check_devices, check_lengths, keep};
+use super::{Kda, Loaded, enqueue};
+use crate::KdaError;
+use crate::layer::{GateInput, LayerOptions, LayerShape};
+use crate::model::StateLayout;
+use crate::pool::{PoolShape, SlotUse, slot_uses};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+use half::bf16;
+use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
+use kda_kernel::layout::layer::{GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, OPT_BETA_SIGMOID, OPT_L2NORM};
+use std::sync::Arc;
+
+/// One decode step's sequences and their slots, planned for the GPU.
+pub struct DecodePlan {
+    shape: LayerShape,
+    options: LayerOptions,
+    pool: PoolShape,
+    /// `[N]` i64: each sequence's slot, negative for padding.
+    slots: CudaSlice<i64>,
+    /// `[N]` u32: nonzero where the sequence starts from zeros.
+    fresh: CudaSlice<u32>,
+    num_seqs: usize,
+}
+
+/// The decode step's token inputs on the device (one token per sequence; the shapes of a layer
+/// problem of `N` one-token sequences).
+pub struct DecodeInputs<'a> {
+    /// `[N, H, K]` bf16.
+    pub q: CudaView<'a, bf16>,
+    /// `[N, H, K]` bf16.
+    pub k: CudaView<'a, bf16>,
+    /// `[N, HV, V]` bf16.
+    pub v: CudaView<'a, bf16>,
+    /// `[N, HV, K]` (KDA) or `[N, HV]` (GDN) f32.
+    pub g: CudaView<'a, f32>,
+    /// `[N, HV]` f32.
+    pub beta: CudaView<'a, f32>,
+    /// `[HV]` f32, given exactly when the gate is raw.
+    pub a_log: Option<CudaView<'a, f32>>,
+    /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
+    pub dt_bias: Option<CudaView<'a, f32>>,
+}
+
+impl DecodePlan {
+    /// Plans a decode step of `indices.len()` sequences (`indices[n]` the slot of sequence `n`,
+    /// negative for padding; `fresh[n]` when it starts from zeros) over `pool` for a layer of
+    /// `shape` with `options`, and uploads the slots on `stream`. Refuses, with typed errors, a
+    /// slot past the pool, a slot named twice, a pool that does not hold the layer's states, and
+    /// what the kernel does not run yet (a value-first pool; `K` above 128 or not a multiple of 4,
+    /// `V` not a multiple of 32).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        shape: LayerShape,
+        options: LayerOptions,
+        pool: PoolShape,
+        indices: &[i64],
+        fresh: &[bool],
+    ) -> Result<Self, KdaError> {
+        decode_supports(&shape, &pool)?;
+        let uses = slot_uses(indices, fresh, &pool)?;
+        let slots: Vec<i64> =
+            uses.iter().map(|u| u.slot().map_or(-1, |s| s as i64)).chain(std::iter::once(-1)).collect();
+        let fresh: Vec<u32> = uses.iter().map(|u| matches!(u, SlotUse::Start(_)) as u32).chain([0]).collect();
+        // (One padding entry past the end keeps the buffers non-empty for a call of no sequences.)
+        Ok(Self {
+            shape,
+            options,
+            pool,
+            slots: stream.clone_htod(&slots)?,
+            fresh: stream.clone_htod(&fresh)?,
+            num_seqs: uses.len(),
+        })
+    }
+}
+
+/// Whether the decode kernel runs `shape` over `pool` (typed refusals otherwise).
+fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<(), KdaError> {
+    shape.validate()?;
+    if (pool.value_heads, pool.key_dim, pool.value_dim) != (shape.value_heads, shape.key_dim, shape.value_dim) {
+        return Err(KdaError::Argument {
+            name: "pool",
+            reason: format!("{pool:?} does not hold the layer's states ({shape:?})"),
+        });
+    }
+    let unsupported = |argument, reason: String| Err(KdaError::Unsupported { argument, reason });
+    if pool.layout != StateLayout::KeyFirst {
+        return unsupported("pool", "the decode kernel reads key-first pools ([slots, HV, K, V])".into());
+    }
+    if shape.key_dim > MAX_K || !shape.key_dim.is_multiple_of(KEY_GROUPS) {
+        return unsupported("key_dim", format!("the decode kernel holds multiples of {KEY_GROUPS} up to {MAX_K}"));
+    }
+    if !shape.value_dim.is_multiple_of(COLS) {
+        return unsupported("value_dim", format!("the decode kernel takes multiples of {COLS}"));
+    }
+    pool.len()?;
+    Ok(())
+}
+
+impl Kda {
+    /// One decode step of `plan`'s sequences: reads each live sequence's state from its slot of
+    /// `pool` (zeros for a fresh one), writes the state after the token back to the slot and the
+    /// token's output to `o` (`[N, HV, V]` bf16; a padding sequence's rows untouched). Validates
+    /// every length first; a refused call launches nothing and writes nothing.
+    pub fn launch_decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &DecodePlan,
+        inputs: &DecodeInputs<'_>,
+        pool: &mut CudaViewMut<'_, f32>,
+        o: &mut CudaViewMut<'_, bf16>,
+    ) -> Result<(), KdaError> {
+        let s = plan.shape;
+        let (n, h, hv, kd, vd) = (plan.num_seqs, s.heads, s.value_heads, s.key_dim, s.value_dim);
+        let raw = !matches!(plan.options.gate, GateInput::Log);
+        let pool_len = plan.pool.len()?;
+        let checks: [(&'static str, Option<usize>, Option<usize>); 9] = [
+            ("q", Some(inputs.q.len()), Some(n * h * kd)),
+            ("k", Some(inputs.k.len()), Some(n * h * kd)),
+            ("v", Some(inputs.v.len()), Some(n * hv * vd)),
+            ("g", Some(inputs.g.len()), Some(n * hv * s.gate_width())),
+            ("beta", Some(inputs.beta.len()), Some(n * hv)),
+            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
+            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * s.gate_width())),
+            ("pool", Some(pool.len()), Some(pool_len)),
+            ("o", Some(o.len()), Some(n * hv * vd)),
+        ];
+        check_lengths(&checks)?;
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
+        check_devices(
+            self.ctx.ordinal(),
+            &[
+                ("stream", ordinal(stream)),
+                ("plan", ordinal(plan.slots.stream())),
+                ("q", ordinal(inputs.q.stream())),
+                ("k", ordinal(inputs.k.stream())),
+                ("v", ordinal(inputs.v.stream())),
+                ("g", ordinal(inputs.g.stream())),
+                ("beta", ordinal(inputs.beta.stream())),
+                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
+                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
+                ("pool", ordinal(pool.stream())),
+                ("o", ordinal(o.stream())),
+            ],
+        )?;
+        let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
+            name: "slot_indices",
+            reason: format!("{n} sequences x {hv} heads exceed the grid"),
+        })?;
+        if ctas == 0 {
+            return Ok(());
+        }
+        let word = |name: &'static str, x: usize| {
+            u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
+        };
+        let (gate_mode, lower_bound) = match plan.options.gate {
+            GateInput::Log => (GATE_LOG, 0.0),
+            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
+            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
+        };
+        let mut records = Vec::new();
+        let mut read = |x| keep(&mut records, x);
+        let (slots, _s) = plan.slots.device_ptr(stream);
+        let (fresh, _f) = plan.fresh.device_ptr(stream);
+        let args = DecodeArgs {
+            ptrs: [
+                read(inputs.q.device_ptr(stream)),
+                read(inputs.k.device_ptr(stream)),
+                read(inputs.v.device_ptr(stream)),
+                read(inputs.g.device_ptr(stream)),
+                read(inputs.beta.device_ptr(stream)),
+                inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                slots,
+                fresh,
+                read(pool.device_ptr_mut(stream)),
+                read(o.device_ptr_mut(stream)),
+            ],
+            words: [
+                word("heads", h)?,
+                word("value_heads", hv)?,
+                word("key_dim", kd)?,
+                word("value_dim", vd)?,
+                word("key_dim", s.gate_width())?,
+                (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
+                    | (if plan.options.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 }),
+                gate_mode,
+                lower_bound.to_bits(),
+                (plan.options.scale as f32).to_bits(),
+            ],
+        };
+        // SAFETY: every length was checked above; the plan's slots were checked against the pool
+        // (in range, none named twice: no two CTAs of different sequences write one state), and
+        // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
+        // so they alias no input.
+        unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
+    }
+
+    fn decode_kernel(&self) -> &Loaded {
+        &self.decode
+    }
+}
+
+/// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
+pub(super) struct DecodeArgs {
+    ptrs: [Address; 11],
+    words: [u32; 9],
+}
+
+impl DecodeArgs {
+    const TENSORS: [&'static str; 11] = ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "pool", "o"];
+    const WORDS: [&'static str; 9] = [
+        "heads",
+        "value_heads",
+        "key_dim",
+        "value_dim",
+        "gate_width",
+        "options",
+        "gate_mode",
+        "lower_bound_bits",
+        "scale_bits",
+    ];
+
+    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        for (name, word) in Self::WORDS.iter().zip(&self.words) {
+            sink.push(name, word);
+        }
+    }
+}
+
+/// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
+#[cfg(test)]
+pub(super) fn sample_args() -> DecodeArgs {
+    DecodeArgs { ptrs: [1; 11], words: [2; 9] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::LayerKind;
+
+    fn shape(key_dim: usize, value_dim: usize) -> LayerShape {
+        LayerShape { kind: LayerKind::Kda, heads: 2, value_heads: 4, key_dim, value_dim }
+    }
+
+    fn pool(s: &LayerShape, layout: StateLayout) -> PoolShape {
+        PoolShape { slots: 8, value_heads: s.value_heads, key_dim: s.key_dim, value_dim: s.value_dim, layout }
+    }
+
+    #[test]
+    fn the_decode_kernel_refuses_what_it_does_not_run() {
+        let ok = shape(128, 128);
+        assert!(decode_supports(&ok, &pool(&ok, StateLayout::KeyFirst)).is_ok());
+        let small = shape(64, 32);
+        assert!(decode_supports(&small, &pool(&small, StateLayout::KeyFirst)).is_ok());
+        let refused = |s: LayerShape, layout| match decode_supports(&s, &pool(&s, layout)) {
+            Err(KdaError::Unsupported { argument, .. }) => argument,
+            other => panic!("{s:?} {layout:?}: {other:?}"),
+        };
+        assert_eq!(refused(ok, StateLayout::ValueFirst), "pool");
+        assert_eq!(refused(shape(256, 128), StateLayout::KeyFirst), "key_dim");
+        assert_eq!(refused(shape(128, 48), StateLayout::KeyFirst), "value_dim");
+        let other_pool = PoolShape { value_heads: 2, ..pool(&ok, StateLayout::KeyFirst) };
+        assert!(matches!(decode_supports(&ok, &other_pool), Err(KdaError::Argument { name: "pool", .. })));
+    }
+}
