@@ -17,6 +17,9 @@ use kda_tests::{
 use proptest::prelude::*;
 use std::sync::Mutex;
 
+#[path = "gpu/stress.rs"]
+mod stress;
+
 /// The largest error seen per output over a test, printed for bench/RESULTS.md.
 static WORST: Mutex<[f64; 3]> = Mutex::new([0.0; 3]);
 

@@ -74,9 +74,10 @@ impl Loaded {
 /// `Kda` is `Send` and `Sync`: one launcher serves every thread, each launching on its own stream
 /// (the driver's launches are thread-safe, and `launch` takes `&self`). A [`DevicePlan`] is too,
 /// and is only read on the device after it is built, so launches on several streams may share it;
-/// cudarc orders each use of its buffers after the upload on the plan's stream. The outputs of a
-/// launch are `&mut` borrows, so no two launches can write the same buffer at once through the
-/// safe API.
+/// cudarc orders each use of its buffers after the upload on the plan's stream. The same holds for
+/// a [`LayerPlan`]. A [`LayerWorkspace`] is written by every layer launch, so `launch_layer` takes
+/// it as `&mut`: one workspace per stream that runs at the same time. The outputs of a launch are
+/// `&mut` borrows, so no two launches can write the same buffer at once through the safe API.
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
@@ -492,5 +493,9 @@ mod thread_safety {
         send_sync::<DevicePlan>();
         send_sync::<KdaInputs<'static>>();
         send_sync::<KdaOutputs<'static>>();
+        send_sync::<LayerPlan>();
+        send_sync::<LayerWorkspace>();
+        send_sync::<LayerInputs<'static>>();
+        send_sync::<LayerDeviceOutputs<'static>>();
     }
 }
