@@ -14,6 +14,7 @@
 //! | `schedule` | the persistent grid's work lists |
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
+//! | `portable` | the portable tensor-core kernel (`mma.sync` bf16, sm_80+) |
 //! | `merge` | the merge of split sequences: segment maps chained into entry states |
 //! | `layer` | the layer's token-parallel kernels: gate, norms and the WY solve before the recurrence, the output after it |
 //! | [`builder`] | (host only) how this crate becomes PTX: the pinned nightly, the ABI's fix-ups, the source digest |
@@ -37,6 +38,8 @@ mod baseline;
 mod layer;
 #[cfg(target_arch = "nvptx64")]
 mod merge;
+#[cfg(target_arch = "nvptx64")]
+mod portable;
 
 /// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX
 /// (mbarrier waits, TMA and wgmma do not exist on the portable target).
