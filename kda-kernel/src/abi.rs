@@ -355,6 +355,17 @@ pub const BASELINE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// The portable tensor-core kernel (sm_80+): the baseline's parameters and work split, both
+/// products on `mma.sync`.
+pub const PORTABLE: KernelAbi = KernelAbi {
+    entry: "kda_fwd_h_portable",
+    params: &BASELINE_PARAMS,
+    threads: crate::layout::portable::THREADS,
+    smem_bytes: crate::layout::portable::SMEM_BYTES,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
 /// The merge of split sequences: chains each sequence's segment maps into their entry states
 /// (plain f32 arithmetic, so every target has it).
 pub const MERGE: KernelAbi = KernelAbi {
@@ -403,8 +414,9 @@ pub const DECODE: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 10] = [
+pub const KERNELS: [KernelAbi; 11] = [
     BASELINE,
+    PORTABLE,
     HOPPER,
     HOPPER_K64,
     HOPPER_NARROW,

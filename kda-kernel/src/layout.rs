@@ -230,6 +230,72 @@ pub mod baseline {
     const _: () = assert!(SMEM_BYTES <= 48 * 1024, "baseline must fit the default smem limit");
 }
 
+/// Tile shapes and shared-memory map of the portable tensor-core kernel (`kda-kernel/src/portable.rs`).
+///
+/// One CTA per (sequence, head, block of `BV` value columns), as the baseline, with both products
+/// of a chunk on `mma.sync.m16n8k16` (bf16). Each of the `WARPS` warps holds `STATE_ROWS_PER_WARP`
+/// rows of the `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token rows
+/// of `Vn`. Every shared tile is stored so that each fragment register is one 32-bit load
+/// (the pair of elements it packs is contiguous), with rows padded by `PAD` elements so that the
+/// 32 lanes of a fragment load hit 32 different banks.
+pub mod portable {
+    use super::{CHUNK, K_DIM, V_DIM};
+
+    /// Value columns per CTA: 32, as the baseline, so that one long sequence at H = 64 still gives
+    /// 256 CTAs for 132 SMs.
+    pub const BV: usize = 32;
+    /// Warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and 32 state rows each.
+    pub const WARPS: usize = 4;
+    /// Threads per CTA.
+    pub const THREADS: usize = WARPS * 32;
+    /// V-column blocks per (sequence, head).
+    pub const COL_BLOCKS: usize = V_DIM / BV;
+    /// `mma.m16n8k16`'s shape.
+    pub const MMA_M: usize = 16;
+    pub const MMA_N: usize = 8;
+    pub const MMA_K: usize = 16;
+    /// State rows (of K) per warp and their m16 tiles.
+    pub const STATE_ROWS_PER_WARP: usize = K_DIM / WARPS;
+    pub const STATE_M_TILES: usize = STATE_ROWS_PER_WARP / MMA_M;
+    /// Token rows of `Vn` per warp (one m16 tile).
+    pub const VN_ROWS_PER_WARP: usize = CHUNK / WARPS;
+    /// n8 tiles across the block's columns.
+    pub const N_TILES: usize = BV / MMA_N;
+    /// k16 steps of `w @ bf16(S)` (over K) and of `k^T @ bf16(Vn)` (over the chunk's tokens).
+    pub const VN_K_STEPS: usize = K_DIM / MMA_K;
+    pub const STATE_K_STEPS: usize = CHUNK / MMA_K;
+    /// Row padding of every bf16 tile, in elements: 8 bf16 = 16 bytes, which shifts consecutive
+    /// rows by 4 banks, so the 8 row groups x 4 lanes of a fragment load cover the 32 banks once,
+    /// and keeps each row 16-byte aligned.
+    pub const PAD: usize = 8;
+    /// `w` rows of the chunk, bf16 `[CHUNK][W_STRIDE]` (token-major, as in memory).
+    pub const W_STRIDE: usize = K_DIM + PAD;
+    /// `k` of the chunk transposed, bf16 `[K_DIM][KT_STRIDE]` (key-major: the A operand `k^T`).
+    pub const KT_STRIDE: usize = CHUNK + PAD;
+    /// `bf16(S)` transposed, bf16 `[BV][ST_STRIDE]` (column-major S: the B operand).
+    pub const ST_STRIDE: usize = K_DIM + PAD;
+    /// `bf16(Vn)` transposed, bf16 `[BV][VNT_STRIDE]` (column-major: the B operand).
+    pub const VNT_STRIDE: usize = CHUNK + PAD;
+    /// Byte offsets of the tiles in the dynamic shared memory, and its size.
+    pub const W_OFFSET: usize = 0;
+    pub const KT_OFFSET: usize = W_OFFSET + CHUNK * W_STRIDE * 2;
+    pub const ST_OFFSET: usize = KT_OFFSET + K_DIM * KT_STRIDE * 2;
+    pub const VNT_OFFSET: usize = ST_OFFSET + BV * ST_STRIDE * 2;
+    /// `exp2` of the chunk's last valid gate row, f32 `[K_DIM]`.
+    pub const DECAY_OFFSET: usize = VNT_OFFSET + BV * VNT_STRIDE * 2;
+    pub const SMEM_BYTES: usize = DECAY_OFFSET + K_DIM * 4;
+    /// bf16 elements per 16-byte vector of a staging copy.
+    pub const VECTOR: usize = 8;
+
+    const _: () = assert!(V_DIM.is_multiple_of(BV) && BV.is_multiple_of(MMA_N));
+    const _: () = assert!(STATE_ROWS_PER_WARP.is_multiple_of(MMA_M) && VN_ROWS_PER_WARP == MMA_M);
+    const _: () = assert!(K_DIM.is_multiple_of(MMA_K) && CHUNK.is_multiple_of(MMA_K));
+    const _: () = assert!(K_DIM.is_multiple_of(VECTOR) && (W_STRIDE * 2).is_multiple_of(16));
+    const _: () = assert!(THREADS >= K_DIM, "one thread per key stages the decay row");
+    // sm_86 and sm_89 allow 99 KB of shared memory per block.
+    const _: () = assert!(SMEM_BYTES <= 99 * 1024, "the portable kernel must fit every sm_80+ GPU");
+}
+
 /// Tile shapes and shared-memory map of the warp-specialized Hopper (sm_90a) kernel.
 ///
 /// One CTA per (sequence, head, block of value columns), in one of two column-block widths

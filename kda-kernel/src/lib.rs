@@ -14,6 +14,7 @@
 //! | `schedule` | the persistent grid's work lists |
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
+//! | `portable` | the portable tensor-core kernel (`mma.sync` bf16, sm_80+) |
 //! | `merge` | the merge of split sequences: segment maps chained into entry states |
 //! | `decode` | the decode step: one token per sequence, states in a pool by slot |
 //! | `layer` | the layer's token-parallel kernels: gate, norms and the WY solve before the recurrence, the output after it |
@@ -40,6 +41,8 @@ mod decode;
 mod layer;
 #[cfg(target_arch = "nvptx64")]
 mod merge;
+#[cfg(target_arch = "nvptx64")]
+mod portable;
 
 /// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX
 /// (mbarrier waits, TMA and wgmma do not exist on the portable target).

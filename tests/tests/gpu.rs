@@ -40,8 +40,8 @@ fn record_against_floor(case: &str, errs: [f64; 3], floor: [f64; 3]) {
     assert_within_floor(case, errs, floor);
 }
 
-fn kernels() -> [Kernel; 2] {
-    [Kernel::Auto, Kernel::Baseline]
+fn kernels() -> [Kernel; 3] {
+    [Kernel::Auto, Kernel::Baseline, Kernel::Portable]
 }
 
 #[test]
@@ -140,7 +140,12 @@ fn model_fixtures() {
         let (p, golden) = io::read_model_problem(&kda_tests::model_fixture(name)).unwrap();
         let golden = golden.expect("fixture holds outputs");
         let want = reference::model_reference(&p.view()).unwrap();
-        for (kernel, runs) in [(Kernel::Auto, hopper_runs(&p.shape)), (Kernel::Baseline, baseline_runs(&p.shape))] {
+        let kernels = [
+            (Kernel::Auto, hopper_runs(&p.shape)),
+            (Kernel::Baseline, baseline_runs(&p.shape)),
+            (Kernel::Portable, baseline_runs(&p.shape)),
+        ];
+        for (kernel, runs) in kernels {
             match run_model_guarded(&gpu, &p.view(), Strides::PACKED, kernel) {
                 Ok(out) => {
                     assert!(runs, "{name} {kernel:?}: ran a shape it does not support");

@@ -8,7 +8,7 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE,
+    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE, PORTABLE,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,6 +138,32 @@ fn baseline_sass_uses_the_hardware_conversions() {
     }
     // The PTX must not call anything: every helper is inlined.
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
+}
+
+/// The portable tensor-core kernel: both products on the tensor cores (64 `HMMA` per chunk: 8
+/// k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x 2 row tiles for `S`), every
+/// shared access explicit (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and room
+/// for `PORTABLE_CTAS_PER_SM` CTAs per SM in registers.
+#[test]
+fn portable_sass_runs_both_products_on_the_tensor_cores() {
+    const PORTABLE_CTAS_PER_SM: usize = 4;
+    for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
+        let (cubin, report) = assemble_as(ptx, arch, &format!("portable-{arch}"));
+        let r = resources(&report, PORTABLE.entry);
+        println!("{arch} {}: {r:?}", PORTABLE.entry);
+        assert!(r.registers * PORTABLE.threads * PORTABLE_CTAS_PER_SM <= REGISTERS_PER_SM, "{arch}: {r:?}");
+        let code = sass(&cubin);
+        let code = function_sass(&code, PORTABLE.entry);
+        let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
+        assert_eq!(count("HMMA.16816.F32.BF16"), 64, "{arch}: the chunk's two products");
+        assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
+        for op in [" LD.", " ST.", "LDL", "STL"] {
+            assert_eq!(count(op), 0, "{arch}: portable SASS holds {op}");
+        }
+        // ptxas's `CALL.REL.NOINC` to the next instruction (sm_80's loop-convergence idiom) is no
+        // call; anything else is.
+        assert_eq!(count("CALL.") - count("CALL.REL.NOINC"), 0, "{arch}: portable SASS holds a call");
+    }
 }
 
 /// Consumer variants each Hopper entry holds: scalar gate or not, x key-first or value-first

@@ -99,6 +99,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat)?;
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).collect();
+    // The portable kernel's entries (`"kernel": "portable"`), where it ran the shape.
+    let portable = shapes.iter().filter_map(|s| s.portable_record(o.repeat));
+    let rows: Vec<Value> = rows.into_iter().chain(portable).collect();
     let doc = json!({ "gpu": gpu, "date": date, "copy_bw_Bps": copy_bw, "shapes": rows });
     write_results(&o.out_dir, &doc)?;
     if o.plot {
@@ -161,6 +164,8 @@ struct Shape {
     us: f64,
     floor_us: f64,
     baseline_us: f64,
+    /// The portable tensor-core kernel's median (the same slice of the contract as the baseline).
+    portable_us: Option<f64>,
     /// The column blocks timed, and the median with the other width forced.
     columns: Columns,
     other_columns_us: Option<f64>,
@@ -202,6 +207,8 @@ struct Timing {
     other_columns_us: Option<f64>,
     /// The baseline's median, or why the launcher refused it the problem.
     baseline_us: Result<f64, Refusal>,
+    /// The portable tensor-core kernel's median, or its refusal.
+    portable_us: Result<f64, Refusal>,
 }
 
 /// One problem on the device: its [`Timing`] and the best kernel's fresh outputs.
@@ -268,7 +275,9 @@ impl Bench<'_> {
         } else {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
-        let timing = Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us };
+        let portable_us = refusable((self.median_us)(Kernel::Portable, &mut devs))?;
+        let timing =
+            Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us, portable_us };
         Ok(Ok(Timed { timing, out }))
     }
 
@@ -280,7 +289,7 @@ impl Bench<'_> {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
-        let Timed { timing: Timing { copies, us, baseline_us, columns, other_columns_us, .. }, out } =
+        let Timed { timing: Timing { copies, us, baseline_us, portable_us, columns, other_columns_us, .. }, out } =
             self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
@@ -290,7 +299,21 @@ impl Bench<'_> {
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(text)?.h, &want.h);
         let floor_us = floor_us(&dims, self.copy_bw);
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-        Ok(Shape { name, lengths, dims, copies, us, floor_us, baseline_us, columns, other_columns_us, errs, f32_floor })
+        let portable_us = portable_us.ok();
+        Ok(Shape {
+            name,
+            lengths,
+            dims,
+            copies,
+            us,
+            floor_us,
+            baseline_us,
+            portable_us,
+            columns,
+            other_columns_us,
+            errs,
+            f32_floor,
+        })
     }
 
     /// [`Bench::measure`] on model shape `name` (against `reference::model_reference`), or the
@@ -354,6 +377,16 @@ impl Shape {
         )
     }
 
+    /// The portable kernel's record in `results.json`, where it ran the shape (its outputs are
+    /// checked by the GPU suite, not here).
+    fn portable_record(&self, repeat: usize) -> Option<Value> {
+        let us = self.portable_us?;
+        Some(json!({
+            "shape": self.name, "kernel": "portable", "us": us, "floor_us": self.floor_us,
+            "ratio": self.floor_us / us, "repeat": repeat, "lengths": self.lengths, "heads": self.dims.heads,
+        }))
+    }
+
     /// The shape's record in `results.json` (timed with kernel `best`, `repeat` launches).
     fn record(&self, best: Kernel, repeat: usize) -> Value {
         let Shape {
@@ -364,6 +397,7 @@ impl Shape {
             us,
             floor_us,
             baseline_us,
+            portable_us,
             columns,
             other_columns_us,
             errs,
@@ -372,6 +406,7 @@ impl Shape {
         json!({
             "shape": name, "lengths": lengths, "heads": d.heads, "kernel": format!("{best:?}"),
             "us": us, "floor_us": floor_us, "ratio": floor_us / us, "baseline_us": baseline_us,
+            "portable_us": portable_us,
             "block_width": columns.width(), "other_blocks_us": other_columns_us,
             "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
             "repeat": repeat, "rotation_copies": copies,
@@ -470,7 +505,8 @@ impl ModelRow {
                 "kernel": "unsupported", "refused_by": format!("{kernel:?}"), "argument": argument, "reason": reason,
             }),
             Ok(Measured {
-                timing: Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us },
+                timing:
+                    Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us, portable_us },
                 errs,
                 f32_floor,
             }) => {
@@ -481,7 +517,7 @@ impl ModelRow {
                     "kernel": format!("{kernel:?}"), "us": us, "ratio": floor_us / us, "split": split,
                     "unsplit_us": unsplit_us, "unsplit_ratio": unsplit_us.map(|u| floor_us / u),
                     "block_width": columns.width(), "other_blocks_us": other_columns_us,
-                    "baseline_us": baseline_us.as_ref().ok(),
+                    "baseline_us": baseline_us.as_ref().ok(), "portable_us": portable_us.as_ref().ok(),
                     "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
                     "repeat": repeat, "rotation_copies": copies,
                 });
@@ -597,6 +633,7 @@ mod tests {
             us: 20.0,
             floor_us: 10.0,
             baseline_us: 50.0,
+            portable_us: Some(40.0),
             columns: Columns::Wide,
             other_columns_us: Some(25.0),
             errs: [1e-3, 2e-3, 3e-4],
@@ -619,6 +656,12 @@ mod tests {
             (r["lengths"][0].as_u64(), r["heads"].as_u64(), r["repeat"].as_u64()),
             (Some(256), Some(64), Some(100))
         );
+        let p = shape.portable_record(100).expect("the portable kernel ran it");
+        assert_eq!(
+            (p["kernel"].as_str(), p["us"].as_f64(), p["ratio"].as_f64()),
+            (Some("portable"), Some(40.0), Some(0.25))
+        );
+        assert!(Shape { portable_us: None, ..shape }.portable_record(100).is_none());
     }
 
     fn qwen_row(result: Result<Measured, Refusal>) -> ModelRow {
@@ -648,7 +691,8 @@ mod tests {
                 sweep: vec![],
                 columns: Columns::Narrow,
                 other_columns_us: Some(180.0),
-                baseline_us: Err(refusal),
+                baseline_us: Err(refusal.clone()),
+                portable_us: Err(refusal),
             },
             errs: [1e-3, 2e-3, 3e-4],
             f32_floor: 1e-6,
@@ -693,6 +737,7 @@ mod tests {
                 columns: Columns::Wide,
                 other_columns_us: None,
                 baseline_us: Ok(400.0),
+                portable_us: Ok(300.0),
             },
             errs: [0.0; 3],
             f32_floor: 0.0,

@@ -188,6 +188,62 @@ pub unsafe fn vote_any(pred: bool) -> bool {
     any != 0
 }
 
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (PTX 7.0, sm_80): the warp's 16 x 8
+/// tile `acc += A B` with A 16 x 16 and B 16 x 8 in bf16, f32 accumulation. Fragments (PTX ISA,
+/// "Matrix fragments for mma.m16n8k16", `g = lane / 4`, `t = lane % 4`; each register holds two
+/// bf16, the lower column or row in its low half): `a` holds A at rows (g, g + 8, g, g + 8) and
+/// columns (2t, 2t, 2t + 8, 2t + 8) and the next column; `b` holds B at rows 2t and 2t + 8 (and
+/// the next row), column g; `acc` holds the tile at (g, 2t), (g, 2t + 1), (g + 8, 2t),
+/// (g + 8, 2t + 1).
+///
+/// # Safety
+/// The 32 lanes of the warp call it together (converged), each with its own fragments.
+#[inline(always)]
+pub unsafe fn mma_m16n8k16_bf16(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+            d0 = inout(reg32) acc[0], d1 = inout(reg32) acc[1], d2 = inout(reg32) acc[2], d3 = inout(reg32) acc[3],
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+            options(nostack),
+        )
+    };
+}
+
+/// `ld.shared.b32 v, [addr];` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    // SAFETY: see the function's contract.
+    unsafe { asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
+    v
+}
+
+/// `st.shared.b32 [addr], v;` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 4-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+}
+
+/// `st.shared.b16 [addr], v;` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 2-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_u16(addr: u32, v: u16) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("st.shared.b16 [{a}], {v};", a = in(reg32) addr, v = in(reg16) v, options(nostack)) }
+}
+
 /// `trap;` (PTX 1.0): aborts the kernel; the host sees an illegal-instruction launch error.
 #[inline(always)]
 pub fn trap() -> ! {

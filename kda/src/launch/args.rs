@@ -218,12 +218,13 @@ mod tests {
     use crate::ptx;
     use kda_kernel::abi::{
         BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
-        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 10] = [
+    const ABIS: [&KernelAbi; 11] = [
         &BASELINE,
+        &PORTABLE,
         &HOPPER,
         &HOPPER_K64,
         &HOPPER_NARROW,
@@ -326,6 +327,8 @@ mod tests {
         let mut pushed = Recorder::default();
         baseline.push(&mut pushed);
         check_entry(&BASELINE, &pushed.0);
+        // The portable kernel takes the baseline's arguments.
+        check_entry(&PORTABLE, &pushed.0);
 
         let merge =
             MergeArgs { maps: 1, h0: 2, entries: 3, table: 4, heads: 5, key_dim: 6, value_dim: 7, state_layout: 8 };

@@ -24,11 +24,13 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PassCode, StateLayoutCode,
-    TensorMaps, hopper_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, PassCode,
+    StateLayoutCode, TensorMaps, hopper_for,
 };
 use kda_kernel::layout::K_DIM;
+use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
 use kda_kernel::layout::hopper::BV;
+use kda_kernel::layout::portable::COL_BLOCKS as PORTABLE_COL_BLOCKS;
 use std::sync::Arc;
 use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports};
 
@@ -43,8 +45,13 @@ const DEFAULT_DYNAMIC_SMEM_BYTES: usize = 48 * 1024;
 pub enum Kernel {
     /// The best kernel for the device.
     Auto,
-    /// The portable baseline kernel (sm_80+).
+    /// The portable scalar baseline kernel (sm_80+).
     Baseline,
+    /// The portable tensor-core kernel (sm_80+, `mma.sync`): the baseline's slice of the
+    /// contract (the per-key gate `gk`, K = V = 128, key-first, packed) and work split, both
+    /// products of a chunk on the tensor cores. Only when asked for: [`Kernel::Auto`] takes it
+    /// once it has been measured on the GPU.
+    Portable,
     /// The warp-specialized TMA + wgmma kernel (compute capability 9.x only).
     Hopper,
 }
@@ -81,6 +88,7 @@ impl Loaded {
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
+    portable: Loaded,
     /// The merge of split sequences.
     merge: Loaded,
     /// The layer's token-parallel kernels: prepare, output.
@@ -105,6 +113,7 @@ impl Kda {
         };
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let baseline = Loaded::load(&module, &BASELINE)?;
+        let portable = Loaded::load(&module, &PORTABLE)?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
@@ -113,7 +122,7 @@ impl Kda {
         } else {
             None
         };
-        Ok(Self { ctx, baseline, merge, layer, decode, hopper, compute_capability })
+        Ok(Self { ctx, baseline, portable, merge, layer, decode, hopper, compute_capability })
     }
 
     /// The context the kernels live in.
@@ -158,6 +167,7 @@ impl Kda {
                     self.compute_capability
                 ),
             }),
+            (Kernel::Portable, _) => Ok(&self.portable),
             _ => Ok(&self.baseline),
         }
     }
@@ -201,13 +211,21 @@ impl Kda {
                 let pass = HopperPass::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
                 self.launch_hopper(stream, hopper()?, plan, &dims, &ptrs, &pass)
             }
-            _ => self.launch_baseline(stream, plan, &dims, &ptrs),
+            (Kernel::Portable, _, _) => {
+                self.launch_per_item(stream, &self.portable, PORTABLE_COL_BLOCKS, &dims, plan, &ptrs)
+            }
+            _ => self.launch_per_item(stream, &self.baseline, BASELINE_COL_BLOCKS, &dims, plan, &ptrs),
         }
     }
 
     /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
-    /// limits allow; the baseline otherwise. Either must support the problem.
+    /// limits allow; the portable kernel when asked for; the baseline otherwise. Each must support
+    /// the problem.
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
+        if self.resolve(kernel) == Kernel::Portable {
+            baseline_supports(&plan.shape, &plan.strides, dims)?;
+            return Ok(Kernel::Portable);
+        }
         if self.resolve(kernel) == Kernel::Hopper {
             self.loaded(Kernel::Hopper)?;
             hopper_supports(&plan.strides, dims)?;
@@ -330,15 +348,18 @@ impl Kda {
         self.launch_hopper(stream, f, plan, dims, ptrs, &main)
     }
 
-    /// The baseline kernel, one CTA per (sequence, head, column block).
-    fn launch_baseline(
+    /// The baseline or the portable kernel (`f`, whose blocks are `col_blocks` per head): one CTA
+    /// per (sequence, head, column block).
+    fn launch_per_item(
         &self,
         stream: &Arc<CudaStream>,
-        plan: &DevicePlan,
+        f: &Loaded,
+        col_blocks: usize,
         dims: &Dims,
+        plan: &DevicePlan,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let items = (dims.value_heads.checked_mul(kda_kernel::layout::baseline::COL_BLOCKS))
+        let items = (dims.value_heads.checked_mul(col_blocks))
             .and_then(|n| dims.seqs.checked_mul(n))
             .ok_or_else(|| grid_error(dims))?;
         if items == 0 {
@@ -349,7 +370,7 @@ impl Kda {
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
         // alignment and its device; the descriptors were built from the same plan; one CTA per
         // item; outputs are `&mut` borrows, so they cannot alias the inputs.
-        unsafe { enqueue(stream, &self.baseline, items, |sink| args.push(sink)) }
+        unsafe { enqueue(stream, f, items, |sink| args.push(sink)) }
     }
 
     fn validate(

@@ -43,6 +43,7 @@ fn variants() -> Vec<Variant> {
         v("hopper, split", kda(2), &[20000, 300], Kernel::Auto, SplitMode::Chunks(16), ColumnMode::Auto),
         v("hopper, gated deltanet", gdn, &ragged, Kernel::Auto, SplitMode::Off, ColumnMode::Auto),
         v("baseline", kda(4), &ragged, Kernel::Baseline, SplitMode::Off, ColumnMode::Auto),
+        v("portable", kda(4), &ragged, Kernel::Portable, SplitMode::Off, ColumnMode::Auto),
     ]
 }
 
