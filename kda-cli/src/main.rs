@@ -206,7 +206,7 @@ fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
         }
     };
     let name = kda.context().name().unwrap_or_else(|_| "unknown GPU".into());
-    say!("device: {name} (compute capability {:?})", kda.compute_capability());
+    say!("device: {name} (compute capability {:?}); kernels from {}", kda.compute_capability(), kda.module_code());
     let p = inputs::random_problem(Plan::from_lengths(&DEMO_LENGTHS), DEMO_HEADS, true, DEMO_SEED);
     say!("workload: lengths {DEMO_LENGTHS:?}, H = {DEMO_HEADS}, K = V = 128, h0 and ht");
     let mut dev = DeviceProblem::upload(&stream, &p)?;
@@ -235,7 +235,7 @@ fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
         "demo",
         json!({ "gpu": name, "kernel": format!("{kernel:?}"), "lengths": DEMO_LENGTHS, "heads": DEMO_HEADS,
             "us": us, "floor_us": floor, "ratio": floor / us, "copy_bw_Bps": bw, "repeat": DEMO_REPEAT,
-            "cold_start_ms": cold_start_ms, "rel_err_h": errors[0].1, "rel_err_v_new": errors[1].1,
+            "cold_start_ms": cold_start_ms, "module": kda.module_code().to_string(), "rel_err_h": errors[0].1, "rel_err_v_new": errors[1].1,
             "rel_err_ht": errors[2].1 }),
     );
     check_errors(&errors)

@@ -30,7 +30,7 @@ pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{
     DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace,
-    TENSOR_ALIGN,
+    ModuleCode, TENSOR_ALIGN,
 };
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};

@@ -95,6 +95,71 @@ pub struct Kda {
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
+    module_code: ModuleCode,
+}
+
+/// The code a [`Kda`]'s kernels were loaded from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleCode {
+    /// A cubin shipped with the crate (ptxas's machine code for this architecture): nothing was
+    /// compiled when loading.
+    Cubin(&'static str),
+    /// The PTX of this target, compiled by the driver when loading (cached by the driver after
+    /// the first time).
+    Ptx(&'static str),
+}
+
+impl std::fmt::Display for ModuleCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModuleCode::Cubin(arch) => write!(f, "the shipped {arch} cubin"),
+            ModuleCode::Ptx(target) => write!(f, "the {target} PTX, compiled by the driver"),
+        }
+    }
+}
+
+/// `KDA_MODULE`: which code [`Kda::new`] loads.
+const MODULE_VAR: &str = "KDA_MODULE";
+
+/// What `KDA_MODULE` asks for: `ptx` (the default until the shipped cubins have been measured
+/// against the driver's compilation of the same PTX on the GPU), or `cubin` (the shipped cubin
+/// where one runs on the device, the PTX otherwise or when the driver refuses the cubin).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModuleChoice {
+    Ptx,
+    Cubin,
+}
+
+impl ModuleChoice {
+    fn from_env() -> Result<Self, KdaError> {
+        Self::parse(std::env::var(MODULE_VAR).ok().as_deref())
+    }
+
+    fn parse(value: Option<&str>) -> Result<Self, KdaError> {
+        match value {
+            None | Some("" | "ptx") => Ok(Self::Ptx),
+            Some("cubin") => Ok(Self::Cubin),
+            Some(other) => Err(KdaError::Argument { name: MODULE_VAR, reason: format!("`{other}`: `ptx` or `cubin`") }),
+        }
+    }
+}
+
+/// Loads PTX target `target`'s module on `ctx`: as `choice` says, the shipped cubin for
+/// `compute_capability` if there is one and the driver takes it, else the PTX.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    target: &'static str,
+    compute_capability: (i32, i32),
+    choice: ModuleChoice,
+) -> Result<(Arc<cudarc::driver::CudaModule>, ModuleCode), KdaError> {
+    if choice == ModuleChoice::Cubin
+        && let Some((arch, bytes)) = ptx::cubin(target, compute_capability)
+        && let Ok(module) = ctx.load_module(Ptx::from_binary(bytes.to_vec()))
+    {
+        return Ok((module, ModuleCode::Cubin(arch)));
+    }
+    let text = ptx::module(target).ok_or(KdaError::UnsupportedDevice { compute_capability })?;
+    Ok((ctx.load_module(Ptx::from_src(text))?, ModuleCode::Ptx(target)))
 }
 
 impl Kda {
@@ -102,12 +167,12 @@ impl Kda {
     /// portable sm_80 module on other devices of 8.0 or newer.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, KdaError> {
         let compute_capability = ctx.compute_capability()?;
-        let ptx = match compute_capability {
-            (9, _) => ptx::SM90A,
-            (major, _) if major >= 8 => ptx::SM80,
+        let target = match compute_capability {
+            (9, _) => kda_kernel::abi::SM90A,
+            (major, _) if major >= 8 => kda_kernel::abi::SM80,
             _ => return Err(KdaError::UnsupportedDevice { compute_capability }),
         };
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let (module, module_code) = load_module(&ctx, target, compute_capability, ModuleChoice::from_env()?)?;
         let baseline = Loaded::load(&module, &BASELINE)?;
         let portable = Loaded::load(&module, &PORTABLE)?;
         let merge = Loaded::load(&module, &MERGE)?;
@@ -117,7 +182,12 @@ impl Kda {
         } else {
             None
         };
-        Ok(Self { ctx, baseline, portable, merge, layer, hopper, compute_capability })
+        Ok(Self { ctx, baseline, portable, merge, layer, hopper, compute_capability, module_code })
+    }
+
+    /// The code the kernels were loaded from: a shipped cubin, or PTX the driver compiled.
+    pub fn module_code(&self) -> ModuleCode {
+        self.module_code
     }
 
     /// The context the kernels live in.
@@ -493,6 +563,19 @@ unsafe fn enqueue<'a>(
     // SAFETY: the function's contract; the argument list is the kernel's, as just checked.
     unsafe { args.launch.launch(cfg) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod module_choice {
+    use super::*;
+
+    #[test]
+    fn kda_module_is_ptx_or_cubin() {
+        assert_eq!(ModuleChoice::parse(None).unwrap(), ModuleChoice::Ptx);
+        assert_eq!(ModuleChoice::parse(Some("cubin")).unwrap(), ModuleChoice::Cubin);
+        let err = ModuleChoice::parse(Some("sass")).unwrap_err().to_string();
+        assert!(err.contains("KDA_MODULE") && err.contains("`sass`"), "{err}");
+    }
 }
 
 #[cfg(test)]
