@@ -10,19 +10,20 @@ mod args;
 mod decode;
 mod device_plan;
 mod layer;
+mod options;
 mod tensor_map;
 mod validate;
 
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
+pub use options::{Code, KdaOptions, Module, ModuleCode};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
-use crate::{Dims, KdaError, Tensor, ptx};
+use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
-use cudarc::nvrtc::Ptx;
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, PassCode,
     StateLayoutCode, TensorMaps, hopper_for,
@@ -41,9 +42,10 @@ const MAX_SHARED_CARVEOUT_PERCENT: i32 = 100;
 const DEFAULT_DYNAMIC_SMEM_BYTES: usize = 48 * 1024;
 
 /// Which kernel a launch runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernel {
     /// The best kernel for the device.
+    #[default]
     Auto,
     /// The portable scalar baseline kernel (sm_80+).
     Baseline,
@@ -100,94 +102,45 @@ pub struct Kda {
     hopper: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
-}
-
-/// The code a [`Kda`]'s kernels were loaded from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModuleCode {
-    /// A cubin shipped with the crate (ptxas's machine code for this architecture): nothing was
-    /// compiled when loading.
-    Cubin(&'static str),
-    /// The PTX of this target, compiled by the driver when loading (cached by the driver after
-    /// the first time).
-    Ptx(&'static str),
-}
-
-impl std::fmt::Display for ModuleCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ModuleCode::Cubin(arch) => write!(f, "the shipped {arch} cubin"),
-            ModuleCode::Ptx(target) => write!(f, "the {target} PTX, compiled by the driver"),
-        }
-    }
-}
-
-/// `KDA_MODULE`: which code [`Kda::new`] loads.
-const MODULE_VAR: &str = "KDA_MODULE";
-
-/// What `KDA_MODULE` asks for: `ptx` (the default until the shipped cubins have been measured
-/// against the driver's compilation of the same PTX on the GPU), or `cubin` (the shipped cubin
-/// where one runs on the device, the PTX otherwise or when the driver refuses the cubin).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ModuleChoice {
-    Ptx,
-    Cubin,
-}
-
-impl ModuleChoice {
-    fn from_env() -> Result<Self, KdaError> {
-        Self::parse(std::env::var(MODULE_VAR).ok().as_deref())
-    }
-
-    fn parse(value: Option<&str>) -> Result<Self, KdaError> {
-        match value {
-            None | Some("" | "ptx") => Ok(Self::Ptx),
-            Some("cubin") => Ok(Self::Cubin),
-            Some(other) => Err(KdaError::Argument { name: MODULE_VAR, reason: format!("`{other}`: `ptx` or `cubin`") }),
-        }
-    }
-}
-
-/// Loads PTX target `target`'s module on `ctx`: as `choice` says, the shipped cubin for
-/// `compute_capability` if there is one and the driver takes it, else the PTX.
-fn load_module(
-    ctx: &Arc<CudaContext>,
-    target: &'static str,
-    compute_capability: (i32, i32),
-    choice: ModuleChoice,
-) -> Result<(Arc<cudarc::driver::CudaModule>, ModuleCode), KdaError> {
-    if choice == ModuleChoice::Cubin
-        && let Some((arch, bytes)) = ptx::cubin(target, compute_capability)
-        && let Ok(module) = ctx.load_module(Ptx::from_binary(bytes.to_vec()))
-    {
-        return Ok((module, ModuleCode::Cubin(arch)));
-    }
-    let text = ptx::module(target).ok_or(KdaError::UnsupportedDevice { compute_capability })?;
-    Ok((ctx.load_module(Ptx::from_src(text))?, ModuleCode::Ptx(target)))
+    /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
+    auto: Kernel,
 }
 
 impl Kda {
-    /// Loads the kernels on `ctx`'s device: the sm_90a module on compute capability 9.x, the
-    /// portable sm_80 module on other devices of 8.0 or newer.
+    /// Loads the kernels on `ctx`'s device as the environment says ([`KdaOptions::from_env`]; by
+    /// default the sm_90a module on compute capability 9.x, the portable sm_80 module on other
+    /// devices of 8.0 or newer, from PTX).
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, KdaError> {
+        Self::with_options(ctx, KdaOptions::from_env()?)
+    }
+
+    /// Loads the kernels on `ctx`'s device as `options` say.
+    pub fn with_options(ctx: Arc<CudaContext>, options: KdaOptions) -> Result<Self, KdaError> {
         let compute_capability = ctx.compute_capability()?;
-        let target = match compute_capability {
-            (9, _) => kda_kernel::abi::SM90A,
-            (major, _) if major >= 8 => kda_kernel::abi::SM80,
-            _ => return Err(KdaError::UnsupportedDevice { compute_capability }),
-        };
-        let (module, module_code) = load_module(&ctx, target, compute_capability, ModuleChoice::from_env()?)?;
+        let target = options::target(compute_capability, options.module)?;
+        let (module, module_code) = options::load_module(&ctx, target, compute_capability, options.code)?;
         let baseline = Loaded::load(&module, &BASELINE)?;
         let portable = Loaded::load(&module, &PORTABLE)?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
-        let hopper = if compute_capability.0 == 9 {
+        let hopper = if target == kda_kernel::abi::SM90A {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
-        Ok(Self { ctx, baseline, portable, merge, layer, decode, hopper, compute_capability, module_code })
+        Ok(Self {
+            ctx,
+            baseline,
+            portable,
+            merge,
+            layer,
+            decode,
+            hopper,
+            compute_capability,
+            module_code,
+            auto: options.auto,
+        })
     }
 
     /// The code the kernels were loaded from: a shipped cubin, or PTX the driver compiled.
@@ -205,12 +158,14 @@ impl Kda {
         self.compute_capability
     }
 
-    /// The kernel [`Kernel::Auto`] resolves to on this device.
+    /// The kernel [`Kernel::Auto`] resolves to on this device: the one [`KdaOptions::auto`]
+    /// names, or else the Hopper kernel where it is loaded and the baseline elsewhere.
     pub fn resolve(&self, kernel: Kernel) -> Kernel {
-        match kernel {
-            Kernel::Auto if self.hopper.is_some() => Kernel::Hopper,
-            Kernel::Auto => Kernel::Baseline,
-            other => other,
+        match (kernel, self.auto) {
+            (Kernel::Auto, Kernel::Auto) if self.hopper.is_some() => Kernel::Hopper,
+            (Kernel::Auto, Kernel::Auto) => Kernel::Baseline,
+            (Kernel::Auto, chosen) => chosen,
+            (other, _) => other,
         }
     }
 
@@ -568,19 +523,6 @@ unsafe fn enqueue<'a>(
     // SAFETY: the function's contract; the argument list is the kernel's, as just checked.
     unsafe { args.launch.launch(cfg) }?;
     Ok(())
-}
-
-#[cfg(test)]
-mod module_choice {
-    use super::*;
-
-    #[test]
-    fn kda_module_is_ptx_or_cubin() {
-        assert_eq!(ModuleChoice::parse(None).unwrap(), ModuleChoice::Ptx);
-        assert_eq!(ModuleChoice::parse(Some("cubin")).unwrap(), ModuleChoice::Cubin);
-        let err = ModuleChoice::parse(Some("sass")).unwrap_err().to_string();
-        assert!(err.contains("KDA_MODULE") && err.contains("`sass`"), "{err}");
-    }
 }
 
 #[cfg(test)]
