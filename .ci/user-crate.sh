@@ -8,8 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 crates=(-p kda-kernel -p kda -p kda-cli)
 dirty=${ALLOW_DIRTY:+--allow-dirty}
-cargo package "${crates[@]}" $dirty
-cargo publish --dry-run "${crates[@]}" $dirty
+# Verification in a target directory of its own, emptied first: cargo treats a registry crate of
+# one version as immutable, so a build from an earlier packaging of 0.1.0 would be reused.
+verify=target/package-verify
+rm -rf "$verify" target/package
+cargo package "${crates[@]}" $dirty --target-dir "$verify"
+cargo publish --dry-run "${crates[@]}" $dirty --target-dir "$verify"
 
 stable_bin=$(dirname "$(rustup which --toolchain stable cargo)")
 shim=$(mktemp -d)

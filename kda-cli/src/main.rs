@@ -13,10 +13,37 @@ use kda::model::{ModelProblem, ModelView};
 use kda::split::{SplitMode, SplitPlan, Work};
 use kda::{Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference, rel_error};
 use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, gates_name, median_us};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+/// `--json` (any subcommand): each measurement as one JSON object per line on stdout (see
+/// [`record`]); everything else, the narrative lines included, on stderr.
+static JSON: OnceLock<bool> = OnceLock::new();
+
+fn json_mode() -> bool {
+    JSON.get().copied().unwrap_or(false)
+}
+
+/// A narrative line: stdout, or stderr under `--json` (stdout then holds only the records).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if json_mode() { eprintln!($($arg)*) } else { println!($($arg)*) }
+    };
+}
+
+/// A measurement: printed as one JSON line under `--json` (the narrative says the same to people).
+fn record(command: &str, fields: serde_json::Value) {
+    if json_mode() {
+        let mut object = serde_json::json!({ "command": command });
+        if let (Some(o), serde_json::Value::Object(f)) = (object.as_object_mut(), fields) {
+            o.extend(f);
+        }
+        println!("{object}");
+    }
+}
 
 /// Each subcommand and its help (`kda SUBCOMMAND --help`); `kda --help` prints them all.
 const SUBCOMMANDS: [(&str, &str); 3] = [
@@ -75,7 +102,10 @@ const EXPLAIN_DEFAULT_WORKERS: usize = 132;
 
 fn main() -> ExitCode {
     let started = Instant::now();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.iter().any(|a| a == "--json");
+    args.retain(|a| a != "--json");
+    JSON.set(json).expect("set once, here");
     if let [command, rest @ ..] = &args[..]
         && rest.iter().any(|a| a == "--help" || a == "-h")
         && SUBCOMMANDS.iter().any(|(name, _)| name == command)
@@ -114,10 +144,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// What `--json` does, under every usage.
+const JSON_HELP: &str =
+    "  --json (with any subcommand): each measurement as one JSON object per line on stdout, the rest on stderr.";
+
 /// The usage of `command`, or of every subcommand.
 fn usage(command: Option<&str>) -> String {
     let texts = SUBCOMMANDS.iter().filter(|(name, _)| command.is_none_or(|c| c == *name)).map(|(_, text)| *text);
-    format!("usage:\n{}", texts.collect::<Vec<_>>().join("\n"))
+    format!("usage:\n{}\n{JSON_HELP}", texts.collect::<Vec<_>>().join("\n"))
 }
 
 enum CliError {
@@ -136,12 +170,12 @@ impl From<KdaError> for CliError {
     }
 }
 
-/// Prints the cold start: the time from `started` (the start of `main`) to the first result.
-fn print_cold_start(started: Instant, what: &str) {
-    println!(
-        "cold start: {:.1} ms from process start to the first result ({what})",
-        started.elapsed().as_secs_f64() * 1e3
-    );
+/// Prints the cold start, the time from `started` (the start of `main`) to the first result,
+/// and returns it in milliseconds.
+fn print_cold_start(started: Instant, what: &str) -> f64 {
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    say!("cold start: {ms:.1} ms from process start to the first result ({what})");
+    ms
 }
 
 fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
@@ -154,36 +188,39 @@ fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
     let (kda, stream) = match gpu {
         Ok(g) => g,
         Err(why) => {
-            println!("no GPU run ({why}); running the CPU f64 reference on a small default instead");
+            say!("no GPU run ({why}); running the CPU f64 reference on a small default instead");
             let p = inputs::random_problem(Plan::from_lengths(&DEMO_CPU_LENGTHS), DEMO_CPU_HEADS, true, DEMO_SEED);
             let t = Instant::now();
             let out = reference::reference(&p)?;
-            print_cold_start(started, "the f64 reference on the CPU");
-            println!(
-                "reference: lengths {DEMO_CPU_LENGTHS:?}, H = {DEMO_CPU_HEADS}: {} chunks in {:.1} ms; |ht| = {:.4}",
+            let reference_ms = t.elapsed().as_secs_f64() * 1e3;
+            let cold_start_ms = print_cold_start(started, "the f64 reference on the CPU");
+            say!(
+                "reference: lengths {DEMO_CPU_LENGTHS:?}, H = {DEMO_CPU_HEADS}: {} chunks in {reference_ms:.1} ms; |ht| = {:.4}",
                 p.plan.chunks(),
-                t.elapsed().as_secs_f64() * 1e3,
                 rel_error(&out.ht, &vec![0.0f32; out.ht.len()])
             );
+            let fields = json!({ "gpu": null, "reason": why, "lengths": DEMO_CPU_LENGTHS, "heads": DEMO_CPU_HEADS,
+                "reference_ms": reference_ms, "cold_start_ms": cold_start_ms });
+            record("demo", fields);
             return Ok(());
         }
     };
     let name = kda.context().name().unwrap_or_else(|_| "unknown GPU".into());
-    println!("device: {name} (compute capability {:?})", kda.compute_capability());
+    say!("device: {name} (compute capability {:?}); kernels from {}", kda.compute_capability(), kda.module_code());
     let p = inputs::random_problem(Plan::from_lengths(&DEMO_LENGTHS), DEMO_HEADS, true, DEMO_SEED);
-    println!("workload: lengths {DEMO_LENGTHS:?}, H = {DEMO_HEADS}, K = V = 128, h0 and ht");
+    say!("workload: lengths {DEMO_LENGTHS:?}, H = {DEMO_HEADS}, K = V = 128, h0 and ht");
     let mut dev = DeviceProblem::upload(&stream, &p)?;
     let kernel = kda.resolve(Kernel::Auto);
     dev.launch(&kda, &stream, kernel)?;
     dev.download(&stream)?;
-    print_cold_start(
+    let cold_start_ms = print_cold_start(
         started,
         "driver start, module load with the driver's PTX JIT (cached after the first run), upload, first launch, download",
     );
     let us = median_us(&stream, WARMUP, DEMO_REPEAT, |_| dev.launch(&kda, &stream, kernel))?;
     let bw = copy_bandwidth(&stream, COPY_REPEAT)?;
     let floor = floor_us(&p.dims(), bw);
-    println!(
+    say!(
         "kernel {kernel:?}: {us:.1} us (median of {DEMO_REPEAT}); memory floor {floor:.1} us at {:.2} TB/s copy \
          bandwidth; floor/time = {:.3}",
         bw / 1e12,
@@ -192,22 +229,34 @@ fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
     let out = dev.download(&stream)?;
     let t = Instant::now();
     let want = reference::reference(&p)?;
-    println!("f64 reference in {:.1} s", t.elapsed().as_secs_f64());
-    check_errors(&out, &want)
+    say!("f64 reference in {:.1} s", t.elapsed().as_secs_f64());
+    let errors = output_errors(&out, &want);
+    record(
+        "demo",
+        json!({ "gpu": name, "kernel": format!("{kernel:?}"), "lengths": DEMO_LENGTHS, "heads": DEMO_HEADS,
+            "us": us, "floor_us": floor, "ratio": floor / us, "copy_bw_Bps": bw, "repeat": DEMO_REPEAT,
+            "cold_start_ms": cold_start_ms, "module": kda.module_code().to_string(), "rel_err_h": errors[0].1, "rel_err_v_new": errors[1].1,
+            "rel_err_ht": errors[2].1 }),
+    );
+    check_errors(&errors)
+}
+
+/// The relative error of each output against the reference.
+fn output_errors(out: &Outputs, want: &Outputs) -> [(&'static str, f64); 3] {
+    [
+        ("h", rel_error(&out.h, &want.h)),
+        ("v_new", rel_error(&out.v_new, &want.v_new)),
+        ("ht", rel_error(&out.ht, &want.ht)),
+    ]
 }
 
 /// Prints the relative errors per output and fails at or above the precision bound
 /// (docs/CONTRACT.md#precision). The demo's sequences (at most 3063 tokens) have an f32 rounding
 /// floor well under `ERROR_BOUND`, so the bound is that constant.
-fn check_errors(out: &Outputs, want: &Outputs) -> Result<(), CliError> {
+fn check_errors(errs: &[(&str, f64); 3]) -> Result<(), CliError> {
     let bound = precision::bound(0.0);
-    let errs = [
-        ("h", rel_error(&out.h, &want.h)),
-        ("v_new", rel_error(&out.v_new, &want.v_new)),
-        ("ht", rel_error(&out.ht, &want.ht)),
-    ];
     let line: Vec<String> = errs.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
-    println!("relative error vs f64 reference: {}", line.join(", "));
+    say!("relative error vs f64 reference: {}", line.join(", "));
     // `rel_error` is never NaN: an infinite error (non-finite output) fails here.
     match errs.iter().find(|(_, e)| *e >= bound) {
         Some((n, e)) => Err(CliError::Check(format!("{n}: relative error {e:.3e} >= {bound:e}"))),
@@ -291,7 +340,7 @@ fn run(args: &[String]) -> Result<(), CliError> {
         },
     };
     let d = p.dims();
-    println!(
+    say!(
         "{}: N = {}, T = {}, H = {}, HV = {}, NT = {}, h0 {}",
         input.display(),
         d.seqs,
@@ -310,7 +359,7 @@ fn run(args: &[String]) -> Result<(), CliError> {
         run_gpu(&kda, &stream, dev, &a)?
     };
     io::write_outputs(output, &out, &d)?;
-    println!("wrote h, v_new, ht to {}", output.display());
+    say!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
 
@@ -359,13 +408,16 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
     }
     let (kda, stream) = Kda::open(0)?;
     let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
-    println!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
+    say!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
     for (name, shape, options, lengths) in
         shapes.into_iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.0))
     {
         let p = kda::inputs::random_layer_problem(&lengths, shape, options, false, LAYER_BENCH_SEED);
         let t = kda_cli::time_layer(&kda, &stream, &p, repeat, bandwidth)?;
-        println!(
+        let fields = json!({ "shape": name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
+            "repeat": repeat, "copy_bw_Bps": bandwidth });
+        record("layer-bench", fields);
+        say!(
             "layer {name}: median {:.1} us over {repeat} launches, IO floor {:.1} us ({:.3} of it)",
             t.us,
             t.floor_us,
@@ -401,7 +453,7 @@ fn refuse_output_over_input(input: &Path, output: &Path) -> Result<(), CliError>
 fn run_layer(a: &RunArgs) -> Result<(), CliError> {
     let (p, golden) = kda::layer::read_layer_problem(&a.input)?;
     let s = p.shape;
-    println!(
+    say!(
         "{}: layer {:?}, N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, {:?}, h0 {}",
         a.input.display(),
         s.kind,
@@ -422,7 +474,8 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
         match a.repeat {
             Some(n) => {
                 let us = median_us(&stream, WARMUP, n, |_| dev.launch(&kda, &stream))?;
-                println!("layer: median {us:.2} us over {n} launches");
+                say!("layer: median {us:.2} us over {n} launches");
+                record("layer", json!({ "input": a.input.display().to_string(), "us": us, "repeat": n }));
             }
             None => dev.launch(&kda, &stream)?,
         }
@@ -430,10 +483,10 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
     };
     if let Some(g) = golden {
         let [o, ht] = g.fla.errors(&out);
-        println!("FLA's outputs in the file against this reference: o {o:.2e}, ht {ht:.2e}");
+        say!("FLA's outputs in the file against this reference: o {o:.2e}, ht {ht:.2e}");
     }
     io::write_layer_outputs(&a.output, &out, &p)?;
-    println!("wrote o, ht to {}", a.output.display());
+    say!("wrote o, ht to {}", a.output.display());
     Ok(())
 }
 
@@ -471,7 +524,7 @@ fn same_file(input: &Path, output: &Path) -> bool {
 fn run_model(a: &RunArgs, m: &ModelProblem) -> Result<(), CliError> {
     let (input, output) = (&a.input, &a.output);
     let s = m.shape;
-    println!(
+    say!(
         "{}: N = {}, T = {}, H = {}, HV = {}, K = {}, V = {}, gates {}, state {:?}, h0 {}",
         input.display(),
         m.plan.num_seqs(),
@@ -494,7 +547,7 @@ fn run_model(a: &RunArgs, m: &ModelProblem) -> Result<(), CliError> {
         run_gpu(&kda, &stream, dev, a)?
     };
     io::write_model_outputs(output, &out, &view)?;
-    println!("wrote h, v_new, ht to {}", output.display());
+    say!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
 
@@ -513,12 +566,16 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
             workers: dev.plan.workers(),
             block_width: dev.plan.columns().width(),
         };
-        print!("{}", explanation(dev.plan.plan(), &work, a.split, dev.plan.split_plan()));
+        say!("{}", explanation(dev.plan.plan(), &work, a.split, dev.plan.split_plan()).trim_end());
     }
     match a.repeat {
         Some(n) => {
             let us = median_us(stream, WARMUP, n, |_| dev.launch(kda, stream, kernel))?;
-            println!("kernel {kernel:?}: median {us:.2} us over {n} launches");
+            say!("kernel {kernel:?}: median {us:.2} us over {n} launches");
+            record(
+                "run",
+                json!({ "input": a.input.display().to_string(), "kernel": format!("{kernel:?}"), "us": us, "repeat": n }),
+            );
         }
         None => dev.launch(kda, stream, kernel)?,
     }
@@ -538,8 +595,8 @@ fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
         };
         work.block_width = Columns::resolve(a.columns, view.plan, &work, a.split).width();
         let split = SplitPlan::decide(view.plan, &work, a.split);
-        println!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");
-        print!("{}", explanation(view.plan, &work, a.split, &split));
+        say!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");
+        say!("{}", explanation(view.plan, &work, a.split, &split).trim_end());
     }
 }
 

@@ -98,6 +98,20 @@ fn every_subcommand_has_its_own_help() {
 }
 
 #[test]
+fn json_puts_one_record_per_measurement_on_stdout_and_the_rest_on_stderr() {
+    let o = kda(&["demo", "--json", "--cpu"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one record: {stdout}");
+    let record: serde_json::Value = serde_json::from_str(lines[0]).expect("a JSON object");
+    assert_eq!(record["command"], "demo");
+    assert_eq!(record["reason"], "--cpu given");
+    assert!(record["cold_start_ms"].as_f64().is_some_and(|ms| ms > 0.0) && record["reference_ms"].is_f64());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no GPU run (--cpu given)"));
+}
+
+#[test]
 fn demo_without_a_gpu_says_so_and_runs_the_reference() {
     let o = kda(&["demo", "--cpu"]);
     assert!(o.status.success(), "{}", text(&o));

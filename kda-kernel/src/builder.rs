@@ -11,7 +11,7 @@
 
 extern crate std;
 
-use crate::abi::{KERNELS, KernelAbi, TARGETS};
+use crate::abi::{KERNELS, KernelAbi, SM80, SM90A, TARGETS};
 use std::format;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +30,41 @@ const RUSTC_PARAM_ALIGN: usize = 16;
 /// goes to local memory, and LLVM's default budget is too small for the 64-element wgmma
 /// fragments.
 const RUSTC_FLAGS: [&str; 4] = ["-C", "codegen-units=1", "-C", "llvm-args=-unroll-threshold=3000"];
+
+/// The machine code shipped beside each PTX module: the module's target and the architectures
+/// ptxas assembles it for. A cubin for `sm_XY` runs on compute capability X.y for every y >= Y; an
+/// arch-specific one (`sm_90a`) only on X.Y. Other GPUs take the PTX, which the driver compiles.
+pub const CUBINS: [(&str, &[&str]); 2] = [(SM90A, &["sm_90a"]), (SM80, &["sm_80", "sm_100", "sm_120"])];
+
+/// The file name of module `module`'s cubin for architecture `arch`.
+pub fn cubin_name(module: &str, arch: &str) -> String {
+    format!("kda_{module}.{arch}.cubin")
+}
+
+/// Assembles every [`CUBINS`] entry from the PTX modules in `dir` into cubins beside them, with
+/// `ptxas` (the CUDA toolkit's, at the version CI pins: its output is what ships).
+pub fn assemble_cubins(ptxas: &Path, dir: &Path) -> Result<(), String> {
+    for (module, archs) in CUBINS {
+        let ptx = dir.join(file_name(module));
+        for arch in archs {
+            let out = dir.join(cubin_name(module, arch));
+            let temp = out.with_extension(format!("cubin.tmp{}", std::process::id()));
+            let status = Command::new(ptxas)
+                .arg(format!("-arch={arch}"))
+                .arg("-o")
+                .arg(&temp)
+                .arg(&ptx)
+                .status()
+                .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+            if !status.success() {
+                let _ = std::fs::remove_file(&temp);
+                return Err(format!("ptxas -arch={arch} failed on {}", ptx.display()));
+            }
+            std::fs::rename(&temp, &out).map_err(|e| format!("{}: {e}", out.display()))?;
+        }
+    }
+    Ok(())
+}
 
 /// The first line of every built PTX file, followed by the source digest in hex.
 pub const DIGEST_PREFIX: &str = "// kda-kernel source digest: ";

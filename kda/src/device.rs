@@ -31,11 +31,24 @@ impl Kda {
     }
 }
 
-/// The primary context of device `ordinal`, or the typed reason there is none.
-pub(crate) fn open_context(ordinal: usize) -> Result<Arc<CudaContext>, KdaError> {
+/// Whether the CUDA driver library (`libcuda`) can be loaded, where cudarc loads it at run time.
+#[cfg(not(feature = "candle"))]
+fn driver_library_present() -> bool {
     // SAFETY: this only tries to load the driver library (running its initialisers, as any use of
     // cudarc's driver API does) and unloads it again; it calls nothing in it.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// With the `candle` feature cudarc links `libcuda` when the program is built (candle's choice),
+/// so a process that started has it.
+#[cfg(feature = "candle")]
+fn driver_library_present() -> bool {
+    true
+}
+
+/// The primary context of device `ordinal`, or the typed reason there is none.
+pub(crate) fn open_context(ordinal: usize) -> Result<Arc<CudaContext>, KdaError> {
+    if !driver_library_present() {
         return Err(KdaError::NoDriver);
     }
     // The driver numbers devices with an `int`; cudarc would wrap a larger ordinal.

@@ -30,6 +30,18 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Reads a problem (and the expected outputs, when the file holds them) from `path`.
+///
+/// ```
+/// use kda::{Plan, inputs, io, reference};
+/// let p = inputs::try_random_problem(Plan::from_lengths(&[70, 0]), 2, true, 3)?;
+/// let path = std::env::temp_dir().join(format!("kda-doc-{}.safetensors", std::process::id()));
+/// io::write_problem(&path, &p, Some(&reference::reference(&p)?))?;
+/// let (back, outputs) = io::read_problem(&path)?;
+/// assert_eq!((back.k, back.h0, back.plan.lengths()), (p.k, p.h0, vec![70, 0]));
+/// assert!(outputs.is_some());
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), kda::KdaError>(())
+/// ```
 pub fn read_problem(path: &Path) -> Result<(Problem, Option<Outputs>), KdaError> {
     let bytes = std::fs::read(path).map_err(|source| io_error(path, source))?;
     parse_problem(&bytes, &path.display().to_string())

@@ -344,6 +344,20 @@ fn gather(p: &LayerProblem, results: Vec<ItemResult>) -> LayerOutputs {
 }
 
 /// The layer by its definition, token by token, in f64 (see the module).
+///
+/// ```
+/// use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+/// // Gated DeltaNet with two value heads per key head, the gate raw (activated inside).
+/// let shape = LayerShape { kind: LayerKind::Gdn, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
+/// let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
+/// let p = kda::inputs::random_layer_problem(&[100, 3], shape, options, true, 1);
+/// let exact = layer_reference(&p)?;
+/// assert_eq!((exact.o.len(), exact.ht.len()), (103 * 2 * 64, 2 * 2 * 64 * 64));
+/// // The chunked pipeline the GPU runs, in f64, is the same function.
+/// let [o, ht] = layer_chunked(&p, Rounding::Exact)?.errors(&exact);
+/// assert!(o < 1e-9 && ht < 1e-9, "{o:e} {ht:e}");
+/// # Ok::<(), kda::KdaError>(())
+/// ```
 pub fn layer_reference(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
     p.validate()?;
     let (kd, vd) = (p.shape.key_dim, p.shape.value_dim);
@@ -422,6 +436,21 @@ pub type VerifiedTokens = Vec<(Vec<f32>, Vec<f32>)>;
 /// than `t`), or from the sequence's initial state (`h0`, or zeros) when it is negative. A chain
 /// (`parents[t] = t - 1`) is ordinary decoding. Returns, per sequence, each token's output and
 /// the state after it, so that an engine can keep the accepted path's state.
+///
+/// ```
+/// use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, verify_tree_reference};
+/// let shape = LayerShape { kind: LayerKind::Kda, heads: 1, value_heads: 1, key_dim: 64, value_dim: 64 };
+/// let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: false, gate: GateInput::Log };
+/// // One sequence of four draft tokens: 0 -> 1 -> 2 is a chain, 3 branches off token 0.
+/// let p = kda::inputs::random_layer_problem(&[4], shape, options, true, 2);
+/// let tree = verify_tree_reference(&p, &[-1, 0, 1, 0])?;
+/// let chain = verify_tree_reference(&p, &[-1, 0, 1, 2])?;
+/// // Tokens 0 to 2 have the same parents in both, so the same outputs and states.
+/// assert_eq!(tree[0][..3], chain[0][..3]);
+/// assert_ne!(tree[0][3], chain[0][3]);
+/// assert!(verify_tree_reference(&p, &[-1, 1, 1, 2]).is_err()); // a parent must come earlier
+/// # Ok::<(), kda::KdaError>(())
+/// ```
 pub fn verify_tree_reference(p: &LayerProblem, parents: &[i64]) -> Result<Vec<VerifiedTokens>, KdaError> {
     p.validate()?;
     let (hv, kd, vd) = (p.shape.value_heads, p.shape.key_dim, p.shape.value_dim);

@@ -7,6 +7,8 @@ mod launch;
 mod plan;
 mod problem;
 
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod columns;
 pub mod inputs;
 pub mod io;
@@ -27,8 +29,8 @@ pub mod ptx;
 pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{
-    DecodeInputs, DecodePlan, DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs,
-    LayerPlan, LayerWorkspace, TENSOR_ALIGN,
+    Code, DecodeInputs, DecodePlan, DevicePlan, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, LayerDeviceOutputs,
+    LayerInputs, LayerPlan, LayerWorkspace, Module, ModuleCode, TENSOR_ALIGN,
 };
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};

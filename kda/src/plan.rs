@@ -39,6 +39,16 @@ impl Plan {
     ///
     /// Accepts `i32` or `i64` entries. An empty slice is rejected (there is no `cu[0]`); `[0]` is a
     /// valid batch of no sequences.
+    ///
+    /// ```
+    /// use kda::Plan;
+    /// let plan = Plan::from_cu_seqlens(&[0i32, 200, 265, 265])?;
+    /// assert_eq!((plan.num_seqs(), plan.tokens(), plan.lengths()), (3, 265, vec![200, 65, 0]));
+    /// // Chunks of 64 tokens: 4 for the first sequence (a partial last one), 2 for the second.
+    /// assert_eq!(plan.chunks(), 6);
+    /// assert!(Plan::from_cu_seqlens(&[0i64, 5, 3]).is_err()); // decreasing: a typed error
+    /// # Ok::<(), kda::KdaError>(())
+    /// ```
     pub fn from_cu_seqlens<I: Copy + Into<i64>>(cu_seqlens: &[I]) -> Result<Self, KdaError> {
         let Some((first, rest)) = cu_seqlens.split_first() else {
             return Err(KdaError::CuSeqlens {
@@ -70,6 +80,11 @@ impl Plan {
     /// # Panics
     /// If the lengths add up to more than `i64::MAX` tokens; [`Plan::try_from_lengths`] returns
     /// that as an error instead.
+    ///
+    /// ```
+    /// let plan = kda::Plan::from_lengths(&[1000, 1, 0]);
+    /// assert_eq!(plan.cu_seqlens(), vec![0, 1000, 1001, 1001]);
+    /// ```
     pub fn from_lengths(lengths: &[usize]) -> Self {
         match Self::try_from_lengths(lengths) {
             Ok(plan) => plan,

@@ -78,6 +78,17 @@ impl SlotUse {
 /// The uses of a call's slot `indices` (one per sequence: negative for padding), with `fresh[n]`
 /// marking a new sequence (starting from zeros). Fails, naming the sequence, when an index is
 /// past the pool, when two sequences name one slot, or when the lengths differ.
+///
+/// ```
+/// use kda::StateLayout;
+/// use kda::pool::{PoolShape, SlotUse, slot_uses};
+/// let pool = PoolShape { slots: 8, value_heads: 32, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+/// // Sequence 0 continues slot 5, sequence 1 is padding, sequence 2 starts fresh in slot 0.
+/// let uses = slot_uses(&[5, -1, 0], &[false, false, true], &pool)?;
+/// assert_eq!(uses, [SlotUse::Continue(5), SlotUse::Padding, SlotUse::Start(0)]);
+/// assert!(slot_uses(&[5, 5], &[false, false], &pool).is_err()); // one slot, two final states
+/// # Ok::<(), kda::KdaError>(())
+/// ```
 pub fn slot_uses(indices: &[i64], fresh: &[bool], pool: &PoolShape) -> Result<Vec<SlotUse>, KdaError> {
     if indices.len() != fresh.len() {
         return Err(KdaError::Argument {

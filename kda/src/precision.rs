@@ -72,6 +72,13 @@ pub fn bound_for(gated: bool, key_dim: usize, f32_floor: f64) -> f64 {
 ///   (so such an output never passes a bound);
 /// * the absolute norm `||out - reference||` when the reference is all zeros (0 for two empty
 ///   slices).
+///
+/// ```
+/// use kda::rel_error;
+/// assert_eq!(rel_error(&[3.0f32, 4.0], &[3.0f64, 4.0]), 0.0);
+/// assert!((rel_error(&[3.0f32, 4.5], &[3.0f64, 4.0]) - 0.1).abs() < 1e-12); // 0.5 / 5
+/// assert_eq!(rel_error(&[f32::NAN], &[1.0f64]), f64::INFINITY);
+/// ```
 pub fn rel_error<A: Copy + Into<f64>, B: Copy + Into<f64>>(out: &[A], reference: &[B]) -> f64 {
     if out.len() != reference.len() {
         return f64::INFINITY;

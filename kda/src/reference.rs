@@ -101,6 +101,18 @@ struct ItemOut {
 /// Computes `h`, `v_new` and `ht` for `p` in f64.
 ///
 /// Fails only when `p`'s tensors do not have the shapes its plan implies.
+///
+/// ```
+/// use kda::{Plan, inputs, reference, rel_error};
+/// // Two sequences (a partial chunk, a single token), 2 heads, from random initial states.
+/// let p = inputs::try_random_problem(Plan::from_lengths(&[70, 1]), 2, true, 7)?;
+/// let exact = reference::reference(&p)?;
+/// assert_eq!(exact.ht.len(), 2 * 2 * 128 * 128); // [N, H, K, V]
+/// // The same arithmetic in f32, as a GPU runs it, drifts from f64 only by rounding.
+/// let f32_run = reference::reference_f32(&p)?;
+/// assert!(rel_error(&f32_run.ht, &exact.ht) < 1e-5);
+/// # Ok::<(), kda::KdaError>(())
+/// ```
 pub fn reference(p: &Problem) -> Result<Outputs, KdaError> {
     p.validate()?;
     run::<f64>(&p.model_view())

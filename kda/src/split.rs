@@ -149,6 +149,17 @@ impl SplitPlan {
     /// The split `mode` asks for; with [`SplitMode::Auto`], the cheapest of no split and cuts at
     /// `MIN_SEGMENT_CHUNKS` to half the longest sequence (powers of two), by
     /// [`SplitPlan::modelled_cost`], taken only when it saves more than `1 - MIN_GAIN`.
+    ///
+    /// ```
+    /// use kda::Plan;
+    /// use kda::split::{SplitMode, SplitPlan, Work};
+    /// // An H200 (132 SMs), K = V = 128 in 64-column blocks.
+    /// let work = |value_heads| Work { value_heads, key_dim: 128, value_dim: 128, workers: 132, block_width: 64 };
+    /// // Four heads of one 131072-token prompt: 8 chains for 132 SMs, so it splits.
+    /// assert!(SplitPlan::decide(&Plan::from_lengths(&[131072]), &work(4), SplitMode::Auto).is_split());
+    /// // Sixty-four heads fill the GPU already: never split.
+    /// assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &work(64), SplitMode::Auto).is_split());
+    /// ```
     pub fn decide(plan: &Plan, work: &Work, mode: SplitMode) -> Self {
         match mode {
             SplitMode::Off => Self::unsplit(plan),

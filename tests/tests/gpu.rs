@@ -17,6 +17,9 @@ use kda_tests::{
 use proptest::prelude::*;
 use std::sync::Mutex;
 
+#[path = "gpu/stress.rs"]
+mod stress;
+
 /// The largest error seen per output over a test, printed for bench/RESULTS.md.
 static WORST: Mutex<[f64; 3]> = Mutex::new([0.0; 3]);
 
@@ -124,6 +127,43 @@ fn hopper_runs(shape: &ModelShape) -> bool {
 }
 
 /// Whether the baseline kernel runs `shape`: KDA's slice only.
+/// Every way of loading the kernels (`KdaOptions`: the PTX or the shipped cubin; the device's
+/// module or the portable one that every other GPU takes) runs the golden fixtures within the
+/// bound with each kernel it loads; the portable module has no Hopper kernel, and
+/// `KdaOptions::auto` decides what `Kernel::Auto` runs.
+#[test]
+fn every_load_option_runs_the_fixtures() {
+    use kda::{Code, Kda, KdaOptions, Module, ModuleCode};
+    let gpu = Gpu::open();
+    let ctx = gpu.kda.context().clone();
+    for code in [Code::Ptx, Code::Cubin] {
+        for module in [Module::Native, Module::Portable] {
+            let kda = Kda::with_options(ctx.clone(), KdaOptions { code, module, auto: Kernel::Auto }).unwrap();
+            let loaded = kda.module_code();
+            println!("{code:?} {module:?}: kernels from {loaded}");
+            if code == Code::Cubin && !matches!(loaded, ModuleCode::Cubin(_)) {
+                println!("  NOTE: no cubin was taken for this device (none shipped for it, or the driver refused it)");
+            }
+            let with = Gpu { kda, stream: gpu.stream.clone() };
+            let auto = with.kda.resolve(Kernel::Auto);
+            assert_eq!(
+                auto == Kernel::Hopper,
+                module == Module::Native && gpu.kda.resolve(Kernel::Auto) == Kernel::Hopper
+            );
+            for name in kda_tests::FIXTURES {
+                let (p, _) = io::read_problem(&fixture(name)).unwrap();
+                let want = reference::reference(&p).unwrap();
+                for kernel in [Kernel::Auto, Kernel::Baseline] {
+                    let out = run_guarded(&with, &p, kernel);
+                    record(&format!("{name} {code:?} {module:?} {kernel:?}"), errors(&out, &want));
+                }
+            }
+        }
+    }
+    let kda = Kda::with_options(ctx, KdaOptions { auto: Kernel::Baseline, ..KdaOptions::default() }).unwrap();
+    assert_eq!(kda.resolve(Kernel::Auto), Kernel::Baseline);
+}
+
 fn baseline_runs(shape: &ModelShape) -> bool {
     *shape == ModelShape { value_heads: shape.value_heads, ..ModelShape::kda(shape.heads) }
 }

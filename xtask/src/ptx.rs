@@ -1,6 +1,6 @@
 //! `cargo xtask ptx`: assemble the embedded PTX with ptxas and print its resource report;
-//! `--write` rebuilds the shipped PTX (`kda/ptx/`) from the device crate's sources, `--check`
-//! rebuilds it aside and fails unless it equals the shipped PTX byte for byte.
+//! `--write` rebuilds the shipped PTX and its cubins (`kda/ptx/`) from the device crate's sources,
+//! `--check` rebuilds them aside and fails unless they equal the shipped files byte for byte.
 
 use crate::args::Args;
 use kda_kernel::abi::TARGETS;
@@ -35,30 +35,42 @@ fn device_and_shipped() -> (PathBuf, PathBuf) {
     (root.join("kda-kernel"), root.join("kda/ptx"))
 }
 
-/// Rebuilds the shipped PTX from source, in place (each file renamed over the old one when
-/// complete).
+/// Rebuilds the shipped PTX from source and assembles its cubins, in place (each file renamed
+/// over the old one when complete).
 fn write() -> Result<(), String> {
     let (device, shipped) = device_and_shipped();
     builder::build_all(&device, &workspace_root().join("target/device-ptx"), &shipped)?;
+    builder::assemble_cubins(&ptxas(), &shipped)?;
     let digest = builder::source_digest(&device)?;
-    for cpu in TARGETS {
-        let path = shipped.join(builder::file_name(cpu));
-        let bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-        println!("wrote kda/ptx/{} ({bytes} bytes, source digest {digest:016x})", builder::file_name(cpu));
+    for name in shipped_files() {
+        let bytes = std::fs::metadata(shipped.join(&name)).map_err(|e| format!("{name}: {e}"))?.len();
+        println!("wrote kda/ptx/{name} ({bytes} bytes, source digest {digest:016x})");
     }
     Ok(())
 }
 
-/// Rebuilds the PTX from source aside and compares it with the shipped PTX byte for byte.
+/// Every shipped file: each target's PTX, then each cubin.
+fn shipped_files() -> Vec<String> {
+    let ptx = TARGETS.iter().map(|cpu| builder::file_name(cpu));
+    let cubins = builder::CUBINS.iter().flat_map(|(m, archs)| archs.iter().map(move |a| builder::cubin_name(m, a)));
+    ptx.chain(cubins).collect()
+}
+
+/// Rebuilds the PTX and its cubins from source aside and compares them with the shipped files
+/// byte for byte.
 fn check() -> Result<(), String> {
     let (device, shipped) = device_and_shipped();
     let target = workspace_root().join("target/device-ptx-check");
     let built = target.join("out");
     builder::build_all(&device, &target, &built)?;
-    for cpu in TARGETS {
-        let name = builder::file_name(cpu);
-        let (fresh, old) = (read(&built.join(&name))?, read(&shipped.join(&name))?);
-        if let Some(diff) = first_difference(&fresh, &old) {
+    builder::assemble_cubins(&ptxas(), &built)?;
+    for name in shipped_files() {
+        let (fresh, old) = (read_bytes(&built.join(&name))?, read_bytes(&shipped.join(&name))?);
+        if fresh != old {
+            let diff = match (String::from_utf8(fresh.clone()), String::from_utf8(old)) {
+                (Ok(a), Ok(b)) => first_difference(&a, &b).unwrap_or_default(),
+                _ => format!("{} bytes built, the shipped file differs", fresh.len()),
+            };
             return Err(format!(
                 "kda/ptx/{name} differs from a build from source ({diff}): run `cargo xtask ptx --write` and commit it"
             ));
@@ -68,8 +80,8 @@ fn check() -> Result<(), String> {
     Ok(())
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+fn read_bytes(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Where `built` and `shipped` first differ: the line, both versions of it.

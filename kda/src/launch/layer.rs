@@ -155,6 +155,11 @@ impl LayerPlan {
         self.shape
     }
 
+    /// The layer's options.
+    pub fn options(&self) -> LayerOptions {
+        self.options
+    }
+
     /// The batch layout.
     pub fn batch(&self) -> &Plan {
         self.recurrence.plan()

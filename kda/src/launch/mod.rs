@@ -10,19 +10,20 @@ mod args;
 mod decode;
 mod device_plan;
 mod layer;
+mod options;
 mod tensor_map;
 mod validate;
 
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
+pub use options::{Code, KdaOptions, Module, ModuleCode};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
-use crate::{Dims, KdaError, Tensor, ptx};
+use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
-use cudarc::nvrtc::Ptx;
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PassCode, StateLayoutCode,
     TensorMaps, hopper_for,
@@ -39,9 +40,10 @@ const MAX_SHARED_CARVEOUT_PERCENT: i32 = 100;
 const DEFAULT_DYNAMIC_SMEM_BYTES: usize = 48 * 1024;
 
 /// Which kernel a launch runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernel {
     /// The best kernel for the device.
+    #[default]
     Auto,
     /// The portable baseline kernel (sm_80+).
     Baseline,
@@ -74,9 +76,10 @@ impl Loaded {
 /// `Kda` is `Send` and `Sync`: one launcher serves every thread, each launching on its own stream
 /// (the driver's launches are thread-safe, and `launch` takes `&self`). A [`DevicePlan`] is too,
 /// and is only read on the device after it is built, so launches on several streams may share it;
-/// cudarc orders each use of its buffers after the upload on the plan's stream. The outputs of a
-/// launch are `&mut` borrows, so no two launches can write the same buffer at once through the
-/// safe API.
+/// cudarc orders each use of its buffers after the upload on the plan's stream. The same holds for
+/// a [`LayerPlan`]. A [`LayerWorkspace`] is written by every layer launch, so `launch_layer` takes
+/// it as `&mut`: one workspace per stream that runs at the same time. The outputs of a launch are
+/// `&mut` borrows, so no two launches can write the same buffer at once through the safe API.
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
@@ -90,29 +93,39 @@ pub struct Kda {
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
+    module_code: ModuleCode,
+    /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
+    auto: Kernel,
 }
 
 impl Kda {
-    /// Loads the kernels on `ctx`'s device: the sm_90a module on compute capability 9.x, the
-    /// portable sm_80 module on other devices of 8.0 or newer.
+    /// Loads the kernels on `ctx`'s device as the environment says ([`KdaOptions::from_env`]; by
+    /// default the sm_90a module on compute capability 9.x, the portable sm_80 module on other
+    /// devices of 8.0 or newer, from PTX).
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, KdaError> {
+        Self::with_options(ctx, KdaOptions::from_env()?)
+    }
+
+    /// Loads the kernels on `ctx`'s device as `options` say.
+    pub fn with_options(ctx: Arc<CudaContext>, options: KdaOptions) -> Result<Self, KdaError> {
         let compute_capability = ctx.compute_capability()?;
-        let ptx = match compute_capability {
-            (9, _) => ptx::SM90A,
-            (major, _) if major >= 8 => ptx::SM80,
-            _ => return Err(KdaError::UnsupportedDevice { compute_capability }),
-        };
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let target = options::target(compute_capability, options.module)?;
+        let (module, module_code) = options::load_module(&ctx, target, compute_capability, options.code)?;
         let baseline = Loaded::load(&module, &BASELINE)?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
-        let hopper = if compute_capability.0 == 9 {
+        let hopper = if target == kda_kernel::abi::SM90A {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
             None
         };
-        Ok(Self { ctx, baseline, merge, layer, decode, hopper, compute_capability })
+        Ok(Self { ctx, baseline, merge, layer, decode, hopper, compute_capability, module_code, auto: options.auto })
+    }
+
+    /// The code the kernels were loaded from: a shipped cubin, or PTX the driver compiled.
+    pub fn module_code(&self) -> ModuleCode {
+        self.module_code
     }
 
     /// The context the kernels live in.
@@ -125,12 +138,14 @@ impl Kda {
         self.compute_capability
     }
 
-    /// The kernel [`Kernel::Auto`] resolves to on this device.
+    /// The kernel [`Kernel::Auto`] resolves to on this device: the one [`KdaOptions::auto`]
+    /// names, or else the Hopper kernel where it is loaded and the baseline elsewhere.
     pub fn resolve(&self, kernel: Kernel) -> Kernel {
-        match kernel {
-            Kernel::Auto if self.hopper.is_some() => Kernel::Hopper,
-            Kernel::Auto => Kernel::Baseline,
-            other => other,
+        match (kernel, self.auto) {
+            (Kernel::Auto, Kernel::Auto) if self.hopper.is_some() => Kernel::Hopper,
+            (Kernel::Auto, Kernel::Auto) => Kernel::Baseline,
+            (Kernel::Auto, chosen) => chosen,
+            (other, _) => other,
         }
     }
 
@@ -492,5 +507,9 @@ mod thread_safety {
         send_sync::<DevicePlan>();
         send_sync::<KdaInputs<'static>>();
         send_sync::<KdaOutputs<'static>>();
+        send_sync::<LayerPlan>();
+        send_sync::<LayerWorkspace>();
+        send_sync::<LayerInputs<'static>>();
+        send_sync::<LayerDeviceOutputs<'static>>();
     }
 }

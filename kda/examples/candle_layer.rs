@@ -1,0 +1,52 @@
+//! A KDA layer from candle tensors (feature `candle`): `q`, `k`, `v`, the raw gate and `beta` as a
+//! model's projections would give them, `o` and the final states back as candle tensors.
+//!
+//! ```text
+//! cargo run --release -p kda --features candle --example candle_layer
+//! ```
+
+use candle_core::{Device, Tensor};
+use kda::LayerPlan;
+use kda::candle::{LayerTensors, kda_on, layer, stream_of};
+use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference};
+use kda::{Plan, inputs, rel_error};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let device = Device::new_cuda(0)?;
+    let kda = kda_on(&device)?;
+    let lengths = [500, 37];
+    let (h, kd) = (4, 128);
+    let shape = LayerShape { kind: LayerKind::Kda, heads: h, value_heads: h, key_dim: kd, value_dim: kd };
+    let options =
+        LayerOptions { scale: (kd as f64).powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
+    let p = inputs::random_layer_problem(&lengths, shape, options, false, 6);
+    let t = p.plan.tokens();
+    let q = Tensor::from_slice(&p.q, (t, h, kd), &device)?;
+    let k = Tensor::from_slice(&p.k, (t, h, kd), &device)?;
+    let v = Tensor::from_slice(&p.v, (t, h, kd), &device)?;
+    let g = Tensor::from_slice(&p.g, (t, h, kd), &device)?;
+    let beta = Tensor::from_slice(&p.beta, (t, h), &device)?;
+    let a_log = Tensor::from_slice(p.a_log.as_deref().expect("a raw gate"), h, &device)?;
+    let dt_bias = Tensor::from_slice(p.dt_bias.as_deref().expect("a raw gate"), (h, kd), &device)?;
+
+    let plan = LayerPlan::new(&stream_of(&device)?, Plan::from_lengths(&lengths), shape, options)?;
+    let mut workspace = plan.workspace(&stream_of(&device)?)?;
+    let inputs = LayerTensors {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        a_log: Some(&a_log),
+        dt_bias: Some(&dt_bias),
+        h0: None,
+    };
+    let out = layer(&kda, &plan, &mut workspace, &inputs)?;
+    println!("o {:?}, ht {:?}", out.o.dims(), out.ht.dims());
+
+    let o: Vec<f32> = out.o.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1()?;
+    let ht: Vec<f32> = out.ht.flatten_all()?.to_vec1()?;
+    let want = layer_reference(&p)?;
+    println!("o within {:.2e}, ht within {:.2e} of the f64 layer", rel_error(&o, &want.o), rel_error(&ht, &want.ht));
+    Ok(())
+}
