@@ -749,3 +749,103 @@ fn decode_step_matches_the_pooled_reference() {
         }
     }
 }
+
+/// The decode step captured once in a CUDA graph and replayed with new tokens copied into the
+/// same input buffers: each replay continues every sequence from the state the previous one left
+/// in its slot, and matches the pooled f64 layer step by step; then the time per replayed step of
+/// one sequence of 32 heads (`decode_kda_1`'s shape) is printed.
+#[test]
+fn decode_steps_replay_in_a_cuda_graph() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+    use kda::pool::{PoolShape, slot_uses};
+    use kda::{DecodeInputs, DecodePlan, bf16};
+    const STEPS: u64 = 4;
+    const TIMED_REPLAYS: usize = 200;
+    let gpu = Gpu::open();
+    let ctx = gpu.kda.context().clone();
+    let s = &ctx.new_stream().unwrap();
+    for (heads, indices) in [(2, vec![2i64, -1, 0, 5]), (32, vec![0])] {
+        let shape = LayerShape { kind: LayerKind::Kda, heads, value_heads: heads, key_dim: 128, value_dim: 128 };
+        let options = LayerOptions {
+            scale: 128f64.powf(-0.5),
+            l2norm_qk: true,
+            beta_sigmoid: true,
+            gate: GateInput::LowerBound(-5.0),
+        };
+        let n = indices.len();
+        let fresh = vec![false; n];
+        let pool_shape =
+            PoolShape { slots: 6, value_heads: heads, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+        let pool: Vec<f32> = kda::inputs::random_words(heads as u64, 9)
+            .take(pool_shape.len().unwrap())
+            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
+            .collect();
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let steps: Vec<_> =
+            (0..STEPS).map(|t| kda::inputs::random_layer_problem(&vec![1; n], shape, options, false, 70 + t)).collect();
+
+        // SAFETY: these buffers are used on this one stream only, in order; tracking is back on
+        // before the test ends.
+        unsafe { ctx.disable_event_tracking() };
+        let plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
+        let first = &steps[0];
+        let (mut q, mut k, mut v) =
+            (s.clone_htod(&first.q).unwrap(), s.clone_htod(&first.k).unwrap(), s.clone_htod(&first.v).unwrap());
+        let (mut g, mut beta) = (s.clone_htod(&first.g).unwrap(), s.clone_htod(&first.beta).unwrap());
+        let a_log = s.clone_htod(first.a_log.as_deref().unwrap()).unwrap();
+        let dt_bias = s.clone_htod(first.dt_bias.as_deref().unwrap()).unwrap();
+        let mut pool_dev = s.clone_htod(&pool).unwrap();
+        let row = heads * 128;
+        let mut o = s.clone_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row]).unwrap();
+        unsafe { ctx.enable_event_tracking() };
+        s.synchronize().unwrap();
+
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
+        let launched = {
+            let inputs = DecodeInputs {
+                q: q.slice(..),
+                k: k.slice(..),
+                v: v.slice(..),
+                g: g.slice(..),
+                beta: beta.slice(..),
+                a_log: Some(a_log.slice(..)),
+                dt_bias: Some(dt_bias.slice(..)),
+            };
+            gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..))
+        };
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        launched.expect("the decode step under capture");
+        let graph = graph.expect("end capture").expect("a graph holding the step");
+
+        let mut want_pool = pool.clone();
+        for (t, p) in steps.iter().enumerate() {
+            s.memcpy_htod(&p.q, &mut q).unwrap();
+            s.memcpy_htod(&p.k, &mut k).unwrap();
+            s.memcpy_htod(&p.v, &mut v).unwrap();
+            s.memcpy_htod(&p.g, &mut g).unwrap();
+            s.memcpy_htod(&p.beta, &mut beta).unwrap();
+            graph.launch().expect("replay");
+            let got_o = s.clone_dtoh(&o).unwrap();
+            let want_o = layer_reference_pooled(p, &mut want_pool, &pool_shape, &uses).unwrap();
+            for (seq, want) in want_o.iter().enumerate() {
+                let got = &got_o[seq * row..(seq + 1) * row];
+                match want {
+                    Some(want) => {
+                        let got: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+                        let e = kda::rel_error(&got, want);
+                        assert!(e < DECODE_O_BOUND, "H {heads}, replay {t}, sequence {seq}: o error {e:.2e}");
+                    }
+                    None => assert!(
+                        got.iter().all(|x| x.to_bits() == kda_tests::POISON_BF16),
+                        "H {heads}: padding sequence {seq}'s o was written"
+                    ),
+                }
+            }
+        }
+        let e = kda::rel_error(&s.clone_dtoh(&pool_dev).unwrap(), &want_pool);
+        assert!(e < DECODE_STATE_BOUND * STEPS as f64, "H {heads}: pool after {STEPS} replays: error {e:.2e}");
+        let us = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| graph.launch().map_err(kda::KdaError::from)).unwrap();
+        println!("H {heads}, {n} sequences: {STEPS} replays match the pooled layer; {us:.2} us per replayed step");
+    }
+}

@@ -305,3 +305,90 @@ fn tensors_past_two_to_the_31_elements() {
     assert!(out.h.iter().all(|x| x.is_finite()) && out.v_new.iter().all(|x| x.is_finite()));
     println!("k: {elements} elements; h: {} bytes, every element written", out.h.len() * 2);
 }
+
+/// Every way to get a launch's arguments wrong that only a device shows (views of the wrong
+/// length, misaligned, a gate against the plan's shape, a kernel that cannot run the problem)
+/// returns its own typed error, launches nothing and leaves every output as it was: the outputs
+/// hold a pattern before the bad launches and hold it after them, bit for bit.
+#[test]
+fn bad_launches_leave_every_output_untouched() {
+    use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, bf16};
+    let gpu = Gpu::open();
+    let s = &gpu.stream;
+    let heads = 2;
+    let p = inputs::try_random_problem(Plan::from_lengths(&[130, 0, 65]), heads, true, 51).unwrap();
+    let plan = DevicePlan::new(s, p.plan.clone(), heads).unwrap();
+    let d = plan.dims();
+    // Each input one element longer than it must be, so a view may start one element in
+    // (misaligned) or stop one short or long.
+    let longer_bf = |v: &[bf16]| s.clone_htod(&[v, &[bf16::ZERO]].concat()).unwrap();
+    let longer_f = |v: &[f32]| s.clone_htod(&[v, &[0.0]].concat()).unwrap();
+    let (k, w, u) = (longer_bf(&p.k), longer_bf(&p.w), longer_bf(&p.u));
+    let (gk, h0) = (longer_f(&p.gk), longer_f(p.h0.as_deref().unwrap()));
+    let g = longer_f(&vec![0.0; d.tokens * d.value_heads]);
+    let pattern_bf = bf16::from_bits(kda_tests::POISON_BF16);
+    let pattern_f = f32::from_bits(kda_tests::POISON_F32);
+    let mut h = s.clone_htod(&vec![pattern_bf; d.h_len() + 1]).unwrap();
+    let mut v_new = s.clone_htod(&vec![pattern_bf; d.value_len() + 1]).unwrap();
+    let mut ht = s.clone_htod(&vec![pattern_f; d.state_len() + 1]).unwrap();
+    let (kl, vl, sl) = (d.key_len(), d.value_len(), d.state_len());
+
+    type Case<'a> = (&'static str, KdaInputs<'a>, [usize; 3], Kernel, fn(&KdaError) -> bool);
+    let exact = || KdaInputs {
+        k: k.slice(..kl),
+        w: w.slice(..kl),
+        u: u.slice(..vl),
+        g: None,
+        gk: Some(gk.slice(..kl)),
+        h0: Some(h0.slice(..sl)),
+    };
+    let lens = [d.h_len(), vl, sl];
+    let cases: Vec<Case<'_>> = vec![
+        ("k one short", KdaInputs { k: k.slice(..kl - 1), ..exact() }, lens, Kernel::Auto, |e| {
+            matches!(e, KdaError::Shape { tensor: "k", .. })
+        }),
+        ("u one long", KdaInputs { u: u.slice(..vl + 1), ..exact() }, lens, Kernel::Auto, |e| {
+            matches!(e, KdaError::Shape { tensor: "u", .. })
+        }),
+        ("w misaligned", KdaInputs { w: w.slice(1..kl + 1), ..exact() }, lens, Kernel::Auto, |e| {
+            matches!(e, KdaError::Alignment { tensor: "w", .. })
+        }),
+        ("gk missing", KdaInputs { gk: None, ..exact() }, lens, Kernel::Auto, |e| {
+            matches!(e, KdaError::Argument { name: "gk", .. })
+        }),
+        (
+            "g not in the plan",
+            KdaInputs { g: Some(g.slice(..d.tokens * d.value_heads)), ..exact() },
+            lens,
+            Kernel::Auto,
+            |e| matches!(e, KdaError::Argument { name: "g", .. }),
+        ),
+        ("h0 one short", KdaInputs { h0: Some(h0.slice(..sl - 1)), ..exact() }, lens, Kernel::Baseline, |e| {
+            matches!(e, KdaError::Shape { tensor: "h0", .. })
+        }),
+        ("h one short", exact(), [d.h_len() - 1, vl, sl], Kernel::Auto, |e| {
+            matches!(e, KdaError::Shape { tensor: "h", .. })
+        }),
+        ("v_new one long", exact(), [d.h_len(), vl + 1, sl], Kernel::Auto, |e| {
+            matches!(e, KdaError::Shape { tensor: "v_new", .. })
+        }),
+        ("ht one short", exact(), [d.h_len(), vl, sl - 1], Kernel::Baseline, |e| {
+            matches!(e, KdaError::Shape { tensor: "ht", .. })
+        }),
+    ];
+    let count = cases.len();
+    for (what, inputs, [hl, vnl, htl], kernel, want) in cases {
+        let mut outputs =
+            KdaOutputs { h: h.slice_mut(..hl), v_new: v_new.slice_mut(..vnl), ht: Some(ht.slice_mut(..htl)) };
+        match gpu.kda.launch(s, &plan, &inputs, &mut outputs, kernel) {
+            Err(e) if want(&e) => println!("{what}: {e}"),
+            other => panic!("{what}: got {other:?}"),
+        }
+    }
+    s.synchronize().unwrap();
+    let untouched_bf = |v: Vec<bf16>| v.iter().all(|x| x.to_bits() == kda_tests::POISON_BF16);
+    assert!(untouched_bf(s.clone_dtoh(&h).unwrap()), "h was written");
+    assert!(untouched_bf(s.clone_dtoh(&v_new).unwrap()), "v_new was written");
+    assert!(s.clone_dtoh(&ht).unwrap().iter().all(|x| x.to_bits() == kda_tests::POISON_F32), "ht was written");
+    println!("{count} bad launches, each its own typed error; no output touched");
+}
