@@ -782,8 +782,13 @@ fn decode_steps_replay_in_a_cuda_graph() {
             .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
             .collect();
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
-        let steps: Vec<_> =
+        // New tokens each step, one layer: every step keeps the first step's `A_log` and `dt_bias`.
+        let mut steps: Vec<_> =
             (0..STEPS).map(|t| kda::inputs::random_layer_problem(&vec![1; n], shape, options, false, 70 + t)).collect();
+        let (a_log, dt_bias) = (steps[0].a_log.clone(), steps[0].dt_bias.clone());
+        for p in &mut steps {
+            (p.a_log, p.dt_bias) = (a_log.clone(), dt_bias.clone());
+        }
 
         // SAFETY: these buffers are used on this one stream only, in order; tracking is back on
         // before the test ends.
