@@ -29,8 +29,8 @@ pub mod ptx;
 pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{
-    Code, DecodeInputs, DecodePlan, DevicePlan, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, LayerDeviceOutputs,
-    LayerInputs, LayerPlan, LayerWorkspace, Module, ModuleCode, TENSOR_ALIGN,
+    CODE_VAR, Code, DecodeInputs, DecodePlan, DevicePlan, KERNEL_VAR, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel,
+    LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, MODULE_VAR, Module, ModuleCode, TENSOR_ALIGN,
 };
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};

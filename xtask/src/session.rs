@@ -13,6 +13,7 @@ use crate::args::Args;
 use crate::proc::{
     Finished, Scratch, bundle_bin, bundle_dir, create_dir, describe, repo_root, run_logged, tail, write_text,
 };
+use kda::CODE_VAR;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,6 +33,12 @@ fn step(name: &'static str, secs: u64, program: impl AsRef<OsStr>) -> Step {
 }
 
 impl Step {
+    /// Sets an environment variable of the step's command.
+    fn env(mut self, name: &str, value: &str) -> Self {
+        self.cmd.env(name, value);
+        self
+    }
+
     /// Adds an argument to the step's command.
     fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.cmd.arg(arg);
@@ -91,10 +98,19 @@ fn steps(p: &Places, quick: bool) -> Vec<Step> {
     let mut steps = vec![
         step("device", 30, "nvidia-smi").args(["--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv"]),
         // The suite's own timeout is 300 s; the step's is a little longer so the suite reports first.
-        step("gpu_suite", 330, &p.me).arg("gpu-suite").arg("--bundle").arg(&p.bundle),
+        // The stress tests (huge tensors, 100,000 sequences, 100-run determinism) run apart.
+        step("gpu_suite", 330, &p.me)
+            .arg("gpu-suite")
+            .arg("--bundle")
+            .arg(&p.bundle)
+            .args(["--", "--skip", "stress::"]),
     ];
     if !quick {
+        let stress = step("gpu_stress", 330, &p.me).arg("gpu-suite").arg("--bundle").arg(&p.bundle);
+        steps.push(stress.args(["--", "stress::"]));
         steps.push(step("demo", 60, &p.kda).arg("demo"));
+        // The same demo from the shipped cubin: its cold start and kernel time beside the PTX's.
+        steps.push(step("demo_cubin", 60, &p.kda).arg("demo").env(CODE_VAR, "cubin"));
         steps.extend(interop_steps(p));
     }
     // The benchmark's own limit is 300 s (it runs in one process, under a watchdog).
@@ -192,8 +208,10 @@ mod tests {
         let py = "python3 /r/tests/interop/torch_roundtrip.py";
         let expected = [
             ("device", 30, "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv".to_string()),
-            ("gpu_suite", 330, "/b/xtask gpu-suite --bundle /b".into()),
+            ("gpu_suite", 330, "/b/xtask gpu-suite --bundle /b -- --skip stress::".into()),
+            ("gpu_stress", 330, "/b/xtask gpu-suite --bundle /b -- stress::".into()),
             ("demo", 60, "/b/kda demo".into()),
+            ("demo_cubin", 60, "/b/kda demo".into()),
             ("interop_make", 60, format!("{py} make {s}/torch_in.safetensors")),
             (
                 "interop_gpu",

@@ -17,7 +17,7 @@ mod validate;
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
-pub use options::{Code, KdaOptions, Module, ModuleCode};
+pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::StateLayout;
