@@ -21,7 +21,7 @@ use crate::arch::sm80::{
     smem_base_shared, st_shared_f32, st_shared_u16, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, COL_BLOCKS, DECAY_OFFSET, KT_OFFSET, KT_STRIDE, MMA_K, MMA_M, MMA_N, N_TILES, ST_OFFSET, ST_STRIDE,
+    BV, COL_BLOCKS, DECAY_OFFSET, KT_OFFSET, KT_STRIDE, MMA_K, MMA_M, MMA_N, N_TILES, Place, ST_OFFSET, ST_STRIDE,
     STATE_K_STEPS, STATE_M_TILES, STATE_ROWS_PER_WARP, THREADS, VECTOR, VN_K_STEPS, VN_ROWS_PER_WARP, VNT_OFFSET,
     VNT_STRIDE, W_OFFSET, W_STRIDE,
 };
@@ -54,20 +54,16 @@ impl Tiles {
     }
 }
 
-/// This thread's place in its warp's fragments: warp `warp`, row group `g = lane / 4`, pair
-/// `t = lane % 4` (the PTX ISA's `groupID` and `threadID_in_group`).
+/// This thread's place in its warp's fragments (`layout::portable::Place`) and its index.
 #[derive(Clone, Copy)]
 struct Frag {
     tid: usize,
-    warp: usize,
-    g: usize,
-    t: usize,
+    place: Place,
 }
 
 impl Frag {
     fn of(tid: usize) -> Self {
-        let lane = tid % 32;
-        Self { tid, warp: tid / 32, g: lane / 4, t: lane % 4 }
+        Self { tid, place: Place::of(tid) }
     }
 
     /// This thread's place, from a fresh read of `%tid.x` (`thread_idx_x_fresh`): each step of a
@@ -77,10 +73,14 @@ impl Frag {
         Self::of(thread_idx_x_fresh())
     }
 
+    /// The warp.
+    fn warp(self) -> usize {
+        self.place.warp
+    }
+
     /// The state row and block column of accumulator element `e` of tile (`mt`, `nt`).
     fn state_at(self, mt: usize, nt: usize, e: usize) -> (usize, usize) {
-        let row = self.warp * STATE_ROWS_PER_WARP + mt * MMA_M + self.g + 8 * (e / 2);
-        (row, nt * MMA_N + 2 * self.t + e % 2)
+        self.place.state_at(mt, nt, e)
     }
 }
 
@@ -319,16 +319,8 @@ unsafe fn stage_k_transposed(
 /// The block lies inside the tile; the address is shared.
 #[inline(always)]
 unsafe fn a_fragment(tile: u32, stride: usize, frag: Frag, row0: usize, col0: usize) -> [u32; 4] {
-    let (r, c) = (row0 + frag.g, col0 + 2 * frag.t);
     // SAFETY: see the function's contract; each pair is 4-byte aligned (even column, even stride).
-    unsafe {
-        [
-            ld_shared_u32(Tiles::bf16_at(tile, stride, r, c)),
-            ld_shared_u32(Tiles::bf16_at(tile, stride, r + 8, c)),
-            ld_shared_u32(Tiles::bf16_at(tile, stride, r, c + 8)),
-            ld_shared_u32(Tiles::bf16_at(tile, stride, r + 8, c + 8)),
-        ]
-    }
+    frag.place.a_pairs(row0, col0).map(|(r, c)| unsafe { ld_shared_u32(Tiles::bf16_at(tile, stride, r, c)) })
 }
 
 /// A B fragment of `mma_m16n8k16_bf16` from a transposed (column-major) bf16 tile, whose row `n`
@@ -338,11 +330,8 @@ unsafe fn a_fragment(tile: u32, stride: usize, frag: Frag, row0: usize, col0: us
 /// The block lies inside the tile; the address is shared.
 #[inline(always)]
 unsafe fn b_fragment(tile_t: u32, stride: usize, frag: Frag, k0: usize, n0: usize) -> [u32; 2] {
-    let (n, kk) = (n0 + frag.g, k0 + 2 * frag.t);
     // SAFETY: see the function's contract.
-    unsafe {
-        [ld_shared_u32(Tiles::bf16_at(tile_t, stride, n, kk)), ld_shared_u32(Tiles::bf16_at(tile_t, stride, n, kk + 8))]
-    }
+    frag.place.b_pairs(k0, n0).map(|(n, kk)| unsafe { ld_shared_u32(Tiles::bf16_at(tile_t, stride, n, kk)) })
 }
 
 /// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` to the transposed
@@ -360,7 +349,7 @@ unsafe fn corrected_values(
     tok0: usize,
     rows: usize,
 ) {
-    let row0 = frag.warp * VN_ROWS_PER_WARP;
+    let row0 = frag.warp() * VN_ROWS_PER_WARP;
     let mut acc = [[0.0f32; 4]; N_TILES];
     // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
     unsafe {
@@ -371,9 +360,9 @@ unsafe fn corrected_values(
             }
         }
         for (nt, acc) in acc.iter().enumerate() {
-            let col = nt * MMA_N + 2 * frag.t;
+            let col = nt * MMA_N + 2 * frag.place.t;
             for half in 0..2 {
-                let t = row0 + frag.g + 8 * half;
+                let t = row0 + frag.place.g + 8 * half;
                 let pair = if t < rows {
                     let idx = ((tok0 + t) * item.heads + item.head) * V_DIM + item.col0 + col;
                     let given = *(u.add(idx) as *const u32);
@@ -406,7 +395,7 @@ unsafe fn update_state(tiles: Tiles, frag: Frag, state: &mut State) {
         for ks in 0..STATE_K_STEPS {
             let mut a = [[0u32; 4]; STATE_M_TILES];
             for (mt, a) in a.iter_mut().enumerate() {
-                let row0 = frag.warp * STATE_ROWS_PER_WARP + mt * MMA_M;
+                let row0 = frag.warp() * STATE_ROWS_PER_WARP + mt * MMA_M;
                 *a = a_fragment(tiles.kt, KT_STRIDE, frag, row0, ks * MMA_K);
             }
             let b: [[u32; 2]; N_TILES] =
