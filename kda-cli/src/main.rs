@@ -230,35 +230,27 @@ fn demo(args: &[String], started: Instant) -> Result<(), CliError> {
     let t = Instant::now();
     let want = reference::reference(&p)?;
     say!("f64 reference in {:.1} s", t.elapsed().as_secs_f64());
-    let errors = output_errors(&out, &want);
+    let errors = out.errors(&want);
     record(
         "demo",
         json!({ "gpu": name, "kernel": format!("{kernel:?}"), "lengths": DEMO_LENGTHS, "heads": DEMO_HEADS,
             "us": us, "floor_us": floor, "ratio": floor / us, "copy_bw_Bps": bw, "repeat": DEMO_REPEAT,
-            "cold_start_ms": cold_start_ms, "module": kda.module_code().to_string(), "rel_err_h": errors[0].1, "rel_err_v_new": errors[1].1,
-            "rel_err_ht": errors[2].1 }),
+            "cold_start_ms": cold_start_ms, "module": kda.module_code().to_string(), "rel_err_h": errors[0], "rel_err_v_new": errors[1],
+            "rel_err_ht": errors[2] }),
     );
-    check_errors(&errors)
-}
-
-/// The relative error of each output against the reference.
-fn output_errors(out: &Outputs, want: &Outputs) -> [(&'static str, f64); 3] {
-    [
-        ("h", rel_error(&out.h, &want.h)),
-        ("v_new", rel_error(&out.v_new, &want.v_new)),
-        ("ht", rel_error(&out.ht, &want.ht)),
-    ]
+    check_errors(errors)
 }
 
 /// Prints the relative errors per output and fails at or above the precision bound
 /// (docs/CONTRACT.md#precision). The demo's sequences (at most 3063 tokens) have an f32 rounding
 /// floor well under `ERROR_BOUND`, so the bound is that constant.
-fn check_errors(errs: &[(&str, f64); 3]) -> Result<(), CliError> {
+fn check_errors(errs: [f64; 3]) -> Result<(), CliError> {
     let bound = precision::bound(0.0);
-    let line: Vec<String> = errs.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
+    let named = Outputs::NAMES.into_iter().zip(errs);
+    let line: Vec<String> = named.clone().map(|(n, e)| format!("{n} {e:.2e}")).collect();
     say!("relative error vs f64 reference: {}", line.join(", "));
     // `rel_error` is never NaN: an infinite error (non-finite output) fails here.
-    match errs.iter().find(|(_, e)| *e >= bound) {
+    match named.into_iter().find(|&(_, e)| e >= bound) {
         Some((n, e)) => Err(CliError::Check(format!("{n}: relative error {e:.3e} >= {bound:e}"))),
         None => Ok(()),
     }

@@ -47,20 +47,16 @@ pub fn assemble_cubins(ptxas: &Path, dir: &Path) -> Result<(), String> {
     for (module, archs) in CUBINS {
         let ptx = dir.join(file_name(module));
         for arch in archs {
-            let out = dir.join(cubin_name(module, arch));
-            let temp = out.with_extension(format!("cubin.tmp{}", std::process::id()));
-            let status = Command::new(ptxas)
-                .arg(format!("-arch={arch}"))
-                .arg("-o")
-                .arg(&temp)
-                .arg(&ptx)
-                .status()
-                .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
-            if !status.success() {
-                let _ = std::fs::remove_file(&temp);
-                return Err(format!("ptxas -arch={arch} failed on {}", ptx.display()));
-            }
-            std::fs::rename(&temp, &out).map_err(|e| format!("{}: {e}", out.display()))?;
+            replace_atomically(&dir.join(cubin_name(module, arch)), |temp| {
+                let status = Command::new(ptxas)
+                    .arg(format!("-arch={arch}"))
+                    .arg("-o")
+                    .arg(temp)
+                    .arg(&ptx)
+                    .status()
+                    .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+                if status.success() { Ok(()) } else { Err(format!("ptxas -arch={arch} failed on {}", ptx.display())) }
+            })?;
         }
     }
     Ok(())
@@ -121,7 +117,7 @@ pub fn build_all(device: &Path, target_dir: &Path, out_dir: &Path) -> Result<(),
         let raw = std::fs::read_to_string(&raw_path).map_err(|e| format!("{}: {e}", raw_path.display()))?;
         let ptx = finish(raw, cpu, digest)?;
         let path = out_dir.join(file_name(cpu));
-        write_atomically(&path, ptx.as_bytes())?;
+        replace_atomically(&path, |temp| std::fs::write(temp, &ptx).map_err(|e| format!("{}: {e}", temp.display())))?;
     }
     Ok(())
 }
@@ -247,15 +243,19 @@ fn add_launch_bounds(ptx: String, kernel: &KernelAbi) -> Result<String, String> 
     Ok(format!("{}{bounds}{}", &ptx[..close], &ptx[close..]))
 }
 
-/// Writes `bytes` to a temporary file beside `path`, renamed over it only when complete, so a
-/// failed or interrupted build never leaves a truncated module where a good one was.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let temp = path.with_extension(format!("ptx.tmp{}", std::process::id()));
-    let result = std::fs::write(&temp, bytes).and_then(|()| std::fs::rename(&temp, path));
+/// Replaces `path` by what `write` puts into a temporary file beside it, renamed over `path` only
+/// once `write` succeeded, so a failed or interrupted build never leaves a truncated file where a
+/// good one was (the temporary file is removed on error).
+pub fn replace_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), String> {
+    let mut temp = std::ffi::OsString::from(path.as_os_str());
+    temp.push(format!(".tmp{}", std::process::id()));
+    let temp = PathBuf::from(temp);
+    let result =
+        write(&temp).and_then(|()| std::fs::rename(&temp, path).map_err(|e| format!("{}: {e}", path.display())));
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
-    result.map_err(|e| format!("{}: {e}", path.display()))
+    result
 }
 
 /// A command with the outer cargo's toolchain and flag overrides removed, so the child cargo uses

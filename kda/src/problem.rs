@@ -314,6 +314,20 @@ pub struct Outputs {
     pub ht: Vec<f32>,
 }
 
+impl Outputs {
+    /// The outputs' names, in the order of [`Outputs::errors`].
+    pub const NAMES: [&'static str; 3] = ["h", "v_new", "ht"];
+
+    /// Relative errors of `h`, `v_new` and `ht` against `reference` ([`crate::rel_error`]).
+    pub fn errors(&self, reference: &Outputs) -> [f64; 3] {
+        [
+            crate::rel_error(&self.h, &reference.h),
+            crate::rel_error(&self.v_new, &reference.v_new),
+            crate::rel_error(&self.ht, &reference.ht),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use kda::layer::{LayerOutputs, LayerProblem};
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
 use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
-use kda::{Kda, Kernel, Outputs, Problem, precision, rel_error};
+use kda::{Kda, Kernel, Outputs, Problem, precision};
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -173,11 +173,6 @@ fn assert_all_written(name: &str, bits: impl Iterator<Item = u32>, poison: u32) 
     );
 }
 
-/// Relative errors of `out` against `want`: `[h, v_new, ht]`.
-pub fn errors(out: &Outputs, want: &Outputs) -> [f64; 3] {
-    [rel_error(&out.h, &want.h), rel_error(&out.v_new, &want.v_new), rel_error(&out.ht, &want.ht)]
-}
-
 /// Asserts every error is under [`precision::ERROR_BOUND`], naming the case and the output (for
 /// problems whose f32 rounding floor is below it: short sequences, the golden fixtures).
 pub fn assert_close(case: &str, errs: [f64; 3]) {
@@ -187,14 +182,11 @@ pub fn assert_close(case: &str, errs: [f64; 3]) {
 /// Asserts every error is under its [`precision::bound`] given the f32 rounding floor of each
 /// output (docs/CONTRACT.md#precision), naming the case and the output.
 pub fn assert_within_floor(case: &str, errs: [f64; 3], floor: [f64; 3]) {
-    for ((name, e), f) in OUTPUTS.iter().zip(errs).zip(floor) {
+    for ((name, e), f) in Outputs::NAMES.iter().zip(errs).zip(floor) {
         let bound = precision::bound(f);
         assert!(e < bound, "{case}: {name} relative error {e:.3e} >= {bound:.3e} (f32 floor {f:.3e})");
     }
 }
-
-/// Names of the outputs, in the order of [`errors`].
-pub const OUTPUTS: [&str; 3] = ["h", "v_new", "ht"];
 
 /// The golden fixtures (inputs and outputs of an independent implementation; see
 /// `tests/fixtures/README.md`).

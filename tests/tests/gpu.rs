@@ -11,8 +11,8 @@ use kda::model::{Gates, ModelShape, StateLayout};
 use kda::split::{SplitMode, split_reference};
 use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference};
 use kda_tests::{
-    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, errors, fixture, ragged_lengths,
-    run_columns_guarded, run_guarded, run_model_guarded, run_split_guarded,
+    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, fixture, ragged_lengths, run_columns_guarded,
+    run_guarded, run_model_guarded, run_split_guarded,
 };
 use proptest::prelude::*;
 use std::sync::Mutex;
@@ -53,8 +53,8 @@ fn golden_fixtures() {
         let want = reference::reference(&p).unwrap();
         for kernel in kernels() {
             let out = run_guarded(&gpu, &p, kernel);
-            record(&format!("{name} {kernel:?} vs reference"), errors(&out, &want));
-            record(&format!("{name} {kernel:?} vs FLA"), errors(&out, &golden));
+            record(&format!("{name} {kernel:?} vs reference"), out.errors(&want));
+            record(&format!("{name} {kernel:?} vs FLA"), out.errors(&golden));
         }
     }
 }
@@ -65,11 +65,11 @@ fn bench_shapes() {
     for (name, lengths) in kda_cli::bench_shapes() {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, 7);
         let want = reference::reference(&p).unwrap();
-        let floor = errors(&reference::reference_f32(&p).unwrap(), &want);
+        let floor = reference::reference_f32(&p).unwrap().errors(&want);
         println!("{name}: f32 rounding floor h {:.2e}  v_new {:.2e}  ht {:.2e}", floor[0], floor[1], floor[2]);
         for kernel in kernels() {
             let out = run_guarded(&gpu, &p, kernel);
-            record_against_floor(&format!("{name} {kernel:?}"), errors(&out, &want), floor);
+            record_against_floor(&format!("{name} {kernel:?}"), out.errors(&want), floor);
         }
     }
     println!("bench shapes, worst: {:?}", WORST.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
@@ -84,7 +84,7 @@ fn empty_and_degenerate_batches() {
             let want = reference::reference(&p).unwrap();
             for kernel in kernels() {
                 let out = run_guarded(&gpu, &p, kernel);
-                record(&format!("{lengths:?} h0={with_h0} {kernel:?}"), errors(&out, &want));
+                record(&format!("{lengths:?} h0={with_h0} {kernel:?}"), out.errors(&want));
             }
         }
     }
@@ -99,7 +99,7 @@ proptest! {
         let want = reference::reference(&p).unwrap();
         for kernel in kernels() {
             let out = run_guarded(gpu, &p, kernel);
-            record(&format!("{lengths:?} H={heads} h0={with_h0} {kernel:?}"), errors(&out, &want));
+            record(&format!("{lengths:?} H={heads} h0={with_h0} {kernel:?}"), out.errors(&want));
         }
     }
 }
@@ -115,7 +115,7 @@ proptest! {
         let want = reference::reference(&p).unwrap();
         for kernel in kernels() {
             let out = run_guarded(gpu, &p, kernel);
-            record(&format!("{lengths:?} H={heads} HV={} h0={with_h0} {kernel:?}", heads * group), errors(&out, &want));
+            record(&format!("{lengths:?} H={heads} HV={} h0={with_h0} {kernel:?}", heads * group), out.errors(&want));
         }
     }
 }
@@ -155,7 +155,7 @@ fn every_load_option_runs_the_fixtures() {
                 let want = reference::reference(&p).unwrap();
                 for kernel in [Kernel::Auto, Kernel::Baseline, Kernel::Portable] {
                     let out = run_guarded(&with, &p, kernel);
-                    record(&format!("{name} {code:?} {module:?} {kernel:?}"), errors(&out, &want));
+                    record(&format!("{name} {code:?} {module:?} {kernel:?}"), out.errors(&want));
                 }
             }
         }
@@ -186,8 +186,8 @@ fn model_fixtures() {
             match run_model_guarded(&gpu, &p.view(), Strides::PACKED, kernel) {
                 Ok(out) => {
                     assert!(runs, "{name} {kernel:?}: ran a shape it does not support");
-                    record(&format!("{name} {kernel:?} vs reference"), errors(&out, &want));
-                    record(&format!("{name} {kernel:?} vs FLA"), errors(&out, &golden));
+                    record(&format!("{name} {kernel:?} vs reference"), out.errors(&want));
+                    record(&format!("{name} {kernel:?} vs FLA"), out.errors(&golden));
                 }
                 Err(e) => {
                     assert!(!runs, "{name} {kernel:?}: {e}");
@@ -222,7 +222,7 @@ proptest! {
         let columns = ColumnMode::Force(if narrow { Columns::Narrow } else { Columns::Wide });
         let out = run_columns_guarded(gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns)
             .map_err(|e| TestCaseError::fail(e.to_string()))?.0;
-        record(&format!("{lengths:?} {shape:?} {layouts:?} {columns:?} h0={with_h0}"), errors(&out, &want));
+        record(&format!("{lengths:?} {shape:?} {layouts:?} {columns:?} h0={with_h0}"), out.errors(&want));
     }
 }
 
@@ -256,11 +256,11 @@ fn model_matrix() {
                         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, 5).unwrap();
                         let strides = kda_tests::strides_of([rows; 6], &kda::Dims::model(&p.plan, &shape));
                         let want = reference::model_reference(&p.view()).unwrap();
-                        let floor = errors(&reference::model_reference_f32(&p.view()).unwrap(), &want);
+                        let floor = reference::model_reference_f32(&p.view()).unwrap().errors(&want);
                         let out = run_columns_guarded(&gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns)
                             .unwrap()
                             .0;
-                        let errs = errors(&out, &want);
+                        let errs = out.errors(&want);
                         let case = format!(
                             "{lengths:?} g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?} {columns:?}"
                         );
@@ -297,7 +297,7 @@ fn model_items_back_to_back() {
                     let want = reference::model_reference(&p.view()).unwrap();
                     let out =
                         run_columns_guarded(&gpu, &p.view(), strides, Kernel::Auto, SplitMode::Off, columns).unwrap().0;
-                    let [h, v, t] = errors(&out, &want);
+                    let [h, v, t] = out.errors(&want);
                     let case = format!("g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?} {columns:?}");
                     println!("{case}: rel err h {h:.2e}  v_new {v:.2e}  ht {t:.2e}");
                     if [h, v, t].iter().any(|e| e.is_nan() || *e >= kda::precision::ERROR_BOUND) {
@@ -425,8 +425,8 @@ impl SplitErrors {
     fn of(out: &Outputs, p: &kda::model::ModelView<'_>, split: &kda::split::SplitPlan) -> Self {
         let (split_model, unsplit_model) = (split_reference(p, split).unwrap(), reference::model_reference(p).unwrap());
         let bounds =
-            errors(&split_model, &unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent));
-        Self { model: errors(out, &split_model), unsplit: errors(out, &unsplit_model), bounds }
+            split_model.errors(&unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent));
+        Self { model: out.errors(&split_model), unsplit: out.errors(&unsplit_model), bounds }
     }
 }
 
@@ -516,7 +516,7 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     for _ in 0..20 {
         assert!(run(&mut tracked) == first, "a split launch gave different bits");
     }
-    let errs = errors(&first, &reference::model_reference(&p.view()).unwrap());
+    let errs = first.errors(&reference::model_reference(&p.view()).unwrap());
     println!("split: rel err h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
     assert!(errs.iter().all(|&e| e < SPLIT_BOUND), "{errs:?}");
 

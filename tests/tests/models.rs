@@ -7,7 +7,7 @@ use half::bf16;
 use kda::model::{Gates, ModelProblem, ModelShape, StateLayout};
 use kda::precision::ERROR_BOUND;
 use kda::{Outputs, Plan, inputs, io, reference};
-use kda_tests::{MODEL_FIXTURES, errors, model_fixture, ragged_lengths};
+use kda_tests::{MODEL_FIXTURES, model_fixture, ragged_lengths};
 use proptest::prelude::*;
 
 /// The fixtures' shapes, as `tests/fixtures/models/README.md` lists them: (H, HV, K, V, g, gk,
@@ -31,7 +31,7 @@ fn the_reference_reproduces_the_model_fixtures() {
         assert_eq!((s.heads, s.value_heads, s.key_dim, s.value_dim), (h, hv, kd, vd), "{name}");
         assert_eq!((s.gates, s.layout, p.h0.is_some()), (Gates { g, gk }, layout, h0), "{name}");
         assert_eq!(p.plan.lengths(), lengths, "{name}");
-        let errs = errors(&reference::model_reference(&p.view()).unwrap(), &golden.expect("fixtures hold outputs"));
+        let errs = reference::model_reference(&p.view()).unwrap().errors(&golden.expect("fixtures hold outputs"));
         println!("{name}: rel err vs FLA h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
         for (out, e) in ["h", "v_new", "ht"].iter().zip(errs) {
             assert!(e < ERROR_BOUND, "{name}: {out} relative error {e:.3e}");
@@ -137,7 +137,7 @@ proptest! {
     #[test]
     fn agrees_with_the_literal_transcription(lengths in short_lengths(), shape in shapes(), with_h0: bool, seed: u64) {
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
-        let errs = errors(&reference::model_reference(&p.view()).unwrap(), &literal(&p));
+        let errs = reference::model_reference(&p.view()).unwrap().errors(&literal(&p));
         prop_assert!(errs.iter().all(|&e| e < 1e-12), "{:?}: {:?}", shape, errs);
     }
 }

@@ -13,7 +13,6 @@
 
 use kda::split::{SplitMode, SplitPlan, Work, split_reference};
 use kda::{Plan, inputs, reference};
-use kda_tests::errors;
 use proptest::prelude::*;
 
 /// The largest relative error measured with merge steps on these shapes (3.0e-3 with nine
@@ -57,7 +56,7 @@ proptest! {
         // Merge steps from a nonzero entry: every step but, without h0, the first.
         let skip = if with_h0 { 1 } else { 2 };
         let merges = (0..plan.num_seqs()).map(|n| split.segments_of(n).len().saturating_sub(skip)).max().unwrap_or(0);
-        let errs = errors(&split_reference(&p.view(), &split).unwrap(), &want);
+        let errs = split_reference(&p.view(), &split).unwrap().errors(&want);
         println!("{lengths:?} {shape:?} every {segment_chunks} chunks, {merges} merge steps: {:.2e} {:.2e} {:.2e}", errs[0], errs[1], errs[2]);
         if merges == 0 {
             // One cut, no h0: only the f32 rounding of the state handed over differs (the f64 reference

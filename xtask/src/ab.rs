@@ -15,7 +15,6 @@
 //! run's output to `DIR/ab.log`.
 
 use crate::args::Args;
-use crate::outputs::{NAMES, rel_errors};
 use crate::proc::{Combined, Finished, Scratch, create_dir, describe, run_logged, tail, write_json};
 use crate::shapes;
 use kda::model::ModelProblem;
@@ -230,7 +229,7 @@ impl Ab {
         }
         let want = io::read_model_outputs(&ref_path, &p.view()).map_err(|e| e.to_string())?;
         // The f32 rounding floor e32 of this problem, which sets the bound on long sequences.
-        let e32 = rel_errors(&reference::model_reference_f32(&p.view()).map_err(|e| e.to_string())?, &want);
+        let e32 = reference::model_reference_f32(&p.view()).map_err(|e| e.to_string())?.errors(&want);
         let (gated, key_dim) = (p.shape.gates.g || p.shape.gates.gk, p.shape.key_dim);
         Ok(Expected { problem: p, want, f32_floor: e32, bounds: e32.map(|f| precision::bound_for(gated, key_dim, f)) })
     }
@@ -244,7 +243,7 @@ impl Ab {
         cmd.arg("run").arg("--inputs").arg(input).arg("--out").arg(&got_path);
         let (f, text) = self.run(&format!("check {shape} {}", label(i)), &mut cmd, self.o.timeout)?;
         let errs = if f.ok() {
-            io::read_model_outputs(&got_path, &x.problem.view()).ok().map(|got| rel_errors(&got, &x.want))
+            io::read_model_outputs(&got_path, &x.problem.view()).ok().map(|got| got.errors(&x.want))
         } else {
             None
         };
@@ -252,7 +251,7 @@ impl Ab {
         match errs {
             Some(e) => {
                 let cols: Vec<String> =
-                    (0..3).map(|k| format!("{} {:.2e} (< {:.2e})", NAMES[k], e[k], x.bounds[k])).collect();
+                    (0..3).map(|k| format!("{} {:.2e} (< {:.2e})", Outputs::NAMES[k], e[k], x.bounds[k])).collect();
                 println!("   {} {}: {}", label(i), if ok { "pass" } else { "FAIL" }, cols.join(", "));
             }
             None => println!("   {} FAIL: {}\n{}", label(i), f.describe(), tail(&text, 10)),

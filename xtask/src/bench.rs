@@ -10,7 +10,6 @@
 
 use crate::args::Args;
 use crate::harness::{DeviceProblem, bench_shapes, copy_bandwidth, floor_us, median_us};
-use crate::outputs::rel_errors;
 use crate::proc::write_json;
 use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelShape, ModelView};
@@ -294,7 +293,7 @@ impl Bench<'_> {
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
         let want = reference::reference(&p).map_err(text)?;
-        let errs = rel_errors(&out, &want);
+        let errs = out.errors(&want);
         // The f32 rounding floor of this problem (see `reference::reference_f32`), on `h`.
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(text)?.h, &want.h);
         let floor_us = floor_us(&dims, self.copy_bw);
@@ -333,7 +332,7 @@ impl Bench<'_> {
             Ok(Timed { timing, out }) => {
                 eprint!(" reference ...");
                 let want = reference::model_reference(&view).map_err(text)?;
-                let errs = rel_errors(&out, &want);
+                let errs = out.errors(&want);
                 let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
                 eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
                 for (chunks, t) in &timing.sweep {

@@ -7,7 +7,6 @@ mod args;
 mod bench;
 mod bundle;
 mod chart;
-mod outputs;
 mod proc;
 mod profile;
 mod ptx;

@@ -214,18 +214,12 @@ pub fn create_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-/// Writes `text` to `path`, replacing it.
-/// Atomically: the text goes to a temporary file beside `path`, renamed over it only when
-/// complete, so an interrupted run never leaves a truncated record where a good one was.
+/// Writes `text` to `path`, replacing it atomically (`kda_kernel::builder::replace_atomically`):
+/// an interrupted run never leaves a truncated record where a good one was.
 pub fn write_text(path: &Path, text: &str) -> Result<(), String> {
-    let mut temp = path.as_os_str().to_owned();
-    temp.push(format!(".tmp{}", std::process::id()));
-    let temp = std::path::PathBuf::from(temp);
-    let result = std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result.map_err(|e| format!("{}: {e}", path.display()))
+    kda_kernel::builder::replace_atomically(path, |temp| {
+        std::fs::write(temp, text).map_err(|e| format!("{}: {e}", temp.display()))
+    })
 }
 
 /// Writes `doc` to `path` as pretty-printed JSON with a final newline.

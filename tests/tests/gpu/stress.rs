@@ -9,7 +9,7 @@ use kda::model::{Gates, ModelShape};
 use kda::split::SplitMode;
 use kda::{Kernel, Outputs, Plan, Problem, Strides, inputs, precision, reference};
 use kda_cli::{DeviceLayer, DeviceProblem};
-use kda_tests::{Gpu, errors, run_guarded};
+use kda_tests::{Gpu, run_guarded};
 use std::sync::Arc;
 
 /// Launches per variant in the determinism test.
@@ -78,11 +78,7 @@ fn every_kernel_is_deterministic_over_runs_and_streams() {
         let p = v.problem(11);
         let (mut a, mut b) = (v.upload(&p, &s1), v.upload(&p, &s2));
         let first = run_once(&gpu, &mut a, &s1, v.kernel);
-        assert!(
-            errors(&first, &reference::model_reference(&p.view()).unwrap()).iter().all(|&e| e < 1e-2),
-            "{}",
-            v.name
-        );
+        assert!(first.errors(&reference::model_reference(&p.view()).unwrap()).iter().all(|&e| e < 1e-2), "{}", v.name);
         for run in 1..RUNS {
             assert!(run_once(&gpu, &mut a, &s1, v.kernel) == first, "{}: run {run} gave other bits", v.name);
         }
@@ -148,18 +144,6 @@ fn launches_from_several_threads_at_once() {
     println!("{THREADS} threads x {LAUNCHES} launches, each equal to its problem run alone");
 }
 
-/// The slices of `out` (a problem of `plan` with `heads` heads) that sequence `n` owns: its chunks
-/// of `h`, its tokens of `v_new` and its final state, all heads.
-fn sequence_part(out: &Outputs, plan: &Plan, heads: usize, n: usize) -> Outputs {
-    let s = plan.seqs()[n];
-    let state = 128 * 128 * heads;
-    Outputs {
-        h: out.h[s.chunk_start * state..(s.chunk_start + s.chunks()) * state].to_vec(),
-        v_new: out.v_new[s.token_start * heads * 128..(s.token_start + s.len) * heads * 128].to_vec(),
-        ht: out.ht[n * state..(n + 1) * state].to_vec(),
-    }
-}
-
 /// A NaN or an infinity in one sequence's inputs (keys, values, gates, initial state) stays in
 /// that sequence: every other sequence's outputs are bitwise those of the clean batch, and finite.
 #[test]
@@ -186,15 +170,20 @@ fn non_finite_input_stays_in_its_sequence() {
         corrupt(&mut p);
         let got = run_guarded(&gpu, &p, Kernel::Auto);
         for n in (0..plan.num_seqs()).filter(|&n| n != bad) {
-            let (g, w) = (sequence_part(&got, &plan, heads, n), sequence_part(&want, &plan, heads, n));
+            let (g, w) = (sequence_part(&got, &clean, n), sequence_part(&want, &clean, n));
             assert!(g == w, "{what} in sequence {bad}: sequence {n} changed");
             assert!(g.ht.iter().all(|x| x.is_finite()), "{what} in sequence {bad}: sequence {n} not finite");
         }
-        let poisoned = sequence_part(&got, &plan, heads, bad).ht.iter().any(|x| !x.is_finite());
+        let poisoned = sequence_part(&got, &clean, bad).ht.iter().any(|x| !x.is_finite());
         println!(
             "{what} in sequence {bad}: the other sequences unchanged (its own final state non-finite: {poisoned})"
         );
     }
+}
+
+/// The parts of `out` (of `p`) that sequence `n` owns, every head of it ([`select_outputs`]).
+fn sequence_part(out: &Outputs, p: &Problem, n: usize) -> Outputs {
+    select_outputs(out, p, &(0..p.heads).map(|i| (n, i)).collect::<Vec<_>>())
 }
 
 /// The one-head problems of `p`'s `(sequence, head)` pairs, in order: each pair's tokens and
@@ -253,8 +242,8 @@ fn check_sampled(case: &str, out: &Outputs, p: &Problem, pairs: &[(usize, usize)
     let sub = select(p, pairs);
     let (exact, f32_run) = (reference::reference(&sub).unwrap(), reference::reference_f32(&sub).unwrap());
     let got = select_outputs(out, p, pairs);
-    let errs = errors(&got, &exact);
-    let floor = errors(&f32_run, &exact);
+    let errs = got.errors(&exact);
+    let floor = f32_run.errors(&exact);
     println!(
         "{case}: {} sampled pairs: rel err h {:.2e} v_new {:.2e} ht {:.2e}",
         pairs.len(),
