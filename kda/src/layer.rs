@@ -121,6 +121,75 @@ impl LayerShape {
     }
 }
 
+impl LayerShape {
+    /// The recurrence the layer runs: KDA's keys per value head (`k Γ_last / Γ` depends on the
+    /// value head's gate), GDN's the key heads'; key-first states.
+    pub fn recurrence_shape(&self) -> ModelShape {
+        let kda = self.kind == LayerKind::Kda;
+        ModelShape {
+            heads: if kda { self.value_heads } else { self.heads },
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
+            gates: Gates { g: !kda, gk: kda },
+            layout: StateLayout::KeyFirst,
+        }
+    }
+}
+
+/// The layer kernels' option words for a [`LayerOptions`] (`kda_kernel::layout::layer`'s codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerCodes {
+    /// `OPT_L2NORM | OPT_BETA_SIGMOID` as set.
+    pub options: u32,
+    /// `GATE_LOG`, `GATE_SOFTPLUS` or `GATE_LOWER_BOUND`.
+    pub gate_mode: u32,
+    /// The lower bound's f32 bits (0 unless `GateInput::LowerBound`).
+    pub lower_bound_bits: u32,
+    /// The output scale's f32 bits.
+    pub scale_bits: u32,
+}
+
+impl LayerOptions {
+    /// The words the layer kernels take for these options.
+    pub fn codes(&self) -> LayerCodes {
+        use kda_kernel::layout::layer::{GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, OPT_BETA_SIGMOID, OPT_L2NORM};
+        let options =
+            (if self.l2norm_qk { OPT_L2NORM } else { 0 }) | (if self.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 });
+        let (gate_mode, lower_bound) = match self.gate {
+            GateInput::Log => (GATE_LOG, 0.0f32),
+            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
+            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
+        };
+        LayerCodes {
+            options,
+            gate_mode,
+            lower_bound_bits: lower_bound.to_bits(),
+            scale_bits: (self.scale as f32).to_bits(),
+        }
+    }
+}
+
+/// The layer kernels' chunk table of `plan`: per chunk, in the recurrence's chunk order, its
+/// first token and its valid rows (`layout::layer::CHUNK_WORDS` words); empty sequences own no
+/// chunk.
+pub fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
+    let word = |x: usize| {
+        u32::try_from(x).map_err(|_| KdaError::Argument {
+            name: "cu_seqlens",
+            reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
+        })
+    };
+    let mut table = Vec::with_capacity(plan.chunks() * kda_kernel::layout::layer::CHUNK_WORDS);
+    for seq in plan.seqs() {
+        for c in 0..seq.chunks() {
+            let rows = (seq.len - c * CHUNK).min(CHUNK);
+            table.extend([word(seq.token_start + c * CHUNK)?, word(rows)?]);
+        }
+    }
+    Ok(table)
+}
+
 /// A layer problem on the host: packed token-major tensors (`[T, heads, size]`), key-first states.
 #[derive(Clone, Debug)]
 pub struct LayerProblem {

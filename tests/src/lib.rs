@@ -351,6 +351,58 @@ pub const LAYER_FIXTURES: [&str; 5] = [
     "gdn_layer_dense",
 ];
 
+/// How far FLA, FlashKDA and FlashQLA land from one another on `o` (`../shared/LAYER.md`,
+/// "Precision"): the bound where no CPU model of the pipeline runs.
+pub const LAYER_PEER_SPREAD: f64 = 5e-3;
+
+/// Random layers of both kinds, grouped value heads, every gate form and option, ragged lengths
+/// with partial chunks and empty sequences: the cases the GPU suite and the simulator run, each
+/// with its name.
+pub fn random_layer_cases() -> Vec<(String, LayerProblem)> {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    let gates = [GateInput::Log, GateInput::Softplus, GateInput::LowerBound(-5.0)];
+    let shapes = [
+        (LayerKind::Kda, (2, 2), (128, 128)),
+        (LayerKind::Kda, (1, 1), (64, 64)),
+        (LayerKind::Kda, (1, 3), (64, 128)),
+        (LayerKind::Gdn, (1, 2), (128, 128)),
+        (LayerKind::Gdn, (2, 2), (64, 128)),
+    ];
+    let mut cases = Vec::new();
+    for (c, (kind, (heads, value_heads), (key_dim, value_dim))) in shapes.into_iter().enumerate() {
+        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
+        for (o, gate) in gates.into_iter().enumerate() {
+            let flag = (c + o) % 2 == 1;
+            let options =
+                LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
+            let lengths = [[300, 0, 64, 17], [1, 129, 64, 0]][(c + o) % 2];
+            let name = format!("{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}");
+            cases.push((name, random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64)));
+        }
+    }
+    cases
+}
+
+/// On random layers, how far above the f64 model of the same pipeline (`layer_chunked` with
+/// `Rounding::Kernels`: bf16 `k'`, `w`, `u`, `h`, `v_new`, f64 everywhere else) a kernel's error
+/// against the definition may land: its token-parallel kernels sum in f32, so its bf16 roundings
+/// flip elsewhere, while an indexing or gating bug is orders of magnitude above either.
+pub const LAYER_SLACK_OVER_MODEL: f64 = 1.5;
+
+/// The errors of `o` and `ht` a correct layer stays under on `p` (whose f64 result is `want`):
+/// the pipeline's own rounding level where the CPU model runs it (KDA's needs `H = HV`) with
+/// [`LAYER_SLACK_OVER_MODEL`], otherwise the spread between FLA and the fast peers on `o`.
+pub fn layer_bounds(p: &LayerProblem, want: &LayerOutputs) -> [f64; 2] {
+    use kda::layer::{LayerKind, Rounding, layer_chunked};
+    let s = p.shape;
+    if s.kind == LayerKind::Gdn || s.heads == s.value_heads {
+        let model = layer_chunked(p, Rounding::Kernels).unwrap().errors(want);
+        model.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND))
+    } else {
+        [LAYER_PEER_SPREAD; 2]
+    }
+}
+
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;

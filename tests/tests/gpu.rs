@@ -532,12 +532,6 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     assert!(replayed == first, "the captured split launch gave different bits");
 }
 
-/// On random layers, how far above the f64 model of the same pipeline (`layer_chunked` with
-/// `Rounding::Kernels`: bf16 `k'`, `w`, `u`, `h`, `v_new`, f64 everywhere else) the GPU's error
-/// against the definition may land: its token-parallel kernels sum in f32, so its bf16 roundings
-/// flip elsewhere, while an indexing or gating bug is orders of magnitude above either.
-const LAYER_SLACK_OVER_MODEL: f64 = 1.5;
-
 /// The layer forward on the GPU (prepare, recurrence, output) reproduces FLA's layer fixtures
 /// within the layer's bound, every element of `o` and `ht` written and nothing outside them.
 #[test]
@@ -563,50 +557,19 @@ fn layer_fixtures() {
 /// with partial chunks and empty sequences, against the f64 definition.
 #[test]
 fn layer_random() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+    use kda::layer::layer_reference;
     let gpu = Gpu::open();
-    let mut cases = 0;
-    let gates = [GateInput::Log, GateInput::Softplus, GateInput::LowerBound(-5.0)];
-    for (c, (kind, (heads, value_heads), (key_dim, value_dim))) in [
-        (LayerKind::Kda, (2, 2), (128, 128)),
-        (LayerKind::Kda, (1, 1), (64, 64)),
-        (LayerKind::Kda, (1, 3), (64, 128)),
-        (LayerKind::Gdn, (1, 2), (128, 128)),
-        (LayerKind::Gdn, (2, 2), (64, 128)),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
-        for (o, gate) in gates.into_iter().enumerate() {
-            let flag = (c + o) % 2 == 1;
-            let options =
-                LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
-            let lengths = [[300, 0, 64, 17], [1, 129, 64, 0]][(c + o) % 2];
-            let p = kda_tests::random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64);
-            let out = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-            let want = layer_reference(&p).unwrap();
-            let errs = out.errors(&want);
-            // The pipeline's own rounding level, where the CPU model runs it (KDA's needs H = HV).
-            let model = (kind == LayerKind::Gdn || heads == value_heads)
-                .then(|| layer_chunked(&p, Rounding::Kernels).unwrap().errors(&want));
-            let bounds = model.map(|m| m.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND)));
-            println!(
-                "{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}: o {:.2e} ht {:.2e}, model {model:?}",
-                errs[0], errs[1]
-            );
-            // Without the model (grouped KDA): the spread between FLA and the fast peers on `o`.
-            let bounds = bounds.unwrap_or([LAYER_PEER_SPREAD; 2]);
-            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{errs:?} over {bounds:?}");
-            cases += 1;
-        }
+    let cases = kda_tests::random_layer_cases();
+    for (name, p) in &cases {
+        let out = kda_tests::run_layer_guarded(&gpu, p).unwrap();
+        let want = layer_reference(p).unwrap();
+        let errs = out.errors(&want);
+        let bounds = kda_tests::layer_bounds(p, &want);
+        println!("{name}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name}: {errs:?} over {bounds:?}");
     }
-    println!("{cases} random layers");
+    println!("{} random layers", cases.len());
 }
-
-/// How far FLA, FlashKDA and FlashQLA land from one another on `o` (`../shared/LAYER.md`,
-/// "Precision"): the bound where no CPU model of the pipeline runs.
-const LAYER_PEER_SPREAD: f64 = 5e-3;
 
 /// The GPU layer on the peers' shapes (`kda layer --bench`'s, `../shared/LAYER.md`): a checked
 /// first run (every element of `o` and `ht` finite, and, through `run_layer_guarded`, written and
