@@ -12,6 +12,11 @@ dirty=${ALLOW_DIRTY:+--allow-dirty}
 # one version as immutable, so a build from an earlier packaging of 0.1.0 would be reused.
 verify=target/package-verify
 rm -rf "$verify" target/package
+# Likewise cargo unpacks each packaged crate of the local registry once per registry path and
+# version, so a second run at the same path would build the first run's sources: drop those.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/kda-0.1.0 \
+    "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/kda-kernel-0.1.0 \
+    "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/kda-cli-0.1.0
 cargo package "${crates[@]}" $dirty --target-dir "$verify"
 cargo publish --dry-run "${crates[@]}" $dirty --target-dir "$verify"
 

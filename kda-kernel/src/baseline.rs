@@ -51,69 +51,70 @@ impl Tiles {
     }
 }
 
-/// Baseline recurrence kernel (`abi::BASELINE`, parameters `abi::BASELINE_PARAMS`). Grid: `N * HV * COL_BLOCKS` CTAs of `THREADS`
-/// threads, `layout::baseline::SMEM_BYTES` of dynamic shared memory.
-///
-/// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
-/// `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
-///
-/// # Safety
-/// Every pointer must address a buffer of the contract's size for the plan in `seqs` and `heads`,
-/// the launch must use the grid, block and shared-memory sizes above, and the outputs must not
-/// overlap the inputs.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn kda_fwd_h_baseline(
-    k: *const u16,
-    w: *const u16,
-    u: *const u16,
-    gk: *const f32,
-    h0: *const f32,
-    h: *mut u16,
-    v_new: *mut u16,
-    ht: *mut f32,
-    seqs: *const i64,
-    heads: u32,
-    key_heads: u32,
-) {
-    let (heads, key_heads) = (heads as usize, key_heads as usize);
-    let group = heads.checked_div(key_heads).unwrap_or(0);
-    if heads == 0 || group == 0 {
-        return; // the launcher never launches so; this proves the divisions below safe
-    }
-    let item = block_idx_x();
-    let (seq, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
-    let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads, key_heads);
-    // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
-    let (token_start, len, chunk_start) = unsafe {
-        let desc = seqs.add(seq * SEQ_DESC_WORDS);
-        (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
-    };
-    let tiles = Tiles::carve();
-    let mut state = [0.0f32; STATE_ROWS];
-    if !h0.is_null() {
-        for (r, s) in state.iter_mut().enumerate() {
-            // SAFETY: `h0` holds `[N][H][K][V]`; the element is this thread's of this item's state.
-            *s = unsafe { *h0.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) };
+kernel_entry! {
+    /// Baseline recurrence kernel (`abi::BASELINE`, parameters `abi::BASELINE_PARAMS`). Grid: `N * HV * COL_BLOCKS` CTAs of `THREADS`
+    /// threads, `layout::baseline::SMEM_BYTES` of dynamic shared memory.
+    ///
+    /// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
+    /// `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
+    ///
+    /// # Safety
+    /// Every pointer must address a buffer of the contract's size for the plan in `seqs` and `heads`,
+    /// the launch must use the grid, block and shared-memory sizes above, and the outputs must not
+    /// overlap the inputs.
+    pub unsafe fn kda_fwd_h_baseline(
+        k: *const u16,
+        w: *const u16,
+        u: *const u16,
+        gk: *const f32,
+        h0: *const f32,
+        h: *mut u16,
+        v_new: *mut u16,
+        ht: *mut f32,
+        seqs: *const i64,
+        heads: u32,
+        key_heads: u32,
+    ) {
+        let (heads, key_heads) = (heads as usize, key_heads as usize);
+        let group = heads.checked_div(key_heads).unwrap_or(0);
+        if heads == 0 || group == 0 {
+            return; // the launcher never launches so; this proves the divisions below safe
         }
-    }
-    let chunks = len.div_ceil(CHUNK);
-    for c in 0..chunks {
-        let tok0 = token_start + c * CHUNK;
-        let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
-        let h_base = ((chunk_start + c) * heads + at.head) * K_DIM * V_DIM;
-        // SAFETY: the launcher validated every buffer against the plan and `heads`; rows beyond
-        // the chunk's valid length are never read from or written to global memory; every thread
-        // of the CTA runs the same steps (the barriers inside are convergent).
-        unsafe {
-            stage_chunk(&tiles, &at, &state, h.add(h_base), k, w, gk, tok0, rows);
-            corrected_values(&tiles, &at, u, v_new, tok0, rows);
-            update_state(&tiles, &at, &mut state, rows);
+        let item = block_idx_x();
+        let (seq, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
+        let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads, key_heads);
+        // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
+        let (token_start, len, chunk_start) = unsafe {
+            let desc = seqs.add(seq * SEQ_DESC_WORDS);
+            (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+        };
+        let tiles = Tiles::carve();
+        let mut state = [0.0f32; STATE_ROWS];
+        if !h0.is_null() {
+            for (r, s) in state.iter_mut().enumerate() {
+                // SAFETY: `h0` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+                *s = unsafe { *h0.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) };
+            }
         }
-    }
-    if !ht.is_null() {
-        for (r, s) in state.iter().enumerate() {
-            // SAFETY: `ht` holds `[N][H][K][V]`; the element is this thread's of this item's state.
-            unsafe { *ht.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) = *s };
+        let chunks = len.div_ceil(CHUNK);
+        for c in 0..chunks {
+            let tok0 = token_start + c * CHUNK;
+            let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
+            let h_base = ((chunk_start + c) * heads + at.head) * K_DIM * V_DIM;
+            // SAFETY: the launcher validated every buffer against the plan and `heads`; rows beyond
+            // the chunk's valid length are never read from or written to global memory; every thread
+            // of the CTA runs the same steps (the barriers inside are convergent).
+            unsafe {
+                stage_chunk(&tiles, &at, &state, h.add(h_base), k, w, gk, tok0, rows);
+                corrected_values(&tiles, &at, u, v_new, tok0, rows);
+                update_state(&tiles, &at, &mut state, rows);
+            }
+        }
+        if !ht.is_null() {
+            for (r, s) in state.iter().enumerate() {
+                // SAFETY: `ht` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+                unsafe { *ht.add(at.state_base + (at.row0 + r) * V_DIM + at.vcol) = *s };
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! Gated DeltaNet layer forward except the serial recurrence, one CTA of eight warps per (chunk,
 //! value head).
 //!
-//! - [`kda_layer_prepare`]: the gate activated and summed inside the chunk (`G`, natural log),
+//! - `kda_layer_prepare`: the gate activated and summed inside the chunk (`G`, natural log),
 //!   `k` normalised and `beta` through its sigmoid when asked, then the WY representation,
 //!
 //!   ```text
@@ -12,7 +12,7 @@
 //!   solved block by block (`SUB` rows at a time: `Y = R_b - L_b,<b X_<b`, `X_b = (I + L_bb)^-1 Y`),
 //!   and the recurrence's keys (KDA: `k Γ_last / Γ` per value head; GDN: the key head's `k`) and
 //!   gate (`G / ln 2`, the contract's log2 cumulative form).
-//! - [`kda_layer_output`]: `o = scale ((q Γ) h + P v_new)`, `P = causal((q Γ) (k / Γ)^T)`, from the
+//! - `kda_layer_output`: `o = scale ((q Γ) h + P v_new)`, `P = causal((q Γ) (k / Γ)^T)`, from the
 //!   recurrence's `h` (each chunk's entry state) and `v_new`.
 //!
 //! The products run on the tensor cores in TF32 (`mma.sync` m16n8k8, f32 accumulation). A gated
@@ -483,348 +483,348 @@ unsafe fn gated_products(
     }
 }
 
-/// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
-/// Grid: one CTA per (chunk, value head), chunk-major; `layout::layer::THREADS` threads;
-/// `layout::layer::PREPARE_SMEM_BYTES` of dynamic shared memory.
-///
-/// Reads `k` `[T, H, K]`, `v` `[T, HV, V]` (bf16), the gate `g` `[T, HV, gate_width]`, `beta`
-/// `[T, HV]` (f32) and, for a raw gate, `a_log` `[HV]` and `dt_bias` `[HV, gate_width]` (either
-/// may be null: 0 and 1 in their place); writes `w` `[T, HV, K]`, `u` `[T, HV, V]` (bf16), the
-/// recurrence's keys `k_rec` (bf16; KDA `[T, HV, K]`, GDN `[T, H, K]`) and gate `gate_out`
-/// (f32 `[T, HV, gate_width]`, log2, cumulative inside each chunk).
-///
-/// # Safety
-/// `chunks` holds `gridDim.x / value_heads` entries (first token, valid rows `1..=CHUNK`), each
-/// chunk's rows inside every tensor; the outputs overlap nothing.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn kda_layer_prepare(
-    k: *const u16,
-    v: *const u16,
-    g: *const f32,
-    beta: *const f32,
-    a_log: *const f32,
-    dt_bias: *const f32,
-    chunks: *const u32,
-    k_rec: *mut u16,
-    w_out: *mut u16,
-    u_out: *mut u16,
-    gate_out: *mut f32,
-    heads: u32,
-    value_heads: u32,
-    key_dim: u32,
-    value_dim: u32,
-    gate_width: u32,
-    options: u32,
-    gate_mode: u32,
-    lower_bound_bits: u32,
-) {
-    let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
-        return; // the launcher never launches so; this proves the tiles and divisions safe
-    };
-    let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let (tid, warp, l) = Lane::this_thread();
-    // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
-    // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
-    unsafe {
-        let wk = Work::of_this_cta(chunks, &d);
-        let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-        let smem = smem_base_generic() as *mut f32;
-        let keys = smem;
-        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
-        let betas = gates.tile.add(CHUNK * ROW_WORDS);
-        let lower = betas.add(CHUNK);
-        let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
+kernel_entry! {
+    /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
+    /// Grid: one CTA per (chunk, value head), chunk-major; `layout::layer::THREADS` threads;
+    /// `layout::layer::PREPARE_SMEM_BYTES` of dynamic shared memory.
+    ///
+    /// Reads `k` `[T, H, K]`, `v` `[T, HV, V]` (bf16), the gate `g` `[T, HV, gate_width]`, `beta`
+    /// `[T, HV]` (f32) and, for a raw gate, `a_log` `[HV]` and `dt_bias` `[HV, gate_width]` (either
+    /// may be null: 0 and 1 in their place); writes `w` `[T, HV, K]`, `u` `[T, HV, V]` (bf16), the
+    /// recurrence's keys `k_rec` (bf16; KDA `[T, HV, K]`, GDN `[T, H, K]`) and gate `gate_out`
+    /// (f32 `[T, HV, gate_width]`, log2, cumulative inside each chunk).
+    ///
+    /// # Safety
+    /// `chunks` holds `gridDim.x / value_heads` entries (first token, valid rows `1..=CHUNK`), each
+    /// chunk's rows inside every tensor; the outputs overlap nothing.
+    pub unsafe fn kda_layer_prepare(
+        k: *const u16,
+        v: *const u16,
+        g: *const f32,
+        beta: *const f32,
+        a_log: *const f32,
+        dt_bias: *const f32,
+        chunks: *const u32,
+        k_rec: *mut u16,
+        w_out: *mut u16,
+        u_out: *mut u16,
+        gate_out: *mut f32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        gate_mode: u32,
+        lower_bound_bits: u32,
+    ) {
+        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
+            return; // the launcher never launches so; this proves the tiles and divisions safe
+        };
+        let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
+        let (tid, warp, l) = Lane::this_thread();
+        // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
+        // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
+        unsafe {
+            let wk = Work::of_this_cta(chunks, &d);
+            let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+            let smem = smem_base_generic() as *mut f32;
+            let keys = smem;
+            let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+            let betas = gates.tile.add(CHUNK * ROW_WORDS);
+            let lower = betas.add(CHUNK);
+            let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
 
-        load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
+            load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
 
-        // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
-        let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
-        copy_strided(
-            rows * gw,
-            |e| {
+            // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
+            let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
+            copy_strided(
+                rows * gw,
+                |e| {
+                    let (r, a) = split(e, gw);
+                    *g.add(((t0 + r) * hv + i) * gw + a)
+                },
+                |e, raw| {
+                    let (r, a) = split(e, gw);
+                    let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+                    *gates.tile.add(r * ROW_WORDS + a) =
+                        activate(raw, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
+                },
+            );
+            if tid < CHUNK {
+                let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
+                *betas.add(tid) = if tid >= rows {
+                    0.0
+                } else if options & OPT_BETA_SIGMOID != 0 {
+                    sigmoid(b)
+                } else {
+                    b
+                };
+            }
+            sync_threads();
+            // G: the decay summed down each column.
+            for a in (tid..gw).step_by(THREADS) {
+                let mut acc = 0.0;
+                for r in 0..rows {
+                    acc += *gates.tile.add(r * ROW_WORDS + a);
+                    *gates.tile.add(r * ROW_WORDS + a) = acc;
+                }
+            }
+            sync_threads();
+            gates.pad(rows, gw);
+
+            // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
+            gated_products(lower, F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
+
+            // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
+            // thread by forward substitution.
+            if tid < SUBS * SUB {
+                let (b, c) = (tid / SUB, tid % SUB);
+                let base = b * SUB;
+                for r in 0..SUB {
+                    let mut acc = if r == c { 1.0 } else { 0.0 };
+                    for s in c..r {
+                        let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
+                        acc = fma_f32(-at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
+                    }
+                    *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
+                }
+            }
+            // The recurrence's keys and gate, while the key and gate tiles still hold them.
+            let last = rows - 1;
+            for e in (tid..rows * kd).step_by(THREADS) {
+                let (r, a) = split(e, kd);
+                let key = at(keys, ROW_WORDS, r, a);
+                if d.per_key_gate() {
+                    let to_end = exp(gates.at(last, a) - gates.at(r, a));
+                    *k_rec.add(((t0 + r) * hv + i) * kd + a) = f32_to_bf16(key * to_end);
+                } else if i.checked_rem(d.group()) == Some(0) {
+                    // GDN's keys are the key head's, written by the first value head of its group.
+                    *k_rec.add(((t0 + r) * d.heads + wk.j) * kd + a) = f32_to_bf16(key);
+                }
+            }
+            for e in (tid..rows * gw).step_by(THREADS) {
                 let (r, a) = split(e, gw);
-                *g.add(((t0 + r) * hv + i) * gw + a)
-            },
-            |e, raw| {
-                let (r, a) = split(e, gw);
-                let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-                *gates.tile.add(r * ROW_WORDS + a) =
-                    activate(raw, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
-            },
-        );
-        if tid < CHUNK {
-            let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
-            *betas.add(tid) = if tid >= rows {
-                0.0
-            } else if options & OPT_BETA_SIGMOID != 0 {
-                sigmoid(b)
-            } else {
-                b
-            };
-        }
-        sync_threads();
-        // G: the decay summed down each column.
-        for a in (tid..gw).step_by(THREADS) {
-            let mut acc = 0.0;
-            for r in 0..rows {
-                acc += *gates.tile.add(r * ROW_WORDS + a);
-                *gates.tile.add(r * ROW_WORDS + a) = acc;
+                *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
             }
-        }
-        sync_threads();
-        gates.pad(rows, gw);
+            // The right-hand side in place: diag(beta) k Γ over the keys (each thread its own
+            // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
+            // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
+            // tile, u's in the gate tile.
+            for e in (tid..CHUNK * kd).step_by(THREADS) {
+                let (r, col) = split(e, kd);
+                let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
+                *keys.add(r * ROW_WORDS + col) = x;
+            }
+            sync_threads();
+            let values = gates.tile;
+            copy_strided(
+                CHUNK * vd,
+                |e| {
+                    let (r, col) = split(e, vd);
+                    if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
+                },
+                |e, value| {
+                    let (r, col) = split(e, vd);
+                    *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
+                },
+            );
+            sync_threads();
 
-        // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-        gated_products(lower, F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
-
-        // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-        // thread by forward substitution.
-        if tid < SUBS * SUB {
-            let (b, c) = (tid / SUB, tid % SUB);
-            let base = b * SUB;
-            for r in 0..SUB {
-                let mut acc = if r == c { 1.0 } else { 0.0 };
-                for s in c..r {
-                    let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
-                    acc = fma_f32(-at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
+            // Block by block, each warp its own columns of [w | u] (no other warp touches them):
+            // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
+            let cols_per_warp = (kd + vd) / (THREADS / LANES);
+            for b in 0..SUBS {
+                let r0 = b * SUB;
+                for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
+                    // The 8 columns' tile: w's in the key tile, u's in the gate tile.
+                    let (tile, c0) = if n0 < kd { (keys, n0) } else { (values, n0 - kd) };
+                    let mut acc = [0.0f32; 4];
+                    for (e, x) in acc.iter_mut().enumerate() {
+                        let (m, n) = l.acc_at(e);
+                        *x = at(tile, ROW_WORDS, r0 + m, c0 + n);
+                    }
+                    mma_tile(
+                        &mut acc,
+                        r0,
+                        l,
+                        |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
+                        |s, n| at(tile, ROW_WORDS, s, c0 + n),
+                    );
+                    sync_warp();
+                    for (e, x) in acc.iter().enumerate() {
+                        let (m, n) = l.acc_at(e);
+                        *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                    }
+                    sync_warp();
+                    let mut out = [0.0f32; 4];
+                    mma_tile(
+                        &mut out,
+                        SUB,
+                        l,
+                        |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                        |s, n| at(tile, ROW_WORDS, r0 + s, c0 + n),
+                    );
+                    sync_warp();
+                    for (e, x) in out.iter().enumerate() {
+                        let (m, n) = l.acc_at(e);
+                        *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
+                    }
+                    sync_warp();
                 }
-                *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
             }
-        }
-        // The recurrence's keys and gate, while the key and gate tiles still hold them.
-        let last = rows - 1;
-        for e in (tid..rows * kd).step_by(THREADS) {
-            let (r, a) = split(e, kd);
-            let key = at(keys, ROW_WORDS, r, a);
-            if d.per_key_gate() {
-                let to_end = exp(gates.at(last, a) - gates.at(r, a));
-                *k_rec.add(((t0 + r) * hv + i) * kd + a) = f32_to_bf16(key * to_end);
-            } else if i.checked_rem(d.group()) == Some(0) {
-                // GDN's keys are the key head's, written by the first value head of its group.
-                *k_rec.add(((t0 + r) * d.heads + wk.j) * kd + a) = f32_to_bf16(key);
+            sync_threads();
+
+            // w and u.
+            for e in (tid..rows * kd).step_by(THREADS) {
+                let (r, col) = split(e, kd);
+                *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
             }
-        }
-        for e in (tid..rows * gw).step_by(THREADS) {
-            let (r, a) = split(e, gw);
-            *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
-        }
-        // The right-hand side in place: diag(beta) k Γ over the keys (each thread its own
-        // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
-        // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
-        // tile, u's in the gate tile.
-        for e in (tid..CHUNK * kd).step_by(THREADS) {
-            let (r, col) = split(e, kd);
-            let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
-            *keys.add(r * ROW_WORDS + col) = x;
-        }
-        sync_threads();
-        let values = gates.tile;
-        copy_strided(
-            CHUNK * vd,
-            |e| {
+            for e in (tid..rows * vd).step_by(THREADS) {
                 let (r, col) = split(e, vd);
-                if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
-            },
-            |e, value| {
-                let (r, col) = split(e, vd);
-                *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
-            },
-        );
-        sync_threads();
-
-        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
-        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
-        let cols_per_warp = (kd + vd) / (THREADS / LANES);
-        for b in 0..SUBS {
-            let r0 = b * SUB;
-            for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
-                // The 8 columns' tile: w's in the key tile, u's in the gate tile.
-                let (tile, c0) = if n0 < kd { (keys, n0) } else { (values, n0 - kd) };
-                let mut acc = [0.0f32; 4];
-                for (e, x) in acc.iter_mut().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *x = at(tile, ROW_WORDS, r0 + m, c0 + n);
-                }
-                mma_tile(
-                    &mut acc,
-                    r0,
-                    l,
-                    |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
-                    |s, n| at(tile, ROW_WORDS, s, c0 + n),
-                );
-                sync_warp();
-                for (e, x) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
-                }
-                sync_warp();
-                let mut out = [0.0f32; 4];
-                mma_tile(
-                    &mut out,
-                    SUB,
-                    l,
-                    |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                    |s, n| at(tile, ROW_WORDS, r0 + s, c0 + n),
-                );
-                sync_warp();
-                for (e, x) in out.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
-                }
-                sync_warp();
+                *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
             }
-        }
-        sync_threads();
-
-        // w and u.
-        for e in (tid..rows * kd).step_by(THREADS) {
-            let (r, col) = split(e, kd);
-            *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
-        }
-        for e in (tid..rows * vd).step_by(THREADS) {
-            let (r, col) = split(e, vd);
-            *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
         }
     }
 }
 
-/// The layer's output kernel (`abi::LAYER_OUTPUT`, parameters `abi::LAYER_OUTPUT_PARAMS`). Grid,
-/// threads as [`kda_layer_prepare`]; `layout::layer::OUTPUT_SMEM_BYTES` of dynamic shared memory.
-///
-/// Reads `q`, `k` `[T, H, K]` (bf16), the prepare kernel's gate (`[T, HV, gate_width]` f32,
-/// log2, cumulative inside each chunk), the recurrence's `h` (`[NT, HV, K, V]` bf16, key-first;
-/// value-first `[NT, HV, V, K]` when `state_layout` is `StateLayoutCode::ValueFirst`; the chunk
-/// table's order is the recurrence's chunk order) and `v_new` (`[T, HV, V]` bf16); writes `o`
-/// (`[T, HV, V]` bf16) times `f32::from_bits(scale_bits)`.
-///
-/// # Safety
-/// As for [`kda_layer_prepare`]; `h` holds a state per (chunk of the table, value head).
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn kda_layer_output(
-    q: *const u16,
-    k: *const u16,
-    gate: *const f32,
-    h: *const u16,
-    v_new: *const u16,
-    o: *mut u16,
-    chunks: *const u32,
-    heads: u32,
-    value_heads: u32,
-    key_dim: u32,
-    value_dim: u32,
-    gate_width: u32,
-    options: u32,
-    scale_bits: u32,
-    state_layout: u32,
-) {
-    let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
-        return; // the launcher never launches so; this proves the tiles and divisions safe
-    };
-    let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    let (tid, warp, l) = Lane::this_thread();
-    let l2norm = options & OPT_L2NORM != 0;
-    // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
-    unsafe {
-        let wk = Work::of_this_cta(chunks, &d);
-        let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-        let smem = smem_base_generic() as *mut f32;
-        let queries = smem;
-        let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
-        let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
-        let attention = gates.tile.add(CHUNK * ROW_WORDS);
-        // Staged once the attention is formed, over the keys and the gate (bf16).
-        let staged_h = keys;
-        let staged_v = staged_h.add(MAX_K * STAGED_ROW);
+kernel_entry! {
+    /// The layer's output kernel (`abi::LAYER_OUTPUT`, parameters `abi::LAYER_OUTPUT_PARAMS`). Grid,
+    /// threads as [`kda_layer_prepare`]; `layout::layer::OUTPUT_SMEM_BYTES` of dynamic shared memory.
+    ///
+    /// Reads `q`, `k` `[T, H, K]` (bf16), the prepare kernel's gate (`[T, HV, gate_width]` f32,
+    /// log2, cumulative inside each chunk), the recurrence's `h` (`[NT, HV, K, V]` bf16, key-first;
+    /// value-first `[NT, HV, V, K]` when `state_layout` is `StateLayoutCode::ValueFirst`; the chunk
+    /// table's order is the recurrence's chunk order) and `v_new` (`[T, HV, V]` bf16); writes `o`
+    /// (`[T, HV, V]` bf16) times `f32::from_bits(scale_bits)`.
+    ///
+    /// # Safety
+    /// As for [`kda_layer_prepare`]; `h` holds a state per (chunk of the table, value head).
+    pub unsafe fn kda_layer_output(
+        q: *const u16,
+        k: *const u16,
+        gate: *const f32,
+        h: *const u16,
+        v_new: *const u16,
+        o: *mut u16,
+        chunks: *const u32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        scale_bits: u32,
+        state_layout: u32,
+    ) {
+        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
+            return; // the launcher never launches so; this proves the tiles and divisions safe
+        };
+        let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
+        let (tid, warp, l) = Lane::this_thread();
+        let l2norm = options & OPT_L2NORM != 0;
+        // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
+        unsafe {
+            let wk = Work::of_this_cta(chunks, &d);
+            let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+            let smem = smem_base_generic() as *mut f32;
+            let queries = smem;
+            let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
+            let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
+            let attention = gates.tile.add(CHUNK * ROW_WORDS);
+            // Staged once the attention is formed, over the keys and the gate (bf16).
+            let staged_h = keys;
+            let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
-        // The keys (normalised when asked) through the query tile into their bf16 tile, then the
-        // queries.
-        load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
-        for e in (tid..CHUNK * kd).step_by(THREADS) {
-            let (r, a) = split(e, kd);
-            *keys.add(r * KEY_ROW + a) = f32_to_bf16(at(queries, ROW_WORDS, r, a));
-        }
-        sync_threads();
-        load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-        copy_strided(
-            rows * gw,
-            |e| {
-                let (r, a) = split(e, gw);
-                *gate.add(((t0 + r) * hv + i) * gw + a)
-            },
-            |e, x| {
-                let (r, a) = split(e, gw);
-                *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
-            },
-        );
-        sync_threads();
-        gates.pad(rows, gw);
-
-        // P = causal((q Γ) (k / Γ)^T), diagonal included.
-        gated_products(attention, F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
-        // q Γ, for the entry state's part.
-        for e in (tid..CHUNK * kd).step_by(THREADS) {
-            let (r, a) = split(e, kd);
-            *queries.add(r * ROW_WORDS + a) *= exp(gates.at(r, a));
-        }
-        sync_threads();
-        // The entry state and the chunk's v_new (zeros past the valid rows).
-        let block = h.add((wk.chunk * hv + i) * kd * vd);
-        let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
-        copy_strided(
-            kd * vd,
-            |e| *block.add(e),
-            |e, x| {
-                // Element e of the block: (key a, column) key-first, (column, key a) value-first.
-                let (a, col) = if value_first {
-                    let (col, a) = split(e, kd);
-                    (a, col)
-                } else {
-                    split(e, vd)
-                };
-                *staged_h.add(a * STAGED_ROW + col) = x;
-            },
-        );
-        copy_strided(
-            CHUNK * vd,
-            |e| {
-                let (r, col) = split(e, vd);
-                if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
-            },
-            |e, x| {
-                let (r, col) = split(e, vd);
-                *staged_v.add(r * STAGED_ROW + col) = x;
-            },
-        );
-        sync_threads();
-
-        // o = scale ((q Γ) h + P v_new): warp (row block, column half).
-        let scale = f32::from_bits(scale_bits);
-        let (rb, half) = (warp % SUBS, warp / SUBS);
-        let r0 = rb * SUB;
-        let cols = vd / 2;
-        for n0 in (half * cols..(half + 1) * cols).step_by(TILE_N) {
-            let mut acc = [0.0f32; 4];
-            mma_tile(
-                &mut acc,
-                kd,
-                l,
-                |m, a| at(queries, ROW_WORDS, r0 + m, a),
-                |a, n| bf16_to_f32(*staged_h.add(a * STAGED_ROW + n0 + n)),
+            // The keys (normalised when asked) through the query tile into their bf16 tile, then the
+            // queries.
+            load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
+            for e in (tid..CHUNK * kd).step_by(THREADS) {
+                let (r, a) = split(e, kd);
+                *keys.add(r * KEY_ROW + a) = f32_to_bf16(at(queries, ROW_WORDS, r, a));
+            }
+            sync_threads();
+            load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
+            copy_strided(
+                rows * gw,
+                |e| {
+                    let (r, a) = split(e, gw);
+                    *gate.add(((t0 + r) * hv + i) * gw + a)
+                },
+                |e, x| {
+                    let (r, a) = split(e, gw);
+                    *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
+                },
             );
-            mma_tile(
-                &mut acc,
-                r0 + SUB,
-                l,
-                |m, s| at(attention, MATRIX_ROW_WORDS, r0 + m, s),
-                |s, n| bf16_to_f32(*staged_v.add(s * STAGED_ROW + n0 + n)),
+            sync_threads();
+            gates.pad(rows, gw);
+
+            // P = causal((q Γ) (k / Γ)^T), diagonal included.
+            gated_products(attention, F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
+            // q Γ, for the entry state's part.
+            for e in (tid..CHUNK * kd).step_by(THREADS) {
+                let (r, a) = split(e, kd);
+                *queries.add(r * ROW_WORDS + a) *= exp(gates.at(r, a));
+            }
+            sync_threads();
+            // The entry state and the chunk's v_new (zeros past the valid rows).
+            let block = h.add((wk.chunk * hv + i) * kd * vd);
+            let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
+            copy_strided(
+                kd * vd,
+                |e| *block.add(e),
+                |e, x| {
+                    // Element e of the block: (key a, column) key-first, (column, key a) value-first.
+                    let (a, col) = if value_first {
+                        let (col, a) = split(e, kd);
+                        (a, col)
+                    } else {
+                        split(e, vd)
+                    };
+                    *staged_h.add(a * STAGED_ROW + col) = x;
+                },
             );
-            for (e, x) in acc.iter().enumerate() {
-                let (m, n) = l.acc_at(e);
-                let r = r0 + m;
-                if r < rows {
-                    *o.add(((t0 + r) * hv + i) * vd + n0 + n) = f32_to_bf16(scale * x);
+            copy_strided(
+                CHUNK * vd,
+                |e| {
+                    let (r, col) = split(e, vd);
+                    if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
+                },
+                |e, x| {
+                    let (r, col) = split(e, vd);
+                    *staged_v.add(r * STAGED_ROW + col) = x;
+                },
+            );
+            sync_threads();
+
+            // o = scale ((q Γ) h + P v_new): warp (row block, column half).
+            let scale = f32::from_bits(scale_bits);
+            let (rb, half) = (warp % SUBS, warp / SUBS);
+            let r0 = rb * SUB;
+            let cols = vd / 2;
+            for n0 in (half * cols..(half + 1) * cols).step_by(TILE_N) {
+                let mut acc = [0.0f32; 4];
+                mma_tile(
+                    &mut acc,
+                    kd,
+                    l,
+                    |m, a| at(queries, ROW_WORDS, r0 + m, a),
+                    |a, n| bf16_to_f32(*staged_h.add(a * STAGED_ROW + n0 + n)),
+                );
+                mma_tile(
+                    &mut acc,
+                    r0 + SUB,
+                    l,
+                    |m, s| at(attention, MATRIX_ROW_WORDS, r0 + m, s),
+                    |s, n| bf16_to_f32(*staged_v.add(s * STAGED_ROW + n0 + n)),
+                );
+                for (e, x) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    let r = r0 + m;
+                    if r < rows {
+                        *o.add(((t0 + r) * hv + i) * vd + n0 + n) = f32_to_bf16(scale * x);
+                    }
                 }
             }
         }

@@ -44,102 +44,102 @@ const _: () = {
 #[repr(C, align(16))]
 struct Quad([f32; 4]);
 
-/// The split merge (`abi::MERGE`, parameters `abi::MERGE_PARAMS`). Grid: one CTA per (merge
-/// record, value head, block of `COLS` value columns), record-major; `abi::MERGE.threads`
-/// threads; `abi::MERGE.smem_bytes` of dynamic shared memory.
-///
-/// # Safety
-/// `table` holds `gridDim.x / (heads * value_dim / COLS)` records of `MERGE_WORDS` words;
-/// `maps` holds every map row the records name (`[rows][key_dim][key_dim + value_dim]` f32,
-/// key-first), `h0` (unless null) and `entries` every state row they name
-/// (`[rows][key_dim][value_dim]` f32 in `state_layout`), all 16-byte aligned; `key_dim` is a
-/// multiple of `ROWS_PER_PASS` up to `MAX_K`, `value_dim` a multiple of `COLS`; `entries`
-/// overlaps nothing else.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn kda_split_merge(
-    maps: *const f32,
-    h0: *const f32,
-    entries: *mut f32,
-    table: *const u32,
-    heads: u32,
-    key_dim: u32,
-    value_dim: u32,
-    state_layout: u32,
-) {
-    let (heads, kd, vd) = (heads as usize, key_dim as usize, value_dim as usize);
-    let blocks = vd / COLS;
-    if heads == 0 || blocks == 0 || kd > MAX_K {
-        return; // the launcher never launches so; this proves the divisions and buffers safe
-    }
-    // 32-bit index arithmetic (the grid is below 2^31 CTAs): 64-bit divisions are subroutine
-    // calls in SASS.
-    let (b, heads32, blocks32) = (block_idx_x() as u32, heads as u32, blocks as u32);
-    let per_record = heads32.wrapping_mul(blocks32);
-    if heads32 == 0 || blocks32 == 0 || per_record == 0 {
-        return; // beyond the launcher's limits; this proves the divisions below safe
-    }
-    let (record, head) = ((b / per_record) as usize, ((b / blocks32) % heads32) as usize);
-    let block = (b % blocks32) as usize;
-    let tid = thread_idx_x();
-    let (quad, row0) = (tid % QUADS, tid / QUADS);
-    let states = States {
-        kd,
-        vd,
-        col: block * COLS + 4 * quad,
-        value_first: state_layout == StateLayoutCode::ValueFirst as u32,
-    };
-    // SAFETY: the record exists (the grid covers the table).
-    let [seq, first_entry, segments, first_map] = unsafe {
-        let r = table.add(record * MERGE_WORDS);
-        [MERGE_SEQ, MERGE_FIRST_ENTRY, MERGE_SEGMENTS, MERGE_FIRST_MAP].map(|w| *r.add(w) as usize)
-    };
-    let entry_row = |s: usize| (first_entry + s) * heads + head;
-    // This thread's quad of key row `i` in entry buffer `s % 2`.
-    let shared =
-        |s: usize, i: usize| (smem_base_shared() as usize + (s % 2) * BUFFER_BYTES + (i * COLS + 4 * quad) * 4) as u32;
-    let wide = kd + vd;
-
-    // entry(0): h0's block, or zeros.
-    for i in (row0..kd).step_by(ROWS_PER_PASS) {
-        // SAFETY (block): the row and columns are inside the named state rows; the shared
-        // address inside buffer 0.
-        unsafe {
-            let x = if h0.is_null() { Quad([0.0; 4]) } else { states.read(h0, seq * heads + head, i) };
-            st_shared_v4(shared(0, i), x.0.map(f32::to_bits));
-            states.write(entries, entry_row(0), i, x);
+kernel_entry! {
+    /// The split merge (`abi::MERGE`, parameters `abi::MERGE_PARAMS`). Grid: one CTA per (merge
+    /// record, value head, block of `COLS` value columns), record-major; `abi::MERGE.threads`
+    /// threads; `abi::MERGE.smem_bytes` of dynamic shared memory.
+    ///
+    /// # Safety
+    /// `table` holds `gridDim.x / (heads * value_dim / COLS)` records of `MERGE_WORDS` words;
+    /// `maps` holds every map row the records name (`[rows][key_dim][key_dim + value_dim]` f32,
+    /// key-first), `h0` (unless null) and `entries` every state row they name
+    /// (`[rows][key_dim][value_dim]` f32 in `state_layout`), all 16-byte aligned; `key_dim` is a
+    /// multiple of `ROWS_PER_PASS` up to `MAX_K`, `value_dim` a multiple of `COLS`; `entries`
+    /// overlaps nothing else.
+    pub unsafe fn kda_split_merge(
+        maps: *const f32,
+        h0: *const f32,
+        entries: *mut f32,
+        table: *const u32,
+        heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        state_layout: u32,
+    ) {
+        let (heads, kd, vd) = (heads as usize, key_dim as usize, value_dim as usize);
+        let blocks = vd / COLS;
+        if heads == 0 || blocks == 0 || kd > MAX_K {
+            return; // the launcher never launches so; this proves the divisions and buffers safe
         }
-    }
-    // SAFETY: every thread reaches it.
-    unsafe { sync_threads() };
-    for s in 0..segments.saturating_sub(1) {
-        // SAFETY: the record names map row `(first_map + s) * heads + head` for every segment but
-        // the last.
-        let map = unsafe { maps.add(((first_map + s) * heads + head) * kd * wide) };
+        // 32-bit index arithmetic (the grid is below 2^31 CTAs): 64-bit divisions are subroutine
+        // calls in SASS.
+        let (b, heads32, blocks32) = (block_idx_x() as u32, heads as u32, blocks as u32);
+        let per_record = heads32.wrapping_mul(blocks32);
+        if heads32 == 0 || blocks32 == 0 || per_record == 0 {
+            return; // beyond the launcher's limits; this proves the divisions below safe
+        }
+        let (record, head) = ((b / per_record) as usize, ((b / blocks32) % heads32) as usize);
+        let block = (b % blocks32) as usize;
+        let tid = thread_idx_x();
+        let (quad, row0) = (tid % QUADS, tid / QUADS);
+        let states = States {
+            kd,
+            vd,
+            col: block * COLS + 4 * quad,
+            value_first: state_layout == StateLayoutCode::ValueFirst as u32,
+        };
+        // SAFETY: the record exists (the grid covers the table).
+        let [seq, first_entry, segments, first_map] = unsafe {
+            let r = table.add(record * MERGE_WORDS);
+            [MERGE_SEQ, MERGE_FIRST_ENTRY, MERGE_SEGMENTS, MERGE_FIRST_MAP].map(|w| *r.add(w) as usize)
+        };
+        let entry_row = |s: usize| (first_entry + s) * heads + head;
+        // This thread's quad of key row `i` in entry buffer `s % 2`.
+        let shared =
+            |s: usize, i: usize| (smem_base_shared() as usize + (s % 2) * BUFFER_BYTES + (i * COLS + 4 * quad) * 4) as u32;
+        let wide = kd + vd;
+
+        // entry(0): h0's block, or zeros.
         for i in (row0..kd).step_by(ROWS_PER_PASS) {
-            // SAFETY (block): row `i` of the map, its `B` quad at key column `kd + col`; the
-            // entry block's rows in buffer `s % 2`, written by the previous step before the
-            // barrier.
+            // SAFETY (block): the row and columns are inside the named state rows; the shared
+            // address inside buffer 0.
             unsafe {
-                let row = map.add(i * wide);
-                let mut acc = *row.add(kd + states.col).cast::<Quad>();
-                for k0 in (0..kd).step_by(4 * LOAD_BATCH) {
-                    let m: [Quad; LOAD_BATCH] = core::array::from_fn(|j| *row.add(k0 + 4 * j).cast::<Quad>());
-                    for (j, mq) in m.iter().enumerate() {
-                        for (jj, &mk) in mq.0.iter().enumerate() {
-                            let e = ld_shared_v4(shared(s, k0 + 4 * j + jj));
-                            for (a, &x) in acc.0.iter_mut().zip(&e) {
-                                *a = fma_f32(mk, f32::from_bits(x), *a);
+                let x = if h0.is_null() { Quad([0.0; 4]) } else { states.read(h0, seq * heads + head, i) };
+                st_shared_v4(shared(0, i), x.0.map(f32::to_bits));
+                states.write(entries, entry_row(0), i, x);
+            }
+        }
+        // SAFETY: every thread reaches it.
+        unsafe { sync_threads() };
+        for s in 0..segments.saturating_sub(1) {
+            // SAFETY: the record names map row `(first_map + s) * heads + head` for every segment but
+            // the last.
+            let map = unsafe { maps.add(((first_map + s) * heads + head) * kd * wide) };
+            for i in (row0..kd).step_by(ROWS_PER_PASS) {
+                // SAFETY (block): row `i` of the map, its `B` quad at key column `kd + col`; the
+                // entry block's rows in buffer `s % 2`, written by the previous step before the
+                // barrier.
+                unsafe {
+                    let row = map.add(i * wide);
+                    let mut acc = *row.add(kd + states.col).cast::<Quad>();
+                    for k0 in (0..kd).step_by(4 * LOAD_BATCH) {
+                        let m: [Quad; LOAD_BATCH] = core::array::from_fn(|j| *row.add(k0 + 4 * j).cast::<Quad>());
+                        for (j, mq) in m.iter().enumerate() {
+                            for (jj, &mk) in mq.0.iter().enumerate() {
+                                let e = ld_shared_v4(shared(s, k0 + 4 * j + jj));
+                                for (a, &x) in acc.0.iter_mut().zip(&e) {
+                                    *a = fma_f32(mk, f32::from_bits(x), *a);
+                                }
                             }
                         }
                     }
+                    st_shared_v4(shared(s + 1, i), acc.0.map(f32::to_bits));
+                    states.write(entries, entry_row(s + 1), i, acc);
                 }
-                st_shared_v4(shared(s + 1, i), acc.0.map(f32::to_bits));
-                states.write(entries, entry_row(s + 1), i, acc);
             }
+            // SAFETY: every thread reaches it (the loop bounds are the CTA's).
+            unsafe { sync_threads() };
         }
-        // SAFETY: every thread reaches it (the loop bounds are the CTA's).
-        unsafe { sync_threads() };
     }
 }
 

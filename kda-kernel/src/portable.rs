@@ -5,12 +5,12 @@
 //! Each of the four warps keeps 32 rows of the `[K][BV]` state as accumulator fragments. Per
 //! chunk (`layout::portable` has the shared tiles):
 //!
-//! 1. [`stage_chunk`]: `bf16(S)` to `h` and, transposed, to shared memory; the chunk's `w` rows
+//! 1. `stage_chunk`: `bf16(S)` to `h` and, transposed, to shared memory; the chunk's `w` rows
 //!    as they are and its `k` rows transposed (rows past the chunk's end zero-filled); `exp2` of
 //!    the last valid `gk` row.
-//! 2. [`corrected_values`]: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
+//! 2. `corrected_values`: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
 //!    `v_new` (valid rows) and, transposed, to shared memory (zeros past the end).
-//! 3. [`update_state`]: `S = d * S + k^T @ bf16(Vn)`; the zero rows past the end add nothing.
+//! 3. `update_state`: `S = d * S + k^T @ bf16(Vn)`; the zero rows past the end add nothing.
 //!
 //! It takes the baseline's parameters (`abi::BASELINE_PARAMS`) and runs the same slice of the
 //! contract (the per-key gate `gk`, K = V = 128, key-first states, packed tensors). All offsets are
@@ -97,79 +97,80 @@ struct Item {
     state_base: usize,
 }
 
-/// Portable tensor-core recurrence kernel (`abi::PORTABLE`, parameters `abi::BASELINE_PARAMS`).
-/// Grid: `N * HV * COL_BLOCKS` CTAs of `THREADS` threads, `layout::portable::SMEM_BYTES` of
-/// dynamic shared memory.
-///
-/// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
-/// `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
-///
-/// # Safety
-/// Every pointer must address a buffer of the contract's size for the plan in `seqs` and `heads`,
-/// 16-byte aligned; the launch must use the grid, block and shared-memory sizes above, and the
-/// outputs must not overlap the inputs.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn kda_fwd_h_portable(
-    k: *const u16,
-    w: *const u16,
-    u: *const u16,
-    gk: *const f32,
-    h0: *const f32,
-    h: *mut u16,
-    v_new: *mut u16,
-    ht: *mut f32,
-    seqs: *const i64,
-    heads: u32,
-    key_heads: u32,
-) {
-    let (heads, key_heads) = (heads as usize, key_heads as usize);
-    let group = heads.checked_div(key_heads).unwrap_or(0);
-    if heads == 0 || group == 0 {
-        return; // the launcher never launches so; this proves the divisions below safe
-    }
-    let block = block_idx_x();
-    let (seq, head) = (block / (COL_BLOCKS * heads), (block / COL_BLOCKS) % heads);
-    let item = Item {
-        head,
-        key_head: head / group,
-        heads,
-        key_heads,
-        col0: (block % COL_BLOCKS) * BV,
-        state_base: (seq * heads + head) * K_DIM * V_DIM,
-    };
-    let frag = Frag::of(thread_idx_x());
-    // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
-    let (token_start, len, chunk_start) = unsafe {
-        let desc = seqs.add(seq * SEQ_DESC_WORDS);
-        (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
-    };
-    let tiles = Tiles::carve();
-    let mut state: State = [[[0.0; 4]; N_TILES]; STATE_M_TILES];
-    if !h0.is_null() {
-        for_each_state(&mut state, frag, |row, col, s| {
-            // SAFETY: `h0` holds `[N][H][K][V]`; the element is this thread's of this item's state.
-            *s = unsafe { *h0.add(item.state_base + row * V_DIM + item.col0 + col) };
-        });
-    }
-    let chunks = len.div_ceil(CHUNK);
-    for c in 0..chunks {
-        let tok0 = token_start + c * CHUNK;
-        let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
-        let h_item = ((chunk_start + c) * heads + head) * K_DIM * V_DIM;
-        // SAFETY: the launcher validated every buffer against the plan and `heads`; rows beyond
-        // the chunk's valid length are never read from or written to global memory; every thread
-        // of the CTA runs the same steps (the barriers inside are convergent).
-        unsafe {
-            stage_chunk(tiles, Frag::fresh(), &item, &state, h.add(h_item), k, w, gk, tok0, rows);
-            corrected_values(tiles, Frag::fresh(), &item, u, v_new, tok0, rows);
-            update_state(tiles, Frag::fresh(), &mut state);
+kernel_entry! {
+    /// Portable tensor-core recurrence kernel (`abi::PORTABLE`, parameters `abi::BASELINE_PARAMS`).
+    /// Grid: `N * HV * COL_BLOCKS` CTAs of `THREADS` threads, `layout::portable::SMEM_BYTES` of
+    /// dynamic shared memory.
+    ///
+    /// Pointers are bf16 bits (`u16`) or f32. `h0` and `ht` may be null (zeros in, no final state out).
+    /// `seqs` is the plan's descriptor table (`SEQ_DESC_WORDS` `i64` per sequence).
+    ///
+    /// # Safety
+    /// Every pointer must address a buffer of the contract's size for the plan in `seqs` and `heads`,
+    /// 16-byte aligned; the launch must use the grid, block and shared-memory sizes above, and the
+    /// outputs must not overlap the inputs.
+    pub unsafe fn kda_fwd_h_portable(
+        k: *const u16,
+        w: *const u16,
+        u: *const u16,
+        gk: *const f32,
+        h0: *const f32,
+        h: *mut u16,
+        v_new: *mut u16,
+        ht: *mut f32,
+        seqs: *const i64,
+        heads: u32,
+        key_heads: u32,
+    ) {
+        let (heads, key_heads) = (heads as usize, key_heads as usize);
+        let group = heads.checked_div(key_heads).unwrap_or(0);
+        if heads == 0 || group == 0 {
+            return; // the launcher never launches so; this proves the divisions below safe
         }
-    }
-    if !ht.is_null() {
-        for_each_state(&mut state, frag, |row, col, s| {
-            // SAFETY: `ht` holds `[N][H][K][V]`; the element is this thread's of this item's state.
-            unsafe { *ht.add(item.state_base + row * V_DIM + item.col0 + col) = *s };
-        });
+        let block = block_idx_x();
+        let (seq, head) = (block / (COL_BLOCKS * heads), (block / COL_BLOCKS) % heads);
+        let item = Item {
+            head,
+            key_head: head / group,
+            heads,
+            key_heads,
+            col0: (block % COL_BLOCKS) * BV,
+            state_base: (seq * heads + head) * K_DIM * V_DIM,
+        };
+        let frag = Frag::of(thread_idx_x());
+        // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
+        let (token_start, len, chunk_start) = unsafe {
+            let desc = seqs.add(seq * SEQ_DESC_WORDS);
+            (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+        };
+        let tiles = Tiles::carve();
+        let mut state: State = [[[0.0; 4]; N_TILES]; STATE_M_TILES];
+        if !h0.is_null() {
+            for_each_state(&mut state, frag, |row, col, s| {
+                // SAFETY: `h0` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+                *s = unsafe { *h0.add(item.state_base + row * V_DIM + item.col0 + col) };
+            });
+        }
+        let chunks = len.div_ceil(CHUNK);
+        for c in 0..chunks {
+            let tok0 = token_start + c * CHUNK;
+            let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
+            let h_item = ((chunk_start + c) * heads + head) * K_DIM * V_DIM;
+            // SAFETY: the launcher validated every buffer against the plan and `heads`; rows beyond
+            // the chunk's valid length are never read from or written to global memory; every thread
+            // of the CTA runs the same steps (the barriers inside are convergent).
+            unsafe {
+                stage_chunk(tiles, Frag::fresh(), &item, &state, h.add(h_item), k, w, gk, tok0, rows);
+                corrected_values(tiles, Frag::fresh(), &item, u, v_new, tok0, rows);
+                update_state(tiles, Frag::fresh(), &mut state);
+            }
+        }
+        if !ht.is_null() {
+            for_each_state(&mut state, frag, |row, col, s| {
+                // SAFETY: `ht` holds `[N][H][K][V]`; the element is this thread's of this item's state.
+                unsafe { *ht.add(item.state_base + row * V_DIM + item.col0 + col) = *s };
+            });
+        }
     }
 }
 

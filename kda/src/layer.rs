@@ -26,9 +26,10 @@
 //!
 //!   With [`Rounding::Exact`] every step is f64 and the result is the definition's up to
 //!   summation order (tested to 1e-9); with [`Rounding::Kernels`] `k'`, `w` and `u` are rounded to
-//!   bf16 and the recurrence is [`crate::reference::model_reference`] (the contract's rounding of
-//!   `S` and `v_new`), so the output shows the precision a layer built on this library's
-//!   recurrence reaches.
+//!   bf16, the recurrence is [`crate::reference::model_reference`] (the contract's rounding of
+//!   `S` and `v_new`), and the output's intra-chunk product takes the L2-normalised keys in bf16
+//!   (as the output kernel and FLA hold them), so the output shows the precision a layer built on
+//!   this library's recurrence reaches.
 //!
 //! The products with `Γ` are formed from differences of `G` (`exp(G[t] - G[s])`, never a ratio
 //! of exponentials), which stay in range however strong the decay.
@@ -119,6 +120,75 @@ impl LayerShape {
         }
         Ok(())
     }
+}
+
+impl LayerShape {
+    /// The recurrence the layer runs: KDA's keys per value head (`k Γ_last / Γ` depends on the
+    /// value head's gate), GDN's the key heads'; states in `layout`.
+    pub fn recurrence_shape(&self, layout: StateLayout) -> ModelShape {
+        let kda = self.kind == LayerKind::Kda;
+        ModelShape {
+            heads: if kda { self.value_heads } else { self.heads },
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
+            gates: Gates { g: !kda, gk: kda },
+            layout,
+        }
+    }
+}
+
+/// The layer kernels' option words for a [`LayerOptions`] (`kda_kernel::layout::layer`'s codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerCodes {
+    /// `OPT_L2NORM | OPT_BETA_SIGMOID` as set.
+    pub options: u32,
+    /// `GATE_LOG`, `GATE_SOFTPLUS` or `GATE_LOWER_BOUND`.
+    pub gate_mode: u32,
+    /// The lower bound's f32 bits (0 unless `GateInput::LowerBound`).
+    pub lower_bound_bits: u32,
+    /// The output scale's f32 bits.
+    pub scale_bits: u32,
+}
+
+impl LayerOptions {
+    /// The words the layer kernels take for these options.
+    pub fn codes(&self) -> LayerCodes {
+        use kda_kernel::layout::layer::{GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, OPT_BETA_SIGMOID, OPT_L2NORM};
+        let options =
+            (if self.l2norm_qk { OPT_L2NORM } else { 0 }) | (if self.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 });
+        let (gate_mode, lower_bound) = match self.gate {
+            GateInput::Log => (GATE_LOG, 0.0f32),
+            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
+            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
+        };
+        LayerCodes {
+            options,
+            gate_mode,
+            lower_bound_bits: lower_bound.to_bits(),
+            scale_bits: (self.scale as f32).to_bits(),
+        }
+    }
+}
+
+/// The layer kernels' chunk table of `plan`: per chunk, in the recurrence's chunk order, its
+/// first token and its valid rows (`layout::layer::CHUNK_WORDS` words); empty sequences own no
+/// chunk.
+pub fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
+    let word = |x: usize| {
+        u32::try_from(x).map_err(|_| KdaError::Argument {
+            name: "cu_seqlens",
+            reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
+        })
+    };
+    let mut table = Vec::with_capacity(plan.chunks() * kda_kernel::layout::layer::CHUNK_WORDS);
+    for seq in plan.seqs() {
+        for c in 0..seq.chunks() {
+            let rows = (seq.len - c * CHUNK).min(CHUNK);
+            table.extend([word(seq.token_start + c * CHUNK)?, word(rows)?]);
+        }
+    }
+    Ok(table)
 }
 
 /// A layer problem on the host: packed token-major tensors (`[T, heads, size]`), key-first states.
@@ -583,6 +653,17 @@ struct Chunk {
 }
 
 impl Chunk {
+    /// This chunk with every key rounded to bf16 (the output kernel's key tile), the rest as is.
+    fn with_bf16_keys(&self) -> Chunk {
+        let round = |x: &Vec<f64>| x.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
+        let tokens = self
+            .tokens
+            .iter()
+            .map(|t| Token { q: t.q.clone(), k: round(&t.k), v: t.v.clone(), beta: t.beta, g: t.g.clone() })
+            .collect();
+        Chunk { tokens, cum: self.cum.clone() }
+    }
+
     fn new(tokens: Vec<Token>) -> Self {
         let mut cum: Vec<Vec<f64>> = Vec::with_capacity(tokens.len());
         for x in &tokens {
@@ -796,7 +877,9 @@ fn chunked_on_the_contract(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
                 let vn: Vec<Vec<f64>> = (0..chunk.tokens.len())
                     .map(|r| rec.v_new[((t0 + r) * hv + i) * vd..][..vd].iter().map(|x| x.to_f64()).collect())
                     .collect();
-                o.extend(chunk.output(&s0, &vn, p.options.scale));
+                // Keys given in bf16 stay as given; normalised ones are rounded (see the module).
+                let output_chunk = p.options.l2norm_qk.then(|| chunk.with_bf16_keys());
+                o.extend(output_chunk.as_ref().unwrap_or(chunk).output(&s0, &vn, p.options.scale));
             }
             let at = (n * hv + i) * state;
             ((*n, *i), (o, rec.ht[at..at + state].iter().map(|&x| x as f64).collect()))

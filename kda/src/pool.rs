@@ -66,6 +66,15 @@ pub enum SlotUse {
 }
 
 impl SlotUse {
+    /// The per-sequence tables the decode kernel reads: the slot (`-1`: padding) and whether
+    /// the sequence starts from zeros (1) or from its slot (0), each with one padding entry after
+    /// the last sequence (the device buffers are never empty).
+    pub fn decode_tables(uses: &[SlotUse]) -> (Vec<i64>, Vec<u32>) {
+        let slots = uses.iter().map(|u| u.slot().map_or(-1, |s| s as i64)).chain([-1]).collect();
+        let fresh = uses.iter().map(|u| matches!(u, SlotUse::Start(_)) as u32).chain([0]).collect();
+        (slots, fresh)
+    }
+
     /// The slot read or written, if any.
     pub fn slot(self) -> Option<usize> {
         match self {

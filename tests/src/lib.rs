@@ -375,9 +375,178 @@ pub const LAYER_FIXTURES: [&str; 5] = [
     "gdn_layer_dense",
 ];
 
+/// How far FLA, FlashKDA and FlashQLA land from one another on `o` (`../shared/LAYER.md`,
+/// "Precision"): the bound where no CPU model of the pipeline runs.
+pub const LAYER_PEER_SPREAD: f64 = 5e-3;
+
+/// Random layers of both kinds, grouped value heads, every gate form and option, ragged lengths
+/// with partial chunks and empty sequences: the cases the GPU suite and the simulator run, each
+/// with its name.
+pub fn random_layer_cases() -> Vec<(String, LayerProblem)> {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    let gates = [GateInput::Log, GateInput::Softplus, GateInput::LowerBound(-5.0)];
+    let shapes = [
+        (LayerKind::Kda, (2, 2), (128, 128)),
+        (LayerKind::Kda, (1, 1), (64, 64)),
+        (LayerKind::Kda, (1, 3), (64, 128)),
+        (LayerKind::Gdn, (1, 2), (128, 128)),
+        (LayerKind::Gdn, (2, 2), (64, 128)),
+    ];
+    let mut cases = Vec::new();
+    for (c, (kind, (heads, value_heads), (key_dim, value_dim))) in shapes.into_iter().enumerate() {
+        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
+        for (o, gate) in gates.into_iter().enumerate() {
+            let flag = (c + o) % 2 == 1;
+            let options =
+                LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
+            let lengths = [[300, 0, 64, 17], [1, 129, 64, 0]][(c + o) % 2];
+            let name = format!("{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}");
+            cases.push((name, random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64)));
+        }
+    }
+    cases
+}
+
+/// On random layers, how far above the f64 model of the same pipeline (`layer_chunked` with
+/// `Rounding::Kernels`: bf16 `k'`, `w`, `u`, `h`, `v_new`, f64 everywhere else) a kernel's error
+/// against the definition may land: its token-parallel kernels sum in f32, so its bf16 roundings
+/// flip elsewhere, while an indexing or gating bug is orders of magnitude above either.
+pub const LAYER_SLACK_OVER_MODEL: f64 = 1.5;
+
+/// The errors of `o` and `ht` a correct layer stays under on `p` (whose f64 result is `want`):
+/// the pipeline's own rounding level where the CPU model runs it (KDA's needs `H = HV`) with
+/// [`LAYER_SLACK_OVER_MODEL`], otherwise the spread between FLA and the fast peers on `o`.
+pub fn layer_bounds(p: &LayerProblem, want: &LayerOutputs) -> [f64; 2] {
+    use kda::layer::{LayerKind, Rounding, layer_chunked};
+    let s = p.shape;
+    if s.kind == LayerKind::Gdn || s.heads == s.value_heads {
+        let model = layer_chunked(p, Rounding::Kernels).unwrap().errors(want);
+        model.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND))
+    } else {
+        [LAYER_PEER_SPREAD; 2]
+    }
+}
+
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;
+
+/// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
+/// relative per element) with headroom; the pooled states, f32 after one token, at most
+/// `DECODE_STATE_BOUND`.
+pub const DECODE_O_BOUND: f64 = 4e-3;
+/// See [`DECODE_O_BOUND`].
+pub const DECODE_STATE_BOUND: f64 = 1e-5;
+
+/// One decode step over a state pool and what the f64 layer over the pool gives for it
+/// (`kda::layer::layer_reference_pooled`).
+pub struct DecodeCase {
+    /// What the case covers.
+    pub name: String,
+    /// One token per sequence.
+    pub p: LayerProblem,
+    /// The pool's shape.
+    pub pool_shape: kda::pool::PoolShape,
+    /// The pool before the step.
+    pub pool: Vec<f32>,
+    /// Each sequence's slot (negative: padding).
+    pub indices: Vec<i64>,
+    /// Whether each sequence starts from zeros.
+    pub fresh: Vec<bool>,
+    /// `indices` and `fresh` as checked slot uses.
+    pub uses: Vec<kda::pool::SlotUse>,
+    /// The pool after the step, by the reference.
+    pub want_pool: Vec<f32>,
+    /// Each sequence's `o` row by the reference (`None`: padding).
+    pub want_o: Vec<Option<Vec<f32>>>,
+}
+
+/// Decode steps of both kinds, grouped value heads, the gate forms and options, padding
+/// sequences (nothing read or written), a fresh sequence (from zeros).
+pub fn decode_cases() -> Vec<DecodeCase> {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+    use kda::pool::{PoolShape, slot_uses};
+    let indices = vec![3i64, -1, 0, 5, 7, -1];
+    let fresh = vec![false, false, true, false, false, false];
+    let cases = [
+        (LayerKind::Kda, 2, 2, 128, 128, GateInput::LowerBound(-5.0), true),
+        (LayerKind::Kda, 1, 2, 64, 64, GateInput::Log, false),
+        (LayerKind::Gdn, 1, 2, 128, 128, GateInput::Softplus, true),
+        (LayerKind::Gdn, 2, 4, 64, 96, GateInput::Log, false),
+    ];
+    let mut out = Vec::new();
+    for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {
+        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
+        let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
+        let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
+        let pool_shape = PoolShape { slots: 8, value_heads, key_dim, value_dim, layout: StateLayout::KeyFirst };
+        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 7)
+            .take(pool_shape.len().unwrap())
+            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
+            .collect();
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let mut want_pool = pool.clone();
+        let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
+        let name = format!("case {c} {kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {gate:?}");
+        out.push(DecodeCase {
+            name,
+            p,
+            pool_shape,
+            pool,
+            indices: indices.clone(),
+            fresh: fresh.clone(),
+            uses,
+            want_pool,
+            want_o,
+        });
+    }
+    out
+}
+
+impl DecodeCase {
+    /// `o` for the step, every element poisoned.
+    pub fn poisoned_o(&self) -> Vec<bf16> {
+        vec![bf16::from_bits(POISON_BF16); self.indices.len() * self.p.shape.value_heads * self.p.shape.value_dim]
+    }
+
+    /// Asserts a step's pool and `o`: every named slot within [`DECODE_STATE_BOUND`], every other
+    /// slot bit for bit as before, every live sequence's `o` within [`DECODE_O_BOUND`], every
+    /// padding sequence's `o` still poisoned.
+    pub fn check(&self, got_pool: &[f32], got_o: &[bf16]) {
+        let s = self.p.shape;
+        let state = s.value_heads * s.key_dim * s.value_dim;
+        for slot in 0..self.pool_shape.slots {
+            let range = slot * state..(slot + 1) * state;
+            if self.uses.iter().any(|u| u.slot() == Some(slot)) {
+                let e = kda::rel_error(&got_pool[range.clone()], &self.want_pool[range]);
+                assert!(e < DECODE_STATE_BOUND, "{}: slot {slot}: state error {e:.2e}", self.name);
+            } else {
+                assert!(
+                    got_pool[range.clone()] == self.pool[range],
+                    "{}: slot {slot}, named by no sequence, changed",
+                    self.name
+                );
+            }
+        }
+        let row = s.value_heads * s.value_dim;
+        for (n, want) in self.want_o.iter().enumerate() {
+            let got = &got_o[n * row..(n + 1) * row];
+            match want {
+                Some(want) => {
+                    let got: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+                    let e = kda::rel_error(&got, want);
+                    println!("{}: sequence {n}: o {e:.2e}", self.name);
+                    assert!(e < DECODE_O_BOUND, "{}: sequence {n}: o error {e:.2e}", self.name);
+                }
+                None => assert!(
+                    got.iter().all(|x| x.to_bits() == POISON_BF16),
+                    "{}: padding sequence {n}'s o was written",
+                    self.name
+                ),
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

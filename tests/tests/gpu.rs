@@ -537,12 +537,6 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     assert!(replayed == first, "the captured split launch gave different bits");
 }
 
-/// On random layers, how far above the f64 model of the same pipeline (`layer_chunked` with
-/// `Rounding::Kernels`: bf16 `k'`, `w`, `u`, `h`, `v_new`, f64 everywhere else) the GPU's error
-/// against the definition may land: its token-parallel kernels sum in f32, so its bf16 roundings
-/// flip elsewhere, while an indexing or gating bug is orders of magnitude above either.
-const LAYER_SLACK_OVER_MODEL: f64 = 1.5;
-
 /// The layer forward on the GPU (prepare, recurrence, output) reproduces FLA's layer fixtures
 /// within the layer's bound, every element of `o` and `ht` written and nothing outside them.
 #[test]
@@ -568,50 +562,19 @@ fn layer_fixtures() {
 /// with partial chunks and empty sequences, against the f64 definition.
 #[test]
 fn layer_random() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+    use kda::layer::layer_reference;
     let gpu = Gpu::open();
-    let mut cases = 0;
-    let gates = [GateInput::Log, GateInput::Softplus, GateInput::LowerBound(-5.0)];
-    for (c, (kind, (heads, value_heads), (key_dim, value_dim))) in [
-        (LayerKind::Kda, (2, 2), (128, 128)),
-        (LayerKind::Kda, (1, 1), (64, 64)),
-        (LayerKind::Kda, (1, 3), (64, 128)),
-        (LayerKind::Gdn, (1, 2), (128, 128)),
-        (LayerKind::Gdn, (2, 2), (64, 128)),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
-        for (o, gate) in gates.into_iter().enumerate() {
-            let flag = (c + o) % 2 == 1;
-            let options =
-                LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
-            let lengths = [[300, 0, 64, 17], [1, 129, 64, 0]][(c + o) % 2];
-            let p = kda_tests::random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64);
-            let out = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-            let want = layer_reference(&p).unwrap();
-            let errs = out.errors(&want);
-            // The pipeline's own rounding level, where the CPU model runs it (KDA's needs H = HV).
-            let model = (kind == LayerKind::Gdn || heads == value_heads)
-                .then(|| layer_chunked(&p, Rounding::Kernels).unwrap().errors(&want));
-            let bounds = model.map(|m| m.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND)));
-            println!(
-                "{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}: o {:.2e} ht {:.2e}, model {model:?}",
-                errs[0], errs[1]
-            );
-            // Without the model (grouped KDA): the spread between FLA and the fast peers on `o`.
-            let bounds = bounds.unwrap_or([LAYER_PEER_SPREAD; 2]);
-            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{errs:?} over {bounds:?}");
-            cases += 1;
-        }
+    let cases = kda_tests::random_layer_cases();
+    for (name, p) in &cases {
+        let out = kda_tests::run_layer_guarded(&gpu, p).unwrap();
+        let want = layer_reference(p).unwrap();
+        let errs = out.errors(&want);
+        let bounds = kda_tests::layer_bounds(p, &want);
+        println!("{name}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name}: {errs:?} over {bounds:?}");
     }
-    println!("{cases} random layers");
+    println!("{} random layers", cases.len());
 }
-
-/// How far FLA, FlashKDA and FlashQLA land from one another on `o` (`../shared/LAYER.md`,
-/// "Precision"): the bound where no CPU model of the pipeline runs.
-const LAYER_PEER_SPREAD: f64 = 5e-3;
 
 /// The GPU layer on the peers' shapes (`kda layer --bench`'s, `../shared/LAYER.md`): a checked
 /// first run (every element of `o` and `ht` finite, and, through `run_layer_guarded`, written and
@@ -634,7 +597,7 @@ fn layer_speed_on_the_peer_shapes() {
 /// random layers' bound, and equal to the key-first run within it.
 #[test]
 fn layer_value_first_states() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference};
     let gpu = Gpu::open();
     for (c, kind) in [LayerKind::Kda, LayerKind::Gdn].into_iter().enumerate() {
         let shape = LayerShape { kind, heads: 2, value_heads: 2, key_dim: 128, value_dim: 64 };
@@ -646,8 +609,7 @@ fn layer_value_first_states() {
         };
         let p = kda_tests::random_layer_problem(&[300, 0, 64, 17], shape, options, true, 70 + c as u64);
         let want = layer_reference(&p).unwrap();
-        let model = layer_chunked(&p, Rounding::Kernels).unwrap().errors(&want);
-        let bounds = model.map(|e| (LAYER_SLACK_OVER_MODEL * e).max(precision::ERROR_BOUND));
+        let bounds = kda_tests::layer_bounds(&p, &want);
         for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
             let out = kda_tests::run_layer_guarded_in(&gpu, &p, layout).unwrap();
             let errs = out.errors(&want);
@@ -660,52 +622,23 @@ fn layer_value_first_states() {
     }
 }
 
-/// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
-/// relative per element) with headroom; the pooled states, f32 after one token, at most
-/// `DECODE_STATE_BOUND`.
-const DECODE_O_BOUND: f64 = 4e-3;
-const DECODE_STATE_BOUND: f64 = 1e-5;
-
 /// The decode step (`Kda::launch_decode`) against the f64 layer over a pool
-/// (`kda::layer::layer_reference_pooled`): both kinds, grouped value heads, the gate forms and
-/// options; padding sequences (nothing read or written: their `o` rows keep their poison and
-/// every slot no live sequence names keeps its bits), a fresh sequence (from zeros).
+/// (`kda_tests::decode_cases`): both kinds, grouped value heads, the gate forms and options;
+/// padding sequences (nothing read or written), a fresh sequence (from zeros).
 #[test]
 fn decode_step_matches_the_pooled_reference() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
-    use kda::pool::{PoolShape, slot_uses};
     use kda::{DecodeInputs, DecodePlan, bf16};
     let gpu = Gpu::open();
     let s = &gpu.stream;
-    let indices: [i64; 6] = [3, -1, 0, 5, 7, -1];
-    let fresh = [false, false, true, false, false, false];
-    let cases = [
-        (LayerKind::Kda, 2, 2, 128, 128, GateInput::LowerBound(-5.0), true),
-        (LayerKind::Kda, 1, 2, 64, 64, GateInput::Log, false),
-        (LayerKind::Gdn, 1, 2, 128, 128, GateInput::Softplus, true),
-        (LayerKind::Gdn, 2, 4, 64, 96, GateInput::Log, false),
-    ];
-    for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {
-        let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
-        let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
-        let p = kda_tests::random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
-        let pool_shape = PoolShape { slots: 8, value_heads, key_dim, value_dim, layout: StateLayout::KeyFirst };
-        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 7)
-            .take(pool_shape.len().unwrap())
-            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-            .collect();
-        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
-        let mut want_pool = pool.clone();
-        let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
-
-        let plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
+    for case in kda_tests::decode_cases() {
+        let p = &case.p;
+        let plan = DecodePlan::new(s, p.shape, p.options, case.pool_shape, &case.indices, &case.fresh).unwrap();
         let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
         let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
         let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
         let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
-        let mut pool_dev = up_f(&pool);
-        let row = value_heads * value_dim;
-        let mut o = up_bf(&vec![bf16::from_bits(kda_tests::POISON_BF16); indices.len() * row]);
+        let mut pool_dev = up_f(&case.pool);
+        let mut o = up_bf(&case.poisoned_o());
         let inputs = DecodeInputs {
             q: q.slice(..),
             k: k.slice(..),
@@ -717,36 +650,7 @@ fn decode_step_matches_the_pooled_reference() {
         };
         gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..)).unwrap();
         s.synchronize().expect("decode step failed");
-        let got_pool = s.clone_dtoh(&pool_dev).unwrap();
-        let got_o = s.clone_dtoh(&o).unwrap();
-
-        let state = value_heads * key_dim * value_dim;
-        for slot in 0..pool_shape.slots {
-            let range = slot * state..(slot + 1) * state;
-            if uses.iter().any(|u| u.slot() == Some(slot)) {
-                let e = kda::rel_error(&got_pool[range.clone()], &want_pool[range]);
-                assert!(e < DECODE_STATE_BOUND, "case {c}: slot {slot}: state error {e:.2e}");
-            } else {
-                assert!(got_pool[range.clone()] == pool[range], "case {c}: slot {slot}, named by no sequence, changed");
-            }
-        }
-        for (n, want) in want_o.iter().enumerate() {
-            let got = &got_o[n * row..(n + 1) * row];
-            match want {
-                Some(want) => {
-                    let got: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
-                    let e = kda::rel_error(&got, want);
-                    println!(
-                        "case {c} {kind:?} {heads}/{value_heads} K={key_dim} V={value_dim}: sequence {n}: o {e:.2e}"
-                    );
-                    assert!(e < DECODE_O_BOUND, "case {c}: sequence {n}: o error {e:.2e}");
-                }
-                None => assert!(
-                    got.iter().all(|x| x.to_bits() == kda_tests::POISON_BF16),
-                    "case {c}: padding sequence {n}'s o was written"
-                ),
-            }
-        }
+        case.check(&s.clone_dtoh(&pool_dev).unwrap(), &s.clone_dtoh(&o).unwrap());
     }
 }
 
@@ -839,7 +743,10 @@ fn decode_steps_replay_in_a_cuda_graph() {
                     Some(want) => {
                         let got: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
                         let e = kda::rel_error(&got, want);
-                        assert!(e < DECODE_O_BOUND, "H {heads}, replay {t}, sequence {seq}: o error {e:.2e}");
+                        assert!(
+                            e < kda_tests::DECODE_O_BOUND,
+                            "H {heads}, replay {t}, sequence {seq}: o error {e:.2e}"
+                        );
                     }
                     None => assert!(
                         got.iter().all(|x| x.to_bits() == kda_tests::POISON_BF16),
@@ -849,7 +756,10 @@ fn decode_steps_replay_in_a_cuda_graph() {
             }
         }
         let e = kda::rel_error(&s.clone_dtoh(&pool_dev).unwrap(), &want_pool);
-        assert!(e < DECODE_STATE_BOUND * STEPS as f64, "H {heads}: pool after {STEPS} replays: error {e:.2e}");
+        assert!(
+            e < kda_tests::DECODE_STATE_BOUND * STEPS as f64,
+            "H {heads}: pool after {STEPS} replays: error {e:.2e}"
+        );
         let us = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| graph.launch().map_err(kda::KdaError::from)).unwrap();
         println!("H {heads}, {n} sequences: {STEPS} replays match the pooled layer; {us:.2} us per replayed step");
     }

@@ -14,7 +14,6 @@ use crate::pool::{PoolShape, SlotUse, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
 use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
-use kda_kernel::layout::layer::{GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, OPT_BETA_SIGMOID, OPT_L2NORM};
 use std::sync::Arc;
 
 /// One decode step's sequences and their slots, planned for the GPU.
@@ -65,9 +64,7 @@ impl DecodePlan {
     ) -> Result<Self, KdaError> {
         decode_supports(&shape, &pool)?;
         let uses = slot_uses(indices, fresh, &pool)?;
-        let slots: Vec<i64> =
-            uses.iter().map(|u| u.slot().map_or(-1, |s| s as i64)).chain(std::iter::once(-1)).collect();
-        let fresh: Vec<u32> = uses.iter().map(|u| matches!(u, SlotUse::Start(_)) as u32).chain([0]).collect();
+        let (slots, fresh) = SlotUse::decode_tables(&uses);
         // (One padding entry past the end keeps the buffers non-empty for a call of no sequences.)
         Ok(Self {
             shape,
@@ -160,11 +157,7 @@ impl Kda {
         let word = |name: &'static str, x: usize| {
             u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
         };
-        let (gate_mode, lower_bound) = match plan.options.gate {
-            GateInput::Log => (GATE_LOG, 0.0),
-            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
-            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
-        };
+        let codes = plan.options.codes();
         let mut records = Vec::new();
         let mut read = |x| keep(&mut records, x);
         let (slots, _s) = plan.slots.device_ptr(stream);
@@ -189,11 +182,10 @@ impl Kda {
                 word("key_dim", kd)?,
                 word("value_dim", vd)?,
                 word("key_dim", s.gate_width())?,
-                (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
-                    | (if plan.options.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 }),
-                gate_mode,
-                lower_bound.to_bits(),
-                (plan.options.scale as f32).to_bits(),
+                codes.options,
+                codes.gate_mode,
+                codes.lower_bound_bits,
+                codes.scale_bits,
             ],
         };
         // SAFETY: every length was checked above; the plan's slots were checked against the pool

@@ -14,16 +14,13 @@
 
 use super::args::{Address, ArgSink};
 use super::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
-use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
-use crate::model::{Gates, ModelShape, StateLayout};
+use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape, chunk_table};
+use crate::model::StateLayout;
 use crate::{KdaError, Plan};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
 use kda_kernel::abi::StateLayoutCode;
-use kda_kernel::layout::CHUNK;
-use kda_kernel::layout::layer::{
-    CHUNK_WORDS, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, MAX_K, MAX_V, OPT_BETA_SIGMOID, OPT_L2NORM,
-};
+use kda_kernel::layout::layer::{CHUNK_WORDS, MAX_K, MAX_V};
 use std::sync::Arc;
 
 /// `K` and `V` the layer kernels take are multiples of this (each of their eight warps owns whole
@@ -151,7 +148,7 @@ impl LayerPlan {
             table.push(0); // a one-word placeholder keeps the buffer non-empty
         }
         let chunks = stream.clone_htod(&table)?;
-        let recurrence = DevicePlan::model(stream, plan, &recurrence_shape(&shape, StateLayout::KeyFirst))?;
+        let recurrence = DevicePlan::model(stream, plan, &shape.recurrence_shape(StateLayout::KeyFirst))?;
         Ok(Self { shape, options, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
     }
 
@@ -160,7 +157,7 @@ impl LayerPlan {
     /// planned afresh (column blocks and split back to the planner's choice).
     pub fn with_state_layout(mut self, stream: &Arc<CudaStream>, layout: StateLayout) -> Result<Self, KdaError> {
         let batch = self.recurrence.plan().clone();
-        self.recurrence = DevicePlan::model(stream, batch, &recurrence_shape(&self.shape, layout))?;
+        self.recurrence = DevicePlan::model(stream, batch, &self.shape.recurrence_shape(layout))?;
         self.layout = layout;
         Ok(self)
     }
@@ -195,7 +192,7 @@ impl LayerPlan {
         let s = self.shape;
         let plan = self.recurrence.plan();
         let (t, nt) = (plan.tokens(), plan.chunks());
-        let key_heads = recurrence_shape(&s, self.layout).heads;
+        let key_heads = s.recurrence_shape(self.layout).heads;
         let len = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c)).ok_or_else(overflow);
         // (One element at least: cudarc cannot allocate an empty buffer on every driver.)
         let bf = |n: usize| stream.alloc_zeros::<bf16>(n.max(1));
@@ -224,25 +221,6 @@ fn layer_supports(shape: &LayerShape) -> Result<(), KdaError> {
         }
     }
     Ok(())
-}
-
-/// The layer kernels' chunk table of `plan`: per chunk, in the recurrence's chunk order, its
-/// first token and its valid rows (`CHUNK_WORDS` words); empty sequences own no chunk.
-fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
-    let word = |x: usize| {
-        u32::try_from(x).map_err(|_| KdaError::Argument {
-            name: "cu_seqlens",
-            reason: format!("token {x} past the layer kernels' 32-bit chunk table"),
-        })
-    };
-    let mut table = Vec::with_capacity(plan.chunks() * CHUNK_WORDS);
-    for seq in plan.seqs() {
-        for c in 0..seq.chunks() {
-            let rows = (seq.len - c * CHUNK).min(CHUNK);
-            table.extend([word(seq.token_start + c * CHUNK)?, word(rows)?]);
-        }
-    }
-    Ok(table)
 }
 
 /// Each `(tensor, actual length, expected length)` (`None`: absent, or not wanted) must match:
@@ -280,20 +258,6 @@ fn overflow() -> KdaError {
     KdaError::Argument { name: "cu_seqlens", reason: "the batch's tensors exceed the address space".into() }
 }
 
-/// The recurrence the layer runs: KDA's keys per value head (`k Γ_last / Γ` depends on the value
-/// head's gate), GDN's the key heads'; states in `layout`.
-fn recurrence_shape(s: &LayerShape, layout: StateLayout) -> ModelShape {
-    let kda = s.kind == LayerKind::Kda;
-    ModelShape {
-        heads: if kda { s.value_heads } else { s.heads },
-        value_heads: s.value_heads,
-        key_dim: s.key_dim,
-        value_dim: s.value_dim,
-        gates: Gates { g: !kda, gk: kda },
-        layout,
-    }
-}
-
 /// `(name, actual length, expected length)` of a tensor, for the length checks.
 type LenCheck = (&'static str, Option<usize>, Option<usize>);
 
@@ -315,7 +279,7 @@ impl Kda {
         let (t, n, nt) = (p.tokens(), p.num_seqs(), p.chunks());
         let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
         let raw = !matches!(plan.options.gate, GateInput::Log);
-        let key_heads = recurrence_shape(&s, plan.layout).heads;
+        let key_heads = s.recurrence_shape(plan.layout).heads;
         let opt = |present: bool, len: usize| present.then_some(len);
         let checks: [LenCheck; 16] = [
             ("q", Some(inputs.q.len()), Some(t * h * kd)),
@@ -358,13 +322,7 @@ impl Kda {
         )?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
-        let options = (if plan.options.l2norm_qk { OPT_L2NORM } else { 0 })
-            | (if plan.options.beta_sigmoid { OPT_BETA_SIGMOID } else { 0 });
-        let (gate_mode, lower_bound) = match plan.options.gate {
-            GateInput::Log => (GATE_LOG, 0.0),
-            GateInput::Softplus => (GATE_SOFTPLUS, 0.0),
-            GateInput::LowerBound(lb) => (GATE_LOWER_BOUND, lb as f32),
-        };
+        let codes = plan.options.codes();
         let (chunks, _chunks_record) = plan.chunks.device_ptr(stream);
         if ctas > 0 {
             let mut records = Vec::new();
@@ -384,9 +342,9 @@ impl Kda {
                     read(workspace.gate.device_ptr_mut(stream)),
                 ],
                 dims,
-                options,
-                gate_mode,
-                lower_bound_bits: lower_bound.to_bits(),
+                options: codes.options,
+                gate_mode: codes.gate_mode,
+                lower_bound_bits: codes.lower_bound_bits,
             };
             // SAFETY: every tensor was checked to hold the batch's rows above; the chunk table
             // was built from the same plan (each chunk's rows inside its sequence); `K`, `V` are
@@ -425,8 +383,8 @@ impl Kda {
                     chunks,
                 ],
                 dims,
-                options,
-                scale_bits: (plan.options.scale as f32).to_bits(),
+                options: codes.options,
+                scale_bits: codes.scale_bits,
                 state_layout: match plan.layout {
                     StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
                     StateLayout::ValueFirst => StateLayoutCode::ValueFirst,

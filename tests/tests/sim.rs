@@ -1,0 +1,347 @@
+//! The portable kernels' own source, run on the host by `kda_kernel::sim` (one host thread per
+//! GPU thread) and checked against the f64 references: the kernels' logic (indexing, tails,
+//! barriers, fragment layouts) is tested on every CI run, without a GPU.
+
+use half::bf16;
+use kda::inputs::random_problem;
+use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
+use kda::model::{ModelView, StateLayout};
+use kda::reference::{model_reference, reference};
+use kda::{Outputs, Plan, Problem};
+use kda_kernel::abi::StateLayoutCode;
+use kda_kernel::layout::{baseline, layer, portable};
+use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
+use kda_tests::{POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
+
+/// Outputs of `p`'s sizes, every element poisoned.
+fn poisoned_outputs(p: &Problem) -> Outputs {
+    let d = p.dims();
+    Outputs {
+        h: vec![bf16::from_bits(POISON_BF16); d.h_len()],
+        v_new: vec![bf16::from_bits(POISON_BF16); d.value_len()],
+        ht: vec![f32::from_bits(POISON_F32); d.state_len()],
+    }
+}
+
+/// Asserts no element of `out` still holds the poison.
+fn assert_all_written(case: &str, out: &Outputs) {
+    let h = out.h.iter().filter(|x| x.to_bits() == POISON_BF16).count();
+    let v = out.v_new.iter().filter(|x| x.to_bits() == POISON_BF16).count();
+    let ht = out.ht.iter().filter(|x| x.to_bits() == POISON_F32).count();
+    assert_eq!([h, v, ht], [0; 3], "{case}: elements of h, v_new, ht never written");
+}
+
+/// A recurrence kernel with the baseline's parameter list (`abi::BASELINE_PARAMS`) and its launch
+/// shape: one CTA of `threads` per (sequence, value head, block of `V / col_blocks` columns).
+struct Recurrence {
+    name: &'static str,
+    entry: RecurrenceEntry,
+    col_blocks: usize,
+    threads: usize,
+    shared_bytes: usize,
+}
+
+type RecurrenceEntry = unsafe fn(
+    *const u16,
+    *const u16,
+    *const u16,
+    *const f32,
+    *const f32,
+    *mut u16,
+    *mut u16,
+    *mut f32,
+    *const i64,
+    u32,
+    u32,
+);
+
+const BASELINE: Recurrence = Recurrence {
+    name: "baseline",
+    entry: kda_kernel::baseline::kda_fwd_h_baseline,
+    col_blocks: baseline::COL_BLOCKS,
+    threads: baseline::THREADS,
+    shared_bytes: baseline::SMEM_BYTES,
+};
+
+const PORTABLE: Recurrence = Recurrence {
+    name: "portable",
+    entry: kda_kernel::portable::kda_fwd_h_portable,
+    col_blocks: portable::COL_BLOCKS,
+    threads: portable::THREADS,
+    shared_bytes: portable::SMEM_BYTES,
+};
+
+impl Recurrence {
+    /// The kernel on `p`, its outputs poisoned first.
+    fn run(&self, p: &Problem) -> Outputs {
+        let d = p.dims();
+        let seqs = p.plan.descriptors();
+        let h0 = p.h0.as_deref().map_or(sim::Ptr::null(), ptr);
+        let mut out = poisoned_outputs(p);
+        let (k, w, u, gk) = (ptr(&p.k), ptr(&p.w), ptr(&p.u), ptr(&p.gk));
+        let (h, v_new, ht) = (ptr_mut(&mut out.h), ptr_mut(&mut out.v_new), ptr_mut(&mut out.ht));
+        let seqs_ptr = ptr(&seqs);
+        let launch = Launch {
+            grid: d.seqs * d.value_heads * self.col_blocks,
+            block: self.threads,
+            shared_bytes: self.shared_bytes,
+        };
+        let entry = self.entry;
+        // SAFETY: every buffer has the contract's size for this plan and these heads.
+        let run = unsafe {
+            sim::launch(launch, || {
+                entry(
+                    k.ptr() as *const u16,
+                    w.ptr() as *const u16,
+                    u.ptr() as *const u16,
+                    gk.ptr(),
+                    h0.ptr(),
+                    h.mut_ptr() as *mut u16,
+                    v_new.mut_ptr() as *mut u16,
+                    ht.mut_ptr(),
+                    seqs_ptr.ptr(),
+                    d.value_heads as u32,
+                    d.heads as u32,
+                )
+            })
+        };
+        run.unwrap_or_else(|e| panic!("{}: {e}", self.name));
+        out
+    }
+
+    /// The kernel on `p` against the f64 reference: every output written, within the contract's
+    /// bound over the f32 rounding floor.
+    fn check(&self, case: &str, p: &Problem) {
+        let out = self.run(p);
+        let case = format!("{} {case}", self.name);
+        assert_all_written(&case, &out);
+        let want = reference(p).unwrap();
+        let floor = kda::reference::reference_f32(p).unwrap().errors(&want);
+        let errs = out.errors(&want);
+        println!("{case}: h {:.2e} v_new {:.2e} ht {:.2e}", errs[0], errs[1], errs[2]);
+        assert_within_floor(&case, errs, floor);
+    }
+}
+
+/// Both portable recurrences on lengths around the chunk (one token, a partial chunk, a whole
+/// one, one past, two and a bit), with and without `h0`, one and two heads, grouped value heads.
+#[test]
+fn the_portable_recurrences_match_the_reference_on_ragged_tails() {
+    let lengths = Plan::from_lengths(&[1, 63, 64, 65, 130]);
+    for kernel in [BASELINE, PORTABLE] {
+        kernel.check("ragged h0 H=2", &random_problem(lengths.clone(), 2, true, 11));
+        kernel.check("ragged H=1", &random_problem(lengths.clone(), 1, false, 12));
+        let grouped = kda::inputs::try_random_grouped_problem(Plan::from_lengths(&[200, 7]), 1, 2, true, 13).unwrap();
+        kernel.check("grouped H=1 HV=2", &grouped);
+    }
+}
+
+/// A launch of the layer kernels over `p`'s chunk table: one CTA per (chunk, value head).
+fn layer_launch(p: &LayerProblem, shared_bytes: usize) -> Launch {
+    Launch { grid: p.plan.chunks() * p.shape.value_heads, block: layer::THREADS, shared_bytes }
+}
+
+/// Each `[rows][cols]` matrix of `states` (a whole number of them) transposed.
+fn transposed(states: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; states.len()];
+    for (src, dst) in states.chunks_exact(rows * cols).zip(out.chunks_exact_mut(rows * cols)) {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
+}
+
+/// The layer on the simulator as the launcher runs it, its states (`h`, and `h0`, `ht` at the
+/// recurrence) in `layout`: the prepare kernel, the recurrence (here the f64 reference of the
+/// contract, on the prepare kernel's bf16 outputs), the output kernel. Returns key-first `ht`.
+fn run_layer(p: &LayerProblem, layout: StateLayout) -> LayerOutputs {
+    let s = p.shape;
+    let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
+    let rec = s.recurrence_shape(layout);
+    let value_first = layout == StateLayout::ValueFirst;
+    let codes = p.options.codes();
+    let dims = [s.heads, hv, kd, vd, gw].map(|x| x as u32);
+    let table = chunk_table(&p.plan).unwrap();
+    let poison_bf = bf16::from_bits(POISON_BF16);
+    let (mut k_rec, mut w, mut u) =
+        (vec![poison_bf; t * rec.heads * kd], vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * vd]);
+    let mut gate = vec![f32::from_bits(POISON_F32); t * hv * gw];
+    let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+    let (q_in, k_in, v_in, g_in, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
+    let (a_log, dt_bias, chunks) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&table));
+    let (k_out, w_out, u_out, gate_out) = (ptr_mut(&mut k_rec), ptr_mut(&mut w), ptr_mut(&mut u), ptr_mut(&mut gate));
+    // SAFETY: every buffer holds the layer's rows for this plan and shape; the table was built
+    // from the same plan.
+    unsafe {
+        sim::launch(layer_launch(p, layer::PREPARE_SMEM_BYTES), || {
+            kda_kernel::layer::kda_layer_prepare(
+                k_in.ptr() as *const u16,
+                v_in.ptr() as *const u16,
+                g_in.ptr(),
+                beta.ptr(),
+                a_log.ptr(),
+                dt_bias.ptr(),
+                chunks.ptr(),
+                k_out.mut_ptr() as *mut u16,
+                w_out.mut_ptr() as *mut u16,
+                u_out.mut_ptr() as *mut u16,
+                gate_out.mut_ptr(),
+                dims[0],
+                dims[1],
+                dims[2],
+                dims[3],
+                dims[4],
+                codes.options,
+                codes.gate_mode,
+                codes.lower_bound_bits,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("prepare: {e}"));
+    for (name, written) in [("k_rec", &k_rec), ("w", &w), ("u", &u)] {
+        assert!(written.iter().all(|x| x.to_bits() != POISON_BF16), "prepare left {name} unwritten");
+    }
+    assert!(gate.iter().all(|x| x.to_bits() != POISON_F32), "prepare left the gate unwritten");
+    let is_kda = s.kind == LayerKind::Kda;
+    let h0 = p.h0.as_ref().map(|h0| if value_first { transposed(h0, kd, vd) } else { h0.clone() });
+    let view = ModelView {
+        plan: &p.plan,
+        shape: rec,
+        k: &k_rec,
+        w: &w,
+        u: &u,
+        g: (!is_kda).then_some(&gate[..]),
+        gk: is_kda.then_some(&gate[..]),
+        h0: h0.as_deref(),
+    };
+    let recurrence = model_reference(&view).unwrap();
+    let layout_code = if value_first { StateLayoutCode::ValueFirst } else { StateLayoutCode::KeyFirst } as u32;
+    let mut o = vec![poison_bf; t * hv * vd];
+    let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
+    let gate_in = ptr(&gate);
+    // SAFETY: as above; `h` holds a state per (chunk, value head) in the table's order.
+    unsafe {
+        sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
+            kda_kernel::layer::kda_layer_output(
+                q_in.ptr() as *const u16,
+                k_in.ptr() as *const u16,
+                gate_in.ptr(),
+                h.ptr() as *const u16,
+                v_new.ptr() as *const u16,
+                o_out.mut_ptr() as *mut u16,
+                chunks.ptr(),
+                dims[0],
+                dims[1],
+                dims[2],
+                dims[3],
+                dims[4],
+                codes.options,
+                codes.scale_bits,
+                layout_code,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("output: {e}"));
+    assert!(o.iter().all(|x| x.to_bits() != POISON_BF16), "the output kernel left o unwritten");
+    let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
+    LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }
+}
+
+/// The layer's token-parallel kernels on the GPU suite's random layers (both kinds, grouped
+/// heads, every gate form and option, partial chunks, empty sequences) against the f64
+/// definition, within the bounds the GPU suite holds the whole layer to; every third case with
+/// value-first states.
+#[test]
+fn the_layer_kernels_match_the_definition() {
+    for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate() {
+        let layout = if i % 3 == 2 { StateLayout::ValueFirst } else { StateLayout::KeyFirst };
+        let want = layer_reference(&p).unwrap();
+        let errs = run_layer(&p, layout).errors(&want);
+        let bounds = layer_bounds(&p, &want);
+        println!("{name} {layout:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
+    }
+}
+
+/// FLA's layer fixtures through the simulated layer kernels, within the GPU suite's bound over
+/// FLA's own error.
+#[test]
+fn the_layer_kernels_reproduce_the_layer_fixtures() {
+    for name in kda_tests::LAYER_FIXTURES {
+        let (p, golden) = kda::layer::read_layer_fixture(&kda_tests::fixture(&format!("layer/{name}"))).unwrap();
+        let errs = run_layer(&p, StateLayout::KeyFirst).errors(&golden.reference);
+        let [fo, fh] = golden.fla_errors;
+        println!(
+            "{name}: o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
+            errs[0],
+            errs[0] / fo,
+            errs[1],
+            errs[1] / fh
+        );
+        let bound = kda_tests::LAYER_BOUND_OVER_FLA;
+        assert!(
+            errs[0] <= bound * fo && errs[1] <= bound * fh,
+            "{name}: {errs:?} against FLA's {:?}",
+            golden.fla_errors
+        );
+    }
+}
+
+/// The decode step on the simulator over the GPU suite's cases (`kda_tests::decode_cases`): both
+/// kinds, grouped heads, the gate forms and options, padding and fresh sequences; one CTA per
+/// (sequence, value head, block of `COLS` columns), as the launcher runs it.
+#[test]
+fn the_decode_step_matches_the_pooled_reference() {
+    use kda::pool::SlotUse;
+    use kda_kernel::layout::decode;
+    for case in kda_tests::decode_cases() {
+        let p = &case.p;
+        let s = p.shape;
+        let (slots, fresh) = SlotUse::decode_tables(&case.uses);
+        let codes = p.options.codes();
+        let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
+        let mut pool = case.pool.clone();
+        let mut o = case.poisoned_o();
+        let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+        let (q, k, v, g, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
+        let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&slots), ptr(&fresh));
+        let (pool_ptr, o_ptr) = (ptr_mut(&mut pool), ptr_mut(&mut o));
+        let launch = Launch {
+            grid: case.indices.len() * s.value_heads * (s.value_dim / decode::COLS),
+            block: decode::THREADS,
+            shared_bytes: decode::SMEM_BYTES,
+        };
+        // SAFETY: one token per sequence in every tensor; the slots were checked against the pool.
+        unsafe {
+            sim::launch(launch, || {
+                kda_kernel::decode::kda_decode_step(
+                    q.ptr() as *const u16,
+                    k.ptr() as *const u16,
+                    v.ptr() as *const u16,
+                    g.ptr(),
+                    beta.ptr(),
+                    a_log.ptr(),
+                    dt_bias.ptr(),
+                    slots_ptr.ptr(),
+                    fresh_ptr.ptr(),
+                    pool_ptr.mut_ptr(),
+                    o_ptr.mut_ptr() as *mut u16,
+                    words[0],
+                    words[1],
+                    words[2],
+                    words[3],
+                    words[4],
+                    codes.options,
+                    codes.gate_mode,
+                    codes.lower_bound_bits,
+                    codes.scale_bits,
+                )
+            })
+        }
+        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        case.check(&pool, &o);
+    }
+}
