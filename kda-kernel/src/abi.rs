@@ -271,6 +271,39 @@ pub const BASELINE_PARAMS: [Param; 11] = [
     Param::u32("key_heads"),
 ];
 
+/// The portable tensor-core kernel's parameters, in order: the tensors, the descriptor table,
+/// value and key heads, `V`, the state layout (a [`StateLayoutCode`]) and the token and head
+/// strides (elements) of `k`, `w`, `u`, `g`, `gk` and `v_new`. `g` and `gk` may be null (that
+/// gate absent); `h0` and `ht` too.
+pub const PORTABLE_PARAMS: [Param; 26] = [
+    Param::pointer("k"),
+    Param::pointer("w"),
+    Param::pointer("u"),
+    Param::pointer("g"),
+    Param::pointer("gk"),
+    Param::pointer("h0"),
+    Param::pointer("h"),
+    Param::pointer("v_new"),
+    Param::pointer("ht"),
+    Param::pointer("seqs"),
+    Param::u32("heads"),
+    Param::u32("key_heads"),
+    Param::u32("value_dim"),
+    Param::u32("state_layout"),
+    Param::u32("k_token_stride"),
+    Param::u32("k_head_stride"),
+    Param::u32("w_token_stride"),
+    Param::u32("w_head_stride"),
+    Param::u32("u_token_stride"),
+    Param::u32("u_head_stride"),
+    Param::u32("g_token_stride"),
+    Param::u32("g_head_stride"),
+    Param::u32("gk_token_stride"),
+    Param::u32("gk_head_stride"),
+    Param::u32("v_new_token_stride"),
+    Param::u32("v_new_head_stride"),
+];
+
 /// The Hopper target: wgmma, TMA and mbarrier transaction counts are `sm_90a` features.
 pub const SM90A: &str = "sm_90a";
 /// The portable target, JIT-compiled by the driver for every newer GPU.
@@ -355,16 +388,39 @@ pub const BASELINE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// The portable tensor-core kernel (sm_80+): the baseline's parameters and work split, both
-/// products on `mma.sync`.
-pub const PORTABLE: KernelAbi = KernelAbi {
-    entry: "kda_fwd_h_portable",
-    params: &BASELINE_PARAMS,
-    threads: crate::layout::portable::THREADS,
-    smem_bytes: crate::layout::portable::SMEM_BYTES,
-    max_registers: None,
-    targets: &[SM90A, SM80],
-};
+/// One entry of the portable tensor-core kernel (sm_80+): every entry takes [`PORTABLE_PARAMS`]
+/// and launches alike; the key size sets its shared memory.
+const fn portable_entry(entry: &'static str, key_dim: usize) -> KernelAbi {
+    KernelAbi {
+        entry,
+        params: &PORTABLE_PARAMS,
+        threads: crate::layout::portable::THREADS,
+        smem_bytes: crate::layout::portable::smem_bytes(key_dim),
+        max_registers: None,
+        targets: &[SM90A, SM80],
+    }
+}
+
+/// The portable tensor-core kernel at `K = 64`: both products of a chunk on `mma.sync`, one CTA
+/// per (sequence, value head, block of `BV` value columns).
+pub const PORTABLE_K64: KernelAbi = portable_entry("kda_fwd_h_portable_k64", 64);
+/// The portable tensor-core kernel at `K = 128`.
+pub const PORTABLE: KernelAbi = portable_entry("kda_fwd_h_portable", 128);
+/// The portable tensor-core kernel at `K = 256`.
+pub const PORTABLE_K256: KernelAbi = portable_entry("kda_fwd_h_portable_k256", 256);
+
+/// Every entry of the portable tensor-core kernel, in `layout::portable::KEY_DIMS`' order.
+pub const PORTABLE_ENTRIES: [&KernelAbi; 3] = [&PORTABLE_K64, &PORTABLE, &PORTABLE_K256];
+
+/// The portable kernel's entry for key size `key_dim`, if it has one.
+pub const fn portable_for(key_dim: usize) -> Option<&'static KernelAbi> {
+    match key_dim {
+        64 => Some(&PORTABLE_K64),
+        128 => Some(&PORTABLE),
+        256 => Some(&PORTABLE_K256),
+        _ => None,
+    }
+}
 
 /// The merge of split sequences: chains each sequence's segment maps into their entry states
 /// (plain f32 arithmetic, so every target has it).
@@ -414,9 +470,11 @@ pub const DECODE: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 11] = [
+pub const KERNELS: [KernelAbi; 13] = [
     BASELINE,
+    PORTABLE_K64,
     PORTABLE,
+    PORTABLE_K256,
     HOPPER,
     HOPPER_K64,
     HOPPER_NARROW,

@@ -239,58 +239,88 @@ pub mod baseline {
 /// (the pair of elements it packs is contiguous), with rows padded by `PAD` elements so that the
 /// 32 lanes of a fragment load hit 32 different banks.
 pub mod portable {
-    use super::{CHUNK, K_DIM, V_DIM};
+    use super::CHUNK;
 
     /// Value columns per CTA: 32, as the baseline, so that one long sequence at H = 64 still gives
-    /// 256 CTAs for 132 SMs.
+    /// 256 CTAs for 132 SMs. `V` must be a multiple.
     pub const BV: usize = 32;
-    /// Warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and 32 state rows each.
+    /// Warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state rows each.
     pub const WARPS: usize = 4;
     /// Threads per CTA.
     pub const THREADS: usize = WARPS * 32;
-    /// V-column blocks per (sequence, head).
-    pub const COL_BLOCKS: usize = V_DIM / BV;
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
     pub const MMA_N: usize = 8;
     pub const MMA_K: usize = 16;
-    /// State rows (of K) per warp and their m16 tiles.
-    pub const STATE_ROWS_PER_WARP: usize = K_DIM / WARPS;
-    pub const STATE_M_TILES: usize = STATE_ROWS_PER_WARP / MMA_M;
     /// Token rows of `Vn` per warp (one m16 tile).
     pub const VN_ROWS_PER_WARP: usize = CHUNK / WARPS;
     /// n8 tiles across the block's columns.
     pub const N_TILES: usize = BV / MMA_N;
-    /// k16 steps of `w @ bf16(S)` (over K) and of `k^T @ bf16(Vn)` (over the chunk's tokens).
-    pub const VN_K_STEPS: usize = K_DIM / MMA_K;
+    /// k16 steps of `k^T @ bf16(Vn)` (over the chunk's tokens).
     pub const STATE_K_STEPS: usize = CHUNK / MMA_K;
     /// Row padding of every bf16 tile, in elements: 8 bf16 = 16 bytes, which shifts consecutive
     /// rows by 4 banks, so the 8 row groups x 4 lanes of a fragment load cover the 32 banks once,
     /// and keeps each row 16-byte aligned.
     pub const PAD: usize = 8;
-    /// `w` rows of the chunk, bf16 `[CHUNK][W_STRIDE]` (token-major, as in memory).
-    pub const W_STRIDE: usize = K_DIM + PAD;
-    /// `k` of the chunk transposed, bf16 `[K_DIM][KT_STRIDE]` (key-major: the A operand `k^T`).
+    /// `k` of the chunk transposed, bf16 `[K][KT_STRIDE]` (key-major: the A operand `k^T`).
     pub const KT_STRIDE: usize = CHUNK + PAD;
-    /// `bf16(S)` transposed, bf16 `[BV][ST_STRIDE]` (column-major S: the B operand).
-    pub const ST_STRIDE: usize = K_DIM + PAD;
     /// `bf16(Vn)` transposed, bf16 `[BV][VNT_STRIDE]` (column-major: the B operand).
     pub const VNT_STRIDE: usize = CHUNK + PAD;
-    /// Byte offsets of the tiles in the dynamic shared memory, and its size.
-    pub const W_OFFSET: usize = 0;
-    pub const KT_OFFSET: usize = W_OFFSET + CHUNK * W_STRIDE * 2;
-    pub const ST_OFFSET: usize = KT_OFFSET + K_DIM * KT_STRIDE * 2;
-    pub const VNT_OFFSET: usize = ST_OFFSET + BV * ST_STRIDE * 2;
-    /// `exp2` of the chunk's last valid gate row, f32 `[K_DIM]`.
-    pub const DECAY_OFFSET: usize = VNT_OFFSET + BV * VNT_STRIDE * 2;
-    pub const SMEM_BYTES: usize = DECAY_OFFSET + K_DIM * 4;
     /// bf16 elements per 16-byte vector of a staging copy.
     pub const VECTOR: usize = 8;
+    /// The key sizes the kernel is built for, one entry each.
+    pub const KEY_DIMS: [usize; 3] = [64, 128, 256];
+
+    /// The shapes and shared-memory map of the kernel for key size `K`, whose warps each hold
+    /// `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
+    /// cannot be computed from `K`). Shared tiles, back to back:
+    ///
+    /// | tile | layout |
+    /// |---|---|
+    /// | `w` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (token-major, as in memory) |
+    /// | `kt` | `k` transposed, bf16 `[K][KT_STRIDE]` |
+    /// | `st` | `bf16(S)` transposed, bf16 `[BV][K + PAD]` (column-major S: the B operand) |
+    /// | `vnt` | `bf16(Vn)` transposed, bf16 `[BV][VNT_STRIDE]` |
+    /// | `decay` | the state's decay over the chunk per key row, f32 `[K]` |
+    /// | `scale` | the scalar gate's `exp2(g[last] - g[t])` per token, f32 `[CHUNK]` |
+    pub struct Tiles<const K: usize, const MT: usize>;
+
+    impl<const K: usize, const MT: usize> Tiles<K, MT> {
+        /// State rows (of K) per warp.
+        pub const STATE_ROWS_PER_WARP: usize = K / WARPS;
+        /// k16 steps of `w @ bf16(S)` (over K).
+        pub const VN_K_STEPS: usize = K / MMA_K;
+        /// Row stride of the `w` and `st` tiles.
+        pub const ROW_STRIDE: usize = K + PAD;
+        pub const W_OFFSET: usize = 0;
+        pub const KT_OFFSET: usize = Self::W_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
+        pub const ST_OFFSET: usize = Self::KT_OFFSET + K * KT_STRIDE * 2;
+        pub const VNT_OFFSET: usize = Self::ST_OFFSET + BV * Self::ROW_STRIDE * 2;
+        pub const DECAY_OFFSET: usize = Self::VNT_OFFSET + BV * VNT_STRIDE * 2;
+        pub const SCALE_OFFSET: usize = Self::DECAY_OFFSET + K * 4;
+        pub const SMEM_BYTES: usize = Self::SCALE_OFFSET + CHUNK * 4;
+        /// Holds when `MT` is `K`'s and every tile fits the kernel's loops (checked at each
+        /// entry's instantiation).
+        pub const VALID: () = {
+            assert!(MT * WARPS * MMA_M == K, "MT = K / 64");
+            assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
+            // sm_86 and sm_89 allow 99 KB of shared memory per block.
+            assert!(Self::SMEM_BYTES <= 99 * 1024, "the portable kernel must fit every sm_80+ GPU");
+        };
+    }
+
+    /// Shared memory of the entry for key size `key_dim` (one of [`KEY_DIMS`]).
+    pub const fn smem_bytes(key_dim: usize) -> usize {
+        match key_dim {
+            64 => Tiles::<64, 1>::SMEM_BYTES,
+            128 => Tiles::<128, 2>::SMEM_BYTES,
+            _ => Tiles::<256, 4>::SMEM_BYTES,
+        }
+    }
 
     /// A thread's place in its warp's `mma.m16n8k16` fragments (PTX ISA, "Matrix fragments for
     /// mma.m16n8k16": `g = lane / 4` is `groupID`, `t = lane % 4` `threadID_in_group`), and the
-    /// elements each of its fragment registers holds: the kernel loads exactly these, and the host
-    /// test below composes a chunk from them.
+    /// elements each of its fragment registers holds: the kernel loads exactly these.
     #[derive(Clone, Copy, Debug)]
     pub struct Place {
         pub warp: usize,
@@ -304,9 +334,10 @@ pub mod portable {
             Self { warp: tid / 32, g: lane / 4, t: lane % 4 }
         }
 
-        /// The state row and block column of accumulator element `e` of tile (`mt`, `nt`).
-        pub const fn state_at(self, mt: usize, nt: usize, e: usize) -> (usize, usize) {
-            let row = self.warp * STATE_ROWS_PER_WARP + mt * MMA_M + self.g + 8 * (e / 2);
+        /// The state row and block column of accumulator element `e` of tile (`mt`, `nt`), with
+        /// `rows_per_warp` state rows per warp.
+        pub const fn state_at(self, rows_per_warp: usize, mt: usize, nt: usize, e: usize) -> (usize, usize) {
+            let row = self.warp * rows_per_warp + mt * MMA_M + self.g + 8 * (e / 2);
             (row, nt * MMA_N + 2 * self.t + e % 2)
         }
 
@@ -326,196 +357,9 @@ pub mod portable {
         }
     }
 
-    const _: () = assert!(V_DIM.is_multiple_of(BV) && BV.is_multiple_of(MMA_N));
-    const _: () = assert!(STATE_ROWS_PER_WARP.is_multiple_of(MMA_M) && VN_ROWS_PER_WARP == MMA_M);
-    const _: () = assert!(K_DIM.is_multiple_of(MMA_K) && CHUNK.is_multiple_of(MMA_K));
-    const _: () = assert!(K_DIM.is_multiple_of(VECTOR) && (W_STRIDE * 2).is_multiple_of(16));
-    const _: () = assert!(THREADS >= K_DIM, "one thread per key stages the decay row");
-    // sm_86 and sm_89 allow 99 KB of shared memory per block.
-    const _: () = assert!(SMEM_BYTES <= 99 * 1024, "the portable kernel must fit every sm_80+ GPU");
-
-    /// One chunk of the portable kernel composed on the host from [`Place`]: the tiles laid out
-    /// as the kernel lays them out (strides, transposes, zero rows past the chunk's end), every
-    /// fragment gathered from the elements `Place` names, and each `mma.m16n8k16` rebuilt from
-    /// its 32 lanes' fragments by the PTX ISA's tables; `Vn` and the new state must equal the
-    /// chunk's math written directly. (Rounding to bf16 is left out: this checks where each
-    /// element goes.)
-    #[cfg(test)]
-    // The loops index tiles by warp, tile and element number, as the kernel does.
-    #[allow(clippy::needless_range_loop)]
-    mod tests {
-        extern crate std;
-        use super::*;
-        use std::vec;
-        use std::vec::Vec;
-
-        /// A tile of `rows` rows of `stride` elements, as the kernel's shared tiles.
-        struct Tile {
-            stride: usize,
-            data: Vec<f64>,
-        }
-
-        impl Tile {
-            fn new(rows: usize, stride: usize) -> Self {
-                Self { stride, data: vec![0.0; rows * stride] }
-            }
-            fn set(&mut self, r: usize, c: usize, v: f64) {
-                self.data[r * self.stride + c] = v;
-            }
-            /// The two elements of one fragment register at (`r`, `c`) and (`r`, `c + 1`).
-            fn pair(&self, (r, c): (usize, usize)) -> [f64; 2] {
-                [self.data[r * self.stride + c], self.data[r * self.stride + c + 1]]
-            }
-        }
-
-        /// `mma.m16n8k16` of one warp: A and B rebuilt from the lanes' registers by the PTX ISA's
-        /// fragment tables, then each lane's accumulator elements updated.
-        fn mma(acc: &mut [[f64; 4]], a: &[[[f64; 2]; 4]], b: &[[[f64; 2]; 2]]) {
-            let (mut am, mut bm) = ([[0.0; 16]; 16], [[0.0; 8]; 16]);
-            for (lane, (a, b)) in a.iter().zip(b).enumerate() {
-                let (g, t) = (lane / 4, lane % 4);
-                for (reg, (ro, co)) in [(0, 0), (8, 0), (0, 8), (8, 8)].into_iter().enumerate() {
-                    am[g + ro][2 * t + co] = a[reg][0];
-                    am[g + ro][2 * t + co + 1] = a[reg][1];
-                }
-                for (reg, ko) in [0, 8].into_iter().enumerate() {
-                    bm[2 * t + ko][g] = b[reg][0];
-                    bm[2 * t + ko + 1][g] = b[reg][1];
-                }
-            }
-            for (lane, acc) in acc.iter_mut().enumerate() {
-                let (g, t) = (lane / 4, lane % 4);
-                for (e, (r, c)) in
-                    [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate()
-                {
-                    acc[e] += (0..16).map(|x| am[r][x] * bm[x][c]).sum::<f64>();
-                }
-            }
-        }
-
-        /// The state fragments of every thread.
-        type States = Vec<[[[f64; 4]; N_TILES]; STATE_M_TILES]>;
-
-        #[test]
-        fn a_chunk_composed_from_the_fragment_places_is_the_chunks_math() {
-            let mut seed = 0x2545_f491_4f6c_dd1du64;
-            let mut draw = || {
-                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-            };
-            let rows = 45; // a partial chunk: rows past it are zero in `w` and `k`
-            let mut matrix = |n: usize, m: usize, valid: usize| -> Vec<Vec<f64>> {
-                (0..n).map(|i| (0..m).map(|_| if i < valid { draw() } else { 0.0 }).collect()).collect()
-            };
-            let (w, k) = (matrix(CHUNK, K_DIM, rows), matrix(CHUNK, K_DIM, rows));
-            let (u, s) = (matrix(CHUNK, BV, CHUNK), matrix(K_DIM, BV, K_DIM));
-            let decay: Vec<f64> = matrix(1, K_DIM, 1)[0].iter().map(|x| 0.75 + x / 2.0).collect();
-
-            // Stage: S transposed from each thread's fragments, `w` as it is, `k` transposed.
-            let mut state: States = (0..THREADS)
-                .map(|tid| {
-                    let p = Place::of(tid);
-                    core::array::from_fn(|mt| {
-                        core::array::from_fn(|nt| {
-                            core::array::from_fn(|e| {
-                                let (r, c) = p.state_at(mt, nt, e);
-                                s[r][c]
-                            })
-                        })
-                    })
-                })
-                .collect();
-            let (mut st, mut wt, mut kt) =
-                (Tile::new(BV, ST_STRIDE), Tile::new(CHUNK, W_STRIDE), Tile::new(K_DIM, KT_STRIDE));
-            for_each_element(&state, |r, c, v| st.set(c, r, v));
-            for t in 0..CHUNK {
-                for a in 0..K_DIM {
-                    wt.set(t, a, w[t][a]);
-                    kt.set(a, t, k[t][a]);
-                }
-            }
-
-            // Vn = u - w @ S, each warp 16 token rows; zeros past the chunk's end, transposed.
-            let mut vnt = Tile::new(BV, VNT_STRIDE);
-            let mut vn = vec![vec![0.0; BV]; CHUNK];
-            for warp in 0..WARPS {
-                let lanes: Vec<Place> = (0..32).map(|l| Place::of(warp * 32 + l)).collect();
-                let row0 = warp * VN_ROWS_PER_WARP;
-                let mut acc = vec![[[0.0; 4]; 32]; N_TILES];
-                for ks in 0..VN_K_STEPS {
-                    let a: Vec<_> = lanes.iter().map(|p| p.a_pairs(row0, ks * MMA_K).map(|x| wt.pair(x))).collect();
-                    for (nt, acc) in acc.iter_mut().enumerate() {
-                        let b: Vec<_> =
-                            lanes.iter().map(|p| p.b_pairs(ks * MMA_K, nt * MMA_N).map(|x| st.pair(x))).collect();
-                        mma(acc, &a, &b);
-                    }
-                }
-                for (lane, p) in lanes.iter().enumerate() {
-                    for (nt, acc) in acc.iter().enumerate() {
-                        for e in 0..4 {
-                            let (t, c) = (row0 + p.g + 8 * (e / 2), nt * MMA_N + 2 * p.t + e % 2);
-                            vn[t][c] = if t < rows { u[t][c] - acc[lane][e] } else { 0.0 };
-                            vnt.set(c, t, vn[t][c]);
-                        }
-                    }
-                }
-            }
-            for t in 0..CHUNK {
-                for c in 0..BV {
-                    let want =
-                        if t < rows { u[t][c] - (0..K_DIM).map(|a| w[t][a] * s[a][c]).sum::<f64>() } else { 0.0 };
-                    assert!((vn[t][c] - want).abs() < 1e-12, "Vn[{t}][{c}]: {} against {want}", vn[t][c]);
-                }
-            }
-
-            // S = d * S + k^T @ Vn, each warp 32 state rows.
-            for (tid, frags) in state.iter_mut().enumerate() {
-                for (mt, row) in frags.iter_mut().enumerate() {
-                    for (nt, acc) in row.iter_mut().enumerate() {
-                        for (e, v) in acc.iter_mut().enumerate() {
-                            *v *= decay[Place::of(tid).state_at(mt, nt, e).0];
-                        }
-                    }
-                }
-            }
-            for warp in 0..WARPS {
-                let lanes: Vec<Place> = (0..32).map(|l| Place::of(warp * 32 + l)).collect();
-                for ks in 0..STATE_K_STEPS {
-                    for mt in 0..STATE_M_TILES {
-                        let row0 = warp * STATE_ROWS_PER_WARP + mt * MMA_M;
-                        let a: Vec<_> = lanes.iter().map(|p| p.a_pairs(row0, ks * MMA_K).map(|x| kt.pair(x))).collect();
-                        for nt in 0..N_TILES {
-                            let b: Vec<_> =
-                                lanes.iter().map(|p| p.b_pairs(ks * MMA_K, nt * MMA_N).map(|x| vnt.pair(x))).collect();
-                            let mut acc: Vec<[f64; 4]> = (0..32).map(|l| state[warp * 32 + l][mt][nt]).collect();
-                            mma(&mut acc, &a, &b);
-                            for (l, v) in acc.into_iter().enumerate() {
-                                state[warp * 32 + l][mt][nt] = v;
-                            }
-                        }
-                    }
-                }
-            }
-            for_each_element(&state, |r, c, v| {
-                let want = decay[r] * s[r][c] + (0..rows).map(|t| k[t][r] * vn[t][c]).sum::<f64>();
-                assert!((v - want).abs() < 1e-12, "S[{r}][{c}]: {v} against {want}");
-            });
-        }
-
-        /// Calls `f(row, column, value)` for every state element of every thread.
-        fn for_each_element(state: &States, mut f: impl FnMut(usize, usize, f64)) {
-            for (tid, frags) in state.iter().enumerate() {
-                for (mt, row) in frags.iter().enumerate() {
-                    for (nt, acc) in row.iter().enumerate() {
-                        for (e, v) in acc.iter().enumerate() {
-                            let (r, c) = Place::of(tid).state_at(mt, nt, e);
-                            f(r, c, *v);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    const _: () = assert!(BV.is_multiple_of(MMA_N) && VN_ROWS_PER_WARP == MMA_M);
+    const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && THREADS >= CHUNK, "one thread per token stages the gate");
+    const _: [(); 3] = [Tiles::<64, 1>::VALID, Tiles::<128, 2>::VALID, Tiles::<256, 4>::VALID];
 }
 
 /// Tile shapes and shared-memory map of the warp-specialized Hopper (sm_90a) kernel.

@@ -9,7 +9,7 @@ use kda::layer::{LayerOutputs, LayerProblem};
 use kda::model::{Gates, ModelShape, ModelView, StateLayout};
 use kda::split::{SplitMode, SplitPlan};
 use kda::{DevicePlan, KdaError, KdaInputs, KdaOutputs, RowStrides, Strides, Tensor};
-use kda::{Kda, Kernel, Outputs, Problem, precision};
+use kda::{Kda, Kernel, Outputs, Plan, Problem, precision};
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -430,6 +430,50 @@ pub fn layer_bounds(p: &LayerProblem, want: &LayerOutputs) -> [f64; 2] {
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;
+
+/// One problem of the generalized recurrence, its row strides and what it covers.
+pub struct ModelCase {
+    /// The gates, layout, sizes and strides, for messages.
+    pub name: String,
+    pub problem: kda::model::ModelProblem,
+    pub strides: Strides,
+}
+
+impl ModelCase {
+    /// The error bound of each output given the f32 rounding floor of the problem
+    /// (`kda::precision::bound_for`).
+    pub fn bounds(&self, floor: [f64; 3]) -> [f64; 3] {
+        let s = self.problem.shape;
+        floor.map(|f| precision::bound_for(s.gates.g || s.gates.gk, s.key_dim, f))
+    }
+}
+
+/// The portable kernel's cases: every gate kind (`gk`, `g`, both, neither) x state layout x key
+/// size (64, 128, 256, each with a value size of its own), grouped value heads (two per key
+/// head), a partial chunk and short sequences, rows packed or padded as slices of a fused
+/// projection (alternating).
+pub fn portable_model_cases() -> Vec<ModelCase> {
+    let gates = [(false, true), (true, false), (true, true), (false, false)];
+    let sizes = [(128, 128), (64, 64), (256, 96)];
+    let mut cases = Vec::new();
+    for (i, (g, gk)) in gates.into_iter().enumerate() {
+        for (j, layout) in [StateLayout::KeyFirst, StateLayout::ValueFirst].into_iter().enumerate() {
+            for (l, (key_dim, value_dim)) in sizes.into_iter().enumerate() {
+                let rows = if (i + j + l) % 2 == 0 { RowLayout::Packed } else { RowLayout::Padded { pad: 8 } };
+                let gates = Gates { g, gk };
+                let shape = ModelShape { value_heads: 2, key_dim, value_dim, gates, layout, ..ModelShape::kda(1) };
+                let seed = (100 * i + 10 * j + l) as u64;
+                let problem =
+                    kda::inputs::try_random_model_problem(Plan::from_lengths(&[130, 3, 0, 1]), shape, true, seed)
+                        .unwrap();
+                let strides = strides_of([rows; 6], &kda::Dims::model(&problem.plan, &shape));
+                let name = format!("g={g} gk={gk} {layout:?} K={key_dim} V={value_dim} {rows:?}");
+                cases.push(ModelCase { name, problem, strides });
+            }
+        }
+    }
+    cases
+}
 
 /// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
 /// relative per element) with headroom; the pooled states, f32 after one token, at most

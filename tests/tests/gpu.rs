@@ -168,6 +168,34 @@ fn baseline_runs(shape: &ModelShape) -> bool {
     *shape == ModelShape { value_heads: shape.value_heads, ..ModelShape::kda(shape.heads) }
 }
 
+/// Whether the portable tensor-core kernel runs `shape`: its key sizes, `V` in whole column
+/// blocks.
+fn portable_runs(shape: &ModelShape) -> bool {
+    use kda::layout::portable::{BV, KEY_DIMS};
+    KEY_DIMS.contains(&shape.key_dim) && shape.value_dim.is_multiple_of(BV)
+}
+
+/// The portable tensor-core kernel on the GPU over the simulator's cases
+/// (`kda_tests::portable_model_cases`: every gate kind, state layout and key size, grouped heads,
+/// partial chunks, strided rows), outputs poisoned and guarded, against the f64 reference.
+#[test]
+fn portable_kernel_runs_the_generalized_recurrence() {
+    let gpu = Gpu::open();
+    let mut failures = Vec::new();
+    for case in kda_tests::portable_model_cases() {
+        let p = case.problem.view();
+        let want = reference::model_reference(&p).unwrap();
+        let floor = reference::model_reference_f32(&p).unwrap().errors(&want);
+        let errs = run_model_guarded(&gpu, &p, case.strides, Kernel::Portable).unwrap().errors(&want);
+        let bounds = case.bounds(floor);
+        println!("{}: h {:.2e} v_new {:.2e} ht {:.2e}", case.name, errs[0], errs[1], errs[2]);
+        if errs.iter().zip(&bounds).any(|(e, b)| e.is_nan() || e >= b) {
+            failures.push(case.name);
+        }
+    }
+    assert!(failures.is_empty(), "{} cases out of bounds: {failures:#?}", failures.len());
+}
+
 /// The model fixtures (FLA's outputs): each kernel that runs the shape matches the reference and
 /// FLA; each that does not refuses it with a typed error naming what it lacks.
 #[test]
@@ -180,7 +208,7 @@ fn model_fixtures() {
         let kernels = [
             (Kernel::Auto, hopper_runs(&p.shape)),
             (Kernel::Baseline, baseline_runs(&p.shape)),
-            (Kernel::Portable, baseline_runs(&p.shape)),
+            (Kernel::Portable, portable_runs(&p.shape)),
         ];
         for (kernel, runs) in kernels {
             match run_model_guarded(&gpu, &p.view(), Strides::PACKED, kernel) {

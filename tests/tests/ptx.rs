@@ -8,7 +8,8 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE, PORTABLE,
+    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE,
+    PORTABLE_ENTRIES,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -140,29 +141,35 @@ fn baseline_sass_uses_the_hardware_conversions() {
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
 }
 
-/// The portable tensor-core kernel: both products on the tensor cores (64 `HMMA` per chunk: 8
-/// k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x 2 row tiles for `S`), every
-/// shared access explicit (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and room
-/// for `PORTABLE_CTAS_PER_SM` CTAs per SM in registers.
+/// The portable tensor-core kernel, every key size's entry: both products on the tensor cores
+/// (`HMMA` per chunk: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x
+/// `K / 64` row tiles for `S`; the loops are unrolled), every shared access explicit
+/// (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and room in registers for as
+/// many CTAs per SM as an A100's shared memory holds (up to four).
 #[test]
 fn portable_sass_runs_both_products_on_the_tensor_cores() {
-    const PORTABLE_CTAS_PER_SM: usize = 4;
+    const MAX_CTAS_PER_SM: usize = 4;
+    const A100_SHARED_PER_SM: usize = 164 * 1024;
     for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
         let (cubin, report) = assemble_as(ptx, arch, &format!("portable-{arch}"));
-        let r = resources(&report, PORTABLE.entry);
-        println!("{arch} {}: {r:?}", PORTABLE.entry);
-        assert!(r.registers * PORTABLE.threads * PORTABLE_CTAS_PER_SM <= REGISTERS_PER_SM, "{arch}: {r:?}");
         let code = sass(&cubin);
-        let code = function_sass(&code, PORTABLE.entry);
-        let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
-        assert_eq!(count("HMMA.16816.F32.BF16"), 64, "{arch}: the chunk's two products");
-        assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
-        for op in [" LD.", " ST.", "LDL", "STL"] {
-            assert_eq!(count(op), 0, "{arch}: portable SASS holds {op}");
+        for (abi, key_dim) in PORTABLE_ENTRIES.iter().zip(kda_kernel::layout::portable::KEY_DIMS) {
+            let r = resources(&report, abi.entry);
+            let ctas = (A100_SHARED_PER_SM / abi.smem_bytes).min(MAX_CTAS_PER_SM);
+            println!("{arch} {}: {r:?}, {} bytes of shared memory, {ctas} CTAs per SM", abi.entry, abi.smem_bytes);
+            assert!(r.registers * abi.threads * ctas <= REGISTERS_PER_SM, "{arch} {}: {r:?}", abi.entry);
+            let code = function_sass(&code, abi.entry);
+            let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
+            let hmma = (key_dim / 16) * 4 + 4 * 4 * (key_dim / 64);
+            assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's two products", abi.entry);
+            assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
+            for op in [" LD.", " ST.", "LDL", "STL"] {
+                assert_eq!(count(op), 0, "{arch} {}: portable SASS holds {op}", abi.entry);
+            }
+            // ptxas's `CALL.REL.NOINC` to the next instruction (sm_80's loop-convergence idiom)
+            // is no call; anything else is.
+            assert_eq!(count("CALL.") - count("CALL.REL.NOINC"), 0, "{arch} {}: portable SASS holds a call", abi.entry);
         }
-        // ptxas's `CALL.REL.NOINC` to the next instruction (sm_80's loop-convergence idiom) is no
-        // call; anything else is.
-        assert_eq!(count("CALL.") - count("CALL.REL.NOINC"), 0, "{arch}: portable SASS holds a call");
     }
 }
 

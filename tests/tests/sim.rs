@@ -3,11 +3,12 @@
 //! barriers, fragment layouts) is tested on every CI run, without a GPU.
 
 use half::bf16;
+
 use kda::inputs::random_problem;
 use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
 use kda::model::{ModelView, StateLayout};
 use kda::reference::{model_reference, reference};
-use kda::{Outputs, Plan, Problem};
+use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
 use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
@@ -63,14 +64,6 @@ const BASELINE: Recurrence = Recurrence {
     shared_bytes: baseline::SMEM_BYTES,
 };
 
-const PORTABLE: Recurrence = Recurrence {
-    name: "portable",
-    entry: kda_kernel::portable::kda_fwd_h_portable,
-    col_blocks: portable::COL_BLOCKS,
-    threads: portable::THREADS,
-    shared_bytes: portable::SMEM_BYTES,
-};
-
 impl Recurrence {
     /// The kernel on `p`, its outputs poisoned first.
     fn run(&self, p: &Problem) -> Outputs {
@@ -123,16 +116,167 @@ impl Recurrence {
     }
 }
 
-/// Both portable recurrences on lengths around the chunk (one token, a partial chunk, a whole
-/// one, one past, two and a bit), with and without `h0`, one and two heads, grouped value heads.
+/// The baseline on lengths around the chunk (one token, a partial chunk, a whole one, one past,
+/// two and a bit), with and without `h0`, one and two heads, grouped value heads.
 #[test]
-fn the_portable_recurrences_match_the_reference_on_ragged_tails() {
+fn the_baseline_matches_the_reference_on_ragged_tails() {
     let lengths = Plan::from_lengths(&[1, 63, 64, 65, 130]);
-    for kernel in [BASELINE, PORTABLE] {
-        kernel.check("ragged h0 H=2", &random_problem(lengths.clone(), 2, true, 11));
-        kernel.check("ragged H=1", &random_problem(lengths.clone(), 1, false, 12));
-        let grouped = kda::inputs::try_random_grouped_problem(Plan::from_lengths(&[200, 7]), 1, 2, true, 13).unwrap();
-        kernel.check("grouped H=1 HV=2", &grouped);
+    BASELINE.check("ragged h0 H=2", &random_problem(lengths.clone(), 2, true, 11));
+    BASELINE.check("ragged H=1", &random_problem(lengths, 1, false, 12));
+    let grouped = kda::inputs::try_random_grouped_problem(Plan::from_lengths(&[200, 7]), 1, 2, true, 13).unwrap();
+    BASELINE.check("grouped H=1 HV=2", &grouped);
+}
+
+/// The portable tensor-core kernel's entry for key size `key_dim`.
+type PortableEntry = unsafe fn(
+    *const u16,
+    *const u16,
+    *const u16,
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut u16,
+    *mut u16,
+    *mut f32,
+    *const i64,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+);
+
+fn portable_entry(key_dim: usize) -> PortableEntry {
+    match key_dim {
+        64 => kda_kernel::portable::kda_fwd_h_portable_k64,
+        128 => kda_kernel::portable::kda_fwd_h_portable,
+        256 => kda_kernel::portable::kda_fwd_h_portable_k256,
+        _ => panic!("no portable entry for K = {key_dim}"),
+    }
+}
+
+/// The portable kernel on `p` with its token tensors laid out at `strides` (the gaps filled with
+/// NaN), as the launcher runs it: one CTA per (sequence, value head, block of `BV` columns).
+/// Every output is poisoned first and checked written; `v_new` is gathered back from its strides.
+fn run_portable(p: &ModelView<'_>, strides: &Strides) -> Outputs {
+    let d = Dims::model(p.plan, &p.shape);
+    let laid_bf = |t: Tensor, v: &[bf16]| strides.scatter(&d, t, v, bf16::NAN);
+    let laid_f = |t: Tensor, v: &[f32]| strides.scatter(&d, t, v, f32::NAN);
+    let (k, w, u) = (laid_bf(Tensor::K, p.k), laid_bf(Tensor::W, p.w), laid_bf(Tensor::U, p.u));
+    let (g, gk) = (p.g.map(|g| laid_f(Tensor::G, g)), p.gk.map(|gk| laid_f(Tensor::Gk, gk)));
+    let [h_len, _, ht_len] = p.output_lens();
+    let poison_bf = bf16::from_bits(POISON_BF16);
+    let mut h = vec![poison_bf; h_len];
+    let mut v_new = vec![poison_bf; strides.len_of(&d, Tensor::VNew).unwrap()];
+    let mut ht = vec![f32::from_bits(POISON_F32); ht_len];
+    let seqs = p.plan.descriptors();
+    let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+    let (k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr) = (ptr(&k), ptr(&w), ptr(&u), opt(&g), opt(&gk));
+    let h0 = p.h0.map_or(sim::Ptr::null(), ptr);
+    let (h_ptr, v_ptr, ht_ptr, seqs_ptr) = (ptr_mut(&mut h), ptr_mut(&mut v_new), ptr_mut(&mut ht), ptr(&seqs));
+    let stride = |t: Tensor| {
+        let s = strides.effective(&d, t);
+        [s.token as u32, s.head as u32]
+    };
+    let [ks, ws, us, gs, gks, vs] = [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride);
+    let layout = match p.shape.layout {
+        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
+        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
+    } as u32;
+    let entry = portable_entry(d.key_dim);
+    let launch = Launch {
+        grid: d.seqs * d.value_heads * (d.value_dim / portable::BV),
+        block: portable::THREADS,
+        shared_bytes: portable::smem_bytes(d.key_dim),
+    };
+    // SAFETY: every buffer holds the problem's rows at these strides; the outputs are separate.
+    unsafe {
+        sim::launch(launch, || {
+            entry(
+                k_ptr.ptr() as *const u16,
+                w_ptr.ptr() as *const u16,
+                u_ptr.ptr() as *const u16,
+                g_ptr.ptr(),
+                gk_ptr.ptr(),
+                h0.ptr(),
+                h_ptr.mut_ptr() as *mut u16,
+                v_ptr.mut_ptr() as *mut u16,
+                ht_ptr.mut_ptr(),
+                seqs_ptr.ptr(),
+                d.value_heads as u32,
+                d.heads as u32,
+                d.value_dim as u32,
+                layout,
+                ks[0],
+                ks[1],
+                ws[0],
+                ws[1],
+                us[0],
+                us[1],
+                gs[0],
+                gs[1],
+                gks[0],
+                gks[1],
+                vs[0],
+                vs[1],
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("portable: {e}"));
+    let out = Outputs { h, v_new: strides.gather(&d, Tensor::VNew, &v_new), ht };
+    assert_all_written("portable", &out);
+    out
+}
+
+/// The portable tensor-core kernel on every gate kind, state layout and key size, grouped heads,
+/// partial chunks and strided rows (`kda_tests::portable_model_cases`), against the f64
+/// reference within the contract's bound over the f32 rounding floor.
+#[test]
+fn the_portable_kernel_runs_the_generalized_recurrence() {
+    let mut failures = Vec::new();
+    for case in kda_tests::portable_model_cases() {
+        let p = case.problem.view();
+        let want = model_reference(&p).unwrap();
+        let floor = kda::reference::model_reference_f32(&p).unwrap().errors(&want);
+        let errs = run_portable(&p, &case.strides).errors(&want);
+        let bounds = case.bounds(floor);
+        println!(
+            "{}: h {:.2e} v_new {:.2e} ht {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
+            case.name, errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]
+        );
+        if errs.iter().zip(&bounds).any(|(e, b)| e.is_nan() || e >= b) {
+            failures.push(case.name);
+        }
+    }
+    assert!(failures.is_empty(), "{} cases out of bounds: {failures:#?}", failures.len());
+}
+
+/// The model fixtures (FLA's outputs on our H200) through the portable kernel: within the
+/// contract's bound of the f64 reference, and as close to FLA as the reference is.
+#[test]
+fn the_portable_kernel_reproduces_the_model_fixtures() {
+    for name in kda_tests::MODEL_FIXTURES {
+        let (p, golden) = kda::io::read_model_problem(&kda_tests::model_fixture(name)).unwrap();
+        let golden = golden.expect("fixture holds outputs");
+        let want = model_reference(&p.view()).unwrap();
+        let floor = kda::reference::model_reference_f32(&p.view()).unwrap().errors(&want);
+        let out = run_portable(&p.view(), &Strides::PACKED);
+        let (errs, fla) = (out.errors(&want), out.errors(&golden));
+        println!("{name}: vs reference {errs:?}, vs FLA {fla:?}");
+        let s = p.shape;
+        let bound = |f: f64| kda::precision::bound_for(s.gates.g || s.gates.gk, s.key_dim, f);
+        assert!(errs.iter().zip(floor).all(|(&e, f)| e < bound(f)), "{name}: {errs:?} over the floor {floor:?}");
     }
 }
 

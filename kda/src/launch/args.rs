@@ -130,6 +130,53 @@ impl BaselineArgs {
     }
 }
 
+/// The portable tensor-core kernel's arguments (`kda_kernel::abi::PORTABLE_PARAMS`).
+pub(super) struct PortableArgs {
+    /// `k`, `w`, `u`, `g`, `gk`, `h0`, `h`, `v_new`, `ht` (0 for an absent gate or state).
+    pub ptrs: [Address; 9],
+    pub seqs: Address,
+    /// Value heads `HV`.
+    pub heads: u32,
+    /// Key heads `H`.
+    pub key_heads: u32,
+    pub value_dim: u32,
+    /// A `kda_kernel::abi::StateLayoutCode`.
+    pub state_layout: u32,
+    /// Token and head strides (elements) of `k`, `w`, `u`, `g`, `gk` and `v_new`, in that order.
+    pub strides: [[u32; 2]; 6],
+}
+
+impl PortableArgs {
+    /// The names of [`Self::ptrs`], in order.
+    const TENSORS: [&'static str; 9] = ["k", "w", "u", "g", "gk", "h0", "h", "v_new", "ht"];
+    /// The names of [`Self::strides`], in order.
+    const STRIDES: [[&'static str; 2]; 6] = [
+        ["k_token_stride", "k_head_stride"],
+        ["w_token_stride", "w_head_stride"],
+        ["u_token_stride", "u_head_stride"],
+        ["g_token_stride", "g_head_stride"],
+        ["gk_token_stride", "gk_head_stride"],
+        ["v_new_token_stride", "v_new_head_stride"],
+    ];
+
+    /// Pushes the arguments in the kernel's parameter order.
+    pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.into_iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        sink.push("seqs", &self.seqs);
+        sink.push("heads", &self.heads);
+        sink.push("key_heads", &self.key_heads);
+        sink.push("value_dim", &self.value_dim);
+        sink.push("state_layout", &self.state_layout);
+        for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
+            for (name, value) in names.iter().zip(values) {
+                sink.push(name, value);
+            }
+        }
+    }
+}
+
 /// The split merge's arguments (`kda_kernel::abi::MERGE_PARAMS`).
 pub(super) struct MergeArgs {
     pub maps: Address,
@@ -218,13 +265,16 @@ mod tests {
     use crate::ptx;
     use kda_kernel::abi::{
         BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
-        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64, PORTABLE_K256,
+        TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 11] = [
+    const ABIS: [&KernelAbi; 13] = [
         &BASELINE,
+        &PORTABLE_K64,
         &PORTABLE,
+        &PORTABLE_K256,
         &HOPPER,
         &HOPPER_K64,
         &HOPPER_NARROW,
@@ -327,8 +377,22 @@ mod tests {
         let mut pushed = Recorder::default();
         baseline.push(&mut pushed);
         check_entry(&BASELINE, &pushed.0);
-        // The portable kernel takes the baseline's arguments.
-        check_entry(&PORTABLE, &pushed.0);
+
+        let portable = PortableArgs {
+            ptrs: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            seqs: 10,
+            heads: 11,
+            key_heads: 12,
+            value_dim: 13,
+            state_layout: 1,
+            strides: [[14, 15], [16, 17], [18, 19], [20, 21], [22, 23], [24, 25]],
+        };
+        let mut pushed = Recorder::default();
+        portable.push(&mut pushed);
+        // Every key size's entry takes the same arguments.
+        for abi in PORTABLE_ENTRIES {
+            check_entry(abi, &pushed.0);
+        }
 
         let merge =
             MergeArgs { maps: 1, h0: 2, entries: 3, table: 4, heads: 5, key_dim: 6, value_dim: 7, state_layout: 8 };

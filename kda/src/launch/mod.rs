@@ -20,20 +20,21 @@ pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
 pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
 pub use validate::TENSOR_ALIGN;
 
-use crate::model::StateLayout;
+use crate::model::{ModelShape, StateLayout};
+use crate::strides::Strides;
 use crate::{Dims, KdaError, Tensor};
-use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers};
+use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE, PassCode,
+    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE_ENTRIES, PassCode,
     StateLayoutCode, TensorMaps, hopper_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
 use kda_kernel::layout::hopper::BV;
-use kda_kernel::layout::portable::COL_BLOCKS as PORTABLE_COL_BLOCKS;
+use kda_kernel::layout::portable::{BV as PORTABLE_BV, KEY_DIMS as PORTABLE_KEY_DIMS};
 use std::sync::Arc;
-use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports};
+use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports, portable_supports};
 
 /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` value for "all of the unified L1 /
 /// shared memory that can be shared memory".
@@ -49,10 +50,13 @@ pub enum Kernel {
     Auto,
     /// The portable scalar baseline kernel (sm_80+).
     Baseline,
-    /// The portable tensor-core kernel (sm_80+, `mma.sync`): the baseline's slice of the
-    /// contract (the per-key gate `gk`, K = V = 128, key-first, packed) and work split, both
-    /// products of a chunk on the tensor cores. Only when asked for: [`Kernel::Auto`] takes it
-    /// once it has been measured on the GPU.
+    /// The portable tensor-core kernel (sm_80+, `mma.sync`): the whole generalized contract
+    /// (both gates or either or neither, grouped value heads, `K` in 64, 128, 256 and `V` any
+    /// multiple of 32, either state layout, strided rows), one CTA per (sequence, value head,
+    /// block of 32 value columns), both products of a chunk on the tensor cores.
+    /// [`Kernel::Auto`] takes it where neither the Hopper kernel nor the baseline runs the
+    /// problem (every model shape on GPUs other than 9.x); it replaces the baseline there once
+    /// measured on the GPU.
     Portable,
     /// The warp-specialized TMA + wgmma kernel (compute capability 9.x only).
     Hopper,
@@ -90,7 +94,8 @@ impl Loaded {
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
-    portable: Loaded,
+    /// The portable tensor-core kernel's entries, one per key size (`abi::PORTABLE_ENTRIES`).
+    portable: Vec<Loaded>,
     /// The merge of split sequences.
     merge: Loaded,
     /// The layer's token-parallel kernels: prepare, output.
@@ -120,7 +125,7 @@ impl Kda {
         let target = options::target(compute_capability, options.module)?;
         let (module, module_code) = options::load_module(&ctx, target, compute_capability, options.code)?;
         let baseline = Loaded::load(&module, &BASELINE)?;
-        let portable = Loaded::load(&module, &PORTABLE)?;
+        let portable = PORTABLE_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
@@ -192,7 +197,10 @@ impl Kda {
                     self.compute_capability
                 ),
             }),
-            (Kernel::Portable, _) => Ok(&self.portable),
+            (Kernel::Portable, _) => {
+                let i = PORTABLE_KEY_DIMS.iter().position(|&k| k == key_dim).unwrap_or(1);
+                Ok(&self.portable[i])
+            }
             _ => Ok(&self.baseline),
         }
     }
@@ -236,26 +244,25 @@ impl Kda {
                 let pass = HopperPass::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
                 self.launch_hopper(stream, hopper()?, plan, &dims, &ptrs, &pass)
             }
-            (Kernel::Portable, _, _) => {
-                self.launch_per_item(stream, &self.portable, PORTABLE_COL_BLOCKS, &dims, plan, &ptrs)
-            }
-            _ => self.launch_per_item(stream, &self.baseline, BASELINE_COL_BLOCKS, &dims, plan, &ptrs),
+            (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, plan, &ptrs),
+            _ => self.launch_baseline(stream, &dims, plan, &ptrs),
         }
     }
 
     /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
-    /// limits allow; the portable kernel when asked for; the baseline otherwise. Each must support
-    /// the problem.
+    /// limits allow; the portable kernel when asked for; otherwise the baseline, or the portable
+    /// kernel for what the baseline does not run (the model's gates, heads, sizes, layouts and
+    /// strides). Each must support the problem.
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
         if self.resolve(kernel) == Kernel::Portable {
-            baseline_supports(&plan.shape, &plan.strides, dims)?;
+            portable_supports(&plan.strides, dims)?;
             return Ok(Kernel::Portable);
         }
         if self.resolve(kernel) == Kernel::Hopper {
             self.loaded(Kernel::Hopper)?;
             hopper_supports(&plan.strides, dims)?;
             // TMA coordinates are 32-bit: batches beyond 2^31 tokens or 2^31 rows of `h`
-            // (NT * HV) take the baseline (which also covers every batch whose work records
+            // (NT * HV) take a per-item kernel (which also covers every batch whose work records
             // would not fit in 32 bits).
             let fits_tma = dims.tokens <= i32::MAX as usize
                 && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize);
@@ -263,8 +270,7 @@ impl Kda {
                 return Ok(Kernel::Hopper);
             }
         }
-        baseline_supports(&plan.shape, &plan.strides, dims)?;
-        Ok(Kernel::Baseline)
+        per_item_kernel(&plan.shape, &plan.strides, dims)
     }
 
     /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
@@ -375,18 +381,14 @@ impl Kda {
 
     /// The baseline or the portable kernel (`f`, whose blocks are `col_blocks` per head): one CTA
     /// per (sequence, head, column block).
-    fn launch_per_item(
+    fn launch_baseline(
         &self,
         stream: &Arc<CudaStream>,
-        f: &Loaded,
-        col_blocks: usize,
         dims: &Dims,
         plan: &DevicePlan,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let items = (dims.value_heads.checked_mul(col_blocks))
-            .and_then(|n| dims.seqs.checked_mul(n))
-            .ok_or_else(|| grid_error(dims))?;
+        let items = per_item_grid(dims, BASELINE_COL_BLOCKS)?;
         if items == 0 {
             return Ok(());
         }
@@ -395,6 +397,42 @@ impl Kda {
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
         // alignment and its device; the descriptors were built from the same plan; one CTA per
         // item; outputs are `&mut` borrows, so they cannot alias the inputs.
+        unsafe { enqueue(stream, &self.baseline, items, |sink| args.push(sink)) }
+    }
+
+    /// The portable tensor-core kernel's entry for the problem's key size, one CTA per
+    /// (sequence, value head, block of its `BV` value columns).
+    fn launch_portable(
+        &self,
+        stream: &Arc<CudaStream>,
+        dims: &Dims,
+        plan: &DevicePlan,
+        ptrs: &Pointers<'_>,
+    ) -> Result<(), KdaError> {
+        let items = per_item_grid(dims, dims.value_dim / PORTABLE_BV)?;
+        if items == 0 {
+            return Ok(());
+        }
+        let f = self.loaded_for(Kernel::Portable, dims.key_dim, PORTABLE_BV)?;
+        let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
+        let stride_pair = |t: Tensor| {
+            let s = plan.strides.effective(dims, t);
+            // `portable_supports` checked that they fit.
+            [s.token as u32, s.head as u32]
+        };
+        let args = PortableArgs {
+            ptrs: [ptrs.k, ptrs.w, ptrs.u, ptrs.g, ptrs.gk, ptrs.h0, ptrs.h, ptrs.v_new, ptrs.ht],
+            seqs,
+            heads: heads_u32(dims.value_heads)?,
+            key_heads: heads_u32(dims.heads)?,
+            value_dim: heads_u32(dims.value_dim)?,
+            state_layout: layout_code(dims.layout) as u32,
+            strides: [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride_pair),
+        };
+        // SAFETY: `validate` checked every buffer's length for this plan, heads and strides, its
+        // alignment and its device, and `portable_supports` the key size, `V` and the strides;
+        // the descriptors were built from the same plan; one CTA per item; outputs are `&mut`
+        // borrows, so they cannot alias the inputs.
         unsafe { enqueue(stream, f, items, |sink| args.push(sink)) }
     }
 
@@ -483,6 +521,20 @@ fn final_states_without_tokens(
 }
 
 /// `heads` as the kernels' 32-bit parameter.
+/// The per-item kernel that runs a problem the Hopper kernel does not: the baseline for its slice
+/// of the contract, the portable kernel for the rest; when neither does, the baseline's refusal.
+fn per_item_kernel(shape: &ModelShape, strides: &Strides, dims: &Dims) -> Result<Kernel, KdaError> {
+    match baseline_supports(shape, strides, dims) {
+        Ok(()) => Ok(Kernel::Baseline),
+        Err(baseline) => portable_supports(strides, dims).map(|()| Kernel::Portable).map_err(|_| baseline),
+    }
+}
+
+/// CTAs of a per-item kernel: one per (sequence, value head, column block).
+fn per_item_grid(dims: &Dims, col_blocks: usize) -> Result<usize, KdaError> {
+    (dims.value_heads.checked_mul(col_blocks)).and_then(|n| dims.seqs.checked_mul(n)).ok_or_else(|| grid_error(dims))
+}
+
 fn heads_u32(heads: usize) -> Result<u32, KdaError> {
     u32::try_from(heads)
         .map_err(|_| KdaError::Argument { name: "heads", reason: format!("{heads} does not fit in 32 bits") })
@@ -543,5 +595,46 @@ mod thread_safety {
         send_sync::<LayerWorkspace>();
         send_sync::<LayerInputs<'static>>();
         send_sync::<LayerDeviceOutputs<'static>>();
+    }
+}
+
+#[cfg(test)]
+mod routing {
+    //! Which per-item kernel runs a problem the Hopper kernel does not.
+
+    use super::*;
+    use crate::Plan;
+    use crate::model::Gates;
+
+    fn route(shape: ModelShape, strides: Strides) -> Result<Kernel, KdaError> {
+        let dims = Dims::model(&Plan::from_lengths(&[70, 3]), &shape);
+        per_item_kernel(&shape, &strides, &dims)
+    }
+
+    #[test]
+    fn the_baseline_runs_its_slice_and_the_portable_kernel_the_rest() {
+        let kda = ModelShape::kda(2);
+        assert_eq!(route(kda, Strides::PACKED).unwrap(), Kernel::Baseline);
+        let gdn = ModelShape { value_heads: 4, gates: Gates { g: true, gk: false }, ..kda };
+        assert_eq!(route(gdn, Strides::PACKED).unwrap(), Kernel::Portable);
+        let value_first = ModelShape { layout: StateLayout::ValueFirst, ..kda };
+        assert_eq!(route(value_first, Strides::PACKED).unwrap(), Kernel::Portable);
+        for (key_dim, value_dim) in [(64, 64), (256, 512), (128, 96)] {
+            assert_eq!(route(ModelShape { key_dim, value_dim, ..kda }, Strides::PACKED).unwrap(), Kernel::Portable);
+        }
+        let padded = Strides { k: Some(crate::RowStrides { token: 2 * 136, head: 136 }), ..Strides::PACKED };
+        assert_eq!(route(kda, padded).unwrap(), Kernel::Portable);
+    }
+
+    #[test]
+    fn what_no_per_item_kernel_runs_is_refused_with_the_baselines_reason() {
+        let kda = ModelShape::kda(2);
+        let odd = ModelShape { key_dim: 96, ..kda };
+        assert!(matches!(route(odd, Strides::PACKED), Err(KdaError::Unsupported { argument: "key_dim", .. })));
+        let narrow_v = ModelShape { value_dim: 48, ..kda };
+        assert!(matches!(route(narrow_v, Strides::PACKED), Err(KdaError::Unsupported { .. })));
+        // A row stride the 16-byte loads cannot follow.
+        let ragged = Strides { u: Some(crate::RowStrides { token: 2 * 128 + 3, head: 128 }), ..Strides::PACKED };
+        assert!(matches!(route(kda, ragged), Err(KdaError::Unsupported { argument: "strides", .. })));
     }
 }

@@ -80,6 +80,26 @@ pub(super) fn hopper_supports(strides: &Strides, dims: &Dims) -> Result<(), KdaE
     strides.check_hopper(dims)
 }
 
+/// What the portable tensor-core kernel runs: the whole generalized contract at `K` in
+/// `layout::portable::KEY_DIMS` and `V` a multiple of its column block, rows the kernel can load
+/// (`Strides::check_portable`).
+pub(super) fn portable_supports(strides: &Strides, dims: &Dims) -> Result<(), KdaError> {
+    use kda_kernel::layout::portable::{BV, KEY_DIMS};
+    if !KEY_DIMS.contains(&dims.key_dim) {
+        return Err(KdaError::Unsupported {
+            argument: "key_dim",
+            reason: format!("K = {}: the portable kernel runs K in {KEY_DIMS:?}", dims.key_dim),
+        });
+    }
+    if !dims.value_dim.is_multiple_of(BV) || u32::try_from(dims.value_dim).is_err() {
+        return Err(KdaError::Unsupported {
+            argument: "value_dim",
+            reason: format!("V = {}: the portable kernel runs multiples of {BV}", dims.value_dim),
+        });
+    }
+    strides.check_portable(dims)
+}
+
 /// What the baseline kernel runs: KDA's slice (`gk` alone, `K = V = 128`, key-first states,
 /// packed tensors).
 pub(super) fn baseline_supports(shape: &ModelShape, strides: &Strides, dims: &Dims) -> Result<(), KdaError> {
