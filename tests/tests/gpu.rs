@@ -168,6 +168,31 @@ fn baseline_runs(shape: &ModelShape) -> bool {
     *shape == ModelShape { value_heads: shape.value_heads, ..ModelShape::kda(shape.heads) }
 }
 
+/// The layer and the model fixtures on the portable module (what every GPU but Hopper loads),
+/// here on the H200: FLA's layer fixtures within the bound over FLA's error, each model fixture
+/// through `Kernel::Auto` (the baseline for KDA's slice, the portable kernel for the rest).
+#[test]
+fn the_portable_module_runs_the_layer_and_every_model() {
+    use kda::{Kda, KdaOptions, Module};
+    let gpu = Gpu::open();
+    let options = KdaOptions { module: Module::Portable, ..KdaOptions::default() };
+    let kda = Kda::with_options(gpu.kda.context().clone(), options).unwrap();
+    let portable = Gpu { kda, stream: gpu.stream.clone() };
+    for name in LAYER_FIXTURES {
+        let (p, golden) = kda::layer::read_layer_fixture(&fixture(&format!("layer/{name}"))).unwrap();
+        let errs = kda_tests::run_layer_guarded(&portable, &p).unwrap().errors(&golden.reference);
+        let [fo, fh] = golden.fla_errors;
+        println!("portable module, layer {name}: o {:.2e} ({:.2}x FLA's) ht {:.2e}", errs[0], errs[0] / fo, errs[1]);
+        assert!(errs[0] <= LAYER_BOUND_OVER_FLA * fo && errs[1] <= LAYER_BOUND_OVER_FLA * fh, "{name}: {errs:?}");
+    }
+    for name in kda_tests::MODEL_FIXTURES {
+        let (p, _) = io::read_model_problem(&kda_tests::model_fixture(name)).unwrap();
+        let want = reference::model_reference(&p.view()).unwrap();
+        let out = run_model_guarded(&portable, &p.view(), Strides::PACKED, Kernel::Auto).unwrap();
+        record(&format!("portable module, {name}"), out.errors(&want));
+    }
+}
+
 /// Whether the portable tensor-core kernel runs `shape`: its key sizes, `V` in whole column
 /// blocks.
 fn portable_runs(shape: &ModelShape) -> bool {

@@ -285,6 +285,15 @@ fn layer_launch(p: &LayerProblem, shared_bytes: usize) -> Launch {
     Launch { grid: p.plan.chunks() * p.shape.value_heads, block: layer::THREADS, shared_bytes }
 }
 
+/// What runs the layer's recurrence on the simulator.
+#[derive(Clone, Copy, Debug)]
+enum LayerRecurrence {
+    /// The f64 reference of the contract (checks the token-parallel kernels alone).
+    Reference,
+    /// The portable tensor-core kernel: the whole layer as every GPU but Hopper runs it.
+    Portable,
+}
+
 /// Each `[rows][cols]` matrix of `states` (a whole number of them) transposed.
 fn transposed(states: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0.0; states.len()];
@@ -301,7 +310,7 @@ fn transposed(states: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// The layer on the simulator as the launcher runs it, its states (`h`, and `h0`, `ht` at the
 /// recurrence) in `layout`: the prepare kernel, the recurrence (here the f64 reference of the
 /// contract, on the prepare kernel's bf16 outputs), the output kernel. Returns key-first `ht`.
-fn run_layer(p: &LayerProblem, layout: StateLayout) -> LayerOutputs {
+fn run_layer(p: &LayerProblem, layout: StateLayout, recurrence: LayerRecurrence) -> LayerOutputs {
     let s = p.shape;
     let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
     let rec = s.recurrence_shape(layout);
@@ -361,7 +370,10 @@ fn run_layer(p: &LayerProblem, layout: StateLayout) -> LayerOutputs {
         gk: is_kda.then_some(&gate[..]),
         h0: h0.as_deref(),
     };
-    let recurrence = model_reference(&view).unwrap();
+    let recurrence = match recurrence {
+        LayerRecurrence::Reference => model_reference(&view).unwrap(),
+        LayerRecurrence::Portable => run_portable(&view, &Strides::PACKED),
+    };
     let layout_code = if value_first { StateLayoutCode::ValueFirst } else { StateLayoutCode::KeyFirst } as u32;
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
@@ -403,7 +415,7 @@ fn the_layer_kernels_match_the_definition() {
     for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate() {
         let layout = if i % 3 == 2 { StateLayout::ValueFirst } else { StateLayout::KeyFirst };
         let want = layer_reference(&p).unwrap();
-        let errs = run_layer(&p, layout).errors(&want);
+        let errs = run_layer(&p, layout, LayerRecurrence::Reference).errors(&want);
         let bounds = layer_bounds(&p, &want);
         println!("{name} {layout:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
         assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
@@ -416,7 +428,7 @@ fn the_layer_kernels_match_the_definition() {
 fn the_layer_kernels_reproduce_the_layer_fixtures() {
     for name in kda_tests::LAYER_FIXTURES {
         let (p, golden) = kda::layer::read_layer_fixture(&kda_tests::fixture(&format!("layer/{name}"))).unwrap();
-        let errs = run_layer(&p, StateLayout::KeyFirst).errors(&golden.reference);
+        let errs = run_layer(&p, StateLayout::KeyFirst, LayerRecurrence::Reference).errors(&golden.reference);
         let [fo, fh] = golden.fla_errors;
         println!(
             "{name}: o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
@@ -487,5 +499,20 @@ fn the_decode_step_matches_the_pooled_reference() {
         }
         .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         case.check(&pool, &o);
+    }
+}
+
+/// The whole layer as every GPU but Hopper runs it (prepare, the portable tensor-core
+/// recurrence, output) on one case of each kind and both state layouts, within the GPU suite's
+/// bounds.
+#[test]
+fn the_layer_runs_on_the_portable_kernels() {
+    for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate().filter(|(i, _)| i % 5 == 0) {
+        let layout = if i % 2 == 0 { StateLayout::KeyFirst } else { StateLayout::ValueFirst };
+        let want = layer_reference(&p).unwrap();
+        let errs = run_layer(&p, layout, LayerRecurrence::Portable).errors(&want);
+        let bounds = layer_bounds(&p, &want);
+        println!("{name} {layout:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
     }
 }
