@@ -230,9 +230,11 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 
 /// The decode step's parameters, in order: `q`, `k`, `v`, the gate, `beta`, `A_log`, `dt_bias`
 /// (null unless the gate is raw), the slots (`[N]` i64, negative: padding), the fresh flags
-/// (`[N]` u32), the pool, the output `o`, then `heads`, `value_heads`, `key_dim`, `value_dim`,
-/// `gate_width`, `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 20] = [
+/// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
+/// for the last state back to the sequence's slot), the pool, the output `o`, then `draft`
+/// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
+/// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
+pub const DECODE_PARAMS: [Param; 23] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -242,8 +244,11 @@ pub const DECODE_PARAMS: [Param; 20] = [
     Param::pointer("dt_bias"),
     Param::pointer("slots"),
     Param::pointer("fresh"),
+    Param::pointer("parents"),
+    Param::pointer("token_slots"),
     Param::pointer("pool"),
     Param::pointer("o"),
+    Param::u32("draft"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),
@@ -459,7 +464,7 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// The decode step: one token per sequence, states in a pool by slot (plain f32, every target).
+/// The decode step: a few tokens per sequence, states in a pool by slot (plain f32, every target).
 pub const DECODE: KernelAbi = KernelAbi {
     entry: "kda_decode_step",
     params: &DECODE_PARAMS,

@@ -201,6 +201,9 @@ pub mod decode {
     pub const SMEM_WORDS: usize = 3 * MAX_K + 2 * KEY_GROUPS * COLS;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
+    /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
+    /// token's ancestors are kept as indices in registers, one per possible depth.
+    pub const MAX_DRAFT: usize = 8;
 }
 
 /// Tile shapes of the baseline (portable, sm_80+) kernel.

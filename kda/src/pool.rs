@@ -129,6 +129,119 @@ pub fn slot_uses(indices: &[i64], fresh: &[bool], pool: &PoolShape) -> Result<Ve
     Ok(uses)
 }
 
+/// The most draft tokens per sequence one verify call runs (`kda_kernel::layout::decode::MAX_DRAFT`).
+pub const MAX_DRAFT: usize = kda_kernel::layout::decode::MAX_DRAFT;
+
+/// How a call's tokens continue one another and where their states go, checked: what the decode
+/// kernel reads besides the slots (`parents` and `token_slots`, `[N * draft]` each, empty for a
+/// plain step).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraftTables {
+    /// Tokens per sequence.
+    pub draft: usize,
+    /// Each token's parent (an earlier token of its sequence, or -1: the initial state); empty
+    /// for chains.
+    pub parents: Vec<i64>,
+    /// The slot each token's state is written to (-1: none); empty when only the last token's
+    /// state goes back to the sequence's slot.
+    pub token_slots: Vec<i64>,
+}
+
+/// Checks a call of `draft` tokens per sequence over `uses` (from [`slot_uses`]): `parents`
+/// (`None`: each token continues the previous one) names for each token an earlier token of its
+/// sequence or a negative value (the sequence's initial state); `token_slots` (`None`: the last
+/// token's state goes back to the sequence's slot) names where each token's state is written
+/// (negative: nowhere). A tree (any token whose parent is not the previous one) needs
+/// `token_slots`. A token slot must lie in the pool, be named once, and not be another live
+/// sequence's slot (which that sequence reads), nor, in a tree, its own sequence's (the kernel
+/// reads the initial state again to rebuild a branch); a padding sequence's tokens are ignored.
+///
+/// ```
+/// use kda::StateLayout;
+/// use kda::pool::{PoolShape, draft_tables, slot_uses};
+/// let pool = PoolShape { slots: 16, value_heads: 2, key_dim: 64, value_dim: 64, layout: StateLayout::KeyFirst };
+/// let uses = slot_uses(&[0, 1], &[false, false], &pool)?;
+/// // Two sequences of three draft tokens; sequence 0 is a tree (token 2 branches off token 0).
+/// let parents = [-1, 0, 0, -1, 0, 1];
+/// let token_slots = [2, 3, 4, 5, 6, 7];
+/// let t = draft_tables(&uses, 3, Some(&parents), Some(&token_slots), &pool)?;
+/// assert_eq!(t.parents, parents);
+/// assert!(draft_tables(&uses, 3, Some(&parents), None, &pool).is_err()); // a tree needs token slots
+/// assert!(draft_tables(&uses, 3, None, Some(&[2, 3, 1, 5, 6, 7]), &pool).is_err()); // slot 1 is read
+/// // A chain may end in its own slot; a tree may not write it.
+/// assert!(draft_tables(&uses, 3, None, Some(&[2, 3, 0, 5, 6, 1]), &pool).is_ok());
+/// assert!(draft_tables(&uses, 3, Some(&parents), Some(&[2, 3, 0, 5, 6, 7]), &pool).is_err());
+/// # Ok::<(), kda::KdaError>(())
+/// ```
+pub fn draft_tables(
+    uses: &[SlotUse],
+    draft: usize,
+    parents: Option<&[i64]>,
+    token_slots: Option<&[i64]>,
+    pool: &PoolShape,
+) -> Result<DraftTables, KdaError> {
+    let bad = |name: &'static str, reason: String| Err(KdaError::Argument { name, reason });
+    if draft == 0 || draft > MAX_DRAFT {
+        return bad("draft", format!("{draft} tokens per sequence: 1 to {MAX_DRAFT}"));
+    }
+    let rows = uses.len() * draft;
+    for (name, table) in [("parents", parents), ("token_slots", token_slots)] {
+        if let Some(t) = table.filter(|t| t.len() != rows) {
+            return Err(KdaError::Shape {
+                tensor: name,
+                expected: format!("[N = {}, draft = {draft}]", uses.len()),
+                expected_len: rows,
+                actual: format!("{} elements", t.len()),
+            });
+        }
+    }
+    let mut tree = false;
+    if let Some(parents) = parents {
+        for (row, &p) in parents.iter().enumerate() {
+            let (n, t) = (row / draft, (row % draft) as i64);
+            if p >= t {
+                return bad("parents", format!("sequence {n}, token {t}: parent {p} is not an earlier token"));
+            }
+            tree |= p.max(-1) != t - 1;
+        }
+    }
+    if tree && token_slots.is_none() {
+        return bad("token_slots", "a tree of draft tokens has no last state: name each token's slot".into());
+    }
+    if let Some(token_slots) = token_slots {
+        let read: std::collections::HashMap<usize, usize> =
+            uses.iter().enumerate().filter_map(|(n, u)| u.slot().map(|s| (s, n))).collect();
+        let mut written = std::collections::HashMap::new();
+        for (row, &index) in token_slots.iter().enumerate() {
+            let n = row / draft;
+            let (Ok(slot), Some(_)) = (usize::try_from(index), uses[n].slot()) else { continue };
+            if slot >= pool.slots {
+                return bad(
+                    "token_slots",
+                    format!("sequence {n}: slot {slot} is past the pool's {} slots", pool.slots),
+                );
+            }
+            if let Some(&other) = read.get(&slot).filter(|&&m| m != n || tree) {
+                let whose = if other == n {
+                    "its own initial state, which a tree rebuilds branches from".to_string()
+                } else {
+                    format!("which sequence {other} reads")
+                };
+                return bad("token_slots", format!("sequence {n} writes slot {slot}, {whose}"));
+            }
+            if let Some(first) = written.insert(slot, row) {
+                return bad("token_slots", format!("rows {first} and {row} both write slot {slot}"));
+            }
+        }
+    }
+    let normalise = |t: &[i64]| t.iter().map(|&x| x.max(-1)).collect();
+    Ok(DraftTables {
+        draft,
+        parents: parents.map_or_else(Vec::new, normalise),
+        token_slots: token_slots.map_or_else(Vec::new, normalise),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +278,32 @@ mod tests {
         let huge = PoolShape { slots: usize::MAX, ..big };
         assert!(huge.len().is_err());
         assert_eq!(huge.offset(usize::MAX - 1, 1), None);
+    }
+
+    #[test]
+    fn every_bad_draft_table_is_refused_naming_its_argument() {
+        let p = pool(16);
+        let uses = slot_uses(&[0, -1, 1], &[false, false, true], &p).unwrap();
+        let refused = |draft, parents: Option<&[i64]>, slots: Option<&[i64]>| match draft_tables(
+            &uses, draft, parents, slots, &p,
+        ) {
+            Err(KdaError::Argument { name, .. }) => name,
+            Err(KdaError::Shape { tensor, .. }) => tensor,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(0, None, None), "draft");
+        assert_eq!(refused(MAX_DRAFT + 1, None, None), "draft");
+        assert_eq!(refused(2, Some(&[-1, 0, -1]), None), "parents");
+        assert_eq!(refused(2, None, Some(&[2, 3])), "token_slots");
+        assert_eq!(refused(2, Some(&[-1, 1, -1, 0, -1, 0]), None), "parents"); // its own parent
+        assert_eq!(refused(2, Some(&[-1, -1, -1, 0, -1, 0]), None), "token_slots"); // a tree, no slots
+        assert_eq!(refused(2, None, Some(&[2, 16, -1, -1, 4, 5])), "token_slots"); // past the pool
+        assert_eq!(refused(2, None, Some(&[2, 3, -1, -1, 3, 5])), "token_slots"); // written twice
+        // A padding sequence's tokens are ignored, whatever they name.
+        let t = draft_tables(&uses, 2, None, Some(&[2, 3, 1, 99, 4, 5]), &p).unwrap();
+        assert_eq!((t.draft, t.parents.len(), t.token_slots), (2, 0, vec![2, 3, 1, 99, 4, 5]));
+        // Parents below -1 mean the initial state, as -1 does.
+        let t = draft_tables(&uses, 2, Some(&[-7, 0, -1, 0, -2, 0]), None, &p).unwrap();
+        assert_eq!(t.parents, [-1, 0, -1, 0, -1, 0]);
     }
 }

@@ -475,6 +475,32 @@ pub fn portable_model_cases() -> Vec<ModelCase> {
     cases
 }
 
+/// One call of the decode kernel on the GPU (`Kda::launch_decode`) over `plan` with the token
+/// rows of `p` and `pool` uploaded, `o` poisoned first; returns the pool after the call and `o`.
+pub fn run_decode(gpu: &Gpu, p: &LayerProblem, plan: &kda::DecodePlan, pool: &[f32]) -> (Vec<f32>, Vec<bf16>) {
+    use kda::DecodeInputs;
+    let s = &gpu.stream;
+    let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
+    let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
+    let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
+    let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
+    let mut pool_dev = up_f(pool);
+    let rows = p.plan.tokens() * p.shape.value_heads * p.shape.value_dim;
+    let mut o = up_bf(&vec![bf16::from_bits(POISON_BF16); rows]);
+    let inputs = DecodeInputs {
+        q: q.slice(..),
+        k: k.slice(..),
+        v: v.slice(..),
+        g: g.slice(..),
+        beta: beta.slice(..),
+        a_log: a_log.as_ref().map(|x| x.slice(..)),
+        dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
+    };
+    gpu.kda.launch_decode(s, plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..)).unwrap();
+    s.synchronize().expect("decode call failed");
+    (s.clone_dtoh(&pool_dev).unwrap(), s.clone_dtoh(&o).unwrap())
+}
+
 /// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
 /// relative per element) with headroom; the pooled states, f32 after one token, at most
 /// `DECODE_STATE_BOUND`.
@@ -545,6 +571,108 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         });
     }
     out
+}
+
+/// A speculative verify call over a state pool: `draft` tokens per sequence, their parents
+/// (chains and trees) and the slot each token's state goes to.
+pub struct VerifyCase {
+    /// What the case covers.
+    pub name: String,
+    /// `draft` tokens per sequence, no initial states (the pool holds them).
+    pub p: LayerProblem,
+    pub pool_shape: kda::pool::PoolShape,
+    /// The pool before the call.
+    pub pool: Vec<f32>,
+    /// Each sequence's slot (negative: padding) and whether it starts from zeros.
+    pub indices: Vec<i64>,
+    pub fresh: Vec<bool>,
+    pub uses: Vec<kda::pool::SlotUse>,
+    pub draft: usize,
+    /// `[N * draft]`: each token's parent inside its sequence (negative: the initial state).
+    pub parents: Vec<i64>,
+    /// `[N * draft]`: where each token's state goes.
+    pub token_slots: Vec<i64>,
+}
+
+/// Verify calls: a KDA chain of four tokens per sequence (one sequence padding, one fresh, one
+/// writing its last state back to its own slot) and a Gated DeltaNet tree of five (two branches
+/// off the first token and a second root).
+pub fn verify_cases() -> Vec<VerifyCase> {
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    use kda::pool::{PoolShape, slot_uses};
+    let specs = [
+        (
+            "KDA chain",
+            LayerShape { kind: LayerKind::Kda, heads: 2, value_heads: 2, key_dim: 128, value_dim: 64 },
+            GateInput::Softplus,
+            4,
+            vec![-1i64, 0, 1, 2],
+            vec![3i64, -1, 0],
+            vec![false, false, true],
+            vec![8i64, 9, 10, 3, -1, -1, -1, -1, 11, 12, 13, 14],
+        ),
+        (
+            "GDN tree",
+            LayerShape { kind: LayerKind::Gdn, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 },
+            GateInput::Log,
+            5,
+            vec![-1i64, 0, 0, 1, -1],
+            vec![5i64, 2],
+            vec![false, false],
+            vec![0i64, 1, 3, 4, 6, 7, 8, 9, 10, 11],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (c, (name, shape, gate, draft, chain, indices, fresh, token_slots)) in specs.into_iter().enumerate() {
+        let flag = c % 2 == 0;
+        let options =
+            LayerOptions { scale: (shape.key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
+        let n = indices.len();
+        let p = random_layer_problem(&vec![draft; n], shape, options, false, 60 + c as u64);
+        let pool_shape = PoolShape {
+            slots: 16,
+            value_heads: shape.value_heads,
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            layout: StateLayout::KeyFirst,
+        };
+        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 9)
+            .take(pool_shape.len().unwrap())
+            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
+            .collect();
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let parents = chain.iter().copied().cycle().take(n * draft).collect();
+        out.push(VerifyCase {
+            name: name.into(),
+            p,
+            pool_shape,
+            pool,
+            indices,
+            fresh,
+            uses,
+            draft,
+            parents,
+            token_slots,
+        });
+    }
+    out
+}
+
+impl VerifyCase {
+    /// Per sequence, each token's output row and the state after it, by the definition
+    /// (`kda::layer::verify_tree_reference` from each sequence's slot, or zeros).
+    pub fn reference(&self) -> Vec<kda::layer::VerifiedTokens> {
+        let s = self.p.shape;
+        let state = s.value_heads * s.key_dim * s.value_dim;
+        let mut h0 = vec![0.0f32; self.uses.len() * state];
+        for (n, u) in self.uses.iter().enumerate() {
+            if let kda::pool::SlotUse::Continue(slot) = u {
+                h0[n * state..(n + 1) * state].copy_from_slice(&self.pool[slot * state..(slot + 1) * state]);
+            }
+        }
+        let with_h0 = LayerProblem { h0: Some(h0), ..self.p.clone() };
+        kda::layer::verify_tree_reference(&with_h0, &self.parents).unwrap()
+    }
 }
 
 impl DecodeCase {

@@ -680,30 +680,72 @@ fn layer_value_first_states() {
 /// padding sequences (nothing read or written), a fresh sequence (from zeros).
 #[test]
 fn decode_step_matches_the_pooled_reference() {
-    use kda::{DecodeInputs, DecodePlan, bf16};
+    use kda::DecodePlan;
     let gpu = Gpu::open();
-    let s = &gpu.stream;
     for case in kda_tests::decode_cases() {
         let p = &case.p;
-        let plan = DecodePlan::new(s, p.shape, p.options, case.pool_shape, &case.indices, &case.fresh).unwrap();
-        let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
-        let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
-        let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
-        let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
-        let mut pool_dev = up_f(&case.pool);
-        let mut o = up_bf(&case.poisoned_o());
-        let inputs = DecodeInputs {
-            q: q.slice(..),
-            k: k.slice(..),
-            v: v.slice(..),
-            g: g.slice(..),
-            beta: beta.slice(..),
-            a_log: a_log.as_ref().map(|x| x.slice(..)),
-            dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
-        };
-        gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..)).unwrap();
-        s.synchronize().expect("decode step failed");
-        case.check(&s.clone_dtoh(&pool_dev).unwrap(), &s.clone_dtoh(&o).unwrap());
+        let plan = DecodePlan::new(&gpu.stream, p.shape, p.options, case.pool_shape, &case.indices, &case.fresh);
+        let (pool, o) = kda_tests::run_decode(&gpu, p, &plan.unwrap(), &case.pool);
+        case.check(&pool, &o);
+    }
+}
+
+/// Speculative verify (`DecodePlan::verify`): each case's draft tokens, a chain and a tree, each
+/// token's state into a slot of its own, against the definition, and bit for bit against
+/// one-token calls along each token's path.
+#[test]
+fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
+    use kda::DecodePlan;
+    use kda::pool::SlotUse;
+    let gpu = Gpu::open();
+    for case in kda_tests::verify_cases() {
+        let p = &case.p;
+        let s = p.shape;
+        let (row, state, draft) = (s.value_heads * s.value_dim, s.value_heads * s.key_dim * s.value_dim, case.draft);
+        let plan = DecodePlan::verify(
+            &gpu.stream,
+            s,
+            p.options,
+            case.pool_shape,
+            &case.indices,
+            &case.fresh,
+            draft,
+            Some(&case.parents),
+            Some(&case.token_slots),
+        )
+        .unwrap();
+        let (pool, o) = kda_tests::run_decode(&gpu, p, &plan, &case.pool);
+        let want = case.reference();
+        for (n, use_) in case.uses.iter().enumerate() {
+            let Some(slot) = use_.slot() else { continue };
+            for (t, (want_o, want_s)) in want[n].iter().enumerate() {
+                let r = n * draft + t;
+                let got_o: Vec<f32> = o[r * row..(r + 1) * row].iter().map(|x| x.to_f32()).collect();
+                let ts = case.token_slots[r] as usize;
+                let got_s = &pool[ts * state..(ts + 1) * state];
+                let (eo, es) = (kda::rel_error(&got_o, want_o), kda::rel_error(got_s, want_s));
+                println!("{} {n}/{t}: o {eo:.2e} state {es:.2e}", case.name);
+                assert!(eo < kda_tests::DECODE_O_BOUND && es < kda_tests::DECODE_STATE_BOUND * draft as f64);
+                // One-token calls along the token's path, from the same pool.
+                let mut path = vec![t];
+                while let Ok(parent) = usize::try_from(case.parents[n * draft + *path.last().unwrap()]) {
+                    path.push(parent);
+                }
+                let (mut scratch, mut last_o) = (case.pool.clone(), Vec::new());
+                for (step, &u) in path.iter().rev().enumerate() {
+                    let (index, fresh) = (slot as i64, step == 0 && matches!(use_, SlotUse::Start(_)));
+                    let one = DecodePlan::new(&gpu.stream, s, p.options, case.pool_shape, &[index], &[fresh]).unwrap();
+                    (scratch, last_o) = kda_tests::run_decode(&gpu, &p.select(&[(n, u..u + 1)]), &one, &scratch);
+                }
+                let bits = |x: &[kda::bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&last_o), bits(&o[r * row..(r + 1) * row]), "{} {n}/{t}: o bits", case.name);
+                let same = scratch[slot * state..(slot + 1) * state]
+                    .iter()
+                    .zip(got_s)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{} {n}/{t}: state bits", case.name);
+            }
+        }
     }
 }
 

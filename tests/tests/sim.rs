@@ -7,12 +7,13 @@ use half::bf16;
 use kda::inputs::random_problem;
 use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
 use kda::model::{ModelView, StateLayout};
+use kda::pool::{DraftTables, SlotUse, draft_tables};
 use kda::reference::{model_reference, reference};
 use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
 use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
-use kda_tests::{POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
+use kda_tests::{DECODE_O_BOUND, DECODE_STATE_BOUND, POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
 
 /// Outputs of `p`'s sizes, every element poisoned.
 fn poisoned_outputs(p: &Problem) -> Outputs {
@@ -446,59 +447,134 @@ fn the_layer_kernels_reproduce_the_layer_fixtures() {
     }
 }
 
+/// The decode kernel on the simulator as the launcher runs it (one CTA per sequence, value head
+/// and block of `COLS` columns): `p` holds `N * draft` token rows, `slots` and `fresh` one entry
+/// per sequence (plus the launcher's padding entry, see `SlotUse::decode_tables`), `parents` and
+/// `token_slots` one per token or empty. Returns `o`, poisoned first; `pool` is updated in place.
+fn sim_decode(p: &LayerProblem, slots: &[i64], fresh: &[u32], tables: &DraftTables, pool: &mut [f32]) -> Vec<bf16> {
+    use kda_kernel::layout::decode;
+    let s = p.shape;
+    let codes = p.options.codes();
+    let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
+    let seqs = slots.len() - 1;
+    let mut o = vec![bf16::from_bits(POISON_BF16); p.plan.tokens() * s.value_heads * s.value_dim];
+    let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+    let table = |t: &Vec<i64>| if t.is_empty() { sim::Ptr::null() } else { ptr(t) };
+    let (q, k, v, g, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
+    let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
+    let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
+    let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
+    let launch = Launch {
+        grid: seqs * s.value_heads * (s.value_dim / decode::COLS),
+        block: decode::THREADS,
+        shared_bytes: decode::SMEM_BYTES,
+    };
+    // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
+    // pool (`slot_uses`, `draft_tables`).
+    unsafe {
+        sim::launch(launch, || {
+            kda_kernel::decode::kda_decode_step(
+                q.ptr() as *const u16,
+                k.ptr() as *const u16,
+                v.ptr() as *const u16,
+                g.ptr(),
+                beta.ptr(),
+                a_log.ptr(),
+                dt_bias.ptr(),
+                slots_ptr.ptr(),
+                fresh_ptr.ptr(),
+                parents.ptr(),
+                token_slots.ptr(),
+                pool_ptr.mut_ptr(),
+                o_ptr.mut_ptr() as *mut u16,
+                tables.draft as u32,
+                words[0],
+                words[1],
+                words[2],
+                words[3],
+                words[4],
+                codes.options,
+                codes.gate_mode,
+                codes.lower_bound_bits,
+                codes.scale_bits,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("decode: {e}"));
+    o
+}
+
 /// The decode step on the simulator over the GPU suite's cases (`kda_tests::decode_cases`): both
-/// kinds, grouped heads, the gate forms and options, padding and fresh sequences; one CTA per
-/// (sequence, value head, block of `COLS` columns), as the launcher runs it.
+/// kinds, grouped heads, the gate forms and options, padding and fresh sequences.
 #[test]
 fn the_decode_step_matches_the_pooled_reference() {
-    use kda::pool::SlotUse;
-    use kda_kernel::layout::decode;
     for case in kda_tests::decode_cases() {
-        let p = &case.p;
-        let s = p.shape;
         let (slots, fresh) = SlotUse::decode_tables(&case.uses);
-        let codes = p.options.codes();
-        let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
+        let tables = draft_tables(&case.uses, 1, None, None, &case.pool_shape).unwrap();
         let mut pool = case.pool.clone();
-        let mut o = case.poisoned_o();
-        let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
-        let (q, k, v, g, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
-        let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&slots), ptr(&fresh));
-        let (pool_ptr, o_ptr) = (ptr_mut(&mut pool), ptr_mut(&mut o));
-        let launch = Launch {
-            grid: case.indices.len() * s.value_heads * (s.value_dim / decode::COLS),
-            block: decode::THREADS,
-            shared_bytes: decode::SMEM_BYTES,
-        };
-        // SAFETY: one token per sequence in every tensor; the slots were checked against the pool.
-        unsafe {
-            sim::launch(launch, || {
-                kda_kernel::decode::kda_decode_step(
-                    q.ptr() as *const u16,
-                    k.ptr() as *const u16,
-                    v.ptr() as *const u16,
-                    g.ptr(),
-                    beta.ptr(),
-                    a_log.ptr(),
-                    dt_bias.ptr(),
-                    slots_ptr.ptr(),
-                    fresh_ptr.ptr(),
-                    pool_ptr.mut_ptr(),
-                    o_ptr.mut_ptr() as *mut u16,
-                    words[0],
-                    words[1],
-                    words[2],
-                    words[3],
-                    words[4],
-                    codes.options,
-                    codes.gate_mode,
-                    codes.lower_bound_bits,
-                    codes.scale_bits,
-                )
-            })
-        }
-        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let o = sim_decode(&case.p, &slots, &fresh, &tables, &mut pool);
         case.check(&pool, &o);
+    }
+}
+
+/// Speculative verify on the simulator: each case's tokens as a chain and as a tree, each
+/// token's state into a slot of its own, against the definition (`verify_tree_reference`), and
+/// bit for bit against one-token calls along each token's path (what `DecodePlan::verify`
+/// promises).
+#[test]
+fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
+    for case in kda_tests::verify_cases() {
+        let s = case.p.shape;
+        let (hv, kd, vd, draft) = (s.value_heads, s.key_dim, s.value_dim, case.draft);
+        let state = hv * kd * vd;
+        let (slots, fresh) = SlotUse::decode_tables(&case.uses);
+        let tables =
+            draft_tables(&case.uses, draft, Some(&case.parents), Some(&case.token_slots), &case.pool_shape).unwrap();
+        let mut pool = case.pool.clone();
+        let o = sim_decode(&case.p, &slots, &fresh, &tables, &mut pool);
+        let want = case.reference();
+        let row = hv * vd;
+        for (n, use_) in case.uses.iter().enumerate() {
+            let Some(slot) = use_.slot() else {
+                let rows = &o[n * draft * row..(n + 1) * draft * row];
+                assert!(rows.iter().all(|x| x.to_bits() == POISON_BF16), "{}: padding {n} wrote o", case.name);
+                continue;
+            };
+            for (t, (want_o, want_s)) in want[n].iter().enumerate() {
+                let r = n * draft + t;
+                let got_o: Vec<f32> = o[r * row..(r + 1) * row].iter().map(|x| x.to_f32()).collect();
+                let ts = case.token_slots[r] as usize;
+                let got_s = &pool[ts * state..(ts + 1) * state];
+                let (eo, es) = (kda::rel_error(&got_o, want_o), kda::rel_error(got_s, want_s));
+                assert!(eo < DECODE_O_BOUND, "{}: sequence {n} token {t}: o {eo:.2e}", case.name);
+                assert!(
+                    es < DECODE_STATE_BOUND * draft as f64,
+                    "{}: sequence {n} token {t}: state {es:.2e}",
+                    case.name
+                );
+
+                // The same token by one-token calls along its path, on a copy of the pool.
+                let mut path = vec![t];
+                while let Ok(p) = usize::try_from(case.parents[n * draft + *path.last().unwrap()]) {
+                    path.push(p);
+                }
+                let mut scratch = case.pool.clone();
+                let one = [SlotUse::Continue(slot)];
+                let mut last_o = Vec::new();
+                for (step, &u) in path.iter().rev().enumerate() {
+                    let single = case.p.select(&[(n, u..u + 1)]);
+                    let first = if step == 0 { case.uses[n] } else { one[0] };
+                    let (slots1, fresh1) = SlotUse::decode_tables(&[first]);
+                    let tables1 = draft_tables(&[first], 1, None, None, &case.pool_shape).unwrap();
+                    last_o = sim_decode(&single, &slots1, &fresh1, &tables1, &mut scratch);
+                }
+                let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&last_o), bits(&o[r * row..(r + 1) * row]), "{}: {n}/{t}: o bits", case.name);
+                let (a, b) = (&scratch[slot * state..(slot + 1) * state], got_s);
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: {n}/{t}: state bits", case.name);
+            }
+        }
+        println!("{}: {draft} tokens per sequence, every token within bounds and bit-exact", case.name);
     }
 }
 

@@ -1,8 +1,11 @@
 //! The decode step on the GPU (`../shared/LAYER.md`, "Decode"): one token per sequence through the
 //! layer, each sequence's state read from and written back to its slot of the caller's pool, in
-//! place (`kda_decode_step`, one launch). [`DecodePlan`] checks the slot indices once (in range,
-//! no slot named twice) and uploads them; [`Kda::launch_decode`] allocates nothing and never
-//! synchronises, so a serving loop can capture it in a CUDA graph.
+//! place (`kda_decode_step`, one launch); or, to verify speculative drafts, a few tokens per
+//! sequence as a chain or a tree, each token's state into a slot of its own
+//! ([`DecodePlan::verify`]). [`DecodePlan`] checks the slot indices once (in range, no slot named
+//! twice, no slot written by one sequence and read by another) and uploads them;
+//! [`Kda::launch_decode`] allocates nothing and never synchronises, so a serving loop can capture
+//! it in a CUDA graph.
 
 use super::args::{Address, ArgSink};
 use super::layer::{check_devices, check_lengths, keep};
@@ -10,7 +13,7 @@ use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::model::StateLayout;
-use crate::pool::{PoolShape, SlotUse, slot_uses};
+use crate::pool::{DraftTables, PoolShape, SlotUse, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
 use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
@@ -25,6 +28,12 @@ pub struct DecodePlan {
     slots: CudaSlice<i64>,
     /// `[N]` u32: nonzero where the sequence starts from zeros.
     fresh: CudaSlice<u32>,
+    /// Tokens per sequence.
+    draft: usize,
+    /// `[N * draft]` i64: each token's parent, for a tree of draft tokens.
+    parents: Option<CudaSlice<i64>>,
+    /// `[N * draft]` i64: where each token's state goes.
+    token_slots: Option<CudaSlice<i64>>,
     num_seqs: usize,
 }
 
@@ -62,18 +71,51 @@ impl DecodePlan {
         indices: &[i64],
         fresh: &[bool],
     ) -> Result<Self, KdaError> {
+        Self::verify(stream, shape, options, pool, indices, fresh, 1, None, None)
+    }
+
+    /// Plans a call of `draft` tokens per sequence (speculative decoding's verify step; the
+    /// token inputs and `o` hold `N * draft` rows, sequence-major), from the sequences' slots as
+    /// in [`DecodePlan::new`]. `parents` (`None`: a chain) gives each token's parent inside its
+    /// sequence (negative: the sequence's initial state); `token_slots` (`None`: the last token's
+    /// state goes back to the sequence's slot) the slot each token's state is written to
+    /// (negative: none), so that the engine keeps the accepted prefix's state. Each token's output
+    /// and state are bit for bit what one-token calls along its path give. Refuses what
+    /// [`crate::pool::draft_tables`] refuses.
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify(
+        stream: &Arc<CudaStream>,
+        shape: LayerShape,
+        options: LayerOptions,
+        pool: PoolShape,
+        indices: &[i64],
+        fresh: &[bool],
+        draft: usize,
+        parents: Option<&[i64]>,
+        token_slots: Option<&[i64]>,
+    ) -> Result<Self, KdaError> {
         decode_supports(&shape, &pool)?;
         let uses = slot_uses(indices, fresh, &pool)?;
+        let DraftTables { draft, parents, token_slots } = draft_tables(&uses, draft, parents, token_slots, &pool)?;
         let (slots, fresh) = SlotUse::decode_tables(&uses);
         // (One padding entry past the end keeps the buffers non-empty for a call of no sequences.)
+        let upload = |t: Vec<i64>| (!t.is_empty()).then(|| stream.clone_htod(&t)).transpose();
         Ok(Self {
             shape,
             options,
             pool,
             slots: stream.clone_htod(&slots)?,
             fresh: stream.clone_htod(&fresh)?,
+            draft,
+            parents: upload(parents)?,
+            token_slots: upload(token_slots)?,
             num_seqs: uses.len(),
         })
+    }
+
+    /// Tokens per sequence.
+    pub fn draft(&self) -> usize {
+        self.draft
     }
 }
 
@@ -115,18 +157,20 @@ impl Kda {
     ) -> Result<(), KdaError> {
         let s = plan.shape;
         let (n, h, hv, kd, vd) = (plan.num_seqs, s.heads, s.value_heads, s.key_dim, s.value_dim);
+        // Token rows: `draft` per sequence.
+        let rows = n * plan.draft;
         let raw = !matches!(plan.options.gate, GateInput::Log);
         let pool_len = plan.pool.len()?;
         let checks: [(&'static str, Option<usize>, Option<usize>); 9] = [
-            ("q", Some(inputs.q.len()), Some(n * h * kd)),
-            ("k", Some(inputs.k.len()), Some(n * h * kd)),
-            ("v", Some(inputs.v.len()), Some(n * hv * vd)),
-            ("g", Some(inputs.g.len()), Some(n * hv * s.gate_width())),
-            ("beta", Some(inputs.beta.len()), Some(n * hv)),
+            ("q", Some(inputs.q.len()), Some(rows * h * kd)),
+            ("k", Some(inputs.k.len()), Some(rows * h * kd)),
+            ("v", Some(inputs.v.len()), Some(rows * hv * vd)),
+            ("g", Some(inputs.g.len()), Some(rows * hv * s.gate_width())),
+            ("beta", Some(inputs.beta.len()), Some(rows * hv)),
             ("A_log", inputs.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
             ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * s.gate_width())),
             ("pool", Some(pool.len()), Some(pool_len)),
-            ("o", Some(o.len()), Some(n * hv * vd)),
+            ("o", Some(o.len()), Some(rows * hv * vd)),
         ];
         check_lengths(&checks)?;
         let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
@@ -162,6 +206,8 @@ impl Kda {
         let mut read = |x| keep(&mut records, x);
         let (slots, _s) = plan.slots.device_ptr(stream);
         let (fresh, _f) = plan.fresh.device_ptr(stream);
+        let parents = plan.parents.as_ref().map(|x| x.device_ptr(stream));
+        let token_slots = plan.token_slots.as_ref().map(|x| x.device_ptr(stream));
         let args = DecodeArgs {
             ptrs: [
                 read(inputs.q.device_ptr(stream)),
@@ -173,10 +219,13 @@ impl Kda {
                 inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
                 slots,
                 fresh,
+                parents.as_ref().map_or(0, |x| x.0),
+                token_slots.as_ref().map_or(0, |x| x.0),
                 read(pool.device_ptr_mut(stream)),
                 read(o.device_ptr_mut(stream)),
             ],
             words: [
+                word("draft", plan.draft)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,
                 word("key_dim", kd)?,
@@ -188,8 +237,10 @@ impl Kda {
                 codes.scale_bits,
             ],
         };
-        // SAFETY: every length was checked above; the plan's slots were checked against the pool
-        // (in range, none named twice: no two CTAs of different sequences write one state), and
+        // SAFETY: every length was checked above; the plan's slots and token slots were checked
+        // against the pool (in range, none written twice, none written by one sequence and read
+        // by another: no two CTAs of different sequences touch one state), its parents precede
+        // their tokens, and
         // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
         // so they alias no input.
         unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
@@ -202,13 +253,15 @@ impl Kda {
 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
 pub(super) struct DecodeArgs {
-    ptrs: [Address; 11],
-    words: [u32; 9],
+    ptrs: [Address; 13],
+    words: [u32; 10],
 }
 
 impl DecodeArgs {
-    const TENSORS: [&'static str; 11] = ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "pool", "o"];
-    const WORDS: [&'static str; 9] = [
+    const TENSORS: [&'static str; 13] =
+        ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
+    const WORDS: [&'static str; 10] = [
+        "draft",
         "heads",
         "value_heads",
         "key_dim",
@@ -233,7 +286,7 @@ impl DecodeArgs {
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 11], words: [2; 9] }
+    DecodeArgs { ptrs: [1; 13], words: [2; 10] }
 }
 
 #[cfg(test)]
