@@ -13,6 +13,7 @@
 //! * [`cuda_tool`]: where NVIDIA's `ptxas`, `cuobjdump` and `nvdisasm` are.
 #![warn(missing_docs)]
 
+pub mod decode;
 pub mod device;
 pub mod floor;
 pub mod layer;
@@ -20,6 +21,7 @@ pub mod shapes;
 pub mod timing;
 pub mod tools;
 
+pub use decode::{DecodeShape, DecodeTiming, decode_bench_shapes, decode_floor_bytes, time_decode};
 pub use device::DeviceProblem;
 pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
 pub use layer::{DeviceLayer, LayerTiming, layer_bench_shapes, layer_floor_bytes, time_layer};

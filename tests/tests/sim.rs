@@ -592,3 +592,84 @@ fn the_layer_runs_on_the_portable_kernels() {
         assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, failure_persistence: None, ..Default::default() })]
+    /// Pool indices fuzzed on the simulated decode step (padding, fresh sequences, slots anywhere
+    /// in pools of 1 to 11 slots, both kinds) against a reference that copies the live
+    /// sequences' states out of the pool, runs the layer on them, and copies the final states
+    /// back: every live sequence's `o` and slot match, every other slot keeps its bits, every
+    /// padding sequence's `o` keeps its poison.
+    #[test]
+    fn decode_pool_indices_fuzzed_against_copy_out_and_back(
+        slots in 1usize..12,
+        picks in proptest::collection::vec((proptest::option::of(0usize..64), proptest::bool::ANY), 1..6),
+        gdn in proptest::bool::ANY,
+        seed in 0u64..1000,
+    ) {
+        use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+        use kda::pool::{PoolShape, slot_uses};
+        // Distinct slots for the live sequences (a pick names a slot modulo the pool; taken ones
+        // become padding).
+        let mut taken = std::collections::HashSet::new();
+        let (indices, fresh): (Vec<i64>, Vec<bool>) = picks
+            .iter()
+            .map(|&(pick, fresh)| match pick.map(|x| x % slots).filter(|&x| taken.insert(x)) {
+                Some(slot) => (slot as i64, fresh),
+                None => (-1, false),
+            })
+            .unzip();
+        let kind = if gdn { LayerKind::Gdn } else { LayerKind::Kda };
+        let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: 64, value_dim: 32 };
+        let options = LayerOptions { scale: 0.125, l2norm_qk: gdn, beta_sigmoid: !gdn, gate: GateInput::Softplus };
+        let n = indices.len();
+        let p = kda_tests::random_layer_problem(&vec![1; n], shape, options, false, seed);
+        let pool_shape = PoolShape { slots, value_heads: 2, key_dim: 64, value_dim: 32, layout: StateLayout::KeyFirst };
+        let pool: Vec<f32> = kda::inputs::random_words(seed, 3)
+            .take(pool_shape.len().unwrap())
+            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
+            .collect();
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let (slot_table, fresh_table) = SlotUse::decode_tables(&uses);
+        let tables = draft_tables(&uses, 1, None, None, &pool_shape).unwrap();
+        let mut got_pool = pool.clone();
+        let got_o = sim_decode(&p, &slot_table, &fresh_table, &tables, &mut got_pool);
+
+        // The reference: the live sequences' states out, the layer on them, the final states back.
+        let state = pool_shape.value_heads * pool_shape.state_len();
+        let live: Vec<usize> = (0..n).filter(|&i| uses[i].slot().is_some()).collect();
+        let mut want_pool = pool.clone();
+        let row = shape.value_heads * shape.value_dim;
+        if !live.is_empty() {
+            let mut sub = p.select(&live.iter().map(|&i| (i, 0..1)).collect::<Vec<_>>());
+            let h0: Vec<f32> = live
+                .iter()
+                .flat_map(|&i| match uses[i] {
+                    SlotUse::Continue(s) => pool[s * state..(s + 1) * state].to_vec(),
+                    _ => vec![0.0; state],
+                })
+                .collect();
+            sub.h0 = Some(h0);
+            let want = kda::layer::layer_reference(&sub).unwrap();
+            for (j, &i) in live.iter().enumerate() {
+                let slot = uses[i].slot().unwrap();
+                want_pool[slot * state..(slot + 1) * state].copy_from_slice(&want.ht[j * state..(j + 1) * state]);
+                let got: Vec<f32> = got_o[i * row..(i + 1) * row].iter().map(|x| x.to_f32()).collect();
+                let e = kda::rel_error(&got, &want.o[j * row..(j + 1) * row]);
+                proptest::prop_assert!(e < DECODE_O_BOUND, "sequence {}: o {:.2e}", i, e);
+            }
+        }
+        for slot in 0..slots {
+            let (got, want) = (&got_pool[slot * state..(slot + 1) * state], &want_pool[slot * state..(slot + 1) * state]);
+            if uses.iter().any(|u| u.slot() == Some(slot)) {
+                let e = kda::rel_error(got, want);
+                proptest::prop_assert!(e < DECODE_STATE_BOUND, "slot {}: state {:.2e}", slot, e);
+            } else {
+                proptest::prop_assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "slot {} changed", slot);
+            }
+        }
+        for i in (0..n).filter(|&i| uses[i].slot().is_none()) {
+            proptest::prop_assert!(got_o[i * row..(i + 1) * row].iter().all(|x| x.to_bits() == POISON_BF16));
+        }
+    }
+}

@@ -97,7 +97,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let layer_repeat = o.repeat.min(LAYER_REPEAT);
     let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat)?;
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
-    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).collect();
+    let decodes = decode_rows(&|d| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw), o.repeat)?;
+    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).chain(decodes).collect();
     // The portable kernel's entries (`"kernel": "portable"`), where it ran the shape.
     let portable = shapes.iter().filter_map(|s| s.portable_record(o.repeat));
     let rows: Vec<Value> = rows.into_iter().chain(portable).collect();
@@ -580,6 +581,35 @@ fn layer_rows(
         }));
     }
     println!("\nthe layer:\n\n{}", lines.join("\n"));
+    Ok(rows)
+}
+
+/// The decode step on LAYER.md's decode shapes (`kda_cli::decode_bench_shapes`): each timed by
+/// `time` (`kda_cli::time_decode` over `repeat` calls, its first call checked against the f64
+/// layer over the pool); prints a table, returns a record per shape (`"kernel": "decode"`).
+fn decode_rows(
+    time: &dyn Fn(&kda_cli::DecodeShape) -> Result<kda_cli::DecodeTiming, KdaError>,
+    repeat: usize,
+) -> Result<Vec<Value>, String> {
+    let mut rows = Vec::new();
+    let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err states |".to_string()];
+    lines.push("|---|---:|---:|---:|---:|---:|".into());
+    for d in kda_cli::decode_bench_shapes() {
+        let t = time(&d).map_err(text)?;
+        let ratio = t.floor_us / t.us;
+        lines.push(format!(
+            "| {} | {:.1} | {:.1} | {ratio:.3} | {:.2e} | {:.2e} |",
+            d.name, t.us, t.floor_us, t.errors[0], t.errors[1]
+        ));
+        let s = d.shape;
+        rows.push(json!({
+            "shape": d.name, "kernel": "decode", "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
+            "rel_err_o": t.errors[0], "rel_err_states": t.errors[1], "repeat": repeat, "seqs": d.seqs,
+            "draft": d.draft, "heads": s.heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
+            "value_dim": s.value_dim, "options": format!("{:?}", d.options),
+        }));
+    }
+    println!("\nthe decode step:\n\n{}", lines.join("\n"));
     Ok(rows)
 }
 
