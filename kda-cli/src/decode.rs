@@ -3,7 +3,7 @@
 //! checked against the f64 layer over the pool, then timed.
 
 use crate::median_us;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerProblem, LayerShape, layer_reference_pooled};
 use kda::pool::{PoolShape, slot_uses};
 use kda::{DecodeInputs, DecodePlan, Kda, KdaError, StateLayout, bf16};
@@ -58,6 +58,55 @@ pub fn decode_floor_bytes(d: &DecodeShape) -> usize {
     states + d.seqs * d.draft * (per_token + s.value_heads * s.gate_width() * 4)
 }
 
+/// A decode call's token inputs on the device (the token rows of a layer problem), with the
+/// view [`Kda::launch_decode`] takes.
+pub struct DeviceDecodeInputs {
+    /// `[rows, H, K]` bf16.
+    pub q: CudaSlice<bf16>,
+    /// `[rows, H, K]` bf16.
+    pub k: CudaSlice<bf16>,
+    /// `[rows, HV, V]` bf16.
+    pub v: CudaSlice<bf16>,
+    /// `[rows, HV, gate width]` f32.
+    pub g: CudaSlice<f32>,
+    /// `[rows, HV]` f32.
+    pub beta: CudaSlice<f32>,
+    /// `[HV]` f32, with a raw gate.
+    pub a_log: Option<CudaSlice<f32>>,
+    /// `[HV, gate width]` f32, with a raw gate.
+    pub dt_bias: Option<CudaSlice<f32>>,
+}
+
+impl DeviceDecodeInputs {
+    /// Copies `p`'s token rows (no initial states: the pool holds them) to the device.
+    pub fn upload(stream: &Arc<CudaStream>, p: &LayerProblem) -> Result<Self, KdaError> {
+        let up_bf = |x: &[bf16]| stream.clone_htod(x);
+        let up_f = |x: &[f32]| stream.clone_htod(x);
+        Ok(Self {
+            q: up_bf(&p.q)?,
+            k: up_bf(&p.k)?,
+            v: up_bf(&p.v)?,
+            g: up_f(&p.g)?,
+            beta: up_f(&p.beta)?,
+            a_log: p.a_log.as_deref().map(up_f).transpose()?,
+            dt_bias: p.dt_bias.as_deref().map(up_f).transpose()?,
+        })
+    }
+
+    /// The inputs as [`Kda::launch_decode`] takes them.
+    pub fn inputs(&self) -> DecodeInputs<'_> {
+        DecodeInputs {
+            q: self.q.slice(..),
+            k: self.k.slice(..),
+            v: self.v.slice(..),
+            g: self.g.slice(..),
+            beta: self.beta.slice(..),
+            a_log: self.a_log.as_ref().map(|x| x.slice(..)),
+            dt_bias: self.dt_bias.as_ref().map(|x| x.slice(..)),
+        }
+    }
+}
+
 /// One timed decode shape: the median time, the floor at the given bandwidth, and the first
 /// call's errors against the f64 layer over the pool (`o`, the pooled states).
 pub struct DecodeTiming {
@@ -88,29 +137,14 @@ pub fn time_decode(
         value_dim: s.value_dim,
         layout: StateLayout::KeyFirst,
     };
-    let pool: Vec<f32> = kda::inputs::random_words(5, 11)
-        .take(pool_shape.len()?)
-        .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-        .collect();
+    let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, 5);
     let indices: Vec<i64> = (0..d.seqs as i64).collect();
     let fresh = vec![false; d.seqs];
     let plan = DecodePlan::verify(stream, s, d.options, pool_shape, &indices, &fresh, d.draft, None, None)?;
-    let up_bf = |x: &[bf16]| stream.clone_htod(x);
-    let up_f = |x: &[f32]| stream.clone_htod(x);
-    let (q, k, v, g, beta) = (up_bf(&p.q)?, up_bf(&p.k)?, up_bf(&p.v)?, up_f(&p.g)?, up_f(&p.beta)?);
-    let a_log = p.a_log.as_deref().map(up_f).transpose()?;
-    let dt_bias = p.dt_bias.as_deref().map(up_f).transpose()?;
-    let mut pool_dev = up_f(&pool)?;
+    let dev = DeviceDecodeInputs::upload(stream, &p)?;
+    let inputs = dev.inputs();
+    let mut pool_dev = stream.clone_htod(&pool)?;
     let mut o = stream.alloc_zeros::<bf16>(p.plan.tokens() * s.value_heads * s.value_dim)?;
-    let inputs = DecodeInputs {
-        q: q.slice(..),
-        k: k.slice(..),
-        v: v.slice(..),
-        g: g.slice(..),
-        beta: beta.slice(..),
-        a_log: a_log.as_ref().map(|x| x.slice(..)),
-        dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
-    };
     kda.launch_decode(stream, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..))?;
     let got_pool = stream.clone_dtoh(&pool_dev)?;
     let got_o: Vec<f32> = stream.clone_dtoh(&o)?.iter().map(|x| x.to_f32()).collect();

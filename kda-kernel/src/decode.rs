@@ -15,7 +15,7 @@
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
-//! token runs the same [`Token::step`] as a one-token call, so a verify call's outputs and states
+//! token runs the same `Token::step` as a one-token call, so a verify call's outputs and states
 //! are bit for bit those of running its tokens one call at a time. A padding sequence (negative
 //! slot) reads and writes nothing; a fresh one starts from zeros. Plain f32 arithmetic on every
 //! target; the state is memory-bound (read once, written once per stored token).

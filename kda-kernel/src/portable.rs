@@ -412,6 +412,32 @@ unsafe fn row_vector(src: *const u16, at: Rows, tok0: usize, rows: usize, head: 
     unsafe { *(src.add(at.at(tok0 + t, head) + i * VECTOR) as *const Vector) }
 }
 
+/// Calls `f(t, i, vector)` for this thread's share of the chunk's 16-byte vectors of a bf16
+/// tensor with rows `at` and `K` elements per row: vector `i` of row `t`, zeros past `rows`.
+///
+/// # Safety
+/// As [`row_vector`]; every thread of the CTA calls it with its own `tid`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn for_each_vector<const K: usize>(
+    src: *const u16,
+    at: Rows,
+    tok0: usize,
+    rows: usize,
+    head: usize,
+    tid: usize,
+    mut f: impl FnMut(usize, usize, Vector),
+) {
+    let per_row = K / VECTOR;
+    let mut idx = tid;
+    while idx < CHUNK * per_row {
+        let (t, i) = (idx / per_row, idx % per_row);
+        // SAFETY: see the function's contract.
+        f(t, i, unsafe { row_vector(src, at, tok0, rows, head, t, i) });
+        idx += THREADS;
+    }
+}
+
 /// The chunk's `w` rows into the token-major tile (rows of `stride`), zero past `rows`.
 ///
 /// # Safety
@@ -428,19 +454,14 @@ unsafe fn stage_w<const K: usize>(
     head: usize,
     tid: usize,
 ) {
-    let per_row = K / VECTOR;
-    let mut idx = tid;
-    while idx < CHUNK * per_row {
-        let (t, i) = (idx / per_row, idx % per_row);
-        // SAFETY: see the function's contract; the tile row is 16-byte aligned (`ROW_STRIDE`).
-        unsafe {
-            let v = row_vector(w, at, tok0, rows, head, t, i);
+    // SAFETY: see the function's contract; the tile row is 16-byte aligned (`ROW_STRIDE`).
+    unsafe {
+        for_each_vector::<K>(w, at, tok0, rows, head, tid, |t, i, v| {
             let base = Smem::bf16_at(tile, stride, t, i * VECTOR);
             for (j, word) in v.0.iter().enumerate() {
                 st_shared_u32(base + (4 * j) as u32, *word);
             }
-        }
-        idx += THREADS;
+        })
     }
 }
 
@@ -459,20 +480,15 @@ unsafe fn stage_k_transposed<const K: usize>(
     head: usize,
     tid: usize,
 ) {
-    let per_row = K / VECTOR;
-    let mut idx = tid;
-    while idx < CHUNK * per_row {
-        let (t, i) = (idx / per_row, idx % per_row);
-        // SAFETY: see the function's contract; `a` stays below K and `t` below CHUNK.
-        unsafe {
-            let v = row_vector(k, at, tok0, rows, head, t, i);
+    // SAFETY: see the function's contract; `a` stays below K and `t` below CHUNK.
+    unsafe {
+        for_each_vector::<K>(k, at, tok0, rows, head, tid, |t, i, v| {
             for (j, word) in v.0.iter().enumerate() {
                 let a = i * VECTOR + 2 * j;
                 st_shared_u16(Smem::bf16_at(tile, KT_STRIDE, a, t), *word as u16);
                 st_shared_u16(Smem::bf16_at(tile, KT_STRIDE, a + 1, t), (*word >> 16) as u16);
             }
-        }
-        idx += THREADS;
+        })
     }
 }
 

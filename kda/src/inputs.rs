@@ -236,6 +236,18 @@ pub fn try_random_model_problem(
     })
 }
 
+/// A random state pool of `shape` (elements uniform in (-0.5, 0.5)), stream `seed`.
+///
+/// # Panics
+/// If the pool's size overflows (`PoolShape::len`).
+pub fn random_pool(shape: &crate::pool::PoolShape, seed: u64) -> Vec<f32> {
+    let len = shape.len().unwrap_or_else(|e| panic!("{e}"));
+    random_words(seed, POOL_STREAM).take(len).map(|w| (unit_uniform(w) - 0.5) as f32).collect()
+}
+
+/// The random stream [`random_pool`] draws from.
+const POOL_STREAM: u64 = 9;
+
 /// A random layer problem of `shape` (values in the ranges models see: unit-scale `q`, `k`,
 /// `v`, `beta` in (0, 1) or its logits, decays down to -5 per token).
 pub fn random_layer_problem(

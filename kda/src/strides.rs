@@ -181,28 +181,19 @@ impl Strides {
     /// bytes and below 2^40 bytes; those the kernel takes as 32-bit parameters (`g`, `gk`,
     /// `v_new`) below 2^32 elements.
     pub fn check_hopper(&self, dims: &Dims) -> Result<(), KdaError> {
-        self.check_rows(dims, "TMA")
+        self.check_rows(dims, "TMA", &[Tensor::G, Tensor::Gk, Tensor::VNew])
     }
 
     /// What the portable tensor-core kernel needs of the strides: 16-byte rows of `k`, `w`, `u`
     /// and `v_new` (one vector load per eight elements) and every stride in 32 bits.
     pub fn check_portable(&self, dims: &Dims) -> Result<(), KdaError> {
-        self.check_rows(dims, "the portable kernel's 16-byte row loads")?;
-        for tensor in [Tensor::K, Tensor::W, Tensor::U] {
-            let s = self.effective(dims, tensor);
-            if u32::try_from(s.token).is_err() || u32::try_from(s.head).is_err() {
-                return Err(KdaError::Unsupported {
-                    argument: tensor.name(),
-                    reason: format!("strides {} and {} elements: the kernels take them in 32 bits", s.token, s.head),
-                });
-            }
-        }
-        Ok(())
+        let every = [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew];
+        self.check_rows(dims, "the portable kernel's 16-byte row loads", &every)
     }
 
     /// Rows of `k`, `w`, `u` and `v_new` at 16-byte strides below 2^40 bytes (what `who` needs),
-    /// and the strides of `g`, `gk` and `v_new` in 32 bits.
-    fn check_rows(&self, dims: &Dims, who: &str) -> Result<(), KdaError> {
+    /// and the strides of `in_32_bits` below 2^32 elements (the kernel takes them as `u32`).
+    fn check_rows(&self, dims: &Dims, who: &str, in_32_bits: &[Tensor]) -> Result<(), KdaError> {
         for tensor in [Tensor::K, Tensor::W, Tensor::U, Tensor::VNew] {
             let s = self.effective(dims, tensor);
             for (what, stride) in [("token", s.token), ("head", s.head)] {
@@ -218,7 +209,7 @@ impl Strides {
                 }
             }
         }
-        for tensor in [Tensor::G, Tensor::Gk, Tensor::VNew] {
+        for &tensor in in_32_bits {
             let s = self.effective(dims, tensor);
             if u32::try_from(s.token).is_err() || u32::try_from(s.head).is_err() {
                 return Err(KdaError::Unsupported {

@@ -478,24 +478,12 @@ pub fn portable_model_cases() -> Vec<ModelCase> {
 /// One call of the decode kernel on the GPU (`Kda::launch_decode`) over `plan` with the token
 /// rows of `p` and `pool` uploaded, `o` poisoned first; returns the pool after the call and `o`.
 pub fn run_decode(gpu: &Gpu, p: &LayerProblem, plan: &kda::DecodePlan, pool: &[f32]) -> (Vec<f32>, Vec<bf16>) {
-    use kda::DecodeInputs;
     let s = &gpu.stream;
-    let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
-    let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
-    let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
-    let (a_log, dt_bias) = (p.a_log.as_deref().map(up_f), p.dt_bias.as_deref().map(up_f));
-    let mut pool_dev = up_f(pool);
+    let dev = kda_cli::decode::DeviceDecodeInputs::upload(s, p).unwrap();
+    let inputs = dev.inputs();
+    let mut pool_dev = s.clone_htod(pool).unwrap();
     let rows = p.plan.tokens() * p.shape.value_heads * p.shape.value_dim;
-    let mut o = up_bf(&vec![bf16::from_bits(POISON_BF16); rows]);
-    let inputs = DecodeInputs {
-        q: q.slice(..),
-        k: k.slice(..),
-        v: v.slice(..),
-        g: g.slice(..),
-        beta: beta.slice(..),
-        a_log: a_log.as_ref().map(|x| x.slice(..)),
-        dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
-    };
+    let mut o = s.clone_htod(&vec![bf16::from_bits(POISON_BF16); rows]).unwrap();
     gpu.kda.launch_decode(s, plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..)).unwrap();
     s.synchronize().expect("decode call failed");
     (s.clone_dtoh(&pool_dev).unwrap(), s.clone_dtoh(&o).unwrap())
@@ -550,10 +538,7 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
         let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
         let pool_shape = PoolShape { slots: 8, value_heads, key_dim, value_dim, layout: StateLayout::KeyFirst };
-        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 7)
-            .take(pool_shape.len().unwrap())
-            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-            .collect();
+        let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let mut want_pool = pool.clone();
         let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
@@ -636,10 +621,7 @@ pub fn verify_cases() -> Vec<VerifyCase> {
             value_dim: shape.value_dim,
             layout: StateLayout::KeyFirst,
         };
-        let pool: Vec<f32> = kda::inputs::random_words(c as u64, 9)
-            .take(pool_shape.len().unwrap())
-            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-            .collect();
+        let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let parents = chain.iter().copied().cycle().take(n * draft).collect();
         out.push(VerifyCase {

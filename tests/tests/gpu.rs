@@ -776,10 +776,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
         let fresh = vec![false; n];
         let pool_shape =
             PoolShape { slots: 6, value_heads: heads, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
-        let pool: Vec<f32> = kda::inputs::random_words(heads as u64, 9)
-            .take(pool_shape.len().unwrap())
-            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-            .collect();
+        let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, heads as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         // New tokens each step, one layer: every step keeps the first step's `A_log` and `dt_bias`.
         let mut steps: Vec<_> =

@@ -625,10 +625,7 @@ proptest::proptest! {
         let n = indices.len();
         let p = kda_tests::random_layer_problem(&vec![1; n], shape, options, false, seed);
         let pool_shape = PoolShape { slots, value_heads: 2, key_dim: 64, value_dim: 32, layout: StateLayout::KeyFirst };
-        let pool: Vec<f32> = kda::inputs::random_words(seed, 3)
-            .take(pool_shape.len().unwrap())
-            .map(|w| (kda::inputs::unit_uniform(w) - 0.5) as f32)
-            .collect();
+        let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, seed);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let (slot_table, fresh_table) = SlotUse::decode_tables(&uses);
         let tables = draft_tables(&uses, 1, None, None, &pool_shape).unwrap();
