@@ -260,6 +260,27 @@ pub const DECODE_PARAMS: [Param; 23] = [
     Param::u32("scale_bits"),
 ];
 
+/// The pool copy's parameters, in order: the pool, the packed states, the slots (`[N]` i64), the
+/// fresh flags (`[N]` u32), f32 per state, and the direction (a [`PoolCopyCode`]).
+pub const POOL_COPY_PARAMS: [Param; 6] = [
+    Param::pointer("pool"),
+    Param::pointer("packed"),
+    Param::pointer("slots"),
+    Param::pointer("fresh"),
+    Param::u32("state_len"),
+    Param::u32("direction"),
+];
+
+/// Which way the pool copy runs, as its `direction` parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PoolCopyCode {
+    /// Pool slots to the packed buffer (zeros for fresh and padding sequences).
+    Gather = 0,
+    /// The packed buffer back to the live sequences' slots.
+    Scatter = 1,
+}
+
 /// The baseline kernel's parameters, in order (`heads` counts value heads, `key_heads` the heads
 /// of `k`).
 pub const BASELINE_PARAMS: [Param; 11] = [
@@ -474,8 +495,18 @@ pub const DECODE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// The copy of whole states between a pool and a packed buffer (plain, every target).
+pub const POOL_COPY: KernelAbi = KernelAbi {
+    entry: "kda_pool_copy",
+    params: &POOL_COPY_PARAMS,
+    threads: crate::layout::pool_copy::THREADS,
+    smem_bytes: 0,
+    max_registers: None,
+    targets: &[SM90A, SM80],
+};
+
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 13] = [
+pub const KERNELS: [KernelAbi; 14] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -489,6 +520,7 @@ pub const KERNELS: [KernelAbi; 13] = [
     LAYER_PREPARE,
     LAYER_OUTPUT,
     DECODE,
+    POOL_COPY,
 ];
 
 const _: () = {

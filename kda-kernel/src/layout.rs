@@ -206,6 +206,16 @@ pub mod decode {
     pub const MAX_DRAFT: usize = 8;
 }
 
+/// The copy of whole states between a pool and a packed buffer (`pool`'s kernel).
+pub mod pool_copy {
+    /// Threads per CTA.
+    pub const THREADS: usize = 256;
+    /// f32 per thread: one 16-byte vector.
+    pub const PER_THREAD: usize = 4;
+    /// f32 per CTA.
+    pub const PER_CTA: usize = THREADS * PER_THREAD;
+}
+
 /// Tile shapes of the baseline (portable, sm_80+) kernel.
 pub mod baseline {
     use super::{CHUNK, K_DIM, V_DIM};

@@ -18,6 +18,7 @@
 //! | `baseline` | the portable scalar kernel |
 //! | `portable` | the portable tensor-core kernel (`mma.sync` bf16, sm_80+) |
 //! | `merge` | the merge of split sequences: segment maps chained into entry states |
+//! | `pool` | whole states between a pool of slots and a packed buffer (the layer's prefill over a pool) |
 //! | `decode` | the decode step: one token per sequence, states in a pool by slot |
 //! | `layer` | the layer's token-parallel kernels: gate, norms and the WY solve before the recurrence, the output after it |
 //! | `sim` | (host only, feature `sim`) the functional simulator the portable kernels run on without a GPU |
@@ -87,6 +88,8 @@ kernel_modules! {
     decode,
     /// The portable tensor-core recurrence.
     portable,
+    /// Whole states between a pool and a packed buffer.
+    pool,
 }
 
 /// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX

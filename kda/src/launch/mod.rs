@@ -11,6 +11,7 @@ mod decode;
 mod device_plan;
 mod layer;
 mod options;
+mod pooled;
 mod tensor_map;
 mod validate;
 
@@ -18,6 +19,7 @@ pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
 pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
+pub use pooled::{LayerPool, PooledStates};
 pub use validate::TENSOR_ALIGN;
 
 use crate::model::{ModelShape, StateLayout};
@@ -26,8 +28,8 @@ use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, PORTABLE_ENTRIES, PassCode,
-    StateLayoutCode, TensorMaps, hopper_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE_ENTRIES,
+    PassCode, StateLayoutCode, TensorMaps, hopper_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -102,6 +104,8 @@ pub struct Kda {
     layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
+    /// Whole states between a pool and a packed buffer.
+    pool_copy: Loaded,
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
@@ -129,6 +133,7 @@ impl Kda {
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
+        let pool_copy = Loaded::load(&module, &POOL_COPY)?;
         let hopper = if target == kda_kernel::abi::SM90A {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
         } else {
@@ -141,6 +146,7 @@ impl Kda {
             merge,
             layer,
             decode,
+            pool_copy,
             hopper,
             compute_capability,
             module_code,
