@@ -1,6 +1,6 @@
-//! candle interop (feature `candle`): the recurrence and the whole layer on candle [`Tensor`]s of
-//! a CUDA device, their outputs returned as new candle tensors on the same device. Nothing is
-//! copied: the kernels read the inputs' device memory in place, on the device's own stream (so
+//! candle interop (feature `candle`): the recurrence, the whole layer and the decode step on
+//! candle [`Tensor`]s of a CUDA device, their outputs returned as new candle tensors on the same
+//! device (the decode step also updates the caller's pool tensor in place). Nothing is copied: the kernels read the inputs' device memory in place, on the device's own stream (so
 //! they are ordered with the candle work around them), and write into fresh device buffers that
 //! become the output tensors.
 //!
@@ -31,7 +31,8 @@
 //! ```
 
 use crate::layer::{GateInput, LayerKind};
-use crate::{DevicePlan, Kda, KdaError, KdaInputs, KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs};
+use crate::{DecodeInputs, DecodePlan, DevicePlan, Kda, KdaError, KdaInputs, KdaOutputs, Kernel};
+use crate::{LayerDeviceOutputs, LayerInputs};
 use crate::{LayerPlan, LayerWorkspace, Tensor as Contract};
 use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
@@ -201,6 +202,110 @@ pub fn layer(
     let mut outputs = LayerDeviceOutputs { o: o.slice_mut(..lens[0]), ht: Some(ht.slice_mut(..lens[1])) };
     kda.launch_layer(&stream, plan, &views, &mut outputs, workspace)?;
     Ok(LayerTensorOutputs { o: wrap(o, &[t, hv, vd], device), ht: wrap(ht, &state, device) })
+}
+
+/// A decode call's token inputs: `q`, `k` `[rows, H, K]` and `v` `[rows, HV, V]` bf16, the gate
+/// `[rows, HV, K]` (KDA) or `[rows, HV]` (Gated DeltaNet) and `beta` `[rows, HV]` f32, `a_log`
+/// `[HV]` and `dt_bias` `[HV, K]` or `[HV]` f32 with a raw gate; `rows` = the plan's sequences x
+/// its tokens per sequence, sequence-major.
+pub struct DecodeTensors<'a> {
+    /// `[rows, H, K]` bf16.
+    pub q: &'a Tensor,
+    /// `[rows, H, K]` bf16.
+    pub k: &'a Tensor,
+    /// `[rows, HV, V]` bf16.
+    pub v: &'a Tensor,
+    /// `[rows, HV, K]` or `[rows, HV]` f32.
+    pub g: &'a Tensor,
+    /// `[rows, HV]` f32.
+    pub beta: &'a Tensor,
+    /// `[HV]` f32, exactly when the gate is raw.
+    pub a_log: Option<&'a Tensor>,
+    /// `[HV, K]` or `[HV]` f32, exactly when the gate is raw.
+    pub dt_bias: Option<&'a Tensor>,
+}
+
+/// One call of the decode kernel (`Kda::launch_decode`) of `plan` on `inputs`, reading and
+/// writing the states in `pool` (`[slots, HV, K, V]` f32, contiguous) in place, as the plan's
+/// slots say. Returns `o` `[rows, HV, V]` bf16 (zeros in a padding sequence's rows).
+pub fn decode(kda: &Kda, plan: &DecodePlan, inputs: &DecodeTensors<'_>, pool: &Tensor) -> Result<Tensor, KdaError> {
+    let device = cuda_device(pool.device(), "pool")?;
+    let stream = device.cuda_stream();
+    let s = plan.shape();
+    let rows = plan.sequences() * plan.draft();
+    let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
+    let gate: &[usize] = if s.kind == LayerKind::Kda { &[rows, hv, kd] } else { &[rows, hv] };
+    let bias: &[usize] = if s.kind == LayerKind::Kda { &[hv, kd] } else { &[hv] };
+    let p = plan.pool();
+    let pool_dims = [p.slots, p.value_heads, p.key_dim, p.value_dim];
+    if pool.dtype() != DType::F32 || pool.dims() != pool_dims {
+        return Err(KdaError::Argument {
+            name: "pool",
+            reason: format!("{:?} {:?}, expected F32 {pool_dims:?}", pool.dtype(), pool.dims()),
+        });
+    }
+    let q = Held::new(inputs.q, "q", DType::BF16, &[rows, h, kd], device)?;
+    let k = Held::new(inputs.k, "k", DType::BF16, &[rows, h, kd], device)?;
+    let v = Held::new(inputs.v, "v", DType::BF16, &[rows, hv, vd], device)?;
+    let g = Held::new(inputs.g, "g", DType::F32, gate, device)?;
+    let beta = Held::new(inputs.beta, "beta", DType::F32, &[rows, hv], device)?;
+    let a_log = inputs.a_log.map(|x| Held::new(x, "a_log", DType::F32, &[hv], device)).transpose()?;
+    let dt_bias = inputs.dt_bias.map(|x| Held::new(x, "dt_bias", DType::F32, bias, device)).transpose()?;
+    let views = DecodeInputs {
+        q: q.view()?,
+        k: k.view()?,
+        v: v.view()?,
+        g: g.view()?,
+        beta: beta.view()?,
+        a_log: a_log.as_ref().map(Held::view).transpose()?,
+        dt_bias: dt_bias.as_ref().map(Held::view).transpose()?,
+    };
+    // Zeroed, not left unfilled: a padding sequence's rows are not written.
+    let len = elements(&[rows, hv, vd])?;
+    let o = std::cell::RefCell::new(stream.alloc_zeros::<bf16>(len.max(1))?);
+    let op = DecodeInPlace { kda, plan, inputs: &views, o: &o, stream: &stream, len, error: Default::default() };
+    if let Err(e) = pool.inplace_op1(&op) {
+        return Err(op.error.take().unwrap_or(KdaError::Argument { name: "pool", reason: e.to_string() }));
+    }
+    Ok(wrap(o.into_inner(), &[rows, hv, vd], device))
+}
+
+/// The decode call as a candle in-place op on the pool tensor (candle hands its storage over
+/// mutably); the launch's typed error is kept for the caller.
+struct DecodeInPlace<'a> {
+    kda: &'a Kda,
+    plan: &'a DecodePlan,
+    inputs: &'a DecodeInputs<'a>,
+    o: &'a std::cell::RefCell<CudaSlice<bf16>>,
+    stream: &'a Arc<CudaStream>,
+    len: usize,
+    error: std::cell::RefCell<Option<KdaError>>,
+}
+
+impl candle_core::InplaceOp1 for DecodeInPlace<'_> {
+    fn name(&self) -> &'static str {
+        "kda-decode"
+    }
+
+    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &candle_core::Layout) -> candle_core::Result<()> {
+        candle_core::bail!("the decode step runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &candle_core::Layout) -> candle_core::Result<()> {
+        let fail = |e: KdaError| {
+            let message = e.to_string();
+            *self.error.borrow_mut() = Some(e);
+            candle_core::Error::Msg(message)
+        };
+        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+            fail(KdaError::Argument { name: "pool", reason: "not contiguous: call .contiguous() first".into() })
+        })?;
+        let slice = storage.as_cuda_slice_mut::<f32>()?;
+        let mut pool = slice.slice_mut(start..end);
+        let mut o = self.o.borrow_mut();
+        let mut o = o.slice_mut(..self.len);
+        self.kda.launch_decode(self.stream, self.plan, self.inputs, &mut pool, &mut o).map_err(fail)
+    }
 }
 
 /// The CUDA device of `device`, or the error naming `tensor` (the argument it came from).

@@ -117,6 +117,26 @@ impl DecodePlan {
     pub fn draft(&self) -> usize {
         self.draft
     }
+
+    /// Sequences (padding ones included).
+    pub fn sequences(&self) -> usize {
+        self.num_seqs
+    }
+
+    /// The layer's shape.
+    pub fn shape(&self) -> LayerShape {
+        self.shape
+    }
+
+    /// The layer's options.
+    pub fn options(&self) -> LayerOptions {
+        self.options
+    }
+
+    /// The pool's shape.
+    pub fn pool(&self) -> PoolShape {
+        self.pool
+    }
 }
 
 /// Whether the decode kernel runs `shape` over `pool` (typed refusals otherwise).
