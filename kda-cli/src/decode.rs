@@ -136,6 +136,7 @@ pub fn time_decode(
         key_dim: s.key_dim,
         value_dim: s.value_dim,
         layout: StateLayout::KeyFirst,
+        dtype: kda::pool::StateDtype::F32,
     };
     let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, 5);
     let indices: Vec<i64> = (0..d.seqs as i64).collect();

@@ -151,6 +151,17 @@ pub enum StateLayoutCode {
     ValueFirst = 1,
 }
 
+/// The element type of a state pool's states, as the decode step's and the pool copy's
+/// `pool_dtype` parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum StateDtypeCode {
+    /// f32.
+    F32 = 0,
+    /// bf16, rounded to nearest even on every write.
+    Bf16 = 1,
+}
+
 /// Which pass of the recurrence a Hopper launch runs, as the kernel's `pass` parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -231,10 +242,11 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 /// The decode step's parameters, in order: `q`, `k`, `v`, the gate, `beta`, `A_log`, `dt_bias`
 /// (null unless the gate is raw), the slots (`[N]` i64, negative: padding), the fresh flags
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
-/// for the last state back to the sequence's slot), the pool, the output `o`, then `draft`
+/// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
+/// element type (a [`StateDtypeCode`]), `draft`
 /// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
 /// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 23] = [
+pub const DECODE_PARAMS: [Param; 24] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -248,6 +260,7 @@ pub const DECODE_PARAMS: [Param; 23] = [
     Param::pointer("token_slots"),
     Param::pointer("pool"),
     Param::pointer("o"),
+    Param::u32("pool_dtype"),
     Param::u32("draft"),
     Param::u32("heads"),
     Param::u32("value_heads"),
@@ -261,14 +274,16 @@ pub const DECODE_PARAMS: [Param; 23] = [
 ];
 
 /// The pool copy's parameters, in order: the pool, the packed states, the slots (`[N]` i64), the
-/// fresh flags (`[N]` u32), f32 per state, and the direction (a [`PoolCopyCode`]).
-pub const POOL_COPY_PARAMS: [Param; 6] = [
+/// fresh flags (`[N]` u32), elements per state, the direction (a [`PoolCopyCode`]) and the pool's
+/// element type (a [`StateDtypeCode`]; the packed states are f32).
+pub const POOL_COPY_PARAMS: [Param; 7] = [
     Param::pointer("pool"),
     Param::pointer("packed"),
     Param::pointer("slots"),
     Param::pointer("fresh"),
     Param::u32("state_len"),
     Param::u32("direction"),
+    Param::u32("pool_dtype"),
 ];
 
 /// Which way the pool copy runs, as its `direction` parameter.

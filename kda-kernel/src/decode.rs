@@ -23,6 +23,7 @@
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, rsqrt_approx, smem_base_generic, sync_threads, thread_idx_x_fresh,
 };
+use crate::abi::StateDtypeCode;
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{COLS, KEY_GROUPS, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD};
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
@@ -43,7 +44,10 @@ kernel_entry! {
     /// `[N * draft]` (i64; null: a chain) names the token each continues from (an earlier token of
     /// its sequence, or negative: the initial state). `token_slots` `[N * draft]` (i64; null: the
     /// last token's state goes back to the sequence's slot) names where each token's state is
-    /// written (negative: nowhere). The pool is key-first `[slots, HV, K, V]` f32.
+    /// written (negative: nowhere). The pool is key-first `[slots, HV, K, V]`, f32 or bf16 as
+    /// `pool_dtype` says (a `StateDtypeCode`; with bf16 every written state is rounded, and a
+    /// chain's state is rounded after each token as if written and read back, so that a verify
+    /// call stays bit for bit the one-token calls).
     ///
     /// # Safety
     /// Every non-negative slot lies inside the pool; no slot is written by one sequence and read
@@ -64,6 +68,7 @@ kernel_entry! {
         token_slots: *const i64,
         pool: *mut f32,
         o: *mut u16,
+        pool_dtype: u32,
         draft: u32,
         heads: u32,
         value_heads: u32,
@@ -123,6 +128,7 @@ kernel_entry! {
             col0,
             options,
             gate_mode,
+            bf16_pool: pool_dtype == StateDtypeCode::Bf16 as u32,
             lower_bound: f32::from_bits(lower_bound_bits),
             scale: f32::from_bits(scale_bits),
         };
@@ -169,6 +175,7 @@ kernel_entry! {
                 for u in 0..=t {
                     if run & (1 << u) != 0 {
                         token.step(n * d + u, &mut s, u == t);
+                        token.as_stored(&mut s);
                     }
                 }
                 current = t as i64;
@@ -208,6 +215,8 @@ struct Token {
     col0: usize,
     options: u32,
     gate_mode: u32,
+    /// The pool holds bf16 states.
+    bf16_pool: bool,
     lower_bound: f32,
     scale: f32,
 }
@@ -235,11 +244,14 @@ impl Token {
     /// `slot` lies inside the pool.
     #[inline(always)]
     unsafe fn load(&self, pool: *const f32, slot: usize, s: &mut Keys) {
-        let (state, at) = (self.state(pool as *mut f32, slot), Place::fresh());
+        let (base, at) = (self.state_offset(slot), Place::fresh());
         for (t, x) in s.iter_mut().enumerate() {
             if t < self.kd / KEY_GROUPS {
+                let e = base + (at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane;
                 // SAFETY: the key row is below `kd` and the column below `vd`.
-                *x = unsafe { *state.add((at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane) };
+                *x = unsafe {
+                    if self.bf16_pool { bf16_to_f32(*(pool as *const u16).add(e)) } else { *pool.add(e) }
+                };
             }
         }
     }
@@ -250,18 +262,35 @@ impl Token {
     /// `slot` lies inside the pool and no other sequence reads or writes it.
     #[inline(always)]
     unsafe fn store(&self, pool: *mut f32, slot: usize, s: &Keys) {
-        let (state, at) = (self.state(pool, slot), Place::fresh());
+        let (base, at) = (self.state_offset(slot), Place::fresh());
         for (t, x) in s.iter().enumerate() {
             if t < self.kd / KEY_GROUPS {
+                let e = base + (at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane;
                 // SAFETY: as in `load`.
-                unsafe { *state.add((at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane) = *x };
+                unsafe {
+                    if self.bf16_pool {
+                        *(pool as *mut u16).add(e) = f32_to_bf16(*x);
+                    } else {
+                        *pool.add(e) = *x;
+                    }
+                }
             }
         }
     }
 
-    /// The head's state in `slot` of the pool (64-bit offsets).
-    fn state(&self, pool: *mut f32, slot: usize) -> *mut f32 {
-        pool.wrapping_add((slot * self.hv + self.i) * self.kd * self.vd)
+    /// The element offset of the head's state in `slot` of the pool (64-bit).
+    fn state_offset(&self, slot: usize) -> usize {
+        (slot * self.hv + self.i) * self.kd * self.vd
+    }
+
+    /// `s` as the pool would give it back after a write: rounded to bf16 for a bf16 pool.
+    #[inline(always)]
+    fn as_stored(&self, s: &mut Keys) {
+        if self.bf16_pool {
+            for x in s.iter_mut() {
+                *x = bf16_to_f32(f32_to_bf16(*x));
+            }
+        }
     }
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's

@@ -2,8 +2,8 @@
 //! "Decode": state pools), for the layer's prefill over a pool: the states are gathered from the
 //! sequences' slots before the recurrence and scattered back after it.
 
-use crate::abi::PoolCopyCode;
-use crate::arch::sm80::{block_idx_x, thread_idx_x};
+use crate::abi::{PoolCopyCode, StateDtypeCode};
+use crate::arch::sm80::{bf16_to_f32, block_idx_x, f32_to_bf16, thread_idx_x};
 use crate::layout::pool_copy::{PER_CTA, PER_THREAD};
 
 /// Four f32, so that each thread moves 16 bytes with one vector access.
@@ -16,7 +16,8 @@ kernel_entry! {
     /// parameters `abi::POOL_COPY_PARAMS`). Grid: `N * ceil(state_len / PER_CTA)` CTAs,
     /// sequence-major; `layout::pool_copy::THREADS` threads; no shared memory.
     ///
-    /// `pool` is `[slots, state_len]` f32, `packed` `[N, state_len]` f32, `slots` `[N]` (i64,
+    /// `pool` is `[slots, state_len]` f32 or bf16 (`pool_dtype`, a `StateDtypeCode`; bf16 is read
+    /// exactly and rounded to nearest even when written), `packed` `[N, state_len]` f32, `slots` `[N]` (i64,
     /// negative: padding) and `fresh` `[N]` (u32). Gathering (`PoolCopyCode::Gather`) writes
     /// sequence `n`'s packed state from its slot, or zeros for a fresh or padding sequence;
     /// scattering (`PoolCopyCode::Scatter`) writes it back to the slot of every live sequence
@@ -32,6 +33,7 @@ kernel_entry! {
         fresh: *const u32,
         state_len: u32,
         direction: u32,
+        pool_dtype: u32,
     ) {
         let len = state_len as usize;
         let blocks = len.div_ceil(PER_CTA);
@@ -49,14 +51,27 @@ kernel_entry! {
             let slot = *slots.add(n);
             let here = packed.add(n * len + at) as *mut Quad;
             let gather = direction == PoolCopyCode::Gather as u32;
+            let bf16 = pool_dtype == StateDtypeCode::Bf16 as u32;
+            // (The pool offset only for a live sequence: a padding slot is negative.)
+            let e = || slot as usize * len + at;
             if gather {
                 *here = if slot < 0 || *fresh.add(n) != 0 {
                     Quad([0.0; PER_THREAD])
+                } else if bf16 {
+                    let from = pool as *const u16;
+                    Quad(core::array::from_fn(|j| bf16_to_f32(*from.add(e() + j))))
                 } else {
-                    *(pool.add(slot as usize * len + at) as *const Quad)
+                    *(pool.add(e()) as *const Quad)
                 };
             } else if slot >= 0 {
-                *(pool.add(slot as usize * len + at) as *mut Quad) = *here;
+                if bf16 {
+                    let to = pool as *mut u16;
+                    for (j, x) in (*here).0.iter().enumerate() {
+                        *to.add(e() + j) = f32_to_bf16(*x);
+                    }
+                } else {
+                    *(pool.add(e()) as *mut Quad) = *here;
+                }
             }
         }
     }

@@ -472,8 +472,17 @@ fn panic_message(payload: &(dyn core::any::Any + Send)) -> String {
 
 /// Boxes a value for a closure that crosses the simulated threads: raw pointers are not `Sync`,
 /// so a kernel's pointer arguments travel as this.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Ptr<T>(pub *mut T);
+
+// (By hand: a derive would ask `T: Copy`, and a pointer copies whatever it points to.)
+impl<T> Clone for Ptr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Ptr<T> {}
 
 // SAFETY: the pointer is only dereferenced by the kernel, under its own contract (see `launch`).
 unsafe impl<T> Send for Ptr<T> {}

@@ -226,8 +226,8 @@ pub struct DecodeTensors<'a> {
 }
 
 /// One call of the decode kernel (`Kda::launch_decode`) of `plan` on `inputs`, reading and
-/// writing the states in `pool` (`[slots, HV, K, V]` f32, contiguous) in place, as the plan's
-/// slots say. Returns `o` `[rows, HV, V]` bf16 (zeros in a padding sequence's rows).
+/// writing the states in `pool` (`[slots, HV, K, V]`, contiguous, f32 or bf16 as the plan's pool
+/// says) in place, as the plan's slots say. Returns `o` `[rows, HV, V]` bf16 (zeros in a padding sequence's rows).
 pub fn decode(kda: &Kda, plan: &DecodePlan, inputs: &DecodeTensors<'_>, pool: &Tensor) -> Result<Tensor, KdaError> {
     let device = cuda_device(pool.device(), "pool")?;
     let stream = device.cuda_stream();
@@ -238,10 +238,14 @@ pub fn decode(kda: &Kda, plan: &DecodePlan, inputs: &DecodeTensors<'_>, pool: &T
     let bias: &[usize] = if s.kind == LayerKind::Kda { &[hv, kd] } else { &[hv] };
     let p = plan.pool();
     let pool_dims = [p.slots, p.value_heads, p.key_dim, p.value_dim];
-    if pool.dtype() != DType::F32 || pool.dims() != pool_dims {
+    let pool_dtype = match p.dtype {
+        crate::pool::StateDtype::F32 => DType::F32,
+        crate::pool::StateDtype::Bf16 => DType::BF16,
+    };
+    if pool.dtype() != pool_dtype || pool.dims() != pool_dims {
         return Err(KdaError::Argument {
             name: "pool",
-            reason: format!("{:?} {:?}, expected F32 {pool_dims:?}", pool.dtype(), pool.dims()),
+            reason: format!("{:?} {:?}, expected {pool_dtype:?} {pool_dims:?}", pool.dtype(), pool.dims()),
         });
     }
     let q = Held::new(inputs.q, "q", DType::BF16, &[rows, h, kd], device)?;
@@ -300,11 +304,19 @@ impl candle_core::InplaceOp1 for DecodeInPlace<'_> {
         let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
             fail(KdaError::Argument { name: "pool", reason: "not contiguous: call .contiguous() first".into() })
         })?;
-        let slice = storage.as_cuda_slice_mut::<f32>()?;
-        let mut pool = slice.slice_mut(start..end);
         let mut o = self.o.borrow_mut();
         let mut o = o.slice_mut(..self.len);
-        self.kda.launch_decode(self.stream, self.plan, self.inputs, &mut pool, &mut o).map_err(fail)
+        let launched = match self.plan.pool().dtype {
+            crate::pool::StateDtype::F32 => {
+                let mut pool = storage.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
+                self.kda.launch_decode(self.stream, self.plan, self.inputs, &mut pool, &mut o)
+            }
+            crate::pool::StateDtype::Bf16 => {
+                let mut pool = storage.as_cuda_slice_mut::<bf16>()?.slice_mut(start..end);
+                self.kda.launch_decode(self.stream, self.plan, self.inputs, &mut pool, &mut o)
+            }
+        };
+        launched.map_err(fail)
     }
 }
 

@@ -567,7 +567,9 @@ pub fn verify_tree_reference(p: &LayerProblem, parents: &[i64]) -> Result<Vec<Ve
 /// or a decode step of one or a few tokens per sequence): sequence `n` starts from its slot's
 /// state (`uses[n]`: zeros when it starts fresh) and writes its final state back to the slot; a
 /// padding sequence reads and writes nothing, and its rows of `o` are `None`. `p.h0` must be
-/// `None` (the pool holds the states). Returns `o` per sequence (`[len][HV][V]` rows).
+/// `None` (the pool holds the states). A bf16 pool (`shape.dtype`) is held here as f32 values
+/// that bf16 represents; the final states are rounded to bf16 as they are written. Returns `o`
+/// per sequence (`[len][HV][V]` rows).
 pub fn layer_reference_pooled(
     p: &LayerProblem,
     pool: &mut [f32],
@@ -633,7 +635,7 @@ pub fn layer_reference_pooled(
             let src = &out.ht[(m * hv + i) * state..][..state];
             for a in 0..kd {
                 for c in 0..vd {
-                    pool[base + at(a, c)] = src[a * vd + c];
+                    pool[base + at(a, c)] = shape.dtype.stored(src[a * vd + c]);
                 }
             }
         }

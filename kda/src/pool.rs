@@ -25,9 +25,69 @@ pub struct PoolShape {
     pub value_dim: usize,
     /// `[K, V]` or `[V, K]` per head, named explicitly (never inferred from a shape).
     pub layout: StateLayout,
+    /// The states' element type, named explicitly.
+    pub dtype: StateDtype,
+}
+
+/// The element type of a pool's states: f32, or bf16 (half the memory and traffic; the state is
+/// rounded to bf16 each time it is written back, and read back exactly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateDtype {
+    /// f32.
+    F32,
+    /// bf16 (round to nearest even on every write).
+    Bf16,
+}
+
+/// A pool's element type on the device, as a launch takes the pool: `f32` or `bf16`.
+pub trait PoolElement: cudarc::driver::DeviceRepr {
+    /// The dtype a pool of these elements has.
+    const DTYPE: StateDtype;
+}
+
+impl PoolElement for f32 {
+    const DTYPE: StateDtype = StateDtype::F32;
+}
+
+impl PoolElement for half::bf16 {
+    const DTYPE: StateDtype = StateDtype::Bf16;
+}
+
+impl StateDtype {
+    /// The code the kernels take (`kda_kernel::abi::StateDtypeCode`).
+    pub fn code(self) -> u32 {
+        use kda_kernel::abi::StateDtypeCode;
+        match self {
+            StateDtype::F32 => StateDtypeCode::F32 as u32,
+            StateDtype::Bf16 => StateDtypeCode::Bf16 as u32,
+        }
+    }
+
+    /// `x` as the pool stores it: itself for f32, rounded to the nearest bf16 for bf16.
+    pub fn stored(self, x: f32) -> f32 {
+        match self {
+            StateDtype::F32 => x,
+            StateDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
 }
 
 impl PoolShape {
+    /// Refuses a device view of `E` for this pool unless `E` is the pool's element type.
+    pub fn check_element<E: PoolElement>(&self) -> Result<(), KdaError> {
+        if E::DTYPE == self.dtype {
+            return Ok(());
+        }
+        Err(KdaError::Argument {
+            name: "pool",
+            reason: format!(
+                "a {:?} view of a {:?} pool: the pool's dtype is named by PoolShape::dtype",
+                E::DTYPE,
+                self.dtype
+            ),
+        })
+    }
+
     /// Elements of one head's state.
     pub fn state_len(&self) -> usize {
         self.key_dim * self.value_dim
@@ -91,7 +151,7 @@ impl SlotUse {
 /// ```
 /// use kda::StateLayout;
 /// use kda::pool::{PoolShape, SlotUse, slot_uses};
-/// let pool = PoolShape { slots: 8, value_heads: 32, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+/// let pool = PoolShape { slots: 8, value_heads: 32, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst, dtype: kda::pool::StateDtype::F32 };
 /// // Sequence 0 continues slot 5, sequence 1 is padding, sequence 2 starts fresh in slot 0.
 /// let uses = slot_uses(&[5, -1, 0], &[false, false, true], &pool)?;
 /// assert_eq!(uses, [SlotUse::Continue(5), SlotUse::Padding, SlotUse::Start(0)]);
@@ -159,7 +219,7 @@ pub struct DraftTables {
 /// ```
 /// use kda::StateLayout;
 /// use kda::pool::{PoolShape, draft_tables, slot_uses};
-/// let pool = PoolShape { slots: 16, value_heads: 2, key_dim: 64, value_dim: 64, layout: StateLayout::KeyFirst };
+/// let pool = PoolShape { slots: 16, value_heads: 2, key_dim: 64, value_dim: 64, layout: StateLayout::KeyFirst, dtype: kda::pool::StateDtype::F32 };
 /// let uses = slot_uses(&[0, 1], &[false, false], &pool)?;
 /// // Two sequences of three draft tokens; sequence 0 is a tree (token 2 branches off token 0).
 /// let parents = [-1, 0, 0, -1, 0, 1];
@@ -247,7 +307,14 @@ mod tests {
     use super::*;
 
     fn pool(slots: usize) -> PoolShape {
-        PoolShape { slots, value_heads: 2, key_dim: 4, value_dim: 8, layout: StateLayout::KeyFirst }
+        PoolShape {
+            slots,
+            value_heads: 2,
+            key_dim: 4,
+            value_dim: 8,
+            layout: StateLayout::KeyFirst,
+            dtype: crate::pool::StateDtype::F32,
+        }
     }
 
     #[test]
@@ -270,8 +337,14 @@ mod tests {
     #[test]
     fn offsets_are_64_bit() {
         // 4096 slots x 32 heads x 128 x 128 f32: 2^31 elements.
-        let big =
-            PoolShape { slots: 4096, value_heads: 32, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+        let big = PoolShape {
+            slots: 4096,
+            value_heads: 32,
+            key_dim: 128,
+            value_dim: 128,
+            layout: StateLayout::KeyFirst,
+            dtype: crate::pool::StateDtype::F32,
+        };
         assert_eq!(big.len().unwrap(), 1 << 31);
         assert_eq!(big.offset(4095, 31), Some((1usize << 31) - 128 * 128));
         assert_eq!((big.offset(4096, 0), big.offset(0, 32)), (None, None));

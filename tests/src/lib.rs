@@ -537,7 +537,14 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
         let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
         let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
-        let pool_shape = PoolShape { slots: 8, value_heads, key_dim, value_dim, layout: StateLayout::KeyFirst };
+        let pool_shape = PoolShape {
+            slots: 8,
+            value_heads,
+            key_dim,
+            value_dim,
+            layout: StateLayout::KeyFirst,
+            dtype: kda::pool::StateDtype::F32,
+        };
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let mut want_pool = pool.clone();
@@ -620,6 +627,7 @@ pub fn verify_cases() -> Vec<VerifyCase> {
             key_dim: shape.key_dim,
             value_dim: shape.value_dim,
             layout: StateLayout::KeyFirst,
+            dtype: kda::pool::StateDtype::F32,
         };
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();

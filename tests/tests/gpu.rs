@@ -774,8 +774,14 @@ fn decode_steps_replay_in_a_cuda_graph() {
         };
         let n = indices.len();
         let fresh = vec![false; n];
-        let pool_shape =
-            PoolShape { slots: 6, value_heads: heads, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+        let pool_shape = PoolShape {
+            slots: 6,
+            value_heads: heads,
+            key_dim: 128,
+            value_dim: 128,
+            layout: StateLayout::KeyFirst,
+            dtype: kda::pool::StateDtype::F32,
+        };
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, heads as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         // New tokens each step, one layer: every step keeps the first step's `A_log` and `dt_bias`.
@@ -871,8 +877,14 @@ fn pooled_prefill_matches_the_pooled_reference() {
         let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: 128, value_dim: 128 };
         let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
         let p = kda_tests::random_layer_problem(&[300, 0, 5, 64], shape, options, false, 17);
-        let pool_shape =
-            PoolShape { slots: 8, value_heads: 2, key_dim: 128, value_dim: 128, layout: StateLayout::KeyFirst };
+        let pool_shape = PoolShape {
+            slots: 8,
+            value_heads: 2,
+            key_dim: 128,
+            value_dim: 128,
+            layout: StateLayout::KeyFirst,
+            dtype: kda::pool::StateDtype::F32,
+        };
         let pool = kda::inputs::random_pool(&pool_shape, 4);
         let (indices, fresh) = ([3i64, -1, 0, 5], [false, false, true, false]);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();

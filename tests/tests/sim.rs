@@ -7,12 +7,13 @@ use half::bf16;
 use kda::inputs::random_problem;
 use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
 use kda::model::{ModelView, StateLayout};
-use kda::pool::{DraftTables, SlotUse, draft_tables};
+use kda::pool::{DraftTables, PoolElement, SlotUse, StateDtype, draft_tables};
 use kda::reference::{model_reference, reference};
 use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
 use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
+use kda_tests::VerifyCase;
 use kda_tests::{DECODE_O_BOUND, DECODE_STATE_BOUND, POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
 
 /// Outputs of `p`'s sizes, every element poisoned.
@@ -451,7 +452,13 @@ fn the_layer_kernels_reproduce_the_layer_fixtures() {
 /// and block of `COLS` columns): `p` holds `N * draft` token rows, `slots` and `fresh` one entry
 /// per sequence (plus the launcher's padding entry, see `SlotUse::decode_tables`), `parents` and
 /// `token_slots` one per token or empty. Returns `o`, poisoned first; `pool` is updated in place.
-fn sim_decode(p: &LayerProblem, slots: &[i64], fresh: &[u32], tables: &DraftTables, pool: &mut [f32]) -> Vec<bf16> {
+fn sim_decode<P: PoolElement>(
+    p: &LayerProblem,
+    slots: &[i64],
+    fresh: &[u32],
+    tables: &DraftTables,
+    pool: &mut [P],
+) -> Vec<bf16> {
     use kda_kernel::layout::decode;
     let s = p.shape;
     let codes = p.options.codes();
@@ -485,8 +492,9 @@ fn sim_decode(p: &LayerProblem, slots: &[i64], fresh: &[u32], tables: &DraftTabl
                 fresh_ptr.ptr(),
                 parents.ptr(),
                 token_slots.ptr(),
-                pool_ptr.mut_ptr(),
+                pool_ptr.mut_ptr() as *mut f32,
                 o_ptr.mut_ptr() as *mut u16,
+                P::DTYPE.code(),
                 tables.draft as u32,
                 words[0],
                 words[1],
@@ -524,58 +532,84 @@ fn the_decode_step_matches_the_pooled_reference() {
 #[test]
 fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
     for case in kda_tests::verify_cases() {
-        let s = case.p.shape;
-        let (hv, kd, vd, draft) = (s.value_heads, s.key_dim, s.value_dim, case.draft);
-        let state = hv * kd * vd;
-        let (slots, fresh) = SlotUse::decode_tables(&case.uses);
-        let tables =
-            draft_tables(&case.uses, draft, Some(&case.parents), Some(&case.token_slots), &case.pool_shape).unwrap();
-        let mut pool = case.pool.clone();
-        let o = sim_decode(&case.p, &slots, &fresh, &tables, &mut pool);
-        let want = case.reference();
-        let row = hv * vd;
-        for (n, use_) in case.uses.iter().enumerate() {
-            let Some(slot) = use_.slot() else {
-                let rows = &o[n * draft * row..(n + 1) * draft * row];
-                assert!(rows.iter().all(|x| x.to_bits() == POISON_BF16), "{}: padding {n} wrote o", case.name);
-                continue;
-            };
-            for (t, (want_o, want_s)) in want[n].iter().enumerate() {
-                let r = n * draft + t;
-                let got_o: Vec<f32> = o[r * row..(r + 1) * row].iter().map(|x| x.to_f32()).collect();
-                let ts = case.token_slots[r] as usize;
-                let got_s = &pool[ts * state..(ts + 1) * state];
-                let (eo, es) = (kda::rel_error(&got_o, want_o), kda::rel_error(got_s, want_s));
-                assert!(eo < DECODE_O_BOUND, "{}: sequence {n} token {t}: o {eo:.2e}", case.name);
-                assert!(
-                    es < DECODE_STATE_BOUND * draft as f64,
-                    "{}: sequence {n} token {t}: state {es:.2e}",
-                    case.name
-                );
-
-                // The same token by one-token calls along its path, on a copy of the pool.
-                let mut path = vec![t];
-                while let Ok(p) = usize::try_from(case.parents[n * draft + *path.last().unwrap()]) {
-                    path.push(p);
-                }
-                let mut scratch = case.pool.clone();
-                let one = [SlotUse::Continue(slot)];
-                let mut last_o = Vec::new();
-                for (step, &u) in path.iter().rev().enumerate() {
-                    let single = case.p.select(&[(n, u..u + 1)]);
-                    let first = if step == 0 { case.uses[n] } else { one[0] };
-                    let (slots1, fresh1) = SlotUse::decode_tables(&[first]);
-                    let tables1 = draft_tables(&[first], 1, None, None, &case.pool_shape).unwrap();
-                    last_o = sim_decode(&single, &slots1, &fresh1, &tables1, &mut scratch);
-                }
-                let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&last_o), bits(&o[r * row..(r + 1) * row]), "{}: {n}/{t}: o bits", case.name);
-                let (a, b) = (&scratch[slot * state..(slot + 1) * state], got_s);
-                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: {n}/{t}: state bits", case.name);
-            }
-        }
-        println!("{}: {draft} tokens per sequence, every token within bounds and bit-exact", case.name);
+        let pool = case.pool.clone();
+        check_verify(&case, pool, |x| x, DECODE_STATE_BOUND * case.draft as f64);
     }
+}
+
+/// The same with bf16 pools: every written state rounded, a chain's state rounded after each
+/// token as if written and read back, so that verify stays bit for bit the one-token calls; within
+/// bf16's rounding of the definition.
+#[test]
+fn bf16_pools_round_every_write_and_verify_stays_bit_exact() {
+    for mut case in kda_tests::verify_cases() {
+        case.pool_shape.dtype = StateDtype::Bf16;
+        case.pool = case.pool.iter().map(|&x| StateDtype::Bf16.stored(x)).collect();
+        let pool: Vec<bf16> = case.pool.iter().map(|&x| bf16::from_f32(x)).collect();
+        check_verify(&case, pool, bf16::to_f32, BF16_STATE_BOUND);
+    }
+}
+
+/// How far a bf16 pool's states land from the f64 definition after a few tokens: bf16's rounding
+/// (2^-9 relative per element) on every write, with headroom.
+const BF16_STATE_BOUND: f64 = 1e-2;
+
+/// One verify case on the simulator with its pool of `P` (`pool`, the case's pool in that element
+/// type): each token's output and state against the definition (states within `state_bound`),
+/// and bit for bit against one-token calls along the token's path.
+fn check_verify<P: PoolElement + Copy>(case: &VerifyCase, pool: Vec<P>, as_f32: impl Fn(P) -> f32, state_bound: f64) {
+    let s = case.p.shape;
+    let (hv, kd, vd, draft) = (s.value_heads, s.key_dim, s.value_dim, case.draft);
+    let state = hv * kd * vd;
+    let (slots, fresh) = SlotUse::decode_tables(&case.uses);
+    let tables =
+        draft_tables(&case.uses, draft, Some(&case.parents), Some(&case.token_slots), &case.pool_shape).unwrap();
+    let mut got_pool = pool.clone();
+    let o = sim_decode(&case.p, &slots, &fresh, &tables, &mut got_pool);
+    let want = case.reference();
+    let row = hv * vd;
+    let states = |pool: &[P], slot: usize| -> Vec<f32> {
+        pool[slot * state..(slot + 1) * state].iter().map(|&x| as_f32(x)).collect()
+    };
+    for (n, use_) in case.uses.iter().enumerate() {
+        let Some(slot) = use_.slot() else {
+            let rows = &o[n * draft * row..(n + 1) * draft * row];
+            assert!(rows.iter().all(|x| x.to_bits() == POISON_BF16), "{}: padding {n} wrote o", case.name);
+            continue;
+        };
+        for (t, (want_o, want_s)) in want[n].iter().enumerate() {
+            let r = n * draft + t;
+            let got_o: Vec<f32> = o[r * row..(r + 1) * row].iter().map(|x| x.to_f32()).collect();
+            let got_s = states(&got_pool, case.token_slots[r] as usize);
+            let (eo, es) = (kda::rel_error(&got_o, want_o), kda::rel_error(&got_s, want_s));
+            assert!(eo < DECODE_O_BOUND, "{}: sequence {n} token {t}: o {eo:.2e}", case.name);
+            assert!(es < state_bound, "{}: sequence {n} token {t}: state {es:.2e}", case.name);
+
+            // The same token by one-token calls along its path, on a copy of the pool.
+            let mut path = vec![t];
+            while let Ok(p) = usize::try_from(case.parents[n * draft + *path.last().unwrap()]) {
+                path.push(p);
+            }
+            let mut scratch = pool.clone();
+            let mut last_o = Vec::new();
+            for (step, &u) in path.iter().rev().enumerate() {
+                let single = case.p.select(&[(n, u..u + 1)]);
+                let first = if step == 0 { case.uses[n] } else { SlotUse::Continue(slot) };
+                let (slots1, fresh1) = SlotUse::decode_tables(&[first]);
+                let tables1 = draft_tables(&[first], 1, None, None, &case.pool_shape).unwrap();
+                last_o = sim_decode(&single, &slots1, &fresh1, &tables1, &mut scratch);
+            }
+            let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&last_o), bits(&o[r * row..(r + 1) * row]), "{}: {n}/{t}: o bits", case.name);
+            let same = states(&scratch, slot).iter().zip(&got_s).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{}: {n}/{t}: state bits", case.name);
+        }
+    }
+    println!(
+        "{} ({:?} pool): {draft} tokens per sequence, every token within bounds and bit-exact",
+        case.name,
+        P::DTYPE
+    );
 }
 
 /// The whole layer as every GPU but Hopper runs it (prepare, the portable tensor-core
@@ -624,7 +658,7 @@ proptest::proptest! {
         let options = LayerOptions { scale: 0.125, l2norm_qk: gdn, beta_sigmoid: !gdn, gate: GateInput::Softplus };
         let n = indices.len();
         let p = kda_tests::random_layer_problem(&vec![1; n], shape, options, false, seed);
-        let pool_shape = PoolShape { slots, value_heads: 2, key_dim: 64, value_dim: 32, layout: StateLayout::KeyFirst };
+        let pool_shape = PoolShape { slots, value_heads: 2, key_dim: 64, value_dim: 32, layout: StateLayout::KeyFirst, dtype: kda::pool::StateDtype::F32 };
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, seed);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let (slot_table, fresh_table) = SlotUse::decode_tables(&uses);
@@ -673,7 +707,14 @@ proptest::proptest! {
 
 /// `kda_pool_copy` on the simulator, one direction, as the launcher runs it: one CTA per
 /// (sequence, `PER_CTA` f32 of its state).
-fn sim_pool_copy(pool: &mut [f32], packed: &mut [f32], slots: &[i64], fresh: &[u32], state_len: usize, gather: bool) {
+fn sim_pool_copy<P: PoolElement>(
+    pool: &mut [P],
+    packed: &mut [f32],
+    slots: &[i64],
+    fresh: &[u32],
+    state_len: usize,
+    gather: bool,
+) {
     use kda_kernel::abi::PoolCopyCode;
     use kda_kernel::layout::pool_copy::{PER_CTA, THREADS};
     let seqs = slots.len() - 1;
@@ -684,12 +725,13 @@ fn sim_pool_copy(pool: &mut [f32], packed: &mut [f32], slots: &[i64], fresh: &[u
     unsafe {
         sim::launch(launch, || {
             kda_kernel::pool::kda_pool_copy(
-                pool_ptr.mut_ptr(),
+                pool_ptr.mut_ptr() as *mut f32,
                 packed_ptr.mut_ptr(),
                 slots_ptr.ptr(),
                 fresh_ptr.ptr(),
                 state_len as u32,
                 direction,
+                P::DTYPE.code(),
             )
         })
     }
@@ -707,7 +749,14 @@ fn the_pooled_prefill_matches_the_pooled_reference() {
     let shape = LayerShape { kind: LayerKind::Gdn, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
     let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
     let p = kda_tests::random_layer_problem(&[70, 0, 5, 64], shape, options, false, 17);
-    let pool_shape = PoolShape { slots: 8, value_heads: 2, key_dim: 64, value_dim: 64, layout: StateLayout::KeyFirst };
+    let pool_shape = PoolShape {
+        slots: 8,
+        value_heads: 2,
+        key_dim: 64,
+        value_dim: 64,
+        layout: StateLayout::KeyFirst,
+        dtype: kda::pool::StateDtype::F32,
+    };
     let pool = kda::inputs::random_pool(&pool_shape, 4);
     let (indices, fresh) = ([3i64, -1, 0, 5], [false, false, true, false]);
     let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
@@ -737,6 +786,37 @@ fn the_pooled_prefill_matches_the_pooled_reference() {
             assert!(e < kda_tests::LAYER_PEER_SPREAD, "slot {slot}: state {e:.2e}");
         } else {
             assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "slot {slot} changed");
+        }
+    }
+}
+
+/// The pool copy with a bf16 pool: gathering reads each live sequence's slot exactly (zeros for
+/// fresh and padding ones), scattering rounds to bf16 and writes only the live sequences' slots.
+#[test]
+fn the_pool_copy_reads_bf16_exactly_and_rounds_what_it_writes() {
+    let state = 2 * 64 * 32;
+    let pool: Vec<bf16> = (0..6 * state).map(|i| bf16::from_f32((i % 97) as f32 / 7.0 - 3.0)).collect();
+    let (slots, fresh) = ([4i64, -1, 1, 0, -1], [0u32, 0, 1, 0, 0]);
+    let mut got = pool.clone();
+    let mut packed = vec![f32::from_bits(POISON_F32); 4 * state];
+    sim_pool_copy(&mut got, &mut packed, &slots, &fresh, state, true);
+    for (n, (&slot, &f)) in slots[..4].iter().zip(&fresh).enumerate() {
+        let row = &packed[n * state..(n + 1) * state];
+        if slot < 0 || f != 0 {
+            assert!(row.iter().all(|&x| x == 0.0), "sequence {n}: zeros");
+        } else {
+            let slot = slot as usize;
+            assert!(row.iter().zip(&pool[slot * state..]).all(|(a, b)| *a == b.to_f32()), "sequence {n}: exact");
+        }
+    }
+    let written: Vec<f32> = (0..4 * state).map(|i| i as f32 * 1.0001 + 0.3).collect();
+    let mut back = written.clone();
+    sim_pool_copy(&mut got, &mut back, &slots, &fresh, state, false);
+    for slot in 0..6 {
+        let here = &got[slot * state..(slot + 1) * state];
+        match slots[..4].iter().position(|&s| s == slot as i64) {
+            Some(n) => assert!(here.iter().zip(&written[n * state..]).all(|(a, b)| *a == bf16::from_f32(*b))),
+            None => assert_eq!(here, &pool[slot * state..(slot + 1) * state], "slot {slot} untouched"),
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::model::StateLayout;
-use crate::pool::{DraftTables, PoolShape, SlotUse, draft_tables, slot_uses};
+use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
 use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
@@ -167,14 +167,15 @@ impl Kda {
     /// `pool` (zeros for a fresh one), writes the state after the token back to the slot and the
     /// token's output to `o` (`[N, HV, V]` bf16; a padding sequence's rows untouched). Validates
     /// every length first; a refused call launches nothing and writes nothing.
-    pub fn launch_decode(
+    pub fn launch_decode<P: PoolElement>(
         &self,
         stream: &Arc<CudaStream>,
         plan: &DecodePlan,
         inputs: &DecodeInputs<'_>,
-        pool: &mut CudaViewMut<'_, f32>,
+        pool: &mut CudaViewMut<'_, P>,
         o: &mut CudaViewMut<'_, bf16>,
     ) -> Result<(), KdaError> {
+        plan.pool.check_element::<P>()?;
         let s = plan.shape;
         let (n, h, hv, kd, vd) = (plan.num_seqs, s.heads, s.value_heads, s.key_dim, s.value_dim);
         // Token rows: `draft` per sequence.
@@ -245,6 +246,7 @@ impl Kda {
                 read(o.device_ptr_mut(stream)),
             ],
             words: [
+                plan.pool.dtype.code(),
                 word("draft", plan.draft)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,
@@ -274,13 +276,14 @@ impl Kda {
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
 pub(super) struct DecodeArgs {
     ptrs: [Address; 13],
-    words: [u32; 10],
+    words: [u32; 11],
 }
 
 impl DecodeArgs {
     const TENSORS: [&'static str; 13] =
         ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
-    const WORDS: [&'static str; 10] = [
+    const WORDS: [&'static str; 11] = [
+        "pool_dtype",
         "draft",
         "heads",
         "value_heads",
@@ -306,7 +309,7 @@ impl DecodeArgs {
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 13], words: [2; 10] }
+    DecodeArgs { ptrs: [1; 13], words: [2; 11] }
 }
 
 #[cfg(test)]
@@ -319,7 +322,14 @@ mod tests {
     }
 
     fn pool(s: &LayerShape, layout: StateLayout) -> PoolShape {
-        PoolShape { slots: 8, value_heads: s.value_heads, key_dim: s.key_dim, value_dim: s.value_dim, layout }
+        PoolShape {
+            slots: 8,
+            value_heads: s.value_heads,
+            key_dim: s.key_dim,
+            value_dim: s.value_dim,
+            layout,
+            dtype: crate::pool::StateDtype::F32,
+        }
     }
 
     #[test]

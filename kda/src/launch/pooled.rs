@@ -10,7 +10,7 @@ use super::args::{Address, ArgSink};
 use super::layer::{check_devices, check_lengths, keep};
 use super::{Kda, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, enqueue};
 use crate::KdaError;
-use crate::pool::{PoolShape, SlotUse, slot_uses};
+use crate::pool::{PoolElement, PoolShape, SlotUse, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
 use kda_kernel::abi::PoolCopyCode;
@@ -90,17 +90,18 @@ impl Kda {
     /// holds the initial states). Validates every length first; a refused call launches nothing
     /// and writes nothing. No allocation, no host synchronisation.
     #[allow(clippy::too_many_arguments)]
-    pub fn launch_layer_pooled(
+    pub fn launch_layer_pooled<P: PoolElement>(
         &self,
         stream: &Arc<CudaStream>,
         plan: &LayerPlan,
         slots: &LayerPool,
         inputs: &LayerInputs<'_>,
-        pool: &mut CudaViewMut<'_, f32>,
+        pool: &mut CudaViewMut<'_, P>,
         o: &mut CudaViewMut<'_, bf16>,
         workspace: &mut LayerWorkspace,
         states: &mut PooledStates,
     ) -> Result<(), KdaError> {
+        slots.pool.check_element::<P>()?;
         if inputs.h0.is_some() {
             return Err(KdaError::Argument {
                 name: "h0",
@@ -152,11 +153,11 @@ impl Kda {
     }
 
     /// One `kda_pool_copy` between `pool` and `packed` (checked by the caller).
-    fn copy_states(
+    fn copy_states<P: PoolElement>(
         &self,
         stream: &Arc<CudaStream>,
         slots: &LayerPool,
-        pool: &mut CudaViewMut<'_, f32>,
+        pool: &mut CudaViewMut<'_, P>,
         packed: &mut CudaSlice<f32>,
         direction: PoolCopyCode,
     ) -> Result<(), KdaError> {
@@ -176,6 +177,7 @@ impl Kda {
                 shape: format!("{:?}: states of 2^32 f32 or more", slots.pool),
             })?,
             direction: direction as u32,
+            pool_dtype: slots.pool.dtype.code(),
         };
         debug_assert!(state_len.is_multiple_of(PER_THREAD), "K and V are multiples of 4");
         // SAFETY: the pool's and the packed buffer's lengths were checked against the mapping,
@@ -191,6 +193,7 @@ pub(super) struct PoolCopyArgs {
     ptrs: [Address; 4],
     state_len: u32,
     direction: u32,
+    pool_dtype: u32,
 }
 
 impl PoolCopyArgs {
@@ -202,11 +205,12 @@ impl PoolCopyArgs {
         }
         sink.push("state_len", &self.state_len);
         sink.push("direction", &self.direction);
+        sink.push("pool_dtype", &self.pool_dtype);
     }
 }
 
 /// One argument list of the pool copy, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> PoolCopyArgs {
-    PoolCopyArgs { ptrs: [1; 4], state_len: 2, direction: 1 }
+    PoolCopyArgs { ptrs: [1; 4], state_len: 2, direction: 1, pool_dtype: 1 }
 }
