@@ -489,6 +489,75 @@ pub fn run_decode(gpu: &Gpu, p: &LayerProblem, plan: &kda::DecodePlan, pool: &[f
     (s.clone_dtoh(&pool_dev).unwrap(), s.clone_dtoh(&o).unwrap())
 }
 
+/// A prefill over a state pool and what the f64 layer over the pool gives for it: a sequence
+/// continuing its slot, a padding one with no tokens, a fresh one, one ending on a chunk boundary.
+pub struct PooledPrefillCase {
+    /// The batch (no initial states: the pool holds them).
+    pub p: LayerProblem,
+    pub pool_shape: kda::pool::PoolShape,
+    /// The pool before the call.
+    pub pool: Vec<f32>,
+    pub indices: Vec<i64>,
+    pub fresh: Vec<bool>,
+    pub uses: Vec<kda::pool::SlotUse>,
+    /// The pool after the call, and each live sequence's `o`, by the reference.
+    pub want_pool: Vec<f32>,
+    pub want_o: Vec<Option<Vec<f32>>>,
+}
+
+impl PooledPrefillCase {
+    /// The case for a layer of `kind` with `K = V = size`, two value heads of one key head, the
+    /// first sequence `long` tokens.
+    pub fn new(kind: kda::layer::LayerKind, size: usize, long: usize) -> Self {
+        use kda::layer::{GateInput, LayerOptions, LayerShape, layer_reference_pooled};
+        use kda::pool::{PoolShape, StateDtype, slot_uses};
+        let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: size, value_dim: size };
+        let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
+        let p = random_layer_problem(&[long, 0, 5, 64], shape, options, false, 17);
+        let pool_shape = PoolShape {
+            slots: 8,
+            value_heads: 2,
+            key_dim: size,
+            value_dim: size,
+            layout: StateLayout::KeyFirst,
+            dtype: StateDtype::F32,
+        };
+        let pool = kda::inputs::random_pool(&pool_shape, 4);
+        let (indices, fresh) = (vec![3i64, -1, 0, 5], vec![false, false, true, false]);
+        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let mut want_pool = pool.clone();
+        let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
+        Self { p, pool_shape, pool, indices, fresh, uses, want_pool, want_o }
+    }
+
+    /// Asserts a run's pool and `o` (`[T, HV, V]` as f32): each live sequence's `o` and slot
+    /// within [`LAYER_PEER_SPREAD`] of the reference, every other slot bit for bit as before.
+    pub fn check(&self, got_pool: &[f32], got_o: &[f32]) {
+        let s = self.p.shape;
+        let (row, state) = (s.value_heads * s.value_dim, s.value_heads * s.key_dim * s.value_dim);
+        for (n, seq) in self.p.plan.seqs().iter().enumerate() {
+            let Some(want) = &self.want_o[n] else { continue };
+            let e = kda::rel_error(&got_o[seq.token_start * row..(seq.token_start + seq.len) * row], want);
+            println!("{:?} pooled prefill, sequence {n}: o {e:.2e}", s.kind);
+            assert!(e < LAYER_PEER_SPREAD, "{:?} sequence {n}: o {e:.2e}", s.kind);
+        }
+        for slot in 0..self.pool_shape.slots {
+            let range = slot * state..(slot + 1) * state;
+            let (got, want) = (&got_pool[range.clone()], &self.want_pool[range]);
+            if self.uses.iter().any(|u| u.slot() == Some(slot)) {
+                let e = kda::rel_error(got, want);
+                assert!(e < LAYER_PEER_SPREAD, "{:?} slot {slot}: state {e:.2e}", s.kind);
+            } else {
+                assert!(
+                    got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?} slot {slot} changed",
+                    s.kind
+                );
+            }
+        }
+    }
+}
+
 /// The decode step's bound on `o` against the f64 definition: its bf16 rounding (at most 2^-9
 /// relative per element) with headroom; the pooled states, f32 after one token, at most
 /// `DECODE_STATE_BOUND`.

@@ -744,50 +744,16 @@ fn sim_pool_copy<P: PoolElement>(
 /// boundary; every slot no live sequence names keeps its bits.
 #[test]
 fn the_pooled_prefill_matches_the_pooled_reference() {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
-    use kda::pool::{PoolShape, slot_uses};
-    let shape = LayerShape { kind: LayerKind::Gdn, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
-    let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
-    let p = kda_tests::random_layer_problem(&[70, 0, 5, 64], shape, options, false, 17);
-    let pool_shape = PoolShape {
-        slots: 8,
-        value_heads: 2,
-        key_dim: 64,
-        value_dim: 64,
-        layout: StateLayout::KeyFirst,
-        dtype: kda::pool::StateDtype::F32,
-    };
-    let pool = kda::inputs::random_pool(&pool_shape, 4);
-    let (indices, fresh) = ([3i64, -1, 0, 5], [false, false, true, false]);
-    let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
-    let mut want_pool = pool.clone();
-    let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
-
-    let (slots, fresh_table) = SlotUse::decode_tables(&uses);
-    let state = 2 * 64 * 64;
-    let mut got_pool = pool.clone();
-    let mut packed = vec![f32::from_bits(POISON_F32); uses.len() * state];
+    let case = kda_tests::PooledPrefillCase::new(kda::layer::LayerKind::Gdn, 64, 70);
+    let (slots, fresh_table) = SlotUse::decode_tables(&case.uses);
+    let state = case.pool_shape.value_heads * case.pool_shape.state_len();
+    let mut got_pool = case.pool.clone();
+    let mut packed = vec![f32::from_bits(POISON_F32); case.uses.len() * state];
     sim_pool_copy(&mut got_pool, &mut packed, &slots, &fresh_table, state, true);
-    let with_h0 = LayerProblem { h0: Some(packed), ..p.clone() };
+    let with_h0 = LayerProblem { h0: Some(packed), ..case.p.clone() };
     let mut out = run_layer(&with_h0, StateLayout::KeyFirst, LayerRecurrence::Portable);
     sim_pool_copy(&mut got_pool, &mut out.ht, &slots, &fresh_table, state, false);
-
-    let row = 2 * 64;
-    for (n, seq) in p.plan.seqs().iter().enumerate() {
-        let Some(want) = &want_o[n] else { continue };
-        let got = &out.o[seq.token_start * row..(seq.token_start + seq.len) * row];
-        let e = kda::rel_error(got, want);
-        assert!(e < kda_tests::LAYER_PEER_SPREAD, "sequence {n}: o {e:.2e}");
-    }
-    for slot in 0..pool_shape.slots {
-        let (got, want) = (&got_pool[slot * state..(slot + 1) * state], &want_pool[slot * state..(slot + 1) * state]);
-        if uses.iter().any(|u| u.slot() == Some(slot)) {
-            let e = kda::rel_error(got, want);
-            assert!(e < kda_tests::LAYER_PEER_SPREAD, "slot {slot}: state {e:.2e}");
-        } else {
-            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "slot {slot} changed");
-        }
-    }
+    case.check(&got_pool, &out.o);
 }
 
 /// The pool copy with a bf16 pool: gathering reads each live sequence's slot exactly (zeros for
