@@ -786,3 +786,83 @@ fn the_pool_copy_reads_bf16_exactly_and_rounds_what_it_writes() {
         }
     }
 }
+
+/// The split merge on the simulator (`kda_split_merge`, as the launcher runs it: one CTA per
+/// merge record, value head and block of `COLS` columns): random segment maps `[M | B]` and
+/// initial states chained into every segment's entry state, `entry(s + 1) = M_s entry(s) + B_s`
+/// from `entry(0) = h0`, against the same chain in f64, in both state layouts.
+#[test]
+fn the_split_merge_chains_segment_maps_into_entry_states() {
+    use kda::split::SplitPlan;
+    use kda_kernel::layout::merge;
+    let (heads, kd, vd) = (2usize, 64usize, 48usize);
+    let plan = Plan::from_lengths(&[600, 70, 130]);
+    let split = SplitPlan::cut(&plan, 2);
+    let table = split.merge_table().unwrap();
+    let (segments, maps_rows) = (split.segments().len(), split.maps());
+    let wide = kd + vd;
+    let mut words = kda::inputs::random_words(5, 1).map(kda::inputs::unit_uniform);
+    let mut draw =
+        |n: usize, scale: f64| -> Vec<f32> { (0..n).map(|_| ((words.next().unwrap() - 0.5) * scale) as f32).collect() };
+    let maps = draw(maps_rows * heads * kd * wide, 0.2);
+    let h0 = draw(plan.num_seqs() * heads * kd * vd, 1.0);
+    for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
+        let at = |a: usize, c: usize| if layout == StateLayout::KeyFirst { a * vd + c } else { c * kd + a };
+        let mut entries = vec![f32::from_bits(POISON_F32); segments * heads * kd * vd];
+        let (maps_ptr, h0_ptr, entries_ptr, table_ptr) = (ptr(&maps), ptr(&h0), ptr_mut(&mut entries), ptr(&table));
+        let records = table.len() / kda_kernel::layout::MERGE_WORDS;
+        let launch = Launch {
+            grid: records * heads * (vd / merge::COLS),
+            block: merge::THREADS,
+            shared_bytes: merge::SMEM_BYTES,
+        };
+        let code =
+            if layout == StateLayout::KeyFirst { StateLayoutCode::KeyFirst } else { StateLayoutCode::ValueFirst };
+        // SAFETY: the maps and entries hold every row the table names; `h0` one state per
+        // sequence and head.
+        unsafe {
+            sim::launch(launch, || {
+                kda_kernel::merge::kda_split_merge(
+                    maps_ptr.ptr(),
+                    h0_ptr.ptr(),
+                    entries_ptr.mut_ptr(),
+                    table_ptr.ptr(),
+                    heads as u32,
+                    kd as u32,
+                    vd as u32,
+                    code as u32,
+                )
+            })
+        }
+        .unwrap_or_else(|e| panic!("merge: {e}"));
+        // The chain in f64, per sequence and head.
+        let (mut first_map, mut first_entry) = (0, 0);
+        for n in 0..plan.num_seqs() {
+            let segs = split.segments_of(n);
+            for i in 0..heads {
+                // h0 is in the layout too.
+                let mut entry: Vec<f64> =
+                    (0..kd * vd).map(|e| h0[(n * heads + i) * kd * vd + at(e / vd, e % vd)] as f64).collect();
+                for s in 0..segs.len() {
+                    let row = ((first_entry + s) * heads + i) * kd * vd;
+                    let got: Vec<f32> = (0..kd * vd).map(|e| entries[row + at(e / vd, e % vd)]).collect();
+                    let want: Vec<f32> = entry.iter().map(|&x| x as f32).collect();
+                    let err = kda::rel_error(&got, &want);
+                    assert!(err < 1e-5, "{layout:?} sequence {n} head {i} segment {s}: {err:.2e}");
+                    if s + 1 < segs.len() {
+                        let m = &maps[((first_map + s) * heads + i) * kd * wide..][..kd * wide];
+                        entry = (0..kd * vd)
+                            .map(|e| {
+                                let (a, c) = (e / vd, e % vd);
+                                (0..kd).map(|b| m[a * wide + b] as f64 * entry[b * vd + c]).sum::<f64>()
+                                    + m[a * wide + kd + c] as f64
+                            })
+                            .collect();
+                    }
+                }
+            }
+            first_map += segs.len() - 1;
+            first_entry += segs.len();
+        }
+    }
+}
