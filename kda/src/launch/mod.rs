@@ -256,9 +256,9 @@ impl Kda {
     }
 
     /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
-    /// limits allow; the portable kernel when asked for; otherwise the baseline, or the portable
-    /// kernel for what the baseline does not run (the model's gates, heads, sizes, layouts and
-    /// strides). Each must support the problem.
+    /// limits allow; the portable kernel or the baseline when asked for by name; otherwise the
+    /// baseline, or the portable kernel for what the baseline does not run (the model's gates,
+    /// heads, sizes, layouts and strides). Each must support the problem.
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
         if self.resolve(kernel) == Kernel::Portable {
             portable_supports(&plan.strides, dims)?;
@@ -275,6 +275,12 @@ impl Kda {
             if fits_tma && plan.work.is_some() {
                 return Ok(Kernel::Hopper);
             }
+        }
+        // The baseline named (by the call, or by `KdaOptions::auto`) runs or refuses; only the
+        // default choice falls back to the portable kernel for what the baseline does not run.
+        if self.resolve(kernel) == Kernel::Baseline && (kernel == Kernel::Baseline || self.auto == Kernel::Baseline) {
+            baseline_supports(&plan.shape, &plan.strides, dims)?;
+            return Ok(Kernel::Baseline);
         }
         per_item_kernel(&plan.shape, &plan.strides, dims)
     }
