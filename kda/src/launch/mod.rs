@@ -22,8 +22,7 @@ pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, Mo
 pub use pooled::{LayerPool, PooledStates};
 pub use validate::TENSOR_ALIGN;
 
-use crate::model::{ModelShape, StateLayout};
-use crate::strides::Strides;
+use crate::model::StateLayout;
 use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
@@ -50,15 +49,15 @@ pub enum Kernel {
     /// The best kernel for the device.
     #[default]
     Auto,
-    /// The portable scalar baseline kernel (sm_80+).
+    /// The scalar baseline kernel (sm_80+), KDA's slice only: the correctness reference the
+    /// tensor-core kernels are measured against, run only when named.
     Baseline,
     /// The portable tensor-core kernel (sm_80+, `mma.sync`): the whole generalized contract
     /// (both gates or either or neither, grouped value heads, `K` in 64, 128, 256 and `V` any
     /// multiple of 32, either state layout, strided rows), one CTA per (sequence, value head,
     /// block of 32 value columns), both products of a chunk on the tensor cores.
-    /// [`Kernel::Auto`] takes it where neither the Hopper kernel nor the baseline runs the
-    /// problem (every model shape on GPUs other than 9.x); it replaces the baseline there once
-    /// measured on the GPU.
+    /// [`Kernel::Auto`] runs it on every GPU other than 9.x (2.1x to 2.9x the baseline's speed
+    /// on the H200, `bench/RESULTS.md`), and on 9.x for what the Hopper kernel's limits leave.
     Portable,
     /// The warp-specialized TMA + wgmma kernel (compute capability 9.x only).
     Hopper,
@@ -170,11 +169,12 @@ impl Kda {
     }
 
     /// The kernel [`Kernel::Auto`] resolves to on this device: the one [`KdaOptions::auto`]
-    /// names, or else the Hopper kernel where it is loaded and the baseline elsewhere.
+    /// names, or else the Hopper kernel where it is loaded and the portable tensor-core kernel
+    /// elsewhere.
     pub fn resolve(&self, kernel: Kernel) -> Kernel {
         match (kernel, self.auto) {
             (Kernel::Auto, Kernel::Auto) if self.hopper.is_some() => Kernel::Hopper,
-            (Kernel::Auto, Kernel::Auto) => Kernel::Baseline,
+            (Kernel::Auto, Kernel::Auto) => Kernel::Portable,
             (Kernel::Auto, chosen) => chosen,
             (other, _) => other,
         }
@@ -256,9 +256,8 @@ impl Kda {
     }
 
     /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
-    /// limits allow; the portable kernel or the baseline when asked for by name; otherwise the
-    /// baseline, or the portable kernel for what the baseline does not run (the model's gates,
-    /// heads, sizes, layouts and strides). Each must support the problem.
+    /// limits allow; the baseline when named; the portable kernel otherwise. Each must support
+    /// the problem.
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
         if self.resolve(kernel) == Kernel::Portable {
             portable_supports(&plan.strides, dims)?;
@@ -276,13 +275,14 @@ impl Kda {
                 return Ok(Kernel::Hopper);
             }
         }
-        // The baseline named (by the call, or by `KdaOptions::auto`) runs or refuses; only the
-        // default choice falls back to the portable kernel for what the baseline does not run.
-        if self.resolve(kernel) == Kernel::Baseline && (kernel == Kernel::Baseline || self.auto == Kernel::Baseline) {
+        if self.resolve(kernel) == Kernel::Baseline {
             baseline_supports(&plan.shape, &plan.strides, dims)?;
             return Ok(Kernel::Baseline);
         }
-        per_item_kernel(&plan.shape, &plan.strides, dims)
+        // What the Hopper kernel's limits leave: the portable kernel, which runs every shape the
+        // Hopper kernel does.
+        portable_supports(&plan.strides, dims)?;
+        Ok(Kernel::Portable)
     }
 
     /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
@@ -533,15 +533,6 @@ fn final_states_without_tokens(
 }
 
 /// `heads` as the kernels' 32-bit parameter.
-/// The per-item kernel that runs a problem the Hopper kernel does not: the baseline for its slice
-/// of the contract, the portable kernel for the rest; when neither does, the baseline's refusal.
-fn per_item_kernel(shape: &ModelShape, strides: &Strides, dims: &Dims) -> Result<Kernel, KdaError> {
-    match baseline_supports(shape, strides, dims) {
-        Ok(()) => Ok(Kernel::Baseline),
-        Err(baseline) => portable_supports(strides, dims).map(|()| Kernel::Portable).map_err(|_| baseline),
-    }
-}
-
 /// CTAs of a per-item kernel: one per (sequence, value head, column block).
 fn per_item_grid(dims: &Dims, col_blocks: usize) -> Result<usize, KdaError> {
     (dims.value_heads.checked_mul(col_blocks)).and_then(|n| dims.seqs.checked_mul(n)).ok_or_else(|| grid_error(dims))
@@ -607,46 +598,5 @@ mod thread_safety {
         send_sync::<LayerWorkspace>();
         send_sync::<LayerInputs<'static>>();
         send_sync::<LayerDeviceOutputs<'static>>();
-    }
-}
-
-#[cfg(test)]
-mod routing {
-    //! Which per-item kernel runs a problem the Hopper kernel does not.
-
-    use super::*;
-    use crate::Plan;
-    use crate::model::Gates;
-
-    fn route(shape: ModelShape, strides: Strides) -> Result<Kernel, KdaError> {
-        let dims = Dims::model(&Plan::from_lengths(&[70, 3]), &shape);
-        per_item_kernel(&shape, &strides, &dims)
-    }
-
-    #[test]
-    fn the_baseline_runs_its_slice_and_the_portable_kernel_the_rest() {
-        let kda = ModelShape::kda(2);
-        assert_eq!(route(kda, Strides::PACKED).unwrap(), Kernel::Baseline);
-        let gdn = ModelShape { value_heads: 4, gates: Gates { g: true, gk: false }, ..kda };
-        assert_eq!(route(gdn, Strides::PACKED).unwrap(), Kernel::Portable);
-        let value_first = ModelShape { layout: StateLayout::ValueFirst, ..kda };
-        assert_eq!(route(value_first, Strides::PACKED).unwrap(), Kernel::Portable);
-        for (key_dim, value_dim) in [(64, 64), (256, 512), (128, 96)] {
-            assert_eq!(route(ModelShape { key_dim, value_dim, ..kda }, Strides::PACKED).unwrap(), Kernel::Portable);
-        }
-        let padded = Strides { k: Some(crate::RowStrides { token: 2 * 136, head: 136 }), ..Strides::PACKED };
-        assert_eq!(route(kda, padded).unwrap(), Kernel::Portable);
-    }
-
-    #[test]
-    fn what_no_per_item_kernel_runs_is_refused_with_the_baselines_reason() {
-        let kda = ModelShape::kda(2);
-        let odd = ModelShape { key_dim: 96, ..kda };
-        assert!(matches!(route(odd, Strides::PACKED), Err(KdaError::Unsupported { argument: "key_dim", .. })));
-        let narrow_v = ModelShape { value_dim: 48, ..kda };
-        assert!(matches!(route(narrow_v, Strides::PACKED), Err(KdaError::Unsupported { .. })));
-        // A row stride the 16-byte loads cannot follow.
-        let ragged = Strides { u: Some(crate::RowStrides { token: 2 * 128 + 3, head: 128 }), ..Strides::PACKED };
-        assert!(matches!(route(kda, ragged), Err(KdaError::Unsupported { argument: "strides", .. })));
     }
 }

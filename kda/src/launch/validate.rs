@@ -386,4 +386,33 @@ mod tests {
         println!("bad-argument matrix: {cases} cases, each its own typed error");
         assert!(cases > 200, "{cases}");
     }
+
+    #[test]
+    fn the_portable_kernel_runs_every_shape_the_baseline_runs_and_refuses_odd_sizes() {
+        use crate::model::{Gates, ModelShape};
+        let dims = |shape: &ModelShape| Dims::model(&Plan::from_lengths(&[70, 3]), shape);
+        let kda = ModelShape::kda(2);
+        assert!(baseline_supports(&kda, &Strides::PACKED, &dims(&kda)).is_ok());
+        let gdn = ModelShape { value_heads: 4, gates: Gates { g: true, gk: false }, ..kda };
+        for shape in [
+            kda,
+            gdn,
+            ModelShape { layout: StateLayout::ValueFirst, ..kda },
+            ModelShape { key_dim: 64, value_dim: 64, ..kda },
+            ModelShape { key_dim: 256, value_dim: 512, ..gdn },
+            ModelShape { value_dim: 96, ..kda },
+        ] {
+            assert!(portable_supports(&Strides::PACKED, &dims(&shape)).is_ok(), "{shape:?}");
+        }
+        let padded = Strides { k: Some(crate::RowStrides { token: 2 * 136, head: 136 }), ..Strides::PACKED };
+        assert!(portable_supports(&padded, &dims(&kda)).is_ok());
+        let refused = |shape: ModelShape, strides: Strides| match portable_supports(&strides, &dims(&shape)) {
+            Err(KdaError::Unsupported { argument, .. }) => argument,
+            other => panic!("{shape:?}: {other:?}"),
+        };
+        assert_eq!(refused(ModelShape { key_dim: 96, ..kda }, Strides::PACKED), "key_dim");
+        assert_eq!(refused(ModelShape { value_dim: 48, ..kda }, Strides::PACKED), "value_dim");
+        let odd = Strides { u: Some(crate::RowStrides { token: 2 * 128 + 3, head: 128 }), ..Strides::PACKED };
+        assert_eq!(refused(kda, odd), "u");
+    }
 }
