@@ -5,7 +5,7 @@
 use crate::median_us;
 use cudarc::driver::{CudaSlice, CudaStream};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerProblem, LayerShape, layer_reference_pooled};
-use kda::pool::{PoolShape, slot_uses};
+use kda::pool::{PoolShape, StateDtype, slot_uses};
 use kda::{DecodeInputs, DecodePlan, Kda, KdaError, StateLayout, bf16};
 use std::sync::Arc;
 
@@ -130,14 +130,7 @@ pub fn time_decode(
 ) -> Result<DecodeTiming, KdaError> {
     let s = d.shape;
     let p: LayerProblem = kda::inputs::random_layer_problem(&vec![d.draft; d.seqs], s, d.options, false, 3);
-    let pool_shape = PoolShape {
-        slots: d.seqs,
-        value_heads: s.value_heads,
-        key_dim: s.key_dim,
-        value_dim: s.value_dim,
-        layout: StateLayout::KeyFirst,
-        dtype: kda::pool::StateDtype::F32,
-    };
+    let pool_shape = PoolShape::for_layer(&s, d.seqs, StateLayout::KeyFirst, StateDtype::F32);
     let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, 5);
     let indices: Vec<i64> = (0..d.seqs as i64).collect();
     let fresh = vec![false; d.seqs];

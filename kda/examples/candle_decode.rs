@@ -9,7 +9,7 @@
 use candle_core::{Device, Tensor};
 use kda::candle::{DecodeTensors, decode, kda_on, stream_of};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
-use kda::pool::{PoolShape, slot_uses};
+use kda::pool::{PoolShape, StateDtype, slot_uses};
 use kda::{DecodePlan, StateLayout, inputs, rel_error};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,14 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shape = LayerShape { kind: LayerKind::Gdn, heads: h, value_heads: hv, key_dim: kd, value_dim: kd };
     let options =
         LayerOptions { scale: (kd as f64).powf(-0.5), l2norm_qk: true, beta_sigmoid: false, gate: GateInput::Log };
-    let pool_shape = PoolShape {
-        slots: 8,
-        value_heads: hv,
-        key_dim: kd,
-        value_dim: kd,
-        layout: StateLayout::KeyFirst,
-        dtype: kda::pool::StateDtype::F32,
-    };
+    let pool_shape = PoolShape::for_layer(&shape, 8, StateLayout::KeyFirst, StateDtype::F32);
     // Three sequences in slots 5, 1 and 6 (the last one new), and a padding entry.
     let (indices, fresh) = ([5i64, 1, -1, 6], [false, false, false, true]);
     let plan = DecodePlan::new(&stream_of(&device)?, shape, options, pool_shape, &indices, &fresh)?;

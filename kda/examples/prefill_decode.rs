@@ -67,14 +67,7 @@ fn run() -> Result<(), KdaError> {
     )?;
 
     // The pool: each sequence's final state copied into its slot on the device.
-    let pool_shape = PoolShape {
-        slots: 4,
-        value_heads: heads,
-        key_dim: kd,
-        value_dim: vd,
-        layout: StateLayout::KeyFirst,
-        dtype: kda::pool::StateDtype::F32,
-    };
+    let pool_shape = PoolShape::for_layer(&shape, 4, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
     let mut pool = stream.alloc_zeros::<f32>(pool_shape.len()?)?;
     for (n, &slot) in SLOTS.iter().enumerate() {
         let slot = slot as usize;

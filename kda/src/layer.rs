@@ -586,9 +586,7 @@ pub fn layer_reference_pooled(
     if uses.len() != p.plan.num_seqs() {
         return bad("slot_indices", format!("{} uses for {} sequences", uses.len(), p.plan.num_seqs()));
     }
-    if (shape.value_heads, shape.key_dim, shape.value_dim) != (s.value_heads, s.key_dim, s.value_dim) {
-        return bad("pool", format!("{shape:?} does not hold the layer's {s:?} states"));
-    }
+    shape.check_holds(&s)?;
     let len = shape.len()?;
     if pool.len() != len {
         return Err(KdaError::Shape {

@@ -73,6 +73,30 @@ impl StateDtype {
 }
 
 impl PoolShape {
+    /// A pool of `slots` states of `shape`'s value heads and sizes, in `layout` and `dtype`
+    /// (both named: never inferred).
+    pub fn for_layer(shape: &crate::layer::LayerShape, slots: usize, layout: StateLayout, dtype: StateDtype) -> Self {
+        Self {
+            slots,
+            value_heads: shape.value_heads,
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            layout,
+            dtype,
+        }
+    }
+
+    /// Refuses, naming `pool`, a pool whose states are not `shape`'s (value heads, `K`, `V`).
+    pub fn check_holds(&self, shape: &crate::layer::LayerShape) -> Result<(), KdaError> {
+        if (self.value_heads, self.key_dim, self.value_dim) == (shape.value_heads, shape.key_dim, shape.value_dim) {
+            return Ok(());
+        }
+        Err(KdaError::Argument {
+            name: "pool",
+            reason: format!("{self:?} does not hold the layer's states ({shape:?})"),
+        })
+    }
+
     /// Refuses a device view of `E` for this pool unless `E` is the pool's element type.
     pub fn check_element<E: PoolElement>(&self) -> Result<(), KdaError> {
         if E::DTYPE == self.dtype {

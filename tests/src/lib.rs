@@ -514,14 +514,7 @@ impl PooledPrefillCase {
         let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: size, value_dim: size };
         let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
         let p = random_layer_problem(&[long, 0, 5, 64], shape, options, false, 17);
-        let pool_shape = PoolShape {
-            slots: 8,
-            value_heads: 2,
-            key_dim: size,
-            value_dim: size,
-            layout: StateLayout::KeyFirst,
-            dtype: StateDtype::F32,
-        };
+        let pool_shape = PoolShape::for_layer(&shape, 8, StateLayout::KeyFirst, StateDtype::F32);
         let pool = kda::inputs::random_pool(&pool_shape, 4);
         let (indices, fresh) = (vec![3i64, -1, 0, 5], vec![false, false, true, false]);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
@@ -606,14 +599,7 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
         let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
         let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
-        let pool_shape = PoolShape {
-            slots: 8,
-            value_heads,
-            key_dim,
-            value_dim,
-            layout: StateLayout::KeyFirst,
-            dtype: kda::pool::StateDtype::F32,
-        };
+        let pool_shape = PoolShape::for_layer(&shape, 8, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let mut want_pool = pool.clone();
@@ -690,14 +676,7 @@ pub fn verify_cases() -> Vec<VerifyCase> {
             LayerOptions { scale: (shape.key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
         let n = indices.len();
         let p = random_layer_problem(&vec![draft; n], shape, options, false, 60 + c as u64);
-        let pool_shape = PoolShape {
-            slots: 16,
-            value_heads: shape.value_heads,
-            key_dim: shape.key_dim,
-            value_dim: shape.value_dim,
-            layout: StateLayout::KeyFirst,
-            dtype: kda::pool::StateDtype::F32,
-        };
+        let pool_shape = PoolShape::for_layer(&shape, 16, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let parents = chain.iter().copied().cycle().take(n * draft).collect();

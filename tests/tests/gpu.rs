@@ -774,14 +774,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
         };
         let n = indices.len();
         let fresh = vec![false; n];
-        let pool_shape = PoolShape {
-            slots: 6,
-            value_heads: heads,
-            key_dim: 128,
-            value_dim: 128,
-            layout: StateLayout::KeyFirst,
-            dtype: kda::pool::StateDtype::F32,
-        };
+        let pool_shape = PoolShape::for_layer(&shape, 6, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, heads as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         // New tokens each step, one layer: every step keeps the first step's `A_log` and `dt_bias`.

@@ -123,14 +123,7 @@ mod random {
         layout: kda::StateLayout,
         seed: u64,
     ) -> (kda::pool::PoolShape, Vec<f32>) {
-        let pool = kda::pool::PoolShape {
-            slots,
-            value_heads: shape.value_heads,
-            key_dim: shape.key_dim,
-            value_dim: shape.value_dim,
-            layout,
-            dtype: kda::pool::StateDtype::F32,
-        };
+        let pool = kda::pool::PoolShape::for_layer(shape, slots, layout, kda::pool::StateDtype::F32);
         let states =
             random_words(seed, 1).take(pool.len().unwrap()).map(|w| (2.0 * unit_uniform(w) - 1.0) as f32).collect();
         (pool, states)
@@ -282,7 +275,7 @@ mod random {
                     while let Ok(q) = usize::try_from(parents[d.token_start + *path.last().unwrap()]) { path.push(q); }
                     path.reverse();
                     // Decoded one token per call through a one-slot pool holding the initial state.
-                    let pool = kda::pool::PoolShape { slots: 1, value_heads: hv, key_dim: kd, value_dim: vd, layout: kda::StateLayout::KeyFirst, dtype: kda::pool::StateDtype::F32 };
+                    let pool = kda::pool::PoolShape::for_layer(&shape, 1, kda::StateLayout::KeyFirst, kda::pool::StateDtype::F32);
                     let mut states = match &p.h0 { Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(), None => vec![0.0; hv * state] };
                     let mut last = Vec::new();
                     for &q in &path {

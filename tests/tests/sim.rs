@@ -658,7 +658,7 @@ proptest::proptest! {
         let options = LayerOptions { scale: 0.125, l2norm_qk: gdn, beta_sigmoid: !gdn, gate: GateInput::Softplus };
         let n = indices.len();
         let p = kda_tests::random_layer_problem(&vec![1; n], shape, options, false, seed);
-        let pool_shape = PoolShape { slots, value_heads: 2, key_dim: 64, value_dim: 32, layout: StateLayout::KeyFirst, dtype: kda::pool::StateDtype::F32 };
+        let pool_shape = PoolShape::for_layer(&shape, slots, StateLayout::KeyFirst, StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, seed);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let (slot_table, fresh_table) = SlotUse::decode_tables(&uses);

@@ -142,12 +142,7 @@ impl DecodePlan {
 /// Whether the decode kernel runs `shape` over `pool` (typed refusals otherwise).
 fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<(), KdaError> {
     shape.validate()?;
-    if (pool.value_heads, pool.key_dim, pool.value_dim) != (shape.value_heads, shape.key_dim, shape.value_dim) {
-        return Err(KdaError::Argument {
-            name: "pool",
-            reason: format!("{pool:?} does not hold the layer's states ({shape:?})"),
-        });
-    }
+    pool.check_holds(shape)?;
     let unsupported = |argument, reason: String| Err(KdaError::Unsupported { argument, reason });
     if pool.layout != StateLayout::KeyFirst {
         return unsupported("pool", "the decode kernel reads key-first pools ([slots, HV, K, V])".into());

@@ -49,9 +49,7 @@ impl LayerPool {
     ) -> Result<Self, KdaError> {
         let s = plan.shape();
         let bad = |name, reason: String| Err(KdaError::Argument { name, reason });
-        if (pool.value_heads, pool.key_dim, pool.value_dim) != (s.value_heads, s.key_dim, s.value_dim) {
-            return bad("pool", format!("{pool:?} does not hold the layer's states ({s:?})"));
-        }
+        pool.check_holds(&s)?;
         if pool.layout != plan.state_layout() {
             return bad("pool", format!("a {:?} pool for a {:?} plan", pool.layout, plan.state_layout()));
         }
