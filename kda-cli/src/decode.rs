@@ -114,7 +114,7 @@ pub struct DecodeTiming {
     pub us: f64,
     /// The floor, us.
     pub floor_us: f64,
-    /// Relative errors of `o` and of the pool after the first call.
+    /// Relative errors of `o` and of `ht` (the pool after the first call: every final state).
     pub errors: [f64; 2],
 }
 

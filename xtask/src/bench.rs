@@ -592,7 +592,7 @@ fn decode_rows(
     repeat: usize,
 ) -> Result<Vec<Value>, String> {
     let mut rows = Vec::new();
-    let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err states |".to_string()];
+    let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err ht |".to_string()];
     lines.push("|---|---:|---:|---:|---:|---:|".into());
     for d in kda_cli::decode_bench_shapes() {
         let t = time(&d).map_err(text)?;
@@ -604,7 +604,7 @@ fn decode_rows(
         let s = d.shape;
         rows.push(json!({
             "shape": d.name, "kernel": "decode", "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
-            "rel_err_o": t.errors[0], "rel_err_states": t.errors[1], "repeat": repeat, "seqs": d.seqs,
+            "rel_err_o": t.errors[0], "rel_err_ht": t.errors[1], "repeat": repeat, "seqs": d.seqs,
             "draft": d.draft, "heads": s.heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
             "value_dim": s.value_dim, "options": format!("{:?}", d.options),
         }));
