@@ -164,8 +164,8 @@ struct Shape {
     us: f64,
     floor_us: f64,
     baseline_us: f64,
-    /// The portable tensor-core kernel's median (the same slice of the contract as the baseline).
-    portable_us: Option<f64>,
+    /// The portable tensor-core kernel's median and its outputs' errors against the reference.
+    portable: Option<(f64, [f64; 3])>,
     /// The column blocks timed, and the median with the other width forced.
     columns: Columns,
     other_columns_us: Option<f64>,
@@ -211,10 +211,12 @@ struct Timing {
     portable_us: Result<f64, Refusal>,
 }
 
-/// One problem on the device: its [`Timing`] and the best kernel's fresh outputs.
+/// One problem on the device: its [`Timing`], the best kernel's fresh outputs, and the portable
+/// kernel's where it ran the problem.
 struct Timed {
     timing: Timing,
     out: Outputs,
+    portable_out: Option<Outputs>,
 }
 
 impl Bench<'_> {
@@ -276,9 +278,13 @@ impl Bench<'_> {
             refusable((self.median_us)(Kernel::Baseline, &mut devs))?
         };
         let portable_us = refusable((self.median_us)(Kernel::Portable, &mut devs))?;
+        let portable_out = match portable_us {
+            Ok(_) => Some((self.fresh_outputs)(&mut devs[0], Kernel::Portable).map_err(text)?),
+            Err(_) => None,
+        };
         let timing =
             Timing { copies, us, split, unsplit_us, sweep, columns, other_columns_us, baseline_us, portable_us };
-        Ok(Ok(Timed { timing, out }))
+        Ok(Ok(Timed { timing, out, portable_out }))
     }
 
     /// Times the best kernel and the baseline on shape `name` and checks the best kernel's
@@ -289,8 +295,11 @@ impl Bench<'_> {
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
-        let Timed { timing: Timing { copies, us, baseline_us, portable_us, columns, other_columns_us, .. }, out } =
-            self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
+        let Timed {
+            timing: Timing { copies, us, baseline_us, portable_us, columns, other_columns_us, .. },
+            out,
+            portable_out,
+        } = self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
         eprint!(" reference ...");
         let want = reference::reference(&p).map_err(text)?;
@@ -299,7 +308,7 @@ impl Bench<'_> {
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(text)?.h, &want.h);
         let floor_us = floor_us(&dims, self.copy_bw);
         eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
-        let portable_us = portable_us.ok();
+        let portable = portable_us.ok().zip(portable_out.map(|o| o.errors(&want)));
         Ok(Shape {
             name,
             lengths,
@@ -308,7 +317,7 @@ impl Bench<'_> {
             us,
             floor_us,
             baseline_us,
-            portable_us,
+            portable,
             columns,
             other_columns_us,
             errs,
@@ -330,7 +339,7 @@ impl Bench<'_> {
                 eprintln!(" unsupported: {}", refusal.reason);
                 Err(refusal)
             }
-            Ok(Timed { timing, out }) => {
+            Ok(Timed { timing, out, .. }) => {
                 eprint!(" reference ...");
                 let want = reference::model_reference(&view).map_err(text)?;
                 let errs = out.errors(&want);
@@ -380,10 +389,11 @@ impl Shape {
     /// The portable kernel's record in `results.json`, where it ran the shape (its outputs are
     /// checked by the GPU suite, not here).
     fn portable_record(&self, repeat: usize) -> Option<Value> {
-        let us = self.portable_us?;
+        let (us, [h, v_new, ht]) = self.portable?;
         Some(json!({
             "shape": self.name, "kernel": "portable", "us": us, "floor_us": self.floor_us,
             "ratio": self.floor_us / us, "repeat": repeat, "lengths": self.lengths, "heads": self.dims.heads,
+            "rel_err_h": h, "rel_err_v_new": v_new, "rel_err_ht": ht, "f32_floor_h": self.f32_floor,
         }))
     }
 
@@ -397,7 +407,7 @@ impl Shape {
             us,
             floor_us,
             baseline_us,
-            portable_us,
+            portable,
             columns,
             other_columns_us,
             errs,
@@ -406,7 +416,7 @@ impl Shape {
         json!({
             "shape": name, "lengths": lengths, "heads": d.heads, "kernel": format!("{best:?}"),
             "us": us, "floor_us": floor_us, "ratio": floor_us / us, "baseline_us": baseline_us,
-            "portable_us": portable_us,
+            "portable_us": portable.map(|(us, _)| us),
             "block_width": columns.width(), "other_blocks_us": other_columns_us,
             "rel_err_h": errs[0], "rel_err_v_new": errs[1], "rel_err_ht": errs[2], "f32_floor_h": f32_floor,
             "repeat": repeat, "rotation_copies": copies,
@@ -662,7 +672,7 @@ mod tests {
             us: 20.0,
             floor_us: 10.0,
             baseline_us: 50.0,
-            portable_us: Some(40.0),
+            portable: Some((40.0, [1e-4, 2e-4, 3e-4])),
             columns: Columns::Wide,
             other_columns_us: Some(25.0),
             errs: [1e-3, 2e-3, 3e-4],
@@ -690,7 +700,8 @@ mod tests {
             (p["kernel"].as_str(), p["us"].as_f64(), p["ratio"].as_f64()),
             (Some("portable"), Some(40.0), Some(0.25))
         );
-        assert!(Shape { portable_us: None, ..shape }.portable_record(100).is_none());
+        assert_eq!((p["rel_err_h"].as_f64(), p["rel_err_ht"].as_f64()), (Some(1e-4), Some(3e-4)));
+        assert!(Shape { portable: None, ..shape }.portable_record(100).is_none());
     }
 
     fn qwen_row(result: Result<Measured, Refusal>) -> ModelRow {
