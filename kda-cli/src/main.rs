@@ -46,7 +46,7 @@ fn record(command: &str, fields: serde_json::Value) {
 }
 
 /// Each subcommand and its help (`kda SUBCOMMAND --help`); `kda --help` prints them all.
-const SUBCOMMANDS: [(&str, &str); 3] = [
+const SUBCOMMANDS: [(&str, &str); 4] = [
     (
         "demo",
         "  kda demo [--cpu]
@@ -81,6 +81,14 @@ const SUBCOMMANDS: [(&str, &str); 3] = [
       the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
       128; a larger size fails with the reason and writes nothing), --repeat N printing the median
       time of N launches; --cpu computes it with the f64 reference.",
+    ),
+    (
+        "decode",
+        "  kda decode --bench [NAME,...] [--repeat N]
+      The decode step's bench shapes (decode_kda_256, decode_kda_64, verify_kda_64x4,
+      decode_gdn_256, decode_gdn_tp_h2_256, decode_kda_1) on random inputs and pools on the GPU: a
+      first call checked against the f64 reference, then the median time of N calls against the
+      decode floor.",
     ),
 ];
 
@@ -117,11 +125,12 @@ fn main() -> ExitCode {
         Some("demo") => demo(&args[1..], started),
         Some("run") => run(&args[1..]),
         Some("layer") => layer(&args[1..]),
+        Some("decode") => decode(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{}", usage(None));
             Ok(())
         }
-        _ => Err(CliError::Usage("expected a subcommand: demo, run or layer".into())),
+        _ => Err(CliError::Usage("expected a subcommand: demo, run, layer or decode".into())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -380,24 +389,8 @@ fn layer(args: &[String]) -> Result<(), CliError> {
 /// `LAYER_BENCH_REPEAT`) against the IO floor at the measured copy bandwidth.
 fn layer_bench(args: &[String]) -> Result<(), CliError> {
     let shapes = kda_cli::layer_bench_shapes();
-    let (mut names, mut repeat) = (Vec::new(), LAYER_BENCH_REPEAT);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--repeat" => {
-                let v = it.next().ok_or_else(|| CliError::Usage("layer: --repeat needs a count".into()))?;
-                repeat =
-                    v.parse().ok().filter(|&n| n > 0).ok_or_else(|| CliError::Usage(format!("layer: --repeat {v}")))?;
-            }
-            list => names.extend(list.split(',').map(String::from)),
-        }
-    }
-    for n in &names {
-        if !shapes.iter().any(|s| s.0 == n) {
-            let known: Vec<&str> = shapes.iter().map(|s| s.0).collect();
-            return Err(CliError::Usage(format!("layer --bench: unknown shape {n} (known: {})", known.join(", "))));
-        }
-    }
+    let known: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+    let (names, repeat) = parse_bench("layer", args, &known, LAYER_BENCH_REPEAT).map_err(CliError::Usage)?;
     let (kda, stream) = Kda::open(0)?;
     let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
     say!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
@@ -418,6 +411,68 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+/// `--bench`'s arguments after it: the shapes named (each one of `known`; none: all) and
+/// `--repeat N` (default `repeat`).
+fn parse_bench(command: &str, args: &[String], known: &[&str], repeat: usize) -> Result<(Vec<String>, usize), String> {
+    let (mut names, mut repeat) = (Vec::new(), repeat);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--repeat" => {
+                let v = it.next().ok_or_else(|| format!("{command}: --repeat needs a count"))?;
+                repeat = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("{command}: --repeat {v}"))?;
+            }
+            list => names.extend(list.split(',').map(String::from)),
+        }
+    }
+    if let Some(n) = names.iter().find(|n| !known.contains(&n.as_str())) {
+        return Err(format!("{command} --bench: unknown shape {n} (known: {})", known.join(", ")));
+    }
+    Ok((names, repeat))
+}
+
+/// `kda decode --bench [NAME,...] [--repeat N]`: each named decode shape (all without names) on
+/// random inputs and pools: a first call checked against the f64 reference, then the median of N
+/// event-timed calls against the decode floor at the measured copy bandwidth.
+fn decode(args: &[String]) -> Result<(), CliError> {
+    if args.first().map(String::as_str) != Some("--bench") {
+        return Err(CliError::Usage("decode: expected --bench".into()));
+    }
+    let shapes = kda_cli::decode_bench_shapes();
+    let known: Vec<&str> = shapes.iter().map(|d| d.name).collect();
+    let (names, repeat) = parse_bench("decode", &args[1..], &known, DECODE_BENCH_REPEAT).map_err(CliError::Usage)?;
+    let (kda, stream) = Kda::open(0)?;
+    let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
+    say!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
+    for d in shapes.iter().filter(|d| names.is_empty() || names.iter().any(|n| n == d.name)) {
+        let t = kda_cli::time_decode(&kda, &stream, d, repeat, bandwidth)?;
+        let [err_o, err_ht] = t.errors;
+        let fields = json!({ "shape": d.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
+            "rel_err_o": err_o, "rel_err_ht": err_ht, "repeat": repeat, "copy_bw_Bps": bandwidth });
+        record("decode-bench", fields);
+        say!(
+            "decode {}: median {:.2} us over {repeat} calls, floor {:.2} us ({:.3} of it); rel err o {err_o:.2e}, ht {err_ht:.2e}",
+            d.name,
+            t.us,
+            t.floor_us,
+            t.floor_us / t.us
+        );
+        if !(err_o <= DECODE_CHECK_BOUND && err_ht <= DECODE_CHECK_BOUND) {
+            return Err(CliError::Check(format!(
+                "decode {}: rel err o {err_o:.2e}, ht {err_ht:.2e} above {DECODE_CHECK_BOUND:.0e}",
+                d.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Calls `kda decode --bench` times per shape, by default.
+const DECODE_BENCH_REPEAT: usize = 100;
+/// The error `kda decode --bench` accepts on `o` and the states: a sanity bound, several times
+/// the bf16 rounding of `o` (about 2e-3); the GPU suite holds the kernel to the tight bounds.
+const DECODE_CHECK_BOUND: f64 = 1e-2;
 
 /// Launches `kda layer --bench` times per shape, by default.
 const LAYER_BENCH_REPEAT: usize = 20;

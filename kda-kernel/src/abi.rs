@@ -500,13 +500,19 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// Register budget of the decode step: three CTAs of 256 threads per SM, 3 x 256 x 80 = 61440
+/// registers, so that three CTAs' states (96 KB) are in flight per SM; ptxas needs 96 to keep
+/// everything in registers and spills a few words of the token loop's bookkeeping at 80 (the
+/// PTX test reports it).
+pub const DECODE_MAX_REGISTERS: u32 = 80;
+
 /// The decode step: a few tokens per sequence, states in a pool by slot (plain f32, every target).
 pub const DECODE: KernelAbi = KernelAbi {
     entry: "kda_decode_step",
     params: &DECODE_PARAMS,
     threads: crate::layout::decode::THREADS,
     smem_bytes: crate::layout::decode::SMEM_BYTES,
-    max_registers: None,
+    max_registers: Some(DECODE_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
 

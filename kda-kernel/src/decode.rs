@@ -3,15 +3,21 @@
 //! from its slot of a caller's pool and written back in place, or each token's state into a slot
 //! of its own.
 //!
-//! One CTA per (sequence, value head, block of `COLS` value columns): lane `c` of warp `q` holds
-//! the state's column `c` at keys `q, q + KEY_GROUPS, ..` in registers, so every warp reads and
-//! writes whole rows of the pool. Per token, with the layer's options applied to its inputs:
+//! One CTA per (sequence, value head, block of `COLS` value columns). Each thread holds `VEC`
+//! consecutive columns of `K / KEY_GROUPS` consecutive keys of the state in registers, loaded and
+//! stored as one vector per key row, so each half-warp reads and writes 256 contiguous bytes of a
+//! row of the pool. Per token, with the layer's options applied to its inputs:
 //!
 //! ```text
 //! S = diag(exp(g)) S;   delta = beta (v - S^T k);   S += k delta^T;   o = scale S^T q
 //! ```
 //!
-//! `S^T k` and `S^T q` are summed over the key groups in shared memory. A sequence's tokens form a
+//! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
+//! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
+//! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
+//! shuffle, the warps theirs in shared memory, behind one barrier per token. A token's loads are
+//! issued before any of its arithmetic, the state's with the first token's, so a CTA waits for
+//! memory once per token. A sequence's tokens form a
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
@@ -21,15 +27,18 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, rsqrt_approx, smem_base_generic, sync_threads, thread_idx_x_fresh,
+    bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, ld_global_v2, ld_global_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh, ld_shared_v4,
 };
 use crate::abi::StateDtypeCode;
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
-use crate::layout::decode::{COLS, KEY_GROUPS, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD};
+use crate::layout::decode::{
+    COL_LANES, COLS, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, STAGE_WORDS, VEC, WARP_SUM_WORDS, WARPS,
+};
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
-/// This thread's part of one head's state: keys `group + KEY_GROUPS * t` of its column.
-type Keys = [f32; MAX_KEYS_PER_THREAD];
+/// This thread's part of one head's state: `VEC` columns of each of its keys.
+type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
 kernel_entry! {
     /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
@@ -50,10 +59,10 @@ kernel_entry! {
     /// call stays bit for bit the one-token calls).
     ///
     /// # Safety
-    /// Every non-negative slot lies inside the pool; no slot is written by one sequence and read
+    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
-    /// `N * draft` rows; `K` a multiple of `KEY_GROUPS` up to `MAX_K`, `V` a multiple of `COLS`.
+    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
     pub unsafe fn kda_decode_step(
         q: *const u16,
         k: *const u16,
@@ -93,7 +102,7 @@ kernel_entry! {
             || !hv.is_multiple_of(h)
             || kd == 0
             || kd > MAX_K
-            || !kd.is_multiple_of(KEY_GROUPS)
+            || !kd.is_multiple_of(K_MULTIPLE)
             || vd == 0
             || !vd.is_multiple_of(COLS)
             || !(gw == 1 || gw == kd)
@@ -141,11 +150,13 @@ kernel_entry! {
             // `s` is the state after token `current` (-1: the initial state, read from the slot,
             // or zeros).
             let start_fresh = *fresh.add(n) != 0;
-            let mut s: Keys = [0.0; MAX_KEYS_PER_THREAD];
+            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
             if !start_fresh {
                 token.load(pool, slot as usize, &mut s);
             }
             let mut current = -1i64;
+            // Which of the two shared buffers of partial sums the next `step` writes.
+            let mut parity = 0;
             for t in 0..d {
                 let row = n * d + t;
                 let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
@@ -155,7 +166,7 @@ kernel_entry! {
                 if parent != current {
                     // Rebuild from the initial state, read again (the contract keeps a tree's own
                     // slot unwritten until the call ends), rather than held in registers.
-                    s = [0.0; MAX_KEYS_PER_THREAD];
+                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
                     if !start_fresh {
                         token.load(pool, slot as usize, &mut s);
                     }
@@ -174,8 +185,9 @@ kernel_entry! {
                 // path from the root (one call site of `step`: the kernel keeps one copy of it).
                 for u in 0..=t {
                     if run & (1 << u) != 0 {
-                        token.step(n * d + u, &mut s, u == t);
+                        token.step(n * d + u, &mut s, u == t, parity);
                         token.as_stored(&mut s);
+                        parity ^= 1;
                     }
                 }
                 current = t as i64;
@@ -221,36 +233,80 @@ struct Token {
     scale: f32,
 }
 
-/// A thread's place: its index, lane (column of the block) and key group, read afresh from
-/// `%tid.x` by each use (`thread_idx_x_fresh`), so that the compiler recomputes the addresses
-/// derived from it per token instead of keeping all of them in registers across the token loop.
+/// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
+/// read afresh from `%tid.x` by each use (`thread_idx_x_fresh`), so that the compiler recomputes
+/// the addresses derived from it per token instead of keeping all of them in registers across
+/// the token loop.
 struct Place {
-    tid: usize,
-    lane: usize,
+    warp: usize,
+    /// The lane's vector of `VEC` columns in the block.
+    col_lane: usize,
+    /// The lane's half of the warp (its keys).
+    key_lane: usize,
+    /// `warp * KEY_LANES + key_lane`: the thread's keys are `group * K / KEY_GROUPS ..` onwards.
     group: usize,
 }
 
 impl Place {
     fn fresh() -> Self {
         let tid = thread_idx_x_fresh();
-        Self { tid, lane: tid % COLS, group: tid / COLS }
+        let (warp, lane) = (tid / 32, tid % 32);
+        let key_lane = lane / COL_LANES;
+        Self { warp, col_lane: lane % COL_LANES, key_lane, group: warp * KEY_LANES + key_lane }
     }
 }
 
+/// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
+fn unpack4(w: [u32; 2]) -> [f32; 4] {
+    let half = |x: u32, hi: bool| bf16_to_f32(if hi { (x >> 16) as u16 } else { x as u16 });
+    [half(w[0], false), half(w[0], true), half(w[1], false), half(w[1], true)]
+}
+
+/// The f32 of a 16-byte vector.
+fn floats4(w: [u32; 4]) -> [f32; 4] {
+    w.map(f32::from_bits)
+}
+
+/// The sum of `x` over the warp's two key halves (lanes `COL_LANES` apart).
+///
+/// # Safety
+/// The whole warp calls it together.
+#[inline(always)]
+unsafe fn add_halves(x: f32) -> f32 {
+    // SAFETY: the caller's contract.
+    x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
+}
+
 impl Token {
+    /// Keys per thread.
+    fn keys(&self) -> usize {
+        self.kd / KEY_GROUPS
+    }
+
+    /// The element offset of this thread's first column in key row `key` of the head's state in
+    /// `slot` of the pool (64-bit; a multiple of `VEC`).
+    fn state_offset(&self, slot: usize, key: usize, at: &Place) -> usize {
+        ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col_lane
+    }
+
     /// This thread's keys of the head's state in `slot` of the pool, into `s`.
     ///
     /// # Safety
-    /// `slot` lies inside the pool.
+    /// `slot` lies inside the pool; the pool is 16-byte aligned.
     #[inline(always)]
     unsafe fn load(&self, pool: *const f32, slot: usize, s: &mut Keys) {
-        let (base, at) = (self.state_offset(slot), Place::fresh());
+        let at = Place::fresh();
         for (t, x) in s.iter_mut().enumerate() {
-            if t < self.kd / KEY_GROUPS {
-                let e = base + (at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane;
-                // SAFETY: the key row is below `kd` and the column below `vd`.
+            if t < self.keys() {
+                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
+                // SAFETY: the key row is below `kd` and the columns below `vd`; `e` is a multiple
+                // of `VEC`, so the vector is aligned.
                 *x = unsafe {
-                    if self.bf16_pool { bf16_to_f32(*(pool as *const u16).add(e)) } else { *pool.add(e) }
+                    if self.bf16_pool {
+                        unpack4(ld_global_v2((pool as *const u16).add(e) as *const u32))
+                    } else {
+                        floats4(ld_global_v4(pool.add(e) as *const u32))
+                    }
                 };
             }
         }
@@ -259,116 +315,164 @@ impl Token {
     /// This thread's keys of `s` to the head's state in `slot` of the pool.
     ///
     /// # Safety
-    /// `slot` lies inside the pool and no other sequence reads or writes it.
+    /// `slot` lies inside the pool and no other sequence reads or writes it; the pool is 16-byte
+    /// aligned.
     #[inline(always)]
     unsafe fn store(&self, pool: *mut f32, slot: usize, s: &Keys) {
-        let (base, at) = (self.state_offset(slot), Place::fresh());
+        let at = Place::fresh();
         for (t, x) in s.iter().enumerate() {
-            if t < self.kd / KEY_GROUPS {
-                let e = base + (at.group + KEY_GROUPS * t) * self.vd + self.col0 + at.lane;
+            if t < self.keys() {
+                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
                 // SAFETY: as in `load`.
                 unsafe {
                     if self.bf16_pool {
-                        *(pool as *mut u16).add(e) = f32_to_bf16(*x);
+                        let w = [pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3])];
+                        st_global_v2((pool as *mut u16).add(e) as *mut u32, w);
                     } else {
-                        *pool.add(e) = *x;
+                        st_global_v4(pool.add(e) as *mut u16, x.map(f32::to_bits));
                     }
                 }
             }
         }
     }
 
-    /// The element offset of the head's state in `slot` of the pool (64-bit).
-    fn state_offset(&self, slot: usize) -> usize {
-        (slot * self.hv + self.i) * self.kd * self.vd
-    }
-
     /// `s` as the pool would give it back after a write: rounded to bf16 for a bf16 pool.
     #[inline(always)]
     fn as_stored(&self, s: &mut Keys) {
         if self.bf16_pool {
-            for x in s.iter_mut() {
-                *x = bf16_to_f32(f32_to_bf16(*x));
+            for row in s.iter_mut() {
+                for x in row.iter_mut() {
+                    *x = bf16_to_f32(f32_to_bf16(*x));
+                }
             }
         }
     }
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
-    /// update, and, when `write_o`, the output row. Two CTA barriers; every thread calls it.
+    /// update, and, when `write_o`, the output row. Two CTA barriers; every thread calls it, with
+    /// `parity` alternating between consecutive calls.
     ///
     /// # Safety
     /// As the kernel's: `row` is a row of every tensor.
     #[inline(always)]
-    unsafe fn step(&self, row: usize, s: &mut Keys, write_o: bool) {
-        let Place { tid, lane, group } = Place::fresh();
-        let (kd, vd, gw, c) = (self.kd, self.vd, self.gw, self.col0 + lane);
-        // SAFETY (block): the kernel's contract; shared indices below `MAX_K` and the partial sums'.
+    unsafe fn step(&self, row: usize, s: &mut Keys, write_o: bool, parity: usize) {
+        let (kd, vd, keys) = (self.kd, self.vd, self.keys());
+        let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
+        // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
+        // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
-            let smem = smem_base_generic() as *mut f32;
-            let (qs, ks, decay) = (smem, smem.add(MAX_K), smem.add(2 * MAX_K));
-            let (sum_k, sum_q) = (smem.add(3 * MAX_K), smem.add(3 * MAX_K + KEY_GROUPS * COLS));
+            // Shared addresses (32-bit, `.shared` window) of this token's staged inputs and of
+            // the partial sums.
+            let staged = smem_base_shared() + (parity * STAGE_WORDS * 4) as u32;
+            let (qs, ks, decays) = (staged, staged + (MAX_K * 4) as u32, staged + (2 * MAX_K * 4) as u32);
+            let sums = smem_base_shared() + (2 * STAGE_WORDS * 4) as u32;
+            let word = |x: usize| (x * 4) as u32;
 
-            // The token's q, k (normalised when asked) and the decay per key row.
+            // The token's q, k and decay per key staged in shared memory (one key per thread),
+            // and this thread's v and beta, all loads issued before any wait.
+            let tid = thread_idx_x_fresh();
             if tid < kd {
-                *qs.add(tid) = bf16_to_f32(*self.q.add((row * self.h + self.j) * kd + tid));
-                *ks.add(tid) = bf16_to_f32(*self.k.add((row * self.h + self.j) * kd + tid));
-                let a = if gw == 1 { 0 } else { tid };
-                let raw = *self.g.add((row * self.hv + self.i) * gw + a);
+                let e = head_row * kd + tid;
+                st_shared_f32(qs + word(tid), bf16_to_f32(*self.q.add(e)));
+                st_shared_f32(ks + word(tid), bf16_to_f32(*self.k.add(e)));
+                let a = if self.gw == 1 { 0 } else { tid };
+                let raw = *self.g.add(value_row * self.gw + a);
                 let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
-                let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * gw + a) };
-                *decay.add(tid) = exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound));
+                let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + a) };
+                st_shared_f32(decays + word(tid), exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound)));
             }
+            let at = Place::fresh();
+            let c = self.col0 + VEC * at.col_lane;
+            let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+            let b_raw = *self.beta.add(value_row);
             sync_threads();
-            let (mut q_scale, mut k_scale) = (1.0, 1.0);
-            if self.options & OPT_L2NORM != 0 {
-                let (mut sq, mut sk) = (0.0, 0.0);
-                for a in 0..kd {
-                    sq = fma_f32(*qs.add(a), *qs.add(a), sq);
-                    sk = fma_f32(*ks.add(a), *ks.add(a), sk);
-                }
-                (q_scale, k_scale) = (rsqrt_approx(sq + L2NORM_EPS), rsqrt_approx(sk + L2NORM_EPS));
-            }
-            let b_raw = *self.beta.add(row * self.hv + self.i);
-            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
 
-            // The decayed state and its S^T k part.
-            let keys = kd / KEY_GROUPS;
-            let mut part = 0.0;
-            for (t, x) in s.iter_mut().enumerate() {
-                if t < keys {
-                    let a = group + KEY_GROUPS * t;
-                    *x *= *decay.add(a);
-                    part = fma_f32(*x, *ks.add(a) * k_scale, part);
+            // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
+            // its keys' staged values read four at a time.
+            let key0 = at.group * keys;
+            let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+            let (mut nq, mut nk, mut kq) = (0.0, 0.0, 0.0);
+            for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
+                if quad < keys / KEY_VECTOR {
+                    let at_key = word(key0 + KEY_VECTOR * quad);
+                    let q4 = floats4(ld_shared_v4(qs + at_key));
+                    let k4 = floats4(ld_shared_v4(ks + at_key));
+                    let d4 = floats4(ld_shared_v4(decays + at_key));
+                    for x in 0..KEY_VECTOR {
+                        let (q, k) = (q4[x], k4[x]);
+                        for (col, state) in s[KEY_VECTOR * quad + x].iter_mut().enumerate() {
+                            *state *= d4[x];
+                            sk[col] = fma_f32(*state, k, sk[col]);
+                            sq[col] = fma_f32(*state, q, sq[col]);
+                        }
+                        nq = fma_f32(q, q, nq);
+                        nk = fma_f32(k, k, nk);
+                        kq = fma_f32(k, q, kq);
+                    }
                 }
             }
-            *sum_k.add(group * COLS + lane) = part;
+            // The warp's two key halves, then the warps through shared memory.
+            for col in 0..VEC {
+                sk[col] = add_halves(sk[col]);
+                sq[col] = add_halves(sq[col]);
+            }
+            let (nq, nk, kq) = (add_halves(nq), add_halves(nk), add_halves(kq));
+            if at.key_lane == 0 {
+                let mine = sums + word(at.warp * WARP_SUM_WORDS);
+                st_shared_v4(mine + word(VEC * at.col_lane), sk.map(f32::to_bits));
+                st_shared_v4(mine + word(COLS + VEC * at.col_lane), sq.map(f32::to_bits));
+                if at.col_lane == 0 {
+                    st_shared_v4(mine + word(2 * COLS), [nq, nk, kq, 0.0].map(f32::to_bits));
+                }
+            }
             sync_threads();
-            let mut sk = 0.0;
-            for grp in 0..KEY_GROUPS {
-                sk += *sum_k.add(grp * COLS + lane);
-            }
-            let delta = strength_beta * (bf16_to_f32(*self.v.add((row * self.hv + self.i) * vd + c)) - sk);
-            // S += k delta^T, and the S^T q part.
-            let mut part_q = 0.0;
-            for (t, x) in s.iter_mut().enumerate() {
-                if t < keys {
-                    let a = group + KEY_GROUPS * t;
-                    *x = fma_f32(*ks.add(a) * k_scale, delta, *x);
-                    part_q = fma_f32(*x, *qs.add(a) * q_scale, part_q);
+            let at = Place::fresh();
+            let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+            let mut norms = [0.0f32; 4];
+            for w in 0..WARPS {
+                let theirs = sums + word(w * WARP_SUM_WORDS);
+                let (k4, q4) = (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
+                let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
+                for col in 0..VEC {
+                    sk[col] += f32::from_bits(k4[col]);
+                    sq[col] += f32::from_bits(q4[col]);
+                    norms[col] += n4[col];
                 }
             }
-            *sum_q.add(group * COLS + lane) = part_q;
-            sync_threads();
-            if write_o && group == 0 {
-                let mut oq = 0.0;
-                for grp in 0..KEY_GROUPS {
-                    oq += *sum_q.add(grp * COLS + lane);
-                }
-                *self.o.add((row * self.hv + self.i) * vd + c) = f32_to_bf16(self.scale * oq);
+            let [nq, nk, kq, _] = norms;
+            let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
+                (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
+            } else {
+                (1.0, 1.0)
+            };
+            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
+            // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
+            let kq = kq * k_scale * q_scale;
+            let mut out = [0.0f32; VEC];
+            let mut delta = [0.0f32; VEC];
+            for col in 0..VEC {
+                delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
+                out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
             }
-            // No barrier before the next token: its staging rewrites `q`, `k` and the decay, read
-            // before the barrier above, and its partial sums reach `sum_q` only after its first
-            // barrier, which every reader of this token's sums passes after reading them.
+            let key0 = at.group * keys;
+            for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
+                if quad < keys / KEY_VECTOR {
+                    let k4 = floats4(ld_shared_v4(ks + word(key0 + KEY_VECTOR * quad)));
+                    for x in 0..KEY_VECTOR {
+                        for (col, state) in s[KEY_VECTOR * quad + x].iter_mut().enumerate() {
+                            *state = fma_f32(k4[x] * k_scale, delta[col], *state);
+                        }
+                    }
+                }
+            }
+            if write_o && at.warp == 0 && at.key_lane == 0 {
+                let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
+                st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
+            }
+            // Between tokens: the next token stages into the other buffer, so this token's `k`
+            // stays readable until every thread has passed the next token's first barrier; the
+            // partial sums are rewritten only after the next token's first barrier, which every
+            // reader of these passes after reading them.
         }
     }
 }

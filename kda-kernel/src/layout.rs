@@ -185,20 +185,43 @@ pub mod layer {
 /// Sizes of the decode step (`kda_decode_step`): one CTA per (sequence, value head, block of
 /// `COLS` value columns); a warp per quarter of the keys, a lane per column.
 pub mod decode {
-    /// Value columns per CTA: a warp's lanes, so each warp reads and writes whole 128-byte rows
-    /// of the pooled state.
-    pub const COLS: usize = 32;
-    /// Warps per CTA, each holding `K / KEY_GROUPS` keys of its columns' state in registers.
-    pub const KEY_GROUPS: usize = 4;
+    /// State columns per thread: one 16-byte vector of f32 (8 bytes of a bf16 pool).
+    pub const VEC: usize = 4;
+    /// Lanes along a row of the state: a half-warp reads 256 contiguous bytes of an f32 row.
+    pub const COL_LANES: usize = 16;
+    /// Value columns per CTA: the column lanes' vectors. Two CTAs per (sequence, head) at
+    /// V = 128, so that 64 sequences of 32 heads give 4096 CTAs.
+    pub const COLS: usize = COL_LANES * VEC;
+    /// Lanes of a warp along the keys (the warp's two halves hold different keys).
+    pub const KEY_LANES: usize = 32 / COL_LANES;
+    /// Warps per CTA: 256 threads, 32 state values each at K = 128, so that the registers of
+    /// four CTAs per SM hold 128 KB of states in flight, more than the memory system's latency
+    /// needs at full bandwidth.
+    pub const WARPS: usize = 8;
     /// Threads per CTA.
-    pub const THREADS: usize = COLS * KEY_GROUPS;
-    /// The largest key size the registers hold (`MAX_K / KEY_GROUPS` state values per thread).
+    pub const THREADS: usize = 32 * WARPS;
+    /// Groups of keys, one per (warp, key lane): each thread holds `K / KEY_GROUPS` consecutive
+    /// keys of its `VEC` columns.
+    pub const KEY_GROUPS: usize = KEY_LANES * WARPS;
+    /// Keys per shared-memory vector read of the staged `q`, `k` and decay (16 bytes).
+    pub const KEY_VECTOR: usize = 4;
+    /// The key sizes the kernel runs are multiples of this (64): each key group holds the same
+    /// number of keys, whole vectors of them.
+    pub const K_MULTIPLE: usize = KEY_GROUPS * KEY_VECTOR;
+    /// The largest key size the registers hold (`MAX_K / KEY_GROUPS` keys per thread).
     pub const MAX_K: usize = 128;
     /// Keys per thread at `MAX_K`.
     pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
-    /// f32 words of shared memory: the token's `q`, `k` and decay (`[MAX_K]` each) and the
-    /// partial sums across the key groups (`[KEY_GROUPS][COLS]`, twice: `S^T k` and `S^T q`).
-    pub const SMEM_WORDS: usize = 3 * MAX_K + 2 * KEY_GROUPS * COLS;
+    /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
+    pub const STAGE_WORDS: usize = 3 * MAX_K;
+    /// f32 words a warp adds to a token's shared partial sums: `S^T k` and `S^T q` over its keys
+    /// for the CTA's columns, then `q . q`, `k . k` and `k . q` over its keys, and one word to
+    /// keep the next warp's vectors 16-byte aligned.
+    pub const WARP_SUM_WORDS: usize = 2 * COLS + 4;
+    /// f32 words of shared memory: the staged inputs twice (tokens alternate between the two,
+    /// so a token's `k` stays readable until the next token's first barrier), then every warp's
+    /// partial sums.
+    pub const SMEM_WORDS: usize = 2 * STAGE_WORDS + WARPS * WARP_SUM_WORDS;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a

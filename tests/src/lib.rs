@@ -592,7 +592,7 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         (LayerKind::Kda, 2, 2, 128, 128, GateInput::LowerBound(-5.0), true),
         (LayerKind::Kda, 1, 2, 64, 64, GateInput::Log, false),
         (LayerKind::Gdn, 1, 2, 128, 128, GateInput::Softplus, true),
-        (LayerKind::Gdn, 2, 4, 64, 96, GateInput::Log, false),
+        (LayerKind::Gdn, 2, 4, 64, 192, GateInput::Log, false),
     ];
     let mut out = Vec::new();
     for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {

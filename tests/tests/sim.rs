@@ -654,7 +654,7 @@ proptest::proptest! {
             })
             .unzip();
         let kind = if gdn { LayerKind::Gdn } else { LayerKind::Kda };
-        let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: 64, value_dim: 32 };
+        let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
         let options = LayerOptions { scale: 0.125, l2norm_qk: gdn, beta_sigmoid: !gdn, gate: GateInput::Softplus };
         let n = indices.len();
         let p = kda_tests::random_layer_problem(&vec![1; n], shape, options, false, seed);

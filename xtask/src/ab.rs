@@ -1,7 +1,9 @@
 //! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]
 //! [--time-unchecked]`: several `kda` builds (each built from its commit and carried along) on the
 //! same inputs. A shape `layer:NAME` is the whole layer on a peer shape (`kda layer --bench NAME`,
-//! random inputs of a fixed seed, each build's first run checked for finite outputs).
+//! random inputs of a fixed seed, each build's first run checked for finite outputs); a shape
+//! `decode:NAME` the decode step on a decode bench shape (`kda decode --bench NAME`, each build's
+//! first call checked against the f64 reference).
 //!
 //! First each build's outputs are checked against the f64 reference (`kda run --cpu`, once per
 //! input with the first build) on every timed shape and on `ragged_many`, to the contract's bound
@@ -61,10 +63,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
         return Err("ab: --shapes names no shape".into());
     }
     for s in &shapes {
-        match layer_shape(s) {
-            Some(name) => {
+        match bench_shape(s) {
+            Some(("layer", name)) => {
                 if !kda_cli::layer_bench_shapes().iter().any(|l| l.0 == name) {
                     return Err(format!("ab: unknown layer shape {name}"));
+                }
+            }
+            Some((_, name)) => {
+                if !kda_cli::decode_bench_shapes().iter().any(|d| d.name == name) {
+                    return Err(format!("ab: unknown decode shape {name}"));
                 }
             }
             None => {
@@ -83,14 +90,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
     })
 }
 
-/// The layer shape a `layer:NAME` shape names (`kda layer --bench NAME`), or `None` for a
-/// recurrence shape.
-fn layer_shape(shape: &str) -> Option<&str> {
-    shape.strip_prefix(LAYER_PREFIX)
+/// The subcommand and shape a `layer:NAME` or `decode:NAME` shape names (`kda layer --bench
+/// NAME`, `kda decode --bench NAME`), or `None` for a recurrence shape.
+fn bench_shape(shape: &str) -> Option<(&'static str, &str)> {
+    BENCH_PREFIXES.iter().find_map(|&command| Some((command, shape.strip_prefix(command)?.strip_prefix(':')?)))
 }
 
-/// The prefix of a layer shape in `--shapes`.
-const LAYER_PREFIX: &str = "layer:";
+/// The subcommands whose `--bench` shapes `--shapes` names as `COMMAND:NAME`.
+const BENCH_PREFIXES: [&str; 2] = ["layer", "decode"];
 
 /// Removes repeated names, keeping the first of each.
 fn dedup(v: &mut Vec<String>) {
@@ -185,10 +192,11 @@ impl Ab {
 
     /// Checks every build against the f64 reference on each timed shape and on [`CHECK_SHAPE`].
     fn check(&self) -> Result<Checks, String> {
-        // Layer shapes are checked by each build's own first run (`kda layer --bench`: finite
-        // outputs); their accuracy is the GPU suite's.
+        // Layer and decode shapes are checked by each build's own first run (`kda layer --bench`:
+        // finite outputs; `kda decode --bench`: against the reference); the layer's accuracy is
+        // the GPU suite's.
         let mut check_shapes: Vec<String> =
-            self.o.shapes.iter().filter(|s| layer_shape(s).is_none()).cloned().collect();
+            self.o.shapes.iter().filter(|s| bench_shape(s).is_none()).cloned().collect();
         check_shapes.push(CHECK_SHAPE.into());
         dedup(&mut check_shapes);
         let mut checks = Checks { passed: vec![true; self.o.builds.len()], records: Vec::new() };
@@ -286,9 +294,9 @@ impl Ab {
     fn time_run(&self, round: usize, s: usize, i: usize, timing: &mut Timing) -> Result<(), String> {
         let shape = &self.o.shapes[s];
         let mut cmd = Command::new(&self.o.builds[i]);
-        match layer_shape(shape) {
-            Some(name) => {
-                cmd.args(["layer", "--bench", name, "--repeat", &self.o.repeat.to_string()]);
+        match bench_shape(shape) {
+            Some((command, name)) => {
+                cmd.args([command, "--bench", name, "--repeat", &self.o.repeat.to_string()]);
             }
             None => {
                 cmd.arg("run").arg("--inputs").arg(self.input(shape));
@@ -464,7 +472,11 @@ mod tests {
         assert!(parse(&strings(&["a", "--shapes", "nope"])).unwrap_err().contains("unknown shape nope"));
         let o = parse(&strings(&["a", "--shapes", "layer:kda_fixed_8192,fixed_8192"])).unwrap();
         assert_eq!(o.shapes, strings(&["layer:kda_fixed_8192", "fixed_8192"]));
-        assert_eq!(layer_shape(&o.shapes[0]), Some("kda_fixed_8192"));
+        assert_eq!(bench_shape(&o.shapes[0]), Some(("layer", "kda_fixed_8192")));
+        assert_eq!(bench_shape("decode:decode_kda_64"), Some(("decode", "decode_kda_64")));
+        assert_eq!(bench_shape("fixed_8192"), None);
+        assert!(parse(&strings(&["a", "--shapes", "decode:verify_kda_64x4"])).is_ok());
+        assert!(parse(&strings(&["a", "--shapes", "decode:nope"])).unwrap_err().contains("unknown decode shape nope"));
         assert!(parse(&strings(&["a", "--shapes", "layer:nope"])).unwrap_err().contains("unknown layer shape nope"));
         assert!(parse(&strings(&["a", "--rounds", "0"])).is_err());
     }

@@ -327,6 +327,47 @@ pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     ldmatrix(addr, false)
 }
 
+/// `ld.global.v4.b32`.
+///
+/// # Safety
+/// `ptr` is 16-byte aligned and addresses 16 readable bytes.
+pub unsafe fn ld_global_v4(ptr: *const u32) -> [u32; 4] {
+    assert!((ptr as usize).is_multiple_of(16), "ld.global.v4: {ptr:?} is not 16-byte aligned");
+    // SAFETY: the caller's contract.
+    unsafe { (ptr as *const [u32; 4]).read() }
+}
+
+/// `ld.global.v2.b32`.
+///
+/// # Safety
+/// `ptr` is 8-byte aligned and addresses 8 readable bytes.
+pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
+    assert!((ptr as usize).is_multiple_of(8), "ld.global.v2: {ptr:?} is not 8-byte aligned");
+    // SAFETY: the caller's contract.
+    unsafe { (ptr as *const [u32; 2]).read() }
+}
+
+/// `st.global.v2.b32`.
+///
+/// # Safety
+/// `ptr` is 8-byte aligned and addresses 8 writable bytes.
+pub unsafe fn st_global_v2(ptr: *mut u32, v: [u32; 2]) {
+    assert!((ptr as usize).is_multiple_of(8), "st.global.v2: {ptr:?} is not 8-byte aligned");
+    // SAFETY: the caller's contract.
+    unsafe { (ptr as *mut [u32; 2]).write(v) }
+}
+
+/// `shfl.sync.bfly.b32` over the whole warp.
+///
+/// # Safety
+/// The 32 lanes of the warp call it together; `mask` is below 32.
+pub unsafe fn shfl_xor(x: u32, mask: u32) -> u32 {
+    let mut mine = [0; LANE_WORDS];
+    mine[0] = x;
+    let (all, lane) = with_thread(|cta, tid| (cta.warp_exchange(tid, "shfl.bfly", mine), tid % WARP));
+    all[lane ^ (mask as usize % WARP)][0]
+}
+
 /// `st.global.v4.b32`.
 ///
 /// # Safety

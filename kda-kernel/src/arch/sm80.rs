@@ -403,6 +403,65 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     [a, b]
 }
 
+/// `ld.global.v4.b32` (PTX 1.0): 16 bytes from global memory in one request.
+///
+/// # Safety
+/// `ptr` is 16-byte aligned and addresses 16 readable bytes that no thread writes during the
+/// kernel.
+#[inline(always)]
+pub unsafe fn ld_global_v4(ptr: *const u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ld.global.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", x = out(reg32) x, y = out(reg32) y,
+             z = out(reg32) z, w = out(reg32) w, p = in(reg64) ptr, options(nostack, readonly))
+    };
+    [x, y, z, w]
+}
+
+/// `ld.global.v2.b32` (PTX 1.0): 8 bytes from global memory in one request.
+///
+/// # Safety
+/// `ptr` is 8-byte aligned and addresses 8 readable bytes that no thread writes during the kernel.
+#[inline(always)]
+pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("ld.global.v2.b32 {{{x}, {y}}}, [{p}];", x = out(reg32) x, y = out(reg32) y, p = in(reg64) ptr,
+             options(nostack, readonly))
+    };
+    [x, y]
+}
+
+/// `st.global.v2.b32` (PTX 1.0): 8 bytes to global memory.
+///
+/// # Safety
+/// `ptr` is 8-byte aligned and addresses 8 writable bytes.
+#[inline(always)]
+pub unsafe fn st_global_v2(ptr: *mut u32, v: [u32; 2]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("st.global.v2.b32 [{p}], {{{x}, {y}}};", p = in(reg64) ptr, x = in(reg32) v[0], y = in(reg32) v[1], options(nostack))
+    }
+}
+
+/// `shfl.sync.bfly.b32` (PTX 6.0) over the whole warp: `x` of the lane whose index is this lane's
+/// xor `mask`.
+///
+/// # Safety
+/// The 32 lanes of the warp call it together; `mask` is below 32.
+#[inline(always)]
+pub unsafe fn shfl_xor(x: u32, mask: u32) -> u32 {
+    let r: u32;
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {x}, {m}, 0x1f, 0xffffffff;", r = out(reg32) r, x = in(reg32) x,
+             m = in(reg32) mask, options(nomem, nostack))
+    };
+    r
+}
+
 /// `st.global.v4.b32` (PTX 1.0): 16 bytes to global memory.
 ///
 /// # Safety

@@ -13,10 +13,10 @@ use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::model::StateLayout;
-use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, draft_tables, slot_uses};
+use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
-use kda_kernel::layout::decode::{COLS, KEY_GROUPS, MAX_K};
+use kda_kernel::layout::decode::{COLS, K_MULTIPLE, MAX_K, VEC};
 use std::sync::Arc;
 
 /// One decode step's sequences and their slots, planned for the GPU.
@@ -61,8 +61,8 @@ impl DecodePlan {
     /// negative for padding; `fresh[n]` when it starts from zeros) over `pool` for a layer of
     /// `shape` with `options`, and uploads the slots on `stream`. Refuses, with typed errors, a
     /// slot past the pool, a slot named twice, a pool that does not hold the layer's states, and
-    /// what the kernel does not run yet (a value-first pool; `K` above 128 or not a multiple of 4,
-    /// `V` not a multiple of 32).
+    /// what the kernel does not run yet (a value-first pool; `K` other than 64 or 128, `V` not a
+    /// multiple of 64).
     pub fn new(
         stream: &Arc<CudaStream>,
         shape: LayerShape,
@@ -147,8 +147,8 @@ fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<(), KdaError>
     if pool.layout != StateLayout::KeyFirst {
         return unsupported("pool", "the decode kernel reads key-first pools ([slots, HV, K, V])".into());
     }
-    if shape.key_dim > MAX_K || !shape.key_dim.is_multiple_of(KEY_GROUPS) {
-        return unsupported("key_dim", format!("the decode kernel holds multiples of {KEY_GROUPS} up to {MAX_K}"));
+    if shape.key_dim > MAX_K || !shape.key_dim.is_multiple_of(K_MULTIPLE) {
+        return unsupported("key_dim", format!("the decode kernel holds multiples of {K_MULTIPLE} up to {MAX_K}"));
     }
     if !shape.value_dim.is_multiple_of(COLS) {
         return unsupported("value_dim", format!("the decode kernel takes multiples of {COLS}"));
@@ -254,7 +254,8 @@ impl Kda {
                 codes.scale_bits,
             ],
         };
-        // SAFETY: every length was checked above; the plan's slots and token slots were checked
+        check_alignment(&args, plan.pool.dtype)?;
+        // SAFETY: every length and alignment was checked above; the plan's slots and token slots were checked
         // against the pool (in range, none written twice, none written by one sequence and read
         // by another: no two CTAs of different sequences touch one state), its parents precede
         // their tokens, and
@@ -266,6 +267,26 @@ impl Kda {
     fn decode_kernel(&self) -> &Loaded {
         &self.decode
     }
+}
+
+/// The alignment in bytes each of the decode step's tensors needs (in `DecodeArgs::TENSORS`
+/// order): the kernel reads `v` and writes `o` in vectors of `VEC` bf16, the pool in vectors of
+/// `VEC` states, everything else one element at a time.
+fn decode_alignments(pool: StateDtype) -> [usize; 13] {
+    let (bf16, f32, index) = (2, 4, 8);
+    let bf16_vector = VEC * bf16;
+    let pool = VEC * if pool == StateDtype::Bf16 { bf16 } else { f32 };
+    [bf16, bf16, bf16_vector, f32, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
+}
+
+/// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).
+fn check_alignment(args: &DecodeArgs, pool: StateDtype) -> Result<(), KdaError> {
+    for ((&tensor, &address), required) in DecodeArgs::TENSORS.iter().zip(&args.ptrs).zip(decode_alignments(pool)) {
+        if !address.is_multiple_of(required as u64) {
+            return Err(KdaError::Alignment { tensor, required, address });
+        }
+    }
+    Ok(())
 }
 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
@@ -331,7 +352,7 @@ mod tests {
     fn the_decode_kernel_refuses_what_it_does_not_run() {
         let ok = shape(128, 128);
         assert!(decode_supports(&ok, &pool(&ok, StateLayout::KeyFirst)).is_ok());
-        let small = shape(64, 32);
+        let small = shape(64, 64);
         assert!(decode_supports(&small, &pool(&small, StateLayout::KeyFirst)).is_ok());
         let refused = |s: LayerShape, layout| match decode_supports(&s, &pool(&s, layout)) {
             Err(KdaError::Unsupported { argument, .. }) => argument,
@@ -339,8 +360,35 @@ mod tests {
         };
         assert_eq!(refused(ok, StateLayout::ValueFirst), "pool");
         assert_eq!(refused(shape(256, 128), StateLayout::KeyFirst), "key_dim");
-        assert_eq!(refused(shape(128, 48), StateLayout::KeyFirst), "value_dim");
+        assert_eq!(refused(shape(96, 128), StateLayout::KeyFirst), "key_dim");
+        assert_eq!(refused(shape(128, 32), StateLayout::KeyFirst), "value_dim");
+        assert_eq!(refused(shape(128, 96), StateLayout::KeyFirst), "value_dim");
         let other_pool = PoolShape { value_heads: 2, ..pool(&ok, StateLayout::KeyFirst) };
         assert!(matches!(decode_supports(&ok, &other_pool), Err(KdaError::Argument { name: "pool", .. })));
+    }
+
+    #[test]
+    fn misaligned_tensors_are_refused_by_name() {
+        let mut args = sample_args();
+        args.ptrs = [0x1000; 13];
+        check_alignment(&args, StateDtype::F32).unwrap();
+        // `v` is read 8 bytes at a time, `q` one element at a time.
+        args.ptrs[2] = 0x1004;
+        assert!(matches!(
+            check_alignment(&args, StateDtype::F32),
+            Err(KdaError::Alignment { tensor: "v", required: 8, .. })
+        ));
+        args.ptrs[2] = 0x1008;
+        args.ptrs[0] = 0x1002;
+        check_alignment(&args, StateDtype::F32).unwrap();
+        // An f32 pool 16 bytes at a time, a bf16 one 8.
+        args.ptrs[11] = 0x1008;
+        assert!(matches!(
+            check_alignment(&args, StateDtype::F32),
+            Err(KdaError::Alignment { tensor: "pool", required: 16, .. })
+        ));
+        check_alignment(&args, StateDtype::Bf16).unwrap();
+        args.ptrs[12] = 0x1001;
+        assert!(matches!(check_alignment(&args, StateDtype::Bf16), Err(KdaError::Alignment { tensor: "o", .. })));
     }
 }
