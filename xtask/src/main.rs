@@ -31,9 +31,10 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
   bench [--repeat N] [--out DIR] [--timeout S] [--plot]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench), with --plot also DIR/chart.svg
   plot [--results FILE] [--out FILE]    the chart of a saved run (bench/results.json to bench/chart.svg); no GPU
   profile [--shape NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3); details and SASS source CSV in DIR (target/profile)
-  sanitize [--out DIR] [--tools A,B] [--only SUBSTRING]   GPU: compute-sanitizer memcheck, racecheck, synccheck, initcheck over every kernel
+  sanitize [--out DIR] [--tools A,B] [--only S,...]   GPU: compute-sanitizer memcheck, racecheck, synccheck, initcheck over every kernel
                                         variant (`kda run`, `kda layer`, the suite's sanitizer_workload); --tools: a subset, --only: the cases
-                                        whose name contains SUBSTRING; a table of the summaries; logs in DIR (target/sanitize)
+                                        whose name contains one of S (_wide _narrow _split _portable_kernel _baseline _layer gpu_);
+                                        a table of the summaries; logs in DIR (target/sanitize)
   ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
   gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize (--quick: suite, bench); session.log, results.json in DIR (target/gpu-session)
 GPU commands find kda and gpu next to this executable, or in --bundle DIR. Shapes (H = 64 unless said):

@@ -1,4 +1,4 @@
-//! `xtask sanitize [--out DIR] [--bundle DIR] [--tools A,B] [--only SUBSTRING]`:
+//! `xtask sanitize [--out DIR] [--bundle DIR] [--tools A,B] [--only SUBSTRING,...]`:
 //! compute-sanitizer's memcheck, racecheck, synccheck and initcheck over every kernel variant, on
 //! ragged inputs with tails, empty sequences, and initial states given and not:
 //!
@@ -19,8 +19,10 @@
 //!   a tree, the pooled prefill with its pool copy kernel, a launch without final states): the GPU
 //!   suite's test `sanitizer_workload`, alone.
 //!
-//! `--tools` runs a subset of the tools, `--only` the cases whose name contains SUBSTRING (the
-//! names are in the table and the log files), so the matrix can be split across shorter calls.
+//! `--tools` runs a subset of the tools, `--only` the cases whose name contains one of the
+//! SUBSTRINGs (the names are in the table and the log files: `_wide`, `_narrow`, `_split`,
+//! `_portable_kernel`, `_baseline`, `_layer`, `gpu_` pick the groups above), so the matrix can be
+//! split across shorter calls.
 //! Prints each run's summary line, and the log of a run that reports an error or hazard, fails or
 //! times out (the first and last 60 lines); then a table of every case's summary under each tool;
 //! fails if any run does. Each run's whole log is in DIR (default `target/sanitize`), one file
@@ -135,7 +137,7 @@ fn cases(files: &Files) -> Vec<Case> {
     }
     let all_models: Vec<&'static str> = MODEL_FIXTURES.iter().chain(&NARROW_FIXTURES).copied().collect();
     for (name, input) in kda_inputs.iter().chain(&models(&all_models)) {
-        v.push(files.kda(format!("{name}_portable"), "run", input, &[], &[(KERNEL_VAR, "portable")]));
+        v.push(files.kda(format!("{name}_portable_kernel"), "run", input, &[], &[(KERNEL_VAR, "portable")]));
     }
     for (name, input) in &kda_inputs {
         v.push(files.kda(format!("{name}_baseline"), "run", input, &[], &[(KERNEL_VAR, "baseline")]));
@@ -143,7 +145,7 @@ fn cases(files: &Files) -> Vec<Case> {
     for name in LAYER_FIXTURES {
         let input = format!("layer/{name}");
         v.push(files.kda(format!("{name}_layer"), "layer", &input, &[], &[]));
-        v.push(files.kda(format!("{name}_layer_portable"), "layer", &input, &[], &[(MODULE_VAR, "portable")]));
+        v.push(files.kda(format!("{name}_layer_portable_module"), "layer", &input, &[], &[(MODULE_VAR, "portable")]));
     }
     let args = ["--exact", "--test-threads", "1", WORKLOAD_TEST].map(OsString::from).to_vec();
     v.push(Case { name: format!("gpu_{WORKLOAD_TEST}"), program: Program::Gpu, args, env: Vec::new() });
@@ -159,16 +161,14 @@ fn select_tools(named: &[String]) -> Result<Vec<&'static str>, String> {
     if tools.is_empty() { Err("sanitize: --tools names no tool".into()) } else { Ok(tools) }
 }
 
-/// The cases whose name contains `only` (all without it); an error when none does, so a
-/// misspelt filter does not pass as a clean run of nothing.
-fn select_cases(all: Vec<Case>, only: Option<&str>) -> Result<Vec<Case>, String> {
-    let Some(only) = only else { return Ok(all) };
-    let names: Vec<String> = all.iter().map(|c| c.name.clone()).collect();
-    let chosen: Vec<Case> = all.into_iter().filter(|c| c.name.contains(only)).collect();
-    if chosen.is_empty() {
-        return Err(format!("sanitize: no case matches --only {only} (cases: {})", names.join(", ")));
+/// The cases whose name contains one of `only` (all when it is empty); an error when one of
+/// them matches no case, so a misspelt filter does not pass as a clean run of nothing.
+fn select_cases(all: Vec<Case>, only: &[String]) -> Result<Vec<Case>, String> {
+    let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+    if let Some(none) = only.iter().find(|o| !names.iter().any(|n| n.contains(o.as_str()))) {
+        return Err(format!("sanitize: no case matches --only {none} (cases: {})", names.join(", ")));
     }
-    Ok(chosen)
+    Ok(all.into_iter().filter(|c| only.is_empty() || only.iter().any(|o| c.name.contains(o.as_str()))).collect())
 }
 
 /// How one tool's run of one case ended.
@@ -234,7 +234,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     };
     let output = scratch.join("sanitized.safetensors");
-    let cases = select_cases(cases(&Files { input: &input, output: &output }), a.value("--only"))?;
+    let cases = select_cases(cases(&Files { input: &input, output: &output }), &a.list("--only", &[]))?;
     // Only the programs the chosen cases run need be in the bundle.
     let mut programs = Vec::new();
     for (program, file) in [(Program::Kda, "kda"), (Program::Gpu, "gpu")] {
@@ -347,14 +347,14 @@ mod tests {
         );
         let c = find("ragged_h3_split1");
         assert_eq!(args(c), "run --inputs /in/ragged_h3 --out /out.st --split 1");
-        let c = find("gdn_k256_v512_portable");
+        let c = find("gdn_k256_v512_portable_kernel");
         assert_eq!(
             (args(c), c.env.clone()),
             ("run --inputs /in/models/gdn_k256_v512 --out /out.st".into(), vec![(KERNEL_VAR, "portable")])
         );
         let c = find("two_seq_no_h0_baseline");
         assert_eq!(c.env, [(KERNEL_VAR, "baseline")]);
-        let c = find("kda_layer_dense_no_h0_layer_portable");
+        let c = find("kda_layer_dense_no_h0_layer_portable_module");
         assert_eq!(
             (args(c), c.env.clone()),
             ("layer --inputs /in/layer/kda_layer_dense_no_h0 --out /out.st".into(), vec![(MODULE_VAR, "portable")])
@@ -375,12 +375,18 @@ mod tests {
         let e = select_tools(&strings(&["memcheck", "leakcheck"])).unwrap_err();
         assert!(e.contains("unknown tool leakcheck") && e.contains("initcheck"), "{e}");
         assert!(select_tools(&[]).is_err());
-        assert_eq!(select_cases(all_cases(), None).unwrap().len(), all_cases().len());
-        let split = select_cases(all_cases(), Some("_split")).unwrap();
+        let only = |o: &[&str]| select_cases(all_cases(), &strings(o));
+        assert_eq!(only(&[]).unwrap().len(), all_cases().len());
+        let split = only(&["_split"]).unwrap();
         assert_eq!(names(&split), ["ragged_h3_split1", "ragged_many_split1", "split_tails_split2"]);
-        let layer = select_cases(all_cases(), Some("layer_portable")).unwrap();
-        assert_eq!(layer.len(), LAYER_FIXTURES.len());
-        let e = select_cases(all_cases(), Some("hoper")).unwrap_err();
+        assert_eq!(only(&["layer_portable"]).unwrap().len(), LAYER_FIXTURES.len());
+        // The groups the module docs name cover every case once.
+        let groups = ["_wide", "_narrow", "_split", "_portable_kernel", "_baseline", "_layer", "gpu_"];
+        let sizes: Vec<usize> = groups.iter().map(|g| only(&[g]).unwrap().len()).collect();
+        assert_eq!(sizes, [8, 9, 3, 9, 3, 8, 1]);
+        assert_eq!(sizes.iter().sum::<usize>(), all_cases().len());
+        assert_eq!(only(&["_split", "_baseline", "gpu_"]).unwrap().len(), 7);
+        let e = only(&["_wide", "hoper"]).unwrap_err();
         assert!(e.contains("no case matches --only hoper") && e.contains("ragged_h3_wide"), "{e}");
     }
 
