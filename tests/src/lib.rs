@@ -476,8 +476,14 @@ pub fn portable_model_cases() -> Vec<ModelCase> {
 }
 
 /// One call of the decode kernel on the GPU (`Kda::launch_decode`) over `plan` with the token
-/// rows of `p` and `pool` uploaded, `o` poisoned first; returns the pool after the call and `o`.
-pub fn run_decode(gpu: &Gpu, p: &LayerProblem, plan: &kda::DecodePlan, pool: &[f32]) -> (Vec<f32>, Vec<bf16>) {
+/// rows of `p` and `pool` (f32 or bf16, as the plan's pool) uploaded, `o` poisoned first; returns
+/// the pool after the call and `o`.
+pub fn run_decode<P: kda::pool::PoolElement>(
+    gpu: &Gpu,
+    p: &LayerProblem,
+    plan: &kda::DecodePlan,
+    pool: &[P],
+) -> (Vec<P>, Vec<bf16>) {
     let s = &gpu.stream;
     let dev = kda_cli::decode::DeviceDecodeInputs::upload(s, p).unwrap();
     let inputs = dev.inputs();

@@ -861,46 +861,182 @@ fn decode_steps_replay_in_a_cuda_graph() {
 /// `layer_reference_pooled`; every slot no live sequence names keeps its bits.
 #[test]
 fn pooled_prefill_matches_the_pooled_reference() {
-    use kda::{LayerInputs, LayerPlan, LayerPool, bf16};
     let gpu = Gpu::open();
-    let s = &gpu.stream;
     for kind in [kda::layer::LayerKind::Kda, kda::layer::LayerKind::Gdn] {
         let case = kda_tests::PooledPrefillCase::new(kind, 128, 300);
-        let p = &case.p;
-        let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options).unwrap();
-        let slots = LayerPool::new(s, &plan, case.pool_shape, &case.indices, &case.fresh).unwrap();
-        let (mut workspace, mut states) = (plan.workspace(s).unwrap(), slots.states(s).unwrap());
-        let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
-        let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
-        let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
-        let (a_log, dt_bias) = (up_f(p.a_log.as_ref().unwrap()), up_f(p.dt_bias.as_ref().unwrap()));
-        let inputs = LayerInputs {
-            q: q.slice(..),
-            k: k.slice(..),
-            v: v.slice(..),
-            g: g.slice(..),
-            beta: beta.slice(..),
-            a_log: Some(a_log.slice(..)),
-            dt_bias: Some(dt_bias.slice(..)),
-            h0: None,
-        };
-        let mut pool_dev = up_f(&case.pool);
-        let rows = p.plan.tokens() * p.shape.value_heads * p.shape.value_dim;
-        let mut o = up_bf(&vec![bf16::from_bits(kda_tests::POISON_BF16); rows]);
-        let (mut pool_view, mut o_view) = (pool_dev.slice_mut(..), o.slice_mut(..));
-        let launched = gpu.kda.launch_layer_pooled(
-            s,
-            &plan,
-            &slots,
-            &inputs,
-            &mut pool_view,
-            &mut o_view,
-            &mut workspace,
-            &mut states,
-        );
-        launched.unwrap();
-        s.synchronize().expect("pooled prefill");
-        let got_o: Vec<f32> = s.clone_dtoh(&o).unwrap().iter().map(|x| x.to_f32()).collect();
-        case.check(&s.clone_dtoh(&pool_dev).unwrap(), &got_o);
+        let (pool, o) = run_pooled_prefill(&gpu, &case);
+        case.check(&pool, &o);
     }
+}
+
+/// One pooled prefill (`Kda::launch_layer_pooled`: the pool copy kernel gathering the states,
+/// the layer, the pool copy kernel scattering them back) of `case` with `o` poisoned first;
+/// returns the pool after the call and `o` as f32.
+fn run_pooled_prefill(gpu: &Gpu, case: &kda_tests::PooledPrefillCase) -> (Vec<f32>, Vec<f32>) {
+    use kda::{LayerInputs, LayerPlan, LayerPool, bf16};
+    let s = &gpu.stream;
+    let p = &case.p;
+    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options).unwrap();
+    let slots = LayerPool::new(s, &plan, case.pool_shape, &case.indices, &case.fresh).unwrap();
+    let (mut workspace, mut states) = (plan.workspace(s).unwrap(), slots.states(s).unwrap());
+    let up_bf = |x: &[bf16]| s.clone_htod(x).unwrap();
+    let up_f = |x: &[f32]| s.clone_htod(x).unwrap();
+    let (q, k, v, g, beta) = (up_bf(&p.q), up_bf(&p.k), up_bf(&p.v), up_f(&p.g), up_f(&p.beta));
+    let (a_log, dt_bias) = (up_f(p.a_log.as_ref().unwrap()), up_f(p.dt_bias.as_ref().unwrap()));
+    let inputs = LayerInputs {
+        q: q.slice(..),
+        k: k.slice(..),
+        v: v.slice(..),
+        g: g.slice(..),
+        beta: beta.slice(..),
+        a_log: Some(a_log.slice(..)),
+        dt_bias: Some(dt_bias.slice(..)),
+        h0: None,
+    };
+    let mut pool_dev = up_f(&case.pool);
+    let rows = p.plan.tokens() * p.shape.value_heads * p.shape.value_dim;
+    let mut o = up_bf(&vec![bf16::from_bits(kda_tests::POISON_BF16); rows]);
+    let (mut pool_view, mut o_view) = (pool_dev.slice_mut(..), o.slice_mut(..));
+    let launched = gpu.kda.launch_layer_pooled(
+        s,
+        &plan,
+        &slots,
+        &inputs,
+        &mut pool_view,
+        &mut o_view,
+        &mut workspace,
+        &mut states,
+    );
+    launched.unwrap();
+    s.synchronize().expect("pooled prefill");
+    let got_o: Vec<f32> = s.clone_dtoh(&o).unwrap().iter().map(|x| x.to_f32()).collect();
+    (s.clone_dtoh(&pool_dev).unwrap(), got_o)
+}
+
+/// How far a bf16 pool's states land from the f64 definition after one token: bf16's rounding
+/// (2^-9 relative per element) of every state written, with headroom.
+const BF16_POOL_BOUND: f64 = 1e-2;
+
+/// What `cargo xtask sanitize` runs under compute-sanitizer for the kernels without a CLI, one
+/// small case of each, checked against the reference (a sanitizer run that computed garbage
+/// would otherwise pass): the decode step on an f32 and on a bf16 pool, speculative verify as a
+/// chain and as a tree, the pooled prefill (with the pool copy kernel) of each layer kind at a
+/// short length with a tail, and the recurrence without initial or final states (`h0` and `ht`
+/// `None`). Each buffer a kernel reads is written by the host first, so initcheck holds the
+/// kernels alone to account.
+#[test]
+fn sanitizer_workload() {
+    use kda::DecodePlan;
+    use kda::pool::StateDtype;
+    let gpu = Gpu::open();
+    let decode = kda_tests::decode_cases().swap_remove(0);
+    let p = &decode.p;
+    let plan =
+        |pool_shape| DecodePlan::new(&gpu.stream, p.shape, p.options, pool_shape, &decode.indices, &decode.fresh);
+    let (pool, o) = kda_tests::run_decode(&gpu, p, &plan(decode.pool_shape).unwrap(), &decode.pool);
+    decode.check(&pool, &o);
+    println!("decode, f32 pool: {}", decode.name);
+
+    // The same step on a bf16 pool holding the f32 pool's states rounded.
+    let bf16_shape = kda::pool::PoolShape { dtype: StateDtype::Bf16, ..decode.pool_shape };
+    let rounded: Vec<f32> = decode.pool.iter().map(|&x| StateDtype::Bf16.stored(x)).collect();
+    let mut want_pool = rounded.clone();
+    let want_o = kda::layer::layer_reference_pooled(p, &mut want_pool, &decode.pool_shape, &decode.uses).unwrap();
+    let bf16_pool: Vec<kda::bf16> = rounded.iter().map(|&x| kda::bf16::from_f32(x)).collect();
+    let (pool, o) = kda_tests::run_decode(&gpu, p, &plan(bf16_shape).unwrap(), &bf16_pool);
+    let pool: Vec<f32> = pool.iter().map(|x| x.to_f32()).collect();
+    let row = p.shape.value_heads * p.shape.value_dim;
+    for (n, want) in want_o.iter().enumerate() {
+        let got: Vec<f32> = o[n * row..(n + 1) * row].iter().map(|x| x.to_f32()).collect();
+        match want {
+            Some(want) => assert!(kda::rel_error(&got, want) < kda_tests::DECODE_O_BOUND, "bf16 pool: o of {n}"),
+            None => assert!(o[n * row..(n + 1) * row].iter().all(|x| x.to_bits() == kda_tests::POISON_BF16)),
+        }
+    }
+    let e = kda::rel_error(&pool, &want_pool);
+    assert!(e < BF16_POOL_BOUND, "bf16 pool: states {e:.2e}");
+    println!("decode, bf16 pool: states {e:.2e}");
+
+    for case in kda_tests::verify_cases() {
+        let p = &case.p;
+        let s = p.shape;
+        let plan = DecodePlan::verify(
+            &gpu.stream,
+            s,
+            p.options,
+            case.pool_shape,
+            &case.indices,
+            &case.fresh,
+            case.draft,
+            Some(&case.parents),
+            Some(&case.token_slots),
+        )
+        .unwrap();
+        let (pool, o) = kda_tests::run_decode(&gpu, p, &plan, &case.pool);
+        let (row, state) = (s.value_heads * s.value_dim, s.value_heads * s.key_dim * s.value_dim);
+        let want = case.reference();
+        for (n, use_) in case.uses.iter().enumerate() {
+            if use_.slot().is_none() {
+                continue;
+            }
+            for (t, (want_o, want_s)) in want[n].iter().enumerate() {
+                let r = n * case.draft + t;
+                let got_o: Vec<f32> = o[r * row..(r + 1) * row].iter().map(|x| x.to_f32()).collect();
+                let ts = case.token_slots[r] as usize;
+                let (eo, es) = (kda::rel_error(&got_o, want_o), kda::rel_error(&pool[ts * state..][..state], want_s));
+                let bound = kda_tests::DECODE_STATE_BOUND * case.draft as f64;
+                assert!(
+                    eo < kda_tests::DECODE_O_BOUND && es < bound,
+                    "{} {n}/{t}: o {eo:.2e} state {es:.2e}",
+                    case.name
+                );
+            }
+        }
+        println!("verify: {}", case.name);
+    }
+
+    // A sequence of 130 tokens: two whole chunks and a tail.
+    for kind in [kda::layer::LayerKind::Kda, kda::layer::LayerKind::Gdn] {
+        let case = kda_tests::PooledPrefillCase::new(kind, 128, 130);
+        let (pool, o) = run_pooled_prefill(&gpu, &case);
+        case.check(&pool, &o);
+    }
+
+    let (problem, _) = io::read_problem(&fixture("two_seq_no_h0")).unwrap();
+    let view = problem.model_view();
+    assert!(view.h0.is_none(), "two_seq_no_h0 has no initial states");
+    let out = run_without_final_states(&gpu, &view);
+    let want = reference::model_reference(&view).unwrap();
+    let errs = Outputs { ht: want.ht.clone(), ..out }.errors(&want);
+    kda_tests::assert_close("two_seq_no_h0 without h0 and ht", errs);
+    println!("recurrence without h0 and ht: h {:.2e} v_new {:.2e}", errs[0], errs[1]);
+}
+
+/// The recurrence (`Kernel::Auto`) on `p` with `ht: None`; `h` and `v_new` start as zeros (set by
+/// the host, so initcheck sees them written), `ht` of the result is empty.
+fn run_without_final_states(gpu: &Gpu, p: &kda::model::ModelView<'_>) -> Outputs {
+    use kda::{DevicePlan, KdaInputs, KdaOutputs};
+    let s = &gpu.stream;
+    let plan = DevicePlan::model(s, p.plan.clone(), &p.shape).unwrap();
+    let d = plan.dims();
+    let (k, w, u) = (s.clone_htod(p.k).unwrap(), s.clone_htod(p.w).unwrap(), s.clone_htod(p.u).unwrap());
+    let g = p.g.map(|g| s.clone_htod(g).unwrap());
+    let gk = p.gk.map(|gk| s.clone_htod(gk).unwrap());
+    let h0 = p.h0.map(|h0| s.clone_htod(h0).unwrap());
+    let mut h = s.alloc_zeros::<kda::bf16>(d.h_len()).unwrap();
+    let mut v_new = s.alloc_zeros::<kda::bf16>(d.value_len()).unwrap();
+    {
+        let inputs = KdaInputs {
+            k: k.slice(..),
+            w: w.slice(..),
+            u: u.slice(..),
+            g: g.as_ref().map(|g| g.slice(..)),
+            gk: gk.as_ref().map(|gk| gk.slice(..)),
+            h0: h0.as_ref().map(|h0| h0.slice(..)),
+        };
+        let mut outputs = KdaOutputs { h: h.slice_mut(..), v_new: v_new.slice_mut(..), ht: None };
+        gpu.kda.launch(s, &plan, &inputs, &mut outputs, Kernel::Auto).unwrap();
+    }
+    s.synchronize().expect("the recurrence without final states");
+    Outputs { h: s.clone_dtoh(&h).unwrap(), v_new: s.clone_dtoh(&v_new).unwrap(), ht: Vec::new() }
 }

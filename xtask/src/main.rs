@@ -31,11 +31,15 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
   bench [--repeat N] [--out DIR] [--timeout S] [--plot]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench), with --plot also DIR/chart.svg
   plot [--results FILE] [--out FILE]    the chart of a saved run (bench/results.json to bench/chart.svg); no GPU
   profile [--shape NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3); details and SASS source CSV in DIR (target/profile)
-  sanitize [--out DIR]                  GPU: compute-sanitizer memcheck, racecheck, synccheck over `kda run` on ragged inputs; logs in DIR (target/sanitize)
+  sanitize [--out DIR] [--tools A,B] [--only S,...]   GPU: compute-sanitizer memcheck, racecheck, synccheck, initcheck over every kernel
+                                        variant (`kda run`, `kda layer`, the suite's sanitizer_workload); --tools: a subset, --only: the cases
+                                        whose name contains one of S (_wide _narrow _split _portable_kernel _baseline _layer gpu_);
+                                        a table of the summaries; logs in DIR (target/sanitize)
   ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
   gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize (--quick: suite, bench); session.log, results.json in DIR (target/gpu-session)
 GPU commands find kda and gpu next to this executable, or in --bundle DIR. Shapes (H = 64 unless said):
-  fixed_8192 mixed_6 fixed_32k many_short tiny random_ragged_32k decode_like ragged_many (8 ragged lengths, H = 32)";
+  fixed_8192 mixed_6 fixed_32k many_short tiny random_ragged_32k decode_like ragged_many (8 ragged lengths, H = 32)
+  split_tails (5 lengths up to 700 with tails, H = 2, no h0)";
 
 /// A failed command: the message, and the exit status to leave with.
 pub struct Failure {

@@ -14,22 +14,38 @@ pub const INPUT_SEED: u64 = 20261202;
 pub const RAGGED_MANY: &[usize] = &[0, 1, 63, 64, 65, 129, 200, 7];
 pub const RAGGED_MANY_HEADS: usize = 32;
 
+/// `split_tails`: sequences of several hundred tokens, each with a partial last chunk (60, 13 and
+/// 1 tokens), a single token and an empty sequence, and no initial states: forced into segments
+/// of a few chunks (`kda run --split N`) they exercise the pre-scan, segments ending in tails and
+/// the merge, and the recurrence starting from zeros.
+pub const SPLIT_TAILS: &[usize] = &[700, 0, 333, 1, 513];
+/// Few heads: the sanitizers' runs stay short.
+pub const SPLIT_TAILS_HEADS: usize = 2;
+
 /// One named shape: its sequence lengths and its heads, sizes, gates and layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Named {
     pub name: &'static str,
     pub lengths: Vec<usize>,
     pub shape: ModelShape,
+    /// Whether the inputs have initial states.
+    pub h0: bool,
 }
 
 /// Every named shape. The benchmark's KDA shapes (the reference shapes, `random_ragged_32k` and
-/// `decode_like`) at H = 64, then `ragged_many`, then the model bench shapes
+/// `decode_like`) at H = 64, then `ragged_many` and `split_tails`, then the model bench shapes
 /// (`kda_cli::model_bench_shapes`: Qwen3-Next, K = 64, value-first, ...).
 pub fn all() -> Vec<Named> {
-    let kda = |name, lengths, heads| Named { name, lengths, shape: ModelShape::kda(heads) };
+    let kda = |name, lengths, heads| Named { name, lengths, shape: ModelShape::kda(heads), h0: true };
     let mut v: Vec<_> = bench_shapes().into_iter().map(|(n, l)| kda(n, l, inputs::REFERENCE_HEADS)).collect();
     v.push(kda("ragged_many", RAGGED_MANY.to_vec(), RAGGED_MANY_HEADS));
-    v.extend(kda_cli::model_bench_shapes().into_iter().map(|(name, lengths, shape)| Named { name, lengths, shape }));
+    v.push(Named { h0: false, ..kda("split_tails", SPLIT_TAILS.to_vec(), SPLIT_TAILS_HEADS) });
+    v.extend(kda_cli::model_bench_shapes().into_iter().map(|(name, lengths, shape)| Named {
+        name,
+        lengths,
+        shape,
+        h0: true,
+    }));
     v
 }
 
@@ -43,15 +59,15 @@ pub fn lookup(name: &str) -> Result<Named, String> {
         .ok_or_else(|| format!("unknown shape {name} (known: {})", names.join(", ")))
 }
 
-/// The random problem of shape `name` (with `h0`): KDA shapes as `kda::inputs::random_problem`
+/// The random problem of shape `name` (with `h0` where the shape has it): KDA shapes as `kda::inputs::random_problem`
 /// draws them (the benchmark's inputs), the others as `try_random_model_problem` does.
 pub fn problem(name: &str) -> Result<ModelProblem, String> {
     let s = lookup(name)?;
     let plan = kda::Plan::from_lengths(&s.lengths);
     if s.shape == ModelShape::kda(s.shape.heads) {
-        return Ok(inputs::random_problem(plan, s.shape.heads, true, INPUT_SEED).into());
+        return Ok(inputs::random_problem(plan, s.shape.heads, s.h0, INPUT_SEED).into());
     }
-    inputs::try_random_model_problem(plan, s.shape, true, INPUT_SEED).map_err(|e| format!("{name}: {e}"))
+    inputs::try_random_model_problem(plan, s.shape, s.h0, INPUT_SEED).map_err(|e| format!("{name}: {e}"))
 }
 
 /// Writes the inputs of shape `name` to `path` and returns the problem.
@@ -90,6 +106,11 @@ mod tests {
         let (many, h) = kda("ragged_many");
         // 8 sequences x 32 heads x 2 blocks of 64 value columns.
         assert_eq!(many.len() * h * 2, 512);
+        let split = lookup("split_tails").unwrap();
+        assert_eq!((split.lengths, split.shape.heads, split.h0), (SPLIT_TAILS.to_vec(), SPLIT_TAILS_HEADS, false));
+        // Every long sequence ends in a partial chunk.
+        assert!(SPLIT_TAILS.iter().filter(|&&n| n > kda::layout::CHUNK).all(|n| n % kda::layout::CHUNK != 0));
+        assert!(problem("split_tails").unwrap().h0.is_none());
         let e = lookup("huge").unwrap_err();
         assert!(e.contains("unknown shape huge") && e.contains("decode_like"), "{e}");
     }

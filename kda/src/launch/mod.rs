@@ -172,12 +172,7 @@ impl Kda {
     /// names, or else the Hopper kernel where it is loaded and the portable tensor-core kernel
     /// elsewhere.
     pub fn resolve(&self, kernel: Kernel) -> Kernel {
-        match (kernel, self.auto) {
-            (Kernel::Auto, Kernel::Auto) if self.hopper.is_some() => Kernel::Hopper,
-            (Kernel::Auto, Kernel::Auto) => Kernel::Portable,
-            (Kernel::Auto, chosen) => chosen,
-            (other, _) => other,
-        }
+        resolve(kernel, self.auto, self.hopper.is_some())
     }
 
     /// The loaded `kernel` (the Hopper kernel's wide `K = 128` entry), or why this device has none.
@@ -259,30 +254,19 @@ impl Kda {
     /// limits allow; the baseline when named; the portable kernel otherwise. Each must support
     /// the problem.
     fn choose(&self, kernel: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<Kernel, KdaError> {
-        if self.resolve(kernel) == Kernel::Portable {
-            portable_supports(&plan.strides, dims)?;
-            return Ok(Kernel::Portable);
-        }
-        if self.resolve(kernel) == Kernel::Hopper {
+        let resolved = self.resolve(kernel);
+        let hopper_takes = resolved == Kernel::Hopper && {
             self.loaded(Kernel::Hopper)?;
             hopper_supports(&plan.strides, dims)?;
-            // TMA coordinates are 32-bit: batches beyond 2^31 tokens or 2^31 rows of `h`
-            // (NT * HV) take a per-item kernel (which also covers every batch whose work records
-            // would not fit in 32 bits).
-            let fits_tma = dims.tokens <= i32::MAX as usize
-                && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize);
-            if fits_tma && plan.work.is_some() {
-                return Ok(Kernel::Hopper);
-            }
+            fits_tma(dims) && plan.work.is_some()
+        };
+        let chosen = dispatch(resolved, hopper_takes);
+        match chosen {
+            Kernel::Baseline => baseline_supports(&plan.shape, &plan.strides, dims)?,
+            Kernel::Portable => portable_supports(&plan.strides, dims)?,
+            _ => {}
         }
-        if self.resolve(kernel) == Kernel::Baseline {
-            baseline_supports(&plan.shape, &plan.strides, dims)?;
-            return Ok(Kernel::Baseline);
-        }
-        // What the Hopper kernel's limits leave: the portable kernel, which runs every shape the
-        // Hopper kernel does.
-        portable_supports(&plan.strides, dims)?;
-        Ok(Kernel::Portable)
+        Ok(chosen)
     }
 
     /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
@@ -578,6 +562,89 @@ unsafe fn enqueue<'a>(
     // SAFETY: the function's contract; the argument list is the kernel's, as just checked.
     unsafe { args.launch.launch(cfg) }?;
     Ok(())
+}
+
+/// What `kernel` stands for on a device with the Hopper kernel loaded or not, `auto` being what
+/// [`Kernel::Auto`] was set to ([`KdaOptions::auto`]): the Hopper kernel where it is loaded, the
+/// portable kernel elsewhere, unless `auto` names one.
+fn resolve(kernel: Kernel, auto: Kernel, hopper_loaded: bool) -> Kernel {
+    match (kernel, auto) {
+        (Kernel::Auto, Kernel::Auto) if hopper_loaded => Kernel::Hopper,
+        (Kernel::Auto, Kernel::Auto) => Kernel::Portable,
+        (Kernel::Auto, chosen) => chosen,
+        (other, _) => other,
+    }
+}
+
+/// Whether the Hopper kernel's tensor maps reach all of a batch of `dims`: TMA coordinates are
+/// 32-bit, so batches beyond 2^31 tokens or 2^31 rows of `h` (NT * HV) take a per-item kernel.
+fn fits_tma(dims: &Dims) -> bool {
+    dims.tokens <= i32::MAX as usize
+        && dims.chunks.checked_mul(dims.value_heads).is_some_and(|rows| rows <= i32::MAX as usize)
+}
+
+/// The kernel a launch of `resolved` ([`resolve`]) runs: the Hopper kernel when it takes the
+/// batch (`hopper_takes`: loaded, supported, within TMA's reach and with work records that fit
+/// 32 bits), the baseline when named, and the portable kernel, which runs every shape the Hopper
+/// kernel does, for the rest.
+fn dispatch(resolved: Kernel, hopper_takes: bool) -> Kernel {
+    match resolved {
+        Kernel::Hopper if hopper_takes => Kernel::Hopper,
+        Kernel::Baseline => Kernel::Baseline,
+        _ => Kernel::Portable,
+    }
+}
+
+#[cfg(test)]
+mod dispatch_paths {
+    //! Every path to a kernel, by compute capability (whether the Hopper kernel is loaded:
+    //! `options::target`, tested there) and forced, and the fallback past TMA's reach.
+
+    use super::*;
+    use crate::model::StateLayout;
+
+    #[test]
+    fn auto_is_the_hopper_kernel_where_loaded_and_the_portable_one_elsewhere() {
+        assert_eq!(resolve(Kernel::Auto, Kernel::Auto, true), Kernel::Hopper);
+        assert_eq!(resolve(Kernel::Auto, Kernel::Auto, false), Kernel::Portable);
+        for forced in [Kernel::Hopper, Kernel::Portable, Kernel::Baseline] {
+            for loaded in [true, false] {
+                // Named per launch, or as what `Auto` stands for (`KDA_KERNEL`).
+                assert_eq!(resolve(forced, Kernel::Auto, loaded), forced);
+                assert_eq!(resolve(Kernel::Auto, forced, loaded), forced);
+                assert_eq!(resolve(forced, Kernel::Baseline, loaded), forced);
+            }
+        }
+    }
+
+    #[test]
+    fn the_hopper_kernel_falls_back_to_the_portable_one_only_when_it_cannot_take_the_batch() {
+        assert_eq!(dispatch(Kernel::Hopper, true), Kernel::Hopper);
+        assert_eq!(dispatch(Kernel::Hopper, false), Kernel::Portable);
+        assert_eq!(dispatch(Kernel::Portable, false), Kernel::Portable);
+        assert_eq!(dispatch(Kernel::Baseline, false), Kernel::Baseline);
+    }
+
+    #[test]
+    fn tma_reaches_two_to_the_31_tokens_and_rows_of_h() {
+        let dims = |tokens, chunks, value_heads| Dims {
+            tokens,
+            heads: 1,
+            value_heads,
+            seqs: 1,
+            chunks,
+            key_dim: 128,
+            value_dim: 128,
+            layout: StateLayout::KeyFirst,
+        };
+        let most = i32::MAX as usize;
+        assert!(fits_tma(&dims(300_000, 4_688, 64)));
+        assert!(fits_tma(&dims(most, 1, 1)));
+        assert!(!fits_tma(&dims(most + 1, 1, 1)));
+        assert!(fits_tma(&dims(64, most, 1)));
+        assert!(!fits_tma(&dims(64, most / 2 + 1, 2)));
+        assert!(!fits_tma(&dims(64, usize::MAX, 2)), "a product past usize is out of reach");
+    }
 }
 
 #[cfg(test)]

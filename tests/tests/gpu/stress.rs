@@ -1,5 +1,5 @@
 //! Trust under stress: the same inputs give the same bits (100 runs, two streams at once, several
-//! host threads), a non-finite input stays in its sequence, 100,000 sequences in one batch (past
+//! host threads; every recurrence kernel, the layer, the decode step and verify), a non-finite input stays in its sequence, 100,000 sequences in one batch (past
 //! a grid dimension's 65,535), and tensors past 2^31 elements with offsets past 2^32 bytes.
 //! Sampled (sequence, head) pairs are held to the f64 reference as one-head problems.
 
@@ -110,6 +110,124 @@ fn every_kernel_is_deterministic_over_runs_and_streams() {
     b.launch(&gpu.kda, &s2).unwrap();
     assert!(a.download(&s1).unwrap() == first && b.download(&s2).unwrap() == first, "layer on two streams");
     println!("layer: {RUNS} runs and two concurrent streams, bitwise identical");
+}
+
+/// A decode plan and its device buffers on one stream: the token rows, the pool (updated in
+/// place by each call), `o`.
+struct DecodeRun {
+    plan: kda::DecodePlan,
+    inputs: kda_cli::decode::DeviceDecodeInputs,
+    pool: cudarc::driver::CudaSlice<f32>,
+    o: cudarc::driver::CudaSlice<kda::bf16>,
+}
+
+impl DecodeRun {
+    fn new(stream: &Arc<cudarc::driver::CudaStream>, c: &DecodeCall) -> Self {
+        let p = &c.p;
+        let plan = match (c.draft, &c.tree) {
+            (1, None) => kda::DecodePlan::new(stream, p.shape, p.options, c.pool_shape, &c.indices, &c.fresh),
+            (draft, tree) => kda::DecodePlan::verify(
+                stream,
+                p.shape,
+                p.options,
+                c.pool_shape,
+                &c.indices,
+                &c.fresh,
+                draft,
+                tree.as_ref().map(|(parents, _)| &parents[..]),
+                tree.as_ref().map(|(_, slots)| &slots[..]),
+            ),
+        }
+        .unwrap();
+        let inputs = kda_cli::decode::DeviceDecodeInputs::upload(stream, p).unwrap();
+        let pool = stream.clone_htod(&c.pool).unwrap();
+        let rows = p.plan.tokens() * p.shape.value_heads * p.shape.value_dim;
+        let o = stream.alloc_zeros(rows).unwrap();
+        Self { plan, inputs, pool, o }
+    }
+
+    /// Enqueues one call from the initial pool (copied in first: the call updates the pool in
+    /// place) with `o` poisoned.
+    fn launch(&mut self, gpu: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, c: &DecodeCall) {
+        stream.memcpy_htod(&c.pool, &mut self.pool).unwrap();
+        stream.memcpy_htod(&vec![kda::bf16::from_bits(kda_tests::POISON_BF16); self.o.len()], &mut self.o).unwrap();
+        let inputs = self.inputs.inputs();
+        gpu.kda
+            .launch_decode(stream, &self.plan, &inputs, &mut self.pool.slice_mut(..), &mut self.o.slice_mut(..))
+            .unwrap();
+    }
+
+    /// The pool and `o` after the last call, as bits (synchronising the stream).
+    fn download(&self, stream: &Arc<cudarc::driver::CudaStream>) -> (Vec<u32>, Vec<u16>) {
+        let pool = stream.clone_dtoh(&self.pool).unwrap().iter().map(|x| x.to_bits()).collect();
+        (pool, stream.clone_dtoh(&self.o).unwrap().iter().map(|x| x.to_bits()).collect())
+    }
+}
+
+/// One decode or verify call: the tokens, the pool before it, the slots, and for verify the
+/// draft length with each token's parent and slot.
+struct DecodeCall {
+    name: String,
+    p: kda::layer::LayerProblem,
+    pool_shape: kda::pool::PoolShape,
+    pool: Vec<f32>,
+    indices: Vec<i64>,
+    fresh: Vec<bool>,
+    draft: usize,
+    tree: Option<(Vec<i64>, Vec<i64>)>,
+}
+
+/// The decode step (six sequences, a padding one and a fresh one, an f32 pool) and speculative
+/// verify (a chain of four draft tokens per sequence, each token's state into a slot of its
+/// own) give bitwise-identical pools and outputs over 100 calls, each from the same initial pool,
+/// and on two streams running at the same time.
+#[test]
+fn decode_and_verify_are_deterministic_over_runs_and_streams() {
+    let gpu = Gpu::open();
+    let ctx = gpu.kda.context().clone();
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let d = kda_tests::decode_cases().swap_remove(0);
+    let v = kda_tests::verify_cases().swap_remove(0);
+    assert_eq!(v.draft, 4, "the verify case drafts four tokens");
+    let calls = [
+        DecodeCall {
+            name: format!("decode {}", d.name),
+            p: d.p,
+            pool_shape: d.pool_shape,
+            pool: d.pool,
+            indices: d.indices,
+            fresh: d.fresh,
+            draft: 1,
+            tree: None,
+        },
+        DecodeCall {
+            name: format!("verify {}", v.name),
+            p: v.p,
+            pool_shape: v.pool_shape,
+            pool: v.pool,
+            indices: v.indices,
+            fresh: v.fresh,
+            draft: v.draft,
+            tree: Some((v.parents, v.token_slots)),
+        },
+    ];
+    for c in &calls {
+        let (mut a, mut b) = (DecodeRun::new(&s1, c), DecodeRun::new(&s2, c));
+        a.launch(&gpu, &s1, c);
+        let first = a.download(&s1);
+        assert!(first.1.iter().any(|&x| x != kda_tests::POISON_BF16), "{}: no output written", c.name);
+        assert!(first.0.iter().zip(&c.pool).any(|(x, p)| *x != p.to_bits()), "{}: the pool is unchanged", c.name);
+        for run in 1..RUNS {
+            a.launch(&gpu, &s1, c);
+            assert!(a.download(&s1) == first, "{}: run {run} gave other bits", c.name);
+        }
+        // Both streams launched before either is waited for.
+        a.launch(&gpu, &s1, c);
+        b.launch(&gpu, &s2, c);
+        assert!(a.download(&s1) == first, "{}: stream 1 beside stream 2", c.name);
+        assert!(b.download(&s2) == first, "{}: stream 2 beside stream 1", c.name);
+        println!("{}: {RUNS} calls and two concurrent streams, bitwise identical", c.name);
+    }
 }
 
 /// Four host threads share one `Kda`, each launching its own problems on its own stream at the
