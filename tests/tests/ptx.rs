@@ -8,8 +8,8 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    BASELINE, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, MERGE,
-    PORTABLE_ENTRIES,
+    BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
+    KERNELS, MERGE, PORTABLE_ENTRIES,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +18,11 @@ use std::process::Command;
 const REGISTERS_PER_SM: usize = 65536;
 /// CTAs of the baseline each SM should hold at once (the tiles are sized for two).
 const BASELINE_CTAS_PER_SM: usize = 2;
+/// CTAs of the decode step each SM should hold at once (`abi::DECODE_MAX_REGISTERS`).
+const DECODE_CTAS_PER_SM: usize = 3;
+/// Bytes the decode step may spill under its register budget: a few words of the token loop's
+/// bookkeeping (the tree's rebuild path), never the state, which is 128 bytes per thread.
+const DECODE_SPILL_LIMIT: usize = 32;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -122,6 +127,9 @@ fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
         let (_, report) = assemble_as(SM80, arch, &format!("jit-{arch}"));
         for k in &portable {
             let r = resources(&report, k.entry);
+            if k.entry == DECODE.entry {
+                continue; // `the_decode_step_keeps_its_state_in_registers_for_every_gpu`
+            }
             println!("{arch} {}: {} registers, {} bytes of dynamic shared memory", k.entry, r.registers, k.smem_bytes);
             assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch} {}: {r:?}", k.entry);
             assert!(r.registers * k.threads <= REGISTERS_PER_SM, "{arch} {}: {} registers", k.entry, r.registers);
@@ -254,5 +262,27 @@ fn entry_directives_match_the_abi() {
                 None => assert!(!header.contains(".maxn"), "{} has launch bounds:\n{header}", kernel.entry),
             }
         }
+    }
+}
+
+/// The decode step on every GPU it serves: three CTAs per SM under its register budget, at most
+/// a few words spilled, and in the SASS the 16-byte state loads and stores, the warp's shuffles
+/// and two barriers (one token's two phases).
+#[test]
+fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
+    assert!(DECODE_CTAS_PER_SM * DECODE.threads * DECODE_MAX_REGISTERS as usize <= REGISTERS_PER_SM);
+    let targets = [(SM90A, "sm_90a")].into_iter().chain(JIT_TARGETS.map(|arch| (SM80, arch)));
+    for (ptx, arch) in targets {
+        let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
+        let r = resources(&report, DECODE.entry);
+        println!("{arch} {}: {r:?}", DECODE.entry);
+        assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch}: {r:?}");
+        assert!(r.spill_stores <= DECODE_SPILL_LIMIT && r.spill_loads <= DECODE_SPILL_LIMIT, "{arch}: {r:?}");
+        let code = sass(&cubin);
+        let body = function_sass(&code, DECODE.entry);
+        for op in ["LDG.E.128", "STG.E.128", "SHFL.BFLY"] {
+            assert!(body.contains(op), "{arch} {} SASS lacks {op}", DECODE.entry);
+        }
+        assert_eq!(body.matches("BAR.SYNC").count(), 2, "{arch}: one token's two barriers, once in the code");
     }
 }
