@@ -383,8 +383,12 @@ impl Token {
         // (`t < count <= MAX_DRAFT`, `a < kd <= MAX_K`, `c < COLS`).
         unsafe {
             let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
-            for item in (tid..count * kd).step_by(THREADS) {
-                let (t, a) = (item / kd, item % kd);
+            // (32-bit index arithmetic: a 64-bit division is a subroutine call on the GPU.)
+            let (kd32, items) = (kd as u32, (count * kd) as u32);
+            let mut item = tid as u32;
+            while item < items {
+                let (t, a) = ((item / kd32) as usize, (item % kd32) as usize);
+                item += THREADS as u32;
                 let (head_row, value_row) = ((first + t) * self.h + self.j, (first + t) * self.hv + self.i);
                 let at = staged_key(t, a);
                 st_shared_f32(at, bf16_to_f32(*self.q.add(head_row * kd + a)));
@@ -395,8 +399,10 @@ impl Token {
                 let decay = exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound));
                 st_shared_f32(at + (2 * MAX_K * 4) as u32, decay);
             }
-            for item in (tid..count * COLS).step_by(THREADS) {
-                let (t, c) = (item / COLS, item % COLS);
+            let mut item = tid as u32;
+            while item < (count * COLS) as u32 {
+                let (t, c) = ((item / COLS as u32) as usize, (item % COLS as u32) as usize);
+                item += THREADS as u32;
                 let value_row = (first + t) * self.hv + self.i;
                 st_shared_f32(staged_value(t, c), bf16_to_f32(*self.v.add(value_row * self.vd + self.col0 + c)));
             }
