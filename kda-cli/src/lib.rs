@@ -10,12 +10,15 @@
 //!   (docs/CONTRACT.md#the-memory-floor);
 //! * [`bench_shapes`], [`model_bench_shapes`]: the benchmark's batch layouts and model shapes
 //!   (docs/CONTRACT.md#reference-shapes);
-//! * [`cuda_tool`]: where NVIDIA's `ptxas`, `cuobjdump` and `nvdisasm` are.
+//! * [`cuda_tool`]: where NVIDIA's `ptxas`, `cuobjdump` and `nvdisasm` are;
+//! * [`RemoveOnInterrupt`]: an output's temporary file removed if Ctrl-C or a signal ends the
+//!   process during its write.
 #![warn(missing_docs)]
 
 pub mod decode;
 pub mod device;
 pub mod floor;
+pub mod interrupt;
 pub mod layer;
 pub mod shapes;
 pub mod timing;
@@ -24,6 +27,7 @@ pub mod tools;
 pub use decode::{DecodeShape, DecodeTiming, decode_bench_shapes, decode_floor_bytes, time_decode};
 pub use device::DeviceProblem;
 pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
+pub use interrupt::RemoveOnInterrupt;
 pub use layer::{DeviceLayer, LayerTiming, layer_bench_shapes, layer_floor_bytes, time_layer};
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};

@@ -12,7 +12,7 @@ use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelProblem, ModelView};
 use kda::split::{SplitMode, SplitPlan, Work};
 use kda::{Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference, rel_error};
-use kda_cli::{DeviceProblem, copy_bandwidth, floor_us, gates_name, median_us};
+use kda_cli::{DeviceProblem, RemoveOnInterrupt, copy_bandwidth, floor_us, gates_name, median_us};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -359,7 +359,7 @@ fn run(args: &[String]) -> Result<(), CliError> {
         let dev = DeviceProblem::upload(&stream, &p)?;
         run_gpu(&kda, &stream, dev, &a)?
     };
-    io::write_outputs(output, &out, &d)?;
+    write_output(output, |path| io::write_outputs(path, &out, &d))?;
     say!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }
@@ -532,9 +532,18 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
         let [o, ht] = g.fla.errors(&out);
         say!("FLA's outputs in the file against this reference: o {o:.2e}, ht {ht:.2e}");
     }
-    io::write_layer_outputs(&a.output, &out, &p)?;
+    write_output(&a.output, |path| io::write_layer_outputs(path, &out, &p))?;
     say!("wrote o, ht to {}", a.output.display());
     Ok(())
+}
+
+/// Writes an output file with `write` (one of `kda::io`'s writers, which write into the file's
+/// temporary ([`io::temporary_beside`]) and rename it into place when complete): Ctrl-C or a
+/// `SIGTERM`/`SIGHUP` meanwhile removes the temporary before it ends the process, so no partial
+/// file is left behind on error or interrupt.
+fn write_output(output: &Path, write: impl FnOnce(&Path) -> Result<(), KdaError>) -> Result<(), KdaError> {
+    let _armed = RemoveOnInterrupt::arm(&io::temporary_beside(output));
+    write(output)
 }
 
 /// Whether `output` names the file `input` is: the same file through another spelling (`./`,
@@ -593,7 +602,7 @@ fn run_model(a: &RunArgs, m: &ModelProblem) -> Result<(), CliError> {
         let dev = DeviceProblem::upload_model(&stream, &view, Strides::PACKED)?;
         run_gpu(&kda, &stream, dev, a)?
     };
-    io::write_model_outputs(output, &out, &view)?;
+    write_output(output, |path| io::write_model_outputs(path, &out, &view))?;
     say!("wrote h, v_new, ht to {}", output.display());
     Ok(())
 }

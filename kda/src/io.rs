@@ -400,9 +400,13 @@ fn metadata_entry(bytes: &[u8], origin: &str, key: &str) -> Result<Option<String
     Ok(header.metadata().as_ref().and_then(|m| m.get(key)).cloned())
 }
 
-/// A temporary file name in `path`'s directory (a rename within one directory is atomic):
-/// `.NAME.kda-PID.tmp`.
-fn temporary_beside(path: &Path) -> std::path::PathBuf {
+/// The temporary file the writers of this module use for `path`: they write into it and rename it
+/// over `path` once it is complete. It lies in `path`'s directory (a rename within one directory is
+/// atomic) and is named `.NAME.kda-PID.tmp` after `path`'s file name and this process.
+///
+/// A program that may be killed during a write can remove it then (the writers remove it on
+/// error, but a signal runs no destructor).
+pub fn temporary_beside(path: &Path) -> std::path::PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     path.with_file_name(format!(".{name}.kda-{}.tmp", std::process::id()))
 }
