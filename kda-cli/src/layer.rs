@@ -55,18 +55,70 @@ impl DeviceLayer {
         let s = self.plan.shape();
         let (t, n) = (self.plan.batch().tokens(), self.plan.batch().num_seqs());
         let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
-        let inputs = LayerInputs {
-            q: self.q.slice(..t * s.heads * s.key_dim),
-            k: self.k.slice(..t * s.heads * s.key_dim),
-            v: self.v.slice(..t * s.value_heads * s.value_dim),
-            g: self.g.slice(..t * s.value_heads * s.gate_width()),
-            beta: self.beta.slice(..t * s.value_heads),
-            a_log: self.a_log.as_ref().map(|x| x.slice(..)),
-            dt_bias: self.dt_bias.as_ref().map(|x| x.slice(..)),
-            h0: self.h0.as_ref().map(|x| x.slice(..)),
-        };
+        let inputs = Self::inputs_of(
+            &self.plan,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.g,
+            &self.beta,
+            &self.a_log,
+            &self.dt_bias,
+            &self.h0,
+        );
         let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
         kda.launch_layer(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace)
+    }
+
+    /// Writes `checkpoints` into `pool` from the chunk states the last [`DeviceLayer::launch`]
+    /// left (`Kda::launch_checkpoints`, on the same stream).
+    pub fn launch_checkpoints<P: kda::pool::PoolElement>(
+        &self,
+        kda: &Kda,
+        stream: &Arc<CudaStream>,
+        checkpoints: &kda::CheckpointPlan,
+        pool: &mut CudaSlice<P>,
+    ) -> Result<(), KdaError> {
+        let inputs = Self::inputs_of(
+            &self.plan,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.g,
+            &self.beta,
+            &self.a_log,
+            &self.dt_bias,
+            &self.h0,
+        );
+        kda.launch_checkpoints(stream, checkpoints, &inputs, &self.workspace, &mut pool.slice_mut(..))
+    }
+
+    /// The layer's inputs as views of exactly the plan's lengths (the buffers hold at least one
+    /// element, even for an empty batch).
+    #[allow(clippy::too_many_arguments)]
+    fn inputs_of<'a>(
+        plan: &LayerPlan,
+        q: &'a CudaSlice<bf16>,
+        k: &'a CudaSlice<bf16>,
+        v: &'a CudaSlice<bf16>,
+        g: &'a CudaSlice<f32>,
+        beta: &'a CudaSlice<f32>,
+        a_log: &'a Option<CudaSlice<f32>>,
+        dt_bias: &'a Option<CudaSlice<f32>>,
+        h0: &'a Option<CudaSlice<f32>>,
+    ) -> LayerInputs<'a> {
+        let s = plan.shape();
+        let t = plan.batch().tokens();
+        LayerInputs {
+            q: q.slice(..t * s.heads * s.key_dim),
+            k: k.slice(..t * s.heads * s.key_dim),
+            v: v.slice(..t * s.value_heads * s.value_dim),
+            g: g.slice(..t * s.value_heads * s.gate_width()),
+            beta: beta.slice(..t * s.value_heads),
+            a_log: a_log.as_ref().map(|x| x.slice(..)),
+            dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
+            h0: h0.as_ref().map(|x| x.slice(..)),
+        }
     }
 
     /// Waits for `stream` and copies `o` (as f32) and the final states back.

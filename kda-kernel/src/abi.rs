@@ -273,6 +273,35 @@ pub const DECODE_PARAMS: [Param; 24] = [
     Param::u32("scale_bits"),
 ];
 
+/// The checkpoint kernel's parameters, in order: the layer's token inputs and gate parameters
+/// as the decode step takes them, `h` (the layer's chunk entry states, bf16), each item's source
+/// state in `h`, first token row, token count and destination slot, the pool; then the pool's
+/// element type and the layer's sizes and options (no `scale`: no output rows).
+pub const ADVANCE_PARAMS: [Param; 22] = [
+    Param::pointer("q"),
+    Param::pointer("k"),
+    Param::pointer("v"),
+    Param::pointer("g"),
+    Param::pointer("beta"),
+    Param::pointer("a_log"),
+    Param::pointer("dt_bias"),
+    Param::pointer("h"),
+    Param::pointer("sources"),
+    Param::pointer("first_rows"),
+    Param::pointer("counts"),
+    Param::pointer("slots"),
+    Param::pointer("pool"),
+    Param::u32("pool_dtype"),
+    Param::u32("heads"),
+    Param::u32("value_heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("gate_width"),
+    Param::u32("options"),
+    Param::u32("gate_mode"),
+    Param::u32("lower_bound_bits"),
+];
+
 /// The pool copy's parameters, in order: the pool, the packed states, the slots (`[N]` i64), the
 /// fresh flags (`[N]` u32), elements per state, the direction (a [`PoolCopyCode`]) and the pool's
 /// element type (a [`StateDtypeCode`]; the packed states are f32).
@@ -516,6 +545,17 @@ pub const DECODE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
+/// Checkpoints for prefix caching: states advanced from a layer's chunk entry states through a
+/// few tokens, into a pool (the decode step's code and budget, every target).
+pub const ADVANCE: KernelAbi = KernelAbi {
+    entry: "kda_advance_states",
+    params: &ADVANCE_PARAMS,
+    threads: crate::layout::decode::THREADS,
+    smem_bytes: crate::layout::decode::SMEM_BYTES,
+    max_registers: Some(DECODE_MAX_REGISTERS),
+    targets: &[SM90A, SM80],
+};
+
 /// The copy of whole states between a pool and a packed buffer (plain, every target).
 pub const POOL_COPY: KernelAbi = KernelAbi {
     entry: "kda_pool_copy",
@@ -527,7 +567,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 14] = [
+pub const KERNELS: [KernelAbi; 15] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -541,6 +581,7 @@ pub const KERNELS: [KernelAbi; 14] = [
     LAYER_PREPARE,
     LAYER_OUTPUT,
     DECODE,
+    ADVANCE,
     POOL_COPY,
 ];
 

@@ -120,29 +120,9 @@ kernel_entry! {
         // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
         let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
         let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
-        let token = Token {
-            q,
-            k,
-            v,
-            g,
-            beta,
-            a_log,
-            dt_bias,
-            o,
-            h,
-            hv,
-            kd,
-            vd,
-            gw,
-            i,
-            j: i.checked_div(hv / h).unwrap_or(0),
-            col0,
-            options,
-            gate_mode,
-            bf16_pool: pool_dtype == StateDtypeCode::Bf16 as u32,
-            lower_bound: f32::from_bits(lower_bound_bits),
-            scale: f32::from_bits(scale_bits),
-        };
+        let dims = Dims { h, hv, kd, vd, gw };
+        let codes = Codes { options, gate_mode, pool_dtype, lower_bound_bits, scale_bits };
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
             let slot = *slots.add(n);
@@ -154,7 +134,7 @@ kernel_entry! {
             let start_fresh = *fresh.add(n) != 0;
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
             if !start_fresh {
-                token.load(pool, slot as usize, &mut s);
+                token.load(pool, token.bf16_pool, slot as usize, &mut s);
             }
             // Every token's inputs into shared memory at once, behind one barrier, so the token
             // loop waits for memory no more.
@@ -174,7 +154,7 @@ kernel_entry! {
                     // slot unwritten until the call ends), rather than held in registers.
                     s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
                     if !start_fresh {
-                        token.load(pool, slot as usize, &mut s);
+                        token.load(pool, token.bf16_pool, slot as usize, &mut s);
                     }
                     // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
                     // token by the contract.)
@@ -208,6 +188,139 @@ kernel_entry! {
             }
         }
     }
+}
+
+kernel_entry! {
+    /// Checkpoints for prefix caching (`abi::ADVANCE`, parameters `abi::ADVANCE_PARAMS`): item
+    /// `m` starts from state `sources[m]` of `h` (bf16 `[NT, HV, K, V]`, a layer's chunk entry
+    /// states), runs the `counts[m]` tokens from row `first_rows[m]` of the layer's inputs through
+    /// it as the decode step runs a chain (rounds of `MAX_DRAFT` staged tokens, no output row),
+    /// and writes the state to slot `slots[m]` of `pool` (f32 or bf16 as `pool_dtype` says,
+    /// rounded once). Grid: `M * HV * V / COLS` CTAs, item-major; `layout::decode::THREADS`
+    /// threads; `layout::decode::SMEM_BYTES`.
+    ///
+    /// # Safety
+    /// As `kda_decode_step`'s for the tensors and sizes; every source is a state of `h`, every
+    /// item's rows are rows of the inputs, every slot lies inside the pool and no two items write
+    /// one slot; a bf16 pool is 8-byte aligned, an f32 one 16-byte.
+    pub unsafe fn kda_advance_states(
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        g: *const f32,
+        beta: *const f32,
+        a_log: *const f32,
+        dt_bias: *const f32,
+        h: *const u16,
+        sources: *const i64,
+        first_rows: *const i64,
+        counts: *const u32,
+        slots: *const i64,
+        pool: *mut f32,
+        pool_dtype: u32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        gate_mode: u32,
+        lower_bound_bits: u32,
+    ) {
+        let dims = Dims {
+            h: heads as usize,
+            hv: value_heads as usize,
+            kd: key_dim as usize,
+            vd: value_dim as usize,
+            gw: gate_width as usize,
+        };
+        if !sizes_run(dims.h, dims.hv, dims.kd, dims.vd, dims.gw) {
+            return; // the launcher never launches so; this proves the indices below safe
+        }
+        let Some((m, i, col0)) = cta_place(value_heads, dims.vd) else { return };
+        let codes = Codes { options, gate_mode, pool_dtype, lower_bound_bits, scale_bits: 0 };
+        let o = core::ptr::null_mut(); // no output rows
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
+        // SAFETY (block): the kernel's contract.
+        unsafe {
+            let (source, first, count) = (*sources.add(m) as usize, *first_rows.add(m) as usize, *counts.add(m) as usize);
+            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+            token.load(h as *const f32, true, source, &mut s);
+            let (mut done, mut parity) = (0, 0);
+            while done < count {
+                let round = if count - done < MAX_DRAFT { count - done } else { MAX_DRAFT };
+                if done > 0 {
+                    sync_threads(); // every step of the last round has read its staged inputs
+                }
+                token.stage(first + done, round);
+                sync_threads();
+                for t in 0..round {
+                    token.step(first + done, t, &mut s, false, parity);
+                    parity ^= 1;
+                }
+                done += round;
+            }
+            token.store(pool, *slots.add(m) as usize, &s);
+        }
+    }
+}
+
+/// Whether the kernels run these sizes (the launcher checks the same, with typed errors): `HV` a
+/// multiple of `H`, `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`, the
+/// gate one value or one per key.
+fn sizes_run(h: usize, hv: usize, kd: usize, vd: usize, gw: usize) -> bool {
+    h > 0
+        && hv > 0
+        && hv.is_multiple_of(h)
+        && kd > 0
+        && kd <= MAX_K
+        && kd.is_multiple_of(K_MULTIPLE)
+        && vd > 0
+        && vd.is_multiple_of(COLS)
+        && (gw == 1 || gw == kd)
+}
+
+/// This CTA's item (sequence or checkpoint), value head and first column: the grid is item-major,
+/// then value heads, then blocks of `COLS` columns. `None` only for sizes `sizes_run` refuses.
+fn cta_place(value_heads: u32, vd: usize) -> Option<(usize, usize, usize)> {
+    let blocks = (vd / COLS) as u32;
+    let b = block_idx_x() as u32;
+    // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
+    let per_item = value_heads.wrapping_mul(blocks);
+    let (item, rest) = (b.checked_div(per_item)?, b.checked_rem(per_item)?);
+    let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
+    Some((item as usize, i as usize, block as usize * COLS))
+}
+
+/// The tensors a token reads (and `o`, which it writes).
+struct Tensors {
+    q: *const u16,
+    k: *const u16,
+    v: *const u16,
+    g: *const f32,
+    beta: *const f32,
+    a_log: *const f32,
+    dt_bias: *const f32,
+    o: *mut u16,
+}
+
+/// Head counts and sizes (`gw`: the gate's values per head, 1 or `K`).
+#[derive(Clone, Copy)]
+struct Dims {
+    h: usize,
+    hv: usize,
+    kd: usize,
+    vd: usize,
+    gw: usize,
+}
+
+/// The launch's option words, as the kernels take them.
+struct Codes {
+    options: u32,
+    gate_mode: u32,
+    pool_dtype: u32,
+    lower_bound_bits: u32,
+    scale_bits: u32,
 }
 
 /// What one CTA needs to run a token: the inputs, its head and column, this thread's place, the
@@ -300,6 +413,33 @@ unsafe fn add_halves(x: f32) -> f32 {
 }
 
 impl Token {
+    fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes) -> Self {
+        Self {
+            q: x.q,
+            k: x.k,
+            v: x.v,
+            g: x.g,
+            beta: x.beta,
+            a_log: x.a_log,
+            dt_bias: x.dt_bias,
+            o: x.o,
+            h: d.h,
+            hv: d.hv,
+            kd: d.kd,
+            vd: d.vd,
+            gw: d.gw,
+            i,
+            // (Checked: the head counts are positive, which the compiler cannot see.)
+            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
+            col0,
+            options: c.options,
+            gate_mode: c.gate_mode,
+            bf16_pool: c.pool_dtype == StateDtypeCode::Bf16 as u32,
+            lower_bound: f32::from_bits(c.lower_bound_bits),
+            scale: f32::from_bits(c.scale_bits),
+        }
+    }
+
     /// Keys per thread.
     fn keys(&self) -> usize {
         self.kd / KEY_GROUPS
@@ -311,12 +451,13 @@ impl Token {
         ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col_lane
     }
 
-    /// This thread's keys of the head's state in `slot` of the pool, into `s`.
+    /// This thread's keys of the head's state in `slot` of `pool` (`[slots, HV, K, V]`, bf16 or
+    /// f32 as `bf16` says), into `s`.
     ///
     /// # Safety
-    /// `slot` lies inside the pool; the pool is 16-byte aligned.
+    /// `slot` lies inside the pool; the pool is 16-byte aligned (bf16: 8-byte).
     #[inline(always)]
-    unsafe fn load(&self, pool: *const f32, slot: usize, s: &mut Keys) {
+    unsafe fn load(&self, pool: *const f32, bf16: bool, slot: usize, s: &mut Keys) {
         let at = Place::fresh();
         for (t, x) in s.iter_mut().enumerate() {
             if t < self.keys() {
@@ -324,7 +465,7 @@ impl Token {
                 // SAFETY: the key row is below `kd` and the columns below `vd`; `e` is a multiple
                 // of `VEC`, so the vector is aligned.
                 *x = unsafe {
-                    if self.bf16_pool {
+                    if bf16 {
                         unpack4(ld_global_v2((pool as *const u16).add(e) as *const u32))
                     } else {
                         floats4(ld_global_v4(pool.add(e) as *const u32))
@@ -387,7 +528,9 @@ impl Token {
             let (kd32, items) = (kd as u32, (count * kd) as u32);
             let mut item = tid as u32;
             while item < items {
-                let (t, a) = ((item / kd32) as usize, (item % kd32) as usize);
+                // (Checked: `K` is positive, which the compiler cannot see; no panic path.)
+                let (Some(t), Some(a)) = (item.checked_div(kd32), item.checked_rem(kd32)) else { break };
+                let (t, a) = (t as usize, a as usize);
                 item += THREADS as u32;
                 let (head_row, value_row) = ((first + t) * self.h + self.j, (first + t) * self.hv + self.i);
                 let at = staged_key(t, a);

@@ -326,6 +326,77 @@ pub fn draft_tables(
     })
 }
 
+/// One checkpoint for prefix caching: the state of `sequence` (an index into a prefill's batch)
+/// after its first `position` tokens, written to `slot` of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The sequence, an index into the batch.
+    pub sequence: usize,
+    /// Tokens from the sequence's start: 1 up to its length.
+    pub position: usize,
+    /// The pool slot the state goes to.
+    pub slot: usize,
+}
+
+/// Checkpoints as the checkpoint kernel takes them: per checkpoint, the chunk (index into a
+/// layer's `h`) whose entry state it starts from, its first token row, its tokens (1 to the
+/// chunk size) and its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointTables {
+    /// Source chunk per checkpoint.
+    pub sources: Vec<i64>,
+    /// First token row per checkpoint.
+    pub first_rows: Vec<i64>,
+    /// Tokens per checkpoint.
+    pub counts: Vec<u32>,
+    /// Slot per checkpoint.
+    pub slots: Vec<i64>,
+}
+
+/// Checks `checkpoints` of `batch` against `pool` and lays them out for the kernel: the state
+/// after `p` tokens is the entry state of the chunk holding token `p - 1`, advanced through that
+/// chunk's first tokens up to `p`. Refuses, with typed errors naming `checkpoints`, a sequence
+/// past the batch, a position outside `1..=len` (the state after 0 tokens is the caller's own
+/// initial state), a slot past the pool or named twice.
+pub fn checkpoint_tables(
+    batch: &crate::Plan,
+    checkpoints: &[Checkpoint],
+    pool: &PoolShape,
+) -> Result<CheckpointTables, KdaError> {
+    let chunk = kda_kernel::layout::CHUNK;
+    let bad = |m: usize, reason: String| KdaError::Argument {
+        name: "checkpoints",
+        reason: format!("checkpoint {m}: {reason}"),
+    };
+    let mut owner = std::collections::HashMap::new();
+    let mut t = CheckpointTables { sources: Vec::new(), first_rows: Vec::new(), counts: Vec::new(), slots: Vec::new() };
+    for (m, c) in checkpoints.iter().enumerate() {
+        let seq = batch
+            .seqs()
+            .get(c.sequence)
+            .ok_or_else(|| bad(m, format!("sequence {} is past the batch's {}", c.sequence, batch.num_seqs())))?;
+        if c.position == 0 || c.position > seq.len {
+            return Err(bad(
+                m,
+                format!("position {} is outside 1..={} (sequence {})", c.position, seq.len, c.sequence),
+            ));
+        }
+        if c.slot >= pool.slots {
+            return Err(bad(m, format!("slot {} is past the pool's {} slots", c.slot, pool.slots)));
+        }
+        if let Some(first) = owner.insert(c.slot, m) {
+            return Err(bad(m, format!("slot {} is named by checkpoint {first} too", c.slot)));
+        }
+        let within = (c.position - 1) / chunk;
+        // (Every index is below the batch's tokens, chunks or the pool's slots: far below 2^63.)
+        t.sources.push((seq.chunk_start + within) as i64);
+        t.first_rows.push((seq.token_start + within * chunk) as i64);
+        t.counts.push((c.position - within * chunk) as u32);
+        t.slots.push(c.slot as i64);
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,5 +473,38 @@ mod tests {
         // Parents below -1 mean the initial state, as -1 does.
         let t = draft_tables(&uses, 2, Some(&[-7, 0, -1, 0, -2, 0]), None, &p).unwrap();
         assert_eq!(t.parents, [-1, 0, -1, 0, -1, 0]);
+    }
+
+    #[test]
+    fn a_checkpoint_starts_from_the_chunk_holding_its_last_token() {
+        // Sequences of 10, 0 and 150 tokens: the last starts at token 10, chunk 1.
+        let batch = crate::Plan::from_lengths(&[10, 0, 150]);
+        let pool = PoolShape {
+            slots: 8,
+            value_heads: 2,
+            key_dim: 64,
+            value_dim: 64,
+            layout: StateLayout::KeyFirst,
+            dtype: StateDtype::F32,
+        };
+        let at = |sequence, position, slot| Checkpoint { sequence, position, slot };
+        let t =
+            checkpoint_tables(&batch, &[at(2, 1, 0), at(2, 64, 1), at(2, 65, 2), at(2, 150, 3), at(0, 10, 4)], &pool)
+                .unwrap();
+        assert_eq!(t.sources, [1, 1, 2, 3, 0]);
+        assert_eq!(t.first_rows, [10, 10, 74, 138, 0]);
+        assert_eq!(t.counts, [1, 64, 1, 22, 10]);
+        assert_eq!(t.slots, [0, 1, 2, 3, 4]);
+        let refused = |c: &[Checkpoint]| match checkpoint_tables(&batch, c, &pool) {
+            Err(KdaError::Argument { name: "checkpoints", reason }) => reason,
+            other => panic!("{c:?}: {other:?}"),
+        };
+        assert!(refused(&[at(3, 1, 0)]).contains("past the batch"));
+        assert!(refused(&[at(2, 0, 0)]).contains("outside 1..=150"));
+        assert!(refused(&[at(1, 1, 0)]).contains("outside 1..=0"));
+        assert!(refused(&[at(2, 151, 0)]).contains("outside"));
+        assert!(refused(&[at(2, 5, 8)]).contains("past the pool"));
+        assert!(refused(&[at(2, 5, 1), at(0, 3, 1)]).contains("named by checkpoint 0"));
+        assert!(checkpoint_tables(&batch, &[], &pool).unwrap().sources.is_empty());
     }
 }

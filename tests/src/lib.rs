@@ -427,6 +427,112 @@ pub fn layer_bounds(p: &LayerProblem, want: &LayerOutputs) -> [f64; 2] {
     }
 }
 
+/// One layer problem with checkpoints for prefix caching: inside a chunk, at a chunk's end and
+/// at the sequence's end, into every other slot of a pool (backwards, so that slots and
+/// checkpoints do not line up), with the states of the prompts cut there.
+pub struct CheckpointCase {
+    pub name: String,
+    pub p: kda::layer::LayerProblem,
+    pub checkpoints: Vec<kda::pool::Checkpoint>,
+    /// Slots of the pool.
+    pub slots: usize,
+    /// `[N][checkpoints of the sequence][HV * K * V]`, key-first: `checkpoint_reference`.
+    want: Vec<Vec<Vec<f32>>>,
+    /// Each sequence's positions, in the order of `want`.
+    positions: Vec<Vec<usize>>,
+    /// The layer's bound on `ht` plus [`CHECKPOINT_ROUNDING`].
+    pub bound: f64,
+}
+
+/// Every fourth random layer (each gate form, both kinds, both key sizes) with checkpoints.
+pub fn checkpoint_cases() -> Vec<CheckpointCase> {
+    use kda::layer::{checkpoint_reference, layer_reference};
+    use kda::pool::Checkpoint;
+    let mut out = Vec::new();
+    for (name, p) in random_layer_cases().into_iter().step_by(4) {
+        let mut positions = vec![Vec::new(); p.plan.num_seqs()];
+        let mut chosen = Vec::new();
+        for (n, seq) in p.plan.seqs().iter().enumerate() {
+            let mut wanted: Vec<usize> =
+                [1, seq.len / 2, 64, 65, seq.len].into_iter().filter(|&x| (1..=seq.len).contains(&x)).collect();
+            wanted.dedup();
+            for x in wanted {
+                chosen.push((n, x));
+                positions[n].push(x);
+            }
+        }
+        let slots = 2 * chosen.len() + 1;
+        let checkpoints = chosen
+            .iter()
+            .enumerate()
+            .map(|(m, &(sequence, position))| Checkpoint { sequence, position, slot: slots - 1 - 2 * m })
+            .collect();
+        let want = checkpoint_reference(&p, &positions).unwrap();
+        let bound = layer_bounds(&p, &layer_reference(&p).unwrap())[1] + CHECKPOINT_ROUNDING;
+        out.push(CheckpointCase { name, p, checkpoints, slots, want, positions, bound });
+    }
+    out
+}
+
+impl CheckpointCase {
+    /// Checks a pool the checkpoints were written into (every slot poisoned before): each
+    /// checkpoint within the bound, every slot not named still poisoned. Prints the largest error.
+    pub fn check<P: kda::pool::PoolElement + Copy + Into<PoolValue>>(&self, dtype: kda::pool::StateDtype, pool: &[P]) {
+        let s = self.p.shape;
+        let state = s.value_heads * s.key_dim * s.value_dim;
+        let slot = |x: usize| &pool[x * state..][..state];
+        let mut worst = 0f64;
+        for (m, c) in self.checkpoints.iter().enumerate() {
+            let at = self.positions[c.sequence].iter().position(|&x| x == c.position).unwrap();
+            let got: Vec<f32> = slot(c.slot).iter().map(|&x| x.into().value).collect();
+            let err = kda::rel_error(&got, &self.want[c.sequence][at]);
+            assert!(
+                err <= self.bound,
+                "{} {dtype:?}: checkpoint {m} ({c:?}): {err:.2e} over {:.2e}",
+                self.name,
+                self.bound
+            );
+            worst = worst.max(err);
+        }
+        let named: std::collections::HashSet<usize> = self.checkpoints.iter().map(|c| c.slot).collect();
+        for x in (0..self.slots).filter(|x| !named.contains(x)) {
+            assert!(slot(x).iter().all(|&v| v.into().poisoned), "{} {dtype:?}: slot {x} was written", self.name);
+        }
+        println!(
+            "{} {dtype:?}: {} checkpoints, largest error {worst:.2e} (bound {:.2e})",
+            self.name,
+            self.checkpoints.len(),
+            self.bound
+        );
+    }
+}
+
+/// A pool element's value as f32, and whether it still holds the poison.
+pub struct PoolValue {
+    value: f32,
+    poisoned: bool,
+}
+
+impl From<f32> for PoolValue {
+    fn from(x: f32) -> Self {
+        Self { value: x, poisoned: x.to_bits() == POISON_F32 }
+    }
+}
+
+impl From<half::bf16> for PoolValue {
+    fn from(x: half::bf16) -> Self {
+        Self { value: x.to_f32(), poisoned: x.to_bits() == POISON_BF16 }
+    }
+}
+
+/// What a checkpoint's error may add to the layer's bound on `ht`: it starts from a chunk entry
+/// state kept in bf16 (`h`), whose rounding is at most bf16's unit roundoff, 2^-8, relative; a
+/// bf16 pool rounds the result once more, by as much.
+pub const CHECKPOINT_ROUNDING: f64 = 2.0 * BF16_UNIT_ROUNDOFF;
+
+/// bf16's unit roundoff: 8 significant bits.
+pub const BF16_UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
+
 /// A correct layer's error against the f64 reference is at most this multiple of FLA's on the same
 /// inputs (`../shared/LAYER.md`, "Precision").
 pub const LAYER_BOUND_OVER_FLA: f64 = 1.25;

@@ -629,6 +629,55 @@ fn layer_random() {
     println!("{} random layers", cases.len());
 }
 
+/// Checkpoints for prefix caching after a GPU prefill (`kda_tests::checkpoint_cases`: inside a
+/// chunk, at a chunk's end and at the sequence's end), into poisoned f32 and bf16 pools, each
+/// against the state of the prompt cut there; every slot not named keeps its poison. Then the
+/// refusals: a position past the sequence, a slot named twice.
+#[test]
+fn checkpoints_match_the_prompts_cut_there() {
+    use kda::pool::{Checkpoint, PoolShape, StateDtype};
+    let gpu = Gpu::open();
+    for case in kda_tests::checkpoint_cases() {
+        let dev = prefill_and_checkpoint(&gpu, &case, StateDtype::F32);
+        prefill_and_checkpoint(&gpu, &case, StateDtype::Bf16);
+        let seq = case.p.plan.seqs()[0];
+        let f32_pool = PoolShape::for_layer(&case.p.shape, case.slots, StateLayout::KeyFirst, StateDtype::F32);
+        for bad in [
+            vec![Checkpoint { sequence: 0, position: seq.len + 1, slot: 0 }],
+            vec![Checkpoint { sequence: 0, position: 1, slot: 1 }, Checkpoint { sequence: 0, position: 1, slot: 1 }],
+        ] {
+            let err = kda::CheckpointPlan::new(&gpu.stream, &dev.plan, f32_pool, &bad).err();
+            assert!(matches!(err, Some(KdaError::Argument { name: "checkpoints", .. })), "{bad:?}: {err:?}");
+        }
+    }
+}
+
+/// `case`'s layer on the GPU, then its checkpoints into a poisoned pool of `dtype`, checked
+/// (`CheckpointCase::check`). Returns the layer on the device.
+fn prefill_and_checkpoint(
+    gpu: &Gpu,
+    case: &kda_tests::CheckpointCase,
+    dtype: kda::pool::StateDtype,
+) -> kda_cli::DeviceLayer {
+    use kda::pool::{PoolShape, StateDtype};
+    let p = &case.p;
+    let mut dev = kda_cli::DeviceLayer::upload(&gpu.stream, p).unwrap();
+    dev.launch(&gpu.kda, &gpu.stream).unwrap();
+    let shape = PoolShape::for_layer(&p.shape, case.slots, StateLayout::KeyFirst, dtype);
+    let plan = kda::CheckpointPlan::new(&gpu.stream, &dev.plan, shape, &case.checkpoints).unwrap();
+    let len = shape.len().unwrap();
+    if dtype == StateDtype::Bf16 {
+        let mut pool = gpu.stream.clone_htod(&vec![half::bf16::from_bits(kda_tests::POISON_BF16); len]).unwrap();
+        dev.launch_checkpoints(&gpu.kda, &gpu.stream, &plan, &mut pool).unwrap();
+        case.check(dtype, &gpu.stream.clone_dtoh(&pool).unwrap());
+    } else {
+        let mut pool = gpu.stream.clone_htod(&vec![f32::from_bits(kda_tests::POISON_F32); len]).unwrap();
+        dev.launch_checkpoints(&gpu.kda, &gpu.stream, &plan, &mut pool).unwrap();
+        case.check(dtype, &gpu.stream.clone_dtoh(&pool).unwrap());
+    }
+    dev
+}
+
 /// The GPU layer on the peers' shapes (`kda layer --bench`'s, `../shared/LAYER.md`): a checked
 /// first run (every element of `o` and `ht` finite, and, through `run_layer_guarded`, written and
 /// nothing outside them), then the median of 20 event-timed launches against the IO floor,
@@ -994,6 +1043,10 @@ fn sanitizer_workload() {
         }
         println!("verify: {}", case.name);
     }
+
+    // Checkpoints after a prefill (the checkpoint kernel).
+    let checkpoints = kda_tests::checkpoint_cases().swap_remove(0);
+    prefill_and_checkpoint(&gpu, &checkpoints, StateDtype::F32);
 
     // A sequence of 130 tokens: two whole chunks and a tail.
     for kind in [kda::layer::LayerKind::Kda, kda::layer::LayerKind::Gdn] {

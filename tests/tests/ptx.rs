@@ -8,8 +8,8 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
-    KERNELS, MERGE, PORTABLE_ENTRIES,
+    ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW,
+    HOPPER_NARROW, KERNELS, MERGE, PORTABLE_ENTRIES,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -128,7 +128,7 @@ fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
         let (_, report) = assemble_as(SM80, arch, &format!("jit-{arch}"));
         for k in &portable {
             let r = resources(&report, k.entry);
-            if k.entry == DECODE.entry {
+            if k.entry == DECODE.entry || k.entry == ADVANCE.entry {
                 continue; // `the_decode_step_keeps_its_state_in_registers_for_every_gpu`
             }
             println!("{arch} {}: {} registers, {} bytes of dynamic shared memory", k.entry, r.registers, k.smem_bytes);
@@ -266,24 +266,37 @@ fn entry_directives_match_the_abi() {
     }
 }
 
-/// The decode step on every GPU it serves: three CTAs per SM under its register budget, at most
-/// a few words spilled, and in the SASS the 16-byte state loads and stores, the warp's shuffles
-/// and two barriers (one token's two phases).
+/// The decode step and the checkpoint kernel on every GPU they serve: three CTAs per SM under
+/// their register budget, at most a few words spilled, and in the SASS the state's vector loads
+/// and stores, the warp's shuffles and their barriers.
 #[test]
 fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
     assert!(DECODE_CTAS_PER_SM * DECODE.threads * DECODE_MAX_REGISTERS as usize <= REGISTERS_PER_SM);
     let targets = [(SM90A, "sm_90a")].into_iter().chain(JIT_TARGETS.map(|arch| (SM80, arch)));
     for (ptx, arch) in targets {
         let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
-        let r = resources(&report, DECODE.entry);
-        println!("{arch} {}: {r:?}", DECODE.entry);
-        assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch}: {r:?}");
-        assert!(r.spill_stores <= DECODE_SPILL_LIMIT && r.spill_loads <= DECODE_SPILL_LIMIT, "{arch}: {r:?}");
         let code = sass(&cubin);
-        let body = function_sass(&code, DECODE.entry);
-        for op in ["LDG.E.128", "STG.E.128", "SHFL.BFLY"] {
-            assert!(body.contains(op), "{arch} {} SASS lacks {op}", DECODE.entry);
+        // The decode step and the checkpoint kernel (its rounds of staged tokens): the staging
+        // barrier, the token's barrier, and the checkpoint kernel's barrier between rounds.
+        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 3)] {
+            let r = resources(&report, abi.entry);
+            println!("{arch} {}: {r:?}", abi.entry);
+            assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);
+            let spills = r.spill_stores <= DECODE_SPILL_LIMIT && r.spill_loads <= DECODE_SPILL_LIMIT;
+            assert!(spills, "{arch} {}: {r:?}", abi.entry);
+            let body = function_sass(&code, abi.entry);
+            let store = if abi.entry == DECODE.entry { "STG.E.128" } else { "STG.E" };
+            for op in ["LDG.E", store, "SHFL.BFLY"] {
+                assert!(body.contains(op), "{arch} {} SASS lacks {op}", abi.entry);
+            }
+            assert_eq!(
+                body.matches("BAR.SYNC").count(),
+                barriers,
+                "{arch} {}: its barriers, once each in the code",
+                abi.entry
+            );
         }
-        assert_eq!(body.matches("BAR.SYNC").count(), 2, "{arch}: one token's two barriers, once in the code");
+        let decode = function_sass(&code, DECODE.entry);
+        assert!(decode.contains("LDG.E.128"), "{arch}: the decode step reads the f32 state as 16-byte vectors");
     }
 }

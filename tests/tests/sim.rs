@@ -7,7 +7,9 @@ use half::bf16;
 use kda::inputs::random_problem;
 use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
 use kda::model::{ModelView, StateLayout};
-use kda::pool::{DraftTables, PoolElement, SlotUse, StateDtype, draft_tables};
+use kda::pool::{
+    CheckpointTables, DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, checkpoint_tables, draft_tables,
+};
 use kda::reference::{model_reference, reference};
 use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
 use kda_kernel::abi::StateLayoutCode;
@@ -313,6 +315,16 @@ fn transposed(states: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// recurrence) in `layout`: the prepare kernel, the recurrence (here the f64 reference of the
 /// contract, on the prepare kernel's bf16 outputs), the output kernel. Returns key-first `ht`.
 fn run_layer(p: &LayerProblem, layout: StateLayout, recurrence: LayerRecurrence) -> LayerOutputs {
+    run_layer_keeping_h(p, layout, recurrence).0
+}
+
+/// [`run_layer`], and the chunk entry states `h` its recurrence left (`[NT, HV, K, V]` bf16 in
+/// `layout`), as the workspace keeps them.
+fn run_layer_keeping_h(
+    p: &LayerProblem,
+    layout: StateLayout,
+    recurrence: LayerRecurrence,
+) -> (LayerOutputs, Vec<bf16>) {
     let s = p.shape;
     let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
     let rec = s.recurrence_shape(layout);
@@ -405,7 +417,7 @@ fn run_layer(p: &LayerProblem, layout: StateLayout, recurrence: LayerRecurrence)
     .unwrap_or_else(|e| panic!("output: {e}"));
     assert!(o.iter().all(|x| x.to_bits() != POISON_BF16), "the output kernel left o unwritten");
     let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
-    LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }
+    (LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }, recurrence.h)
 }
 
 /// The layer's token-parallel kernels on the GPU suite's random layers (both kinds, grouped
@@ -863,6 +875,79 @@ fn the_split_merge_chains_segment_maps_into_entry_states() {
             }
             first_map += segs.len() - 1;
             first_entry += segs.len();
+        }
+    }
+}
+
+/// The checkpoint kernel on the simulator as the launcher runs it (one CTA per checkpoint, value
+/// head and block of columns), from the layer's chunk entry states `h` into `pool`.
+fn sim_advance<P: PoolElement>(p: &LayerProblem, h: &[bf16], tables: &CheckpointTables, pool: &mut [P]) {
+    use kda_kernel::layout::decode;
+    let s = p.shape;
+    let codes = p.options.codes();
+    let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
+    let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+    let (q, k, v, g, beta, h) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta), ptr(h));
+    let (a_log, dt_bias) = (opt(&p.a_log), opt(&p.dt_bias));
+    let (sources, first_rows, counts, slots) =
+        (ptr(&tables.sources), ptr(&tables.first_rows), ptr(&tables.counts), ptr(&tables.slots));
+    let pool_ptr = ptr_mut(pool);
+    let launch = Launch {
+        grid: tables.slots.len() * s.value_heads * (s.value_dim / decode::COLS),
+        block: decode::THREADS,
+        shared_bytes: decode::SMEM_BYTES,
+    };
+    // SAFETY: the tables were checked against the batch and the pool (`checkpoint_tables`); `h`
+    // holds every chunk's states.
+    unsafe {
+        sim::launch(launch, || {
+            kda_kernel::decode::kda_advance_states(
+                q.ptr() as *const u16,
+                k.ptr() as *const u16,
+                v.ptr() as *const u16,
+                g.ptr(),
+                beta.ptr(),
+                a_log.ptr(),
+                dt_bias.ptr(),
+                h.ptr() as *const u16,
+                sources.ptr(),
+                first_rows.ptr(),
+                counts.ptr(),
+                slots.ptr(),
+                pool_ptr.mut_ptr() as *mut f32,
+                P::DTYPE.code(),
+                words[0],
+                words[1],
+                words[2],
+                words[3],
+                words[4],
+                codes.options,
+                codes.gate_mode,
+                codes.lower_bound_bits,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("checkpoints: {e}"));
+}
+
+/// Checkpoints for prefix caching on the simulator (`kda_tests::checkpoint_cases`): the layer on
+/// the portable kernels leaves its chunk entry states, and the checkpoint kernel advances them
+/// into an f32 pool (and, for every other case, a bf16 one), each checkpoint against the state of
+/// the prompt cut there; every slot not named keeps its poison.
+#[test]
+fn checkpoints_match_the_prompts_cut_there() {
+    for (i, case) in kda_tests::checkpoint_cases().into_iter().enumerate() {
+        let p = &case.p;
+        let (_, h) = run_layer_keeping_h(p, StateLayout::KeyFirst, LayerRecurrence::Portable);
+        let pool_shape = PoolShape::for_layer(&p.shape, case.slots, StateLayout::KeyFirst, StateDtype::F32);
+        let mut pool = vec![f32::from_bits(POISON_F32); pool_shape.len().unwrap()];
+        sim_advance(p, &h, &checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap(), &mut pool);
+        case.check(StateDtype::F32, &pool);
+        if i % 2 == 0 {
+            let pool_shape = PoolShape { dtype: StateDtype::Bf16, ..pool_shape };
+            let mut pool = vec![bf16::from_bits(POISON_BF16); pool_shape.len().unwrap()];
+            sim_advance(p, &h, &checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap(), &mut pool);
+            case.check(StateDtype::Bf16, &pool);
         }
     }
 }

@@ -264,13 +264,13 @@ mod tests {
     use super::*;
     use crate::ptx;
     use kda_kernel::abi::{
-        BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW,
-        KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64,
-        PORTABLE_K256, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW,
+        HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES,
+        PORTABLE_K64, PORTABLE_K256, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 14] = [
+    const ABIS: [&KernelAbi; 15] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
@@ -284,6 +284,7 @@ mod tests {
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
         &DECODE,
+        &ADVANCE,
         &POOL_COPY,
     ];
 
@@ -411,6 +412,9 @@ mod tests {
         let mut pushed = Recorder::default();
         super::super::decode::sample_args().push(&mut pushed);
         check_entry(&DECODE, &pushed.0);
+        let mut pushed = Recorder::default();
+        super::super::checkpoint::sample_args().push(&mut pushed);
+        check_entry(&ADVANCE, &pushed.0);
 
         let mut pushed = Recorder::default();
         super::super::pooled::sample_args().push(&mut pushed);

@@ -140,7 +140,7 @@ impl DecodePlan {
 }
 
 /// Whether the decode kernel runs `shape` over `pool` (typed refusals otherwise).
-fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<(), KdaError> {
+pub(super) fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<(), KdaError> {
     shape.validate()?;
     pool.check_holds(shape)?;
     let unsupported = |argument, reason: String| Err(KdaError::Unsupported { argument, reason });
@@ -277,6 +277,12 @@ fn decode_alignments(pool: StateDtype) -> [usize; 13] {
     let bf16_vector = VEC * bf16;
     let pool = VEC * if pool == StateDtype::Bf16 { bf16 } else { f32 };
     [bf16, bf16, bf16, f32, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
+}
+
+/// The alignment a pool of `dtype` needs: the kernels read and write it in vectors of `VEC`
+/// states.
+pub(super) fn pool_alignment(dtype: StateDtype) -> usize {
+    decode_alignments(dtype)[11]
 }
 
 /// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).

@@ -7,6 +7,7 @@
 //! CUDA graph.
 
 mod args;
+mod checkpoint;
 mod decode;
 mod device_plan;
 mod layer;
@@ -15,6 +16,7 @@ mod pooled;
 mod tensor_map;
 mod validate;
 
+pub use checkpoint::CheckpointPlan;
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
@@ -103,6 +105,8 @@ pub struct Kda {
     layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
+    /// Checkpoints for prefix caching.
+    advance: Loaded,
     /// Whole states between a pool and a packed buffer.
     pool_copy: Loaded,
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
@@ -132,6 +136,7 @@ impl Kda {
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
+        let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;
         let hopper = if target == kda_kernel::abi::SM90A {
             Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
@@ -145,6 +150,7 @@ impl Kda {
             merge,
             layer,
             decode,
+            advance,
             pool_copy,
             hopper,
             compute_capability,

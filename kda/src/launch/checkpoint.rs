@@ -1,0 +1,239 @@
+//! Checkpoints for prefix caching (`../shared/LAYER.md`, serving): after a layer's prefill, the
+//! state of chosen sequences after any token position, written to slots of a caller's pool, so
+//! that an engine can cache a shared prefix wherever it ends.
+//!
+//! A state after `p` tokens is the entry state of the chunk holding token `p - 1` (kept in the
+//! layer's workspace as `h`, bf16) advanced through that chunk's first tokens up to `p` (1 to 64
+//! tokens), as the decode step runs a chain of tokens (`kda_advance_states`, one launch; the
+//! decode step's code). Its error is the layer's on `ht` plus the bf16 rounding of `h`.
+
+use super::args::{Address, ArgSink};
+use super::decode::decode_supports;
+use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, check_devices, check_lengths, keep};
+use super::{Kda, enqueue};
+use crate::KdaError;
+use crate::model::StateLayout;
+use crate::pool::{Checkpoint, CheckpointTables, PoolElement, PoolShape, checkpoint_tables};
+use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+use kda_kernel::layout::decode::COLS;
+use std::sync::Arc;
+
+/// A layer plan's checkpoints, checked and uploaded: per checkpoint, its source state in `h`,
+/// its first token row, its token count and its slot.
+pub struct CheckpointPlan {
+    layer: LayerPlanShape,
+    pool: PoolShape,
+    /// `[M]` i64: the chunk (index into `h`) whose entry state each checkpoint starts from.
+    sources: CudaSlice<i64>,
+    /// `[M]` i64: the first token row each checkpoint runs.
+    first_rows: CudaSlice<i64>,
+    /// `[M]` u32: the tokens each checkpoint runs (1 to `CHUNK`).
+    counts: CudaSlice<u32>,
+    /// `[M]` i64: each checkpoint's slot.
+    slots: CudaSlice<i64>,
+    items: usize,
+}
+
+/// What a checkpoint plan keeps of its layer plan, to check the launch's tensors against.
+#[derive(Clone, Copy)]
+struct LayerPlanShape {
+    shape: crate::layer::LayerShape,
+    options: crate::layer::LayerOptions,
+    tokens: usize,
+    chunks: usize,
+}
+
+impl CheckpointPlan {
+    /// Plans `checkpoints` of `layer`'s batch into `pool` and uploads them on `stream`. Refuses,
+    /// with typed errors, what [`checkpoint_tables`] refuses, a pool that does not hold the
+    /// layer's states, a value-first layer plan, and the sizes the decode kernel does not run.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        layer: &LayerPlan,
+        pool: PoolShape,
+        checkpoints: &[Checkpoint],
+    ) -> Result<Self, KdaError> {
+        let shape = layer.shape();
+        decode_supports(&shape, &pool)?;
+        if layer.state_layout() != StateLayout::KeyFirst {
+            return Err(KdaError::Unsupported {
+                argument: "layer",
+                reason: "checkpoints start from the layer's key-first chunk states".into(),
+            });
+        }
+        let batch = layer.batch();
+        let CheckpointTables { mut sources, mut first_rows, mut counts, mut slots } =
+            checkpoint_tables(batch, checkpoints, &pool)?;
+        let items = checkpoints.len();
+        // (One entry past the end keeps the buffers non-empty for a plan of no checkpoints.)
+        let pad = |v: &mut Vec<i64>| v.push(0);
+        pad(&mut sources);
+        pad(&mut first_rows);
+        pad(&mut slots);
+        counts.push(0);
+        Ok(Self {
+            layer: LayerPlanShape { shape, options: layer.options(), tokens: batch.tokens(), chunks: batch.chunks() },
+            pool,
+            sources: stream.clone_htod(&sources)?,
+            first_rows: stream.clone_htod(&first_rows)?,
+            counts: stream.clone_htod(&counts)?,
+            slots: stream.clone_htod(&slots)?,
+            items,
+        })
+    }
+
+    /// Checkpoints planned.
+    pub fn len(&self) -> usize {
+        self.items
+    }
+
+    /// Whether no checkpoint is planned.
+    pub fn is_empty(&self) -> bool {
+        self.items == 0
+    }
+}
+
+impl Kda {
+    /// Writes `plan`'s checkpoints into `pool`: each the state of its sequence after its
+    /// position, from the chunk entry states a [`Kda::launch_layer`] of the same layer plan and
+    /// inputs left in `workspace.h`, advanced through the chunk's tokens from `inputs`. Call it
+    /// after that launch, on the same stream (it is stream-ordered: no host synchronisation, no
+    /// allocation). Validates every length, device and alignment first; a refused call launches
+    /// nothing and writes nothing.
+    pub fn launch_checkpoints<P: PoolElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &CheckpointPlan,
+        inputs: &LayerInputs<'_>,
+        workspace: &LayerWorkspace,
+        pool: &mut CudaViewMut<'_, P>,
+    ) -> Result<(), KdaError> {
+        plan.pool.check_element::<P>()?;
+        let l = plan.layer;
+        let s = l.shape;
+        let (t, h, hv, kd, vd) = (l.tokens, s.heads, s.value_heads, s.key_dim, s.value_dim);
+        let raw = !matches!(l.options.gate, crate::layer::GateInput::Log);
+        let checks: [(&'static str, Option<usize>, Option<usize>); 9] = [
+            ("q", Some(inputs.q.len()), Some(t * h * kd)),
+            ("k", Some(inputs.k.len()), Some(t * h * kd)),
+            ("v", Some(inputs.v.len()), Some(t * hv * vd)),
+            ("g", Some(inputs.g.len()), Some(t * hv * s.gate_width())),
+            ("beta", Some(inputs.beta.len()), Some(t * hv)),
+            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
+            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * s.gate_width())),
+            ("h", Some(workspace.h.len()), Some(l.chunks * hv * kd * vd)),
+            ("pool", Some(pool.len()), Some(plan.pool.len()?)),
+        ];
+        // The workspace may be larger than this plan needs (one sized for a longer batch).
+        let h_ok = workspace.h.len() >= l.chunks * hv * kd * vd;
+        let checks: Vec<_> = checks.into_iter().filter(|c| !(c.0 == "h" && h_ok)).collect();
+        check_lengths(&checks)?;
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
+        check_devices(
+            self.ctx.ordinal(),
+            &[
+                ("stream", ordinal(stream)),
+                ("plan", ordinal(plan.sources.stream())),
+                ("q", ordinal(inputs.q.stream())),
+                ("k", ordinal(inputs.k.stream())),
+                ("v", ordinal(inputs.v.stream())),
+                ("g", ordinal(inputs.g.stream())),
+                ("beta", ordinal(inputs.beta.stream())),
+                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
+                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
+                ("h", ordinal(workspace.h.stream())),
+                ("pool", ordinal(pool.stream())),
+            ],
+        )?;
+        let ctas = plan.items.checked_mul(hv * (vd / COLS)).ok_or_else(|| KdaError::Argument {
+            name: "checkpoints",
+            reason: format!("{} checkpoints x {hv} heads exceed the grid", plan.items),
+        })?;
+        if ctas == 0 {
+            return Ok(());
+        }
+        let word = |name: &'static str, x: usize| {
+            u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
+        };
+        let codes = l.options.codes();
+        let mut records = Vec::new();
+        let mut read = |x| keep(&mut records, x);
+        let pool_address = read(pool.device_ptr_mut(stream));
+        let required = super::decode::pool_alignment(plan.pool.dtype);
+        if !pool_address.is_multiple_of(required as u64) {
+            return Err(KdaError::Alignment { tensor: "pool", required, address: pool_address });
+        }
+        let args = AdvanceArgs {
+            ptrs: [
+                read(inputs.q.device_ptr(stream)),
+                read(inputs.k.device_ptr(stream)),
+                read(inputs.v.device_ptr(stream)),
+                read(inputs.g.device_ptr(stream)),
+                read(inputs.beta.device_ptr(stream)),
+                inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                read(workspace.h.device_ptr(stream)),
+                read(plan.sources.device_ptr(stream)),
+                read(plan.first_rows.device_ptr(stream)),
+                read(plan.counts.device_ptr(stream)),
+                read(plan.slots.device_ptr(stream)),
+                pool_address,
+            ],
+            words: [
+                plan.pool.dtype.code(),
+                word("heads", h)?,
+                word("value_heads", hv)?,
+                word("key_dim", kd)?,
+                word("value_dim", vd)?,
+                word("key_dim", s.gate_width())?,
+                codes.options,
+                codes.gate_mode,
+                codes.lower_bound_bits,
+            ],
+        };
+        // SAFETY: every length was checked above (`h` holds every chunk of the plan's batch, the
+        // inputs every token); the plan's sources are chunks of its batch, its rows and counts
+        // stay inside their sequences, its slots lie inside the pool and none is named twice; the
+        // pool's shape is the layer's and its alignment the kernel's (`decode_supports`, above);
+        // `pool` is a `&mut` borrow, so it aliases no input.
+        unsafe { enqueue(stream, &self.advance, ctas, |sink| args.push(sink)) }
+    }
+}
+
+/// The checkpoint kernel's arguments (`kda_kernel::abi::ADVANCE_PARAMS`).
+pub(super) struct AdvanceArgs {
+    ptrs: [Address; 13],
+    words: [u32; 9],
+}
+
+impl AdvanceArgs {
+    const TENSORS: [&'static str; 13] =
+        ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "h", "sources", "first_rows", "counts", "slots", "pool"];
+    const WORDS: [&'static str; 9] = [
+        "pool_dtype",
+        "heads",
+        "value_heads",
+        "key_dim",
+        "value_dim",
+        "gate_width",
+        "options",
+        "gate_mode",
+        "lower_bound_bits",
+    ];
+
+    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
+            sink.push(name, ptr);
+        }
+        for (name, word) in Self::WORDS.iter().zip(&self.words) {
+            sink.push(name, word);
+        }
+    }
+}
+
+/// One argument list of the checkpoint kernel, for the launcher's ABI test (`args::tests`).
+#[cfg(test)]
+pub(super) fn sample_args() -> AdvanceArgs {
+    AdvanceArgs { ptrs: [1; 13], words: [2; 9] }
+}
