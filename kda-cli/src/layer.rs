@@ -11,6 +11,13 @@ pub struct DeviceLayer {
     /// The plan (its recurrence's column blocks and split can be set through it).
     pub plan: LayerPlan,
     workspace: LayerWorkspace,
+    inputs: InputBuffers,
+    o: CudaSlice<bf16>,
+    ht: CudaSlice<f32>,
+}
+
+/// The layer's inputs on the device (each at least one element long, even for an empty batch).
+struct InputBuffers {
     q: CudaSlice<bf16>,
     k: CudaSlice<bf16>,
     v: CudaSlice<bf16>,
@@ -19,8 +26,24 @@ pub struct DeviceLayer {
     a_log: Option<CudaSlice<f32>>,
     dt_bias: Option<CudaSlice<f32>>,
     h0: Option<CudaSlice<f32>>,
-    o: CudaSlice<bf16>,
-    ht: CudaSlice<f32>,
+}
+
+impl InputBuffers {
+    /// Views of exactly `plan`'s lengths.
+    fn views(&self, plan: &LayerPlan) -> LayerInputs<'_> {
+        let s = plan.shape();
+        let t = plan.batch().tokens();
+        LayerInputs {
+            q: self.q.slice(..t * s.heads * s.key_dim),
+            k: self.k.slice(..t * s.heads * s.key_dim),
+            v: self.v.slice(..t * s.value_heads * s.value_dim),
+            g: self.g.slice(..t * s.value_heads * s.gate_width()),
+            beta: self.beta.slice(..t * s.value_heads),
+            a_log: self.a_log.as_ref().map(|x| x.slice(..)),
+            dt_bias: self.dt_bias.as_ref().map(|x| x.slice(..)),
+            h0: self.h0.as_ref().map(|x| x.slice(..)),
+        }
+    }
 }
 
 impl DeviceLayer {
@@ -35,14 +58,16 @@ impl DeviceLayer {
         let up_bf = |x: &[bf16]| if x.is_empty() { stream.alloc_zeros(1) } else { stream.clone_htod(x) };
         let up_f = |x: &[f32]| if x.is_empty() { stream.alloc_zeros(1) } else { stream.clone_htod(x) };
         Ok(Self {
-            q: up_bf(&p.q)?,
-            k: up_bf(&p.k)?,
-            v: up_bf(&p.v)?,
-            g: up_f(&p.g)?,
-            beta: up_f(&p.beta)?,
-            a_log: p.a_log.as_deref().map(up_f).transpose()?,
-            dt_bias: p.dt_bias.as_deref().map(up_f).transpose()?,
-            h0: p.h0.as_deref().map(up_f).transpose()?,
+            inputs: InputBuffers {
+                q: up_bf(&p.q)?,
+                k: up_bf(&p.k)?,
+                v: up_bf(&p.v)?,
+                g: up_f(&p.g)?,
+                beta: up_f(&p.beta)?,
+                a_log: p.a_log.as_deref().map(up_f).transpose()?,
+                dt_bias: p.dt_bias.as_deref().map(up_f).transpose()?,
+                h0: p.h0.as_deref().map(up_f).transpose()?,
+            },
             o: stream.alloc_zeros((t * s.value_heads * s.value_dim).max(1))?,
             ht: stream.alloc_zeros((n * s.value_heads * s.key_dim * s.value_dim).max(1))?,
             plan,
@@ -55,17 +80,7 @@ impl DeviceLayer {
         let s = self.plan.shape();
         let (t, n) = (self.plan.batch().tokens(), self.plan.batch().num_seqs());
         let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
-        let inputs = Self::inputs_of(
-            &self.plan,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.g,
-            &self.beta,
-            &self.a_log,
-            &self.dt_bias,
-            &self.h0,
-        );
+        let inputs = self.inputs.views(&self.plan);
         let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
         kda.launch_layer(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace)
     }
@@ -79,46 +94,8 @@ impl DeviceLayer {
         checkpoints: &kda::CheckpointPlan,
         pool: &mut CudaSlice<P>,
     ) -> Result<(), KdaError> {
-        let inputs = Self::inputs_of(
-            &self.plan,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.g,
-            &self.beta,
-            &self.a_log,
-            &self.dt_bias,
-            &self.h0,
-        );
+        let inputs = self.inputs.views(&self.plan);
         kda.launch_checkpoints(stream, checkpoints, &inputs, &self.workspace, &mut pool.slice_mut(..))
-    }
-
-    /// The layer's inputs as views of exactly the plan's lengths (the buffers hold at least one
-    /// element, even for an empty batch).
-    #[allow(clippy::too_many_arguments)]
-    fn inputs_of<'a>(
-        plan: &LayerPlan,
-        q: &'a CudaSlice<bf16>,
-        k: &'a CudaSlice<bf16>,
-        v: &'a CudaSlice<bf16>,
-        g: &'a CudaSlice<f32>,
-        beta: &'a CudaSlice<f32>,
-        a_log: &'a Option<CudaSlice<f32>>,
-        dt_bias: &'a Option<CudaSlice<f32>>,
-        h0: &'a Option<CudaSlice<f32>>,
-    ) -> LayerInputs<'a> {
-        let s = plan.shape();
-        let t = plan.batch().tokens();
-        LayerInputs {
-            q: q.slice(..t * s.heads * s.key_dim),
-            k: k.slice(..t * s.heads * s.key_dim),
-            v: v.slice(..t * s.value_heads * s.value_dim),
-            g: g.slice(..t * s.value_heads * s.gate_width()),
-            beta: beta.slice(..t * s.value_heads),
-            a_log: a_log.as_ref().map(|x| x.slice(..)),
-            dt_bias: dt_bias.as_ref().map(|x| x.slice(..)),
-            h0: h0.as_ref().map(|x| x.slice(..)),
-        }
     }
 
     /// Waits for `stream` and copies `o` (as f32) and the final states back.

@@ -205,6 +205,14 @@ impl MergeArgs {
     }
 }
 
+/// Pushes `values` under `names`, pairwise in order: a kernel's tensor addresses, or its 32-bit
+/// words.
+pub(super) fn push_named<'a, T: DeviceRepr>(sink: &mut impl ArgSink<'a>, names: &[&'static str], values: &'a [T]) {
+    for (name, value) in names.iter().zip(values) {
+        sink.push(name, value);
+    }
+}
+
 /// Where a launch's arguments go: cudarc's launch builder (through [`Checked`]), or a recorder
 /// in the tests.
 pub(super) trait ArgSink<'a> {

@@ -7,7 +7,7 @@
 //! tokens), as the decode step runs a chain of tokens (`kda_advance_states`, one launch; the
 //! decode step's code). Its error is the layer's on `ht` plus the bf16 rounding of `h`.
 
-use super::args::{Address, ArgSink};
+use super::args::{Address, ArgSink, push_named};
 use super::decode::decode_supports;
 use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
@@ -223,12 +223,8 @@ impl AdvanceArgs {
     ];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
-        }
-        for (name, word) in Self::WORDS.iter().zip(&self.words) {
-            sink.push(name, word);
-        }
+        push_named(sink, &Self::TENSORS, &self.ptrs);
+        push_named(sink, &Self::WORDS, &self.words);
     }
 }
 

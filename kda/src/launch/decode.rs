@@ -7,7 +7,7 @@
 //! [`Kda::launch_decode`] allocates nothing and never synchronises, so a serving loop can capture
 //! it in a CUDA graph.
 
-use super::args::{Address, ArgSink};
+use super::args::{Address, ArgSink, push_named};
 use super::layer::{check_devices, check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
@@ -319,12 +319,8 @@ impl DecodeArgs {
     ];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
-        }
-        for (name, word) in Self::WORDS.iter().zip(&self.words) {
-            sink.push(name, word);
-        }
+        push_named(sink, &Self::TENSORS, &self.ptrs);
+        push_named(sink, &Self::WORDS, &self.words);
     }
 }
 

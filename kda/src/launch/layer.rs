@@ -12,7 +12,7 @@
 //! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
 
-use super::args::{Address, ArgSink};
+use super::args::{Address, ArgSink, push_named};
 use super::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
 use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape, chunk_table};
 use crate::model::StateLayout;
@@ -445,9 +445,7 @@ impl PrepareArgs {
         ["k", "v", "g", "beta", "a_log", "dt_bias", "chunks", "k_rec", "w", "u", "gate_out"];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
-        }
+        push_named(sink, &Self::TENSORS, &self.ptrs);
         self.dims.push(sink);
         sink.push("options", &self.options);
         sink.push("gate_mode", &self.gate_mode);
@@ -469,9 +467,7 @@ impl OutputArgs {
     const TENSORS: [&'static str; 7] = ["q", "k", "gate", "h", "v_new", "o", "chunks"];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
-        }
+        push_named(sink, &Self::TENSORS, &self.ptrs);
         self.dims.push(sink);
         sink.push("options", &self.options);
         sink.push("scale_bits", &self.scale_bits);

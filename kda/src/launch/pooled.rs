@@ -6,7 +6,7 @@
 //! `kda_pool_copy` scatters that back to the slots. The two packed buffers ([`PooledStates`]) are
 //! allocated once per plan, like the layer's workspace.
 
-use super::args::{Address, ArgSink};
+use super::args::{Address, ArgSink, push_named};
 use super::layer::{check_devices, check_lengths, keep};
 use super::{Kda, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, enqueue};
 use crate::KdaError;
@@ -198,9 +198,7 @@ impl PoolCopyArgs {
     const TENSORS: [&'static str; 4] = ["pool", "packed", "slots", "fresh"];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
-        }
+        push_named(sink, &Self::TENSORS, &self.ptrs);
         sink.push("state_len", &self.state_len);
         sink.push("direction", &self.direction);
         sink.push("pool_dtype", &self.pool_dtype);
