@@ -531,7 +531,7 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
 
 /// Register budget of the decode step: three CTAs of 256 threads per SM, 3 x 256 x 80 = 61440
 /// registers, so that three CTAs' states (96 KB) are in flight per SM; ptxas spills a few words
-/// of the staging loop's and the tree path's bookkeeping at 80 (the PTX test bounds it). Against
+/// of the token loop's and the tree path's bookkeeping at 80 (the PTX test bounds it). Against
 /// 128 registers (two CTAs) on the H200: 15% faster on verify, up to 3% on one-token steps.
 pub const DECODE_MAX_REGISTERS: u32 = 80;
 

@@ -15,9 +15,8 @@
 //! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
 //! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
 //! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
-//! shuffle, the warps theirs in shared memory, behind one barrier per token. Every token's inputs
-//! are staged in shared memory before the first (their loads issued with the state's), so a CTA
-//! waits for memory once per call, not once per token. A sequence's tokens form a
+//! shuffle, the warps theirs in shared memory. A token's loads are issued before any of its
+//! arithmetic, the state's with the first token's, so a CTA waits for memory once per token. A sequence's tokens form a
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
@@ -27,15 +26,15 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, ld_global_v2, ld_global_v4, ld_shared_f32, ld_shared_v4,
-    pack_bf16x2, rsqrt_approx, shfl_xor, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4,
-    sync_threads, thread_idx_x_fresh,
+    bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, ld_global_v2, ld_global_v4, ld_shared_v4, pack_bf16x2, rsqrt_approx,
+    shfl_xor, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads,
+    thread_idx_x_fresh,
 };
 use crate::abi::StateDtypeCode;
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
-    BETAS_OFFSET, COL_LANES, COLS, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    STAGE_WORDS, SUMS_OFFSET, THREADS, VALUES_OFFSET, VEC, WARP_SUM_WORDS, WARPS,
+    COL_LANES, COLS, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, STAGE_WORDS,
+    VEC, WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -61,7 +60,7 @@ kernel_entry! {
     /// call stays bit for bit the one-token calls).
     ///
     /// # Safety
-    /// `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
+    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
     /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
@@ -136,10 +135,6 @@ kernel_entry! {
             if !start_fresh {
                 token.load(pool, token.bf16_pool, slot as usize, &mut s);
             }
-            // Every token's inputs into shared memory at once, behind one barrier, so the token
-            // loop waits for memory no more.
-            token.stage(n * d, d);
-            sync_threads();
             let mut current = -1i64;
             // Which of the two shared buffers of partial sums the next `step` writes.
             let mut parity = 0;
@@ -171,7 +166,7 @@ kernel_entry! {
                 // path from the root (one call site of `step`: the kernel keeps one copy of it).
                 for u in 0..=t {
                     if run & (1 << u) != 0 {
-                        token.step(n * d, u, &mut s, u == t, parity);
+                        token.step(n * d + u, &mut s, u == t, parity);
                         token.as_stored(&mut s);
                         parity ^= 1;
                     }
@@ -194,7 +189,7 @@ kernel_entry! {
     /// Checkpoints for prefix caching (`abi::ADVANCE`, parameters `abi::ADVANCE_PARAMS`): item
     /// `m` starts from state `sources[m]` of `h` (bf16 `[NT, HV, K, V]`, a layer's chunk entry
     /// states), runs the `counts[m]` tokens from row `first_rows[m]` of the layer's inputs through
-    /// it as the decode step runs a chain (rounds of `MAX_DRAFT` staged tokens, no output row),
+    /// it as the decode step runs a chain (the same `Token::step`, no output row),
     /// and writes the state to slot `slots[m]` of `pool` (f32 or bf16 as `pool_dtype` says,
     /// rounded once). Grid: `M * HV * V / COLS` CTAs, item-major; `layout::decode::THREADS`
     /// threads; `layout::decode::SMEM_BYTES`.
@@ -246,19 +241,10 @@ kernel_entry! {
             let (source, first, count) = (*sources.add(m) as usize, *first_rows.add(m) as usize, *counts.add(m) as usize);
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
             token.load(h as *const f32, true, source, &mut s);
-            let (mut done, mut parity) = (0, 0);
-            while done < count {
-                let round = if count - done < MAX_DRAFT { count - done } else { MAX_DRAFT };
-                if done > 0 {
-                    sync_threads(); // every step of the last round has read its staged inputs
-                }
-                token.stage(first + done, round);
-                sync_threads();
-                for t in 0..round {
-                    token.step(first + done, t, &mut s, false, parity);
-                    parity ^= 1;
-                }
-                done += round;
+            let mut parity = 0;
+            for t in 0..count {
+                token.step(first + t, &mut s, false, parity);
+                parity ^= 1;
             }
             token.store(pool, *slots.add(m) as usize, &s);
         }
@@ -268,6 +254,7 @@ kernel_entry! {
 /// Whether the kernels run these sizes (the launcher checks the same, with typed errors): `HV` a
 /// multiple of `H`, `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`, the
 /// gate one value or one per key.
+#[inline(always)]
 fn sizes_run(h: usize, hv: usize, kd: usize, vd: usize, gw: usize) -> bool {
     h > 0
         && hv > 0
@@ -375,22 +362,6 @@ impl Place {
     }
 }
 
-/// The shared address of token `t`'s staged `q` at key `a` (its `k` is `MAX_K` words on, its
-/// decay `2 * MAX_K`).
-fn staged_key(t: usize, a: usize) -> u32 {
-    smem_base_shared() + ((t * STAGE_WORDS + a) * 4) as u32
-}
-
-/// The shared address of token `t`'s staged `v` at the block's column `c`.
-fn staged_value(t: usize, c: usize) -> u32 {
-    smem_base_shared() + ((VALUES_OFFSET + t * COLS + c) * 4) as u32
-}
-
-/// The shared address of token `t`'s staged (activated) `beta`.
-fn staged_beta(t: usize) -> u32 {
-    smem_base_shared() + ((BETAS_OFFSET + t) * 4) as u32
-}
-
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
 fn unpack4(w: [u32; 2]) -> [f32; 4] {
     let half = |x: u32, hi: bool| bf16_to_f32(if hi { (x >> 16) as u16 } else { x as u16 });
@@ -413,6 +384,8 @@ unsafe fn add_halves(x: f32) -> f32 {
 }
 
 impl Token {
+    /// A token's view of the launch; `d` passed `sizes_run` (so `d.h` is positive).
+    #[inline(always)]
     fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes) -> Self {
         Self {
             q: x.q,
@@ -429,8 +402,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            // (Checked: the head counts are positive, which the compiler cannot see.)
-            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
+            j: i.checked_div(d.hv / d.h).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -511,72 +483,44 @@ impl Token {
         }
     }
 
-    /// Every token's inputs (rows `first .. first + count`) into shared memory, the threads
-    /// taking them in turn: `q`, `k` and the activated decay per key, `v` at the block's columns
-    /// and `beta` (activated), as f32. The caller passes a barrier before `step` reads them.
+    /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
+    /// update, and, when `write_o`, the output row. Two CTA barriers; every thread calls it, with
+    /// `parity` alternating between consecutive calls.
     ///
     /// # Safety
-    /// As the kernel's: the rows are rows of every tensor; `count` is at most `MAX_DRAFT`.
+    /// As the kernel's: `row` is a row of every tensor.
     #[inline(always)]
-    unsafe fn stage(&self, first: usize, count: usize) {
-        let (kd, tid) = (self.kd, thread_idx_x_fresh());
-        // SAFETY (block): the kernel's contract; shared indices below their regions' sizes
-        // (`t < count <= MAX_DRAFT`, `a < kd <= MAX_K`, `c < COLS`).
-        unsafe {
-            let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
-            // (32-bit index arithmetic: a 64-bit division is a subroutine call on the GPU.)
-            let (kd32, items) = (kd as u32, (count * kd) as u32);
-            let mut item = tid as u32;
-            while item < items {
-                // (Checked: `K` is positive, which the compiler cannot see; no panic path.)
-                let (Some(t), Some(a)) = (item.checked_div(kd32), item.checked_rem(kd32)) else { break };
-                let (t, a) = (t as usize, a as usize);
-                item += THREADS as u32;
-                let (head_row, value_row) = ((first + t) * self.h + self.j, (first + t) * self.hv + self.i);
-                let at = staged_key(t, a);
-                st_shared_f32(at, bf16_to_f32(*self.q.add(head_row * kd + a)));
-                st_shared_f32(at + (MAX_K * 4) as u32, bf16_to_f32(*self.k.add(head_row * kd + a)));
-                let gate = if self.gw == 1 { 0 } else { a };
-                let raw = *self.g.add(value_row * self.gw + gate);
-                let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + gate) };
-                let decay = exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound));
-                st_shared_f32(at + (2 * MAX_K * 4) as u32, decay);
-            }
-            let mut item = tid as u32;
-            while item < (count * COLS) as u32 {
-                let (t, c) = ((item / COLS as u32) as usize, (item % COLS as u32) as usize);
-                item += THREADS as u32;
-                let value_row = (first + t) * self.hv + self.i;
-                st_shared_f32(staged_value(t, c), bf16_to_f32(*self.v.add(value_row * self.vd + self.col0 + c)));
-            }
-            if tid < count {
-                let b_raw = *self.beta.add((first + tid) * self.hv + self.i);
-                let beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
-                st_shared_f32(staged_beta(tid), beta);
-            }
-        }
-    }
-
-    /// Token `t` of the sequence whose first row is `first` through the state `s`: decay, the
-    /// delta rule's update, and, when `write_o`, the output row, from the inputs `stage` put in
-    /// shared memory. One CTA barrier; every thread calls it, with `parity` alternating between
-    /// consecutive calls.
-    ///
-    /// # Safety
-    /// As the kernel's; `stage` staged token `t`, and a barrier has passed since.
-    #[inline(always)]
-    unsafe fn step(&self, first: usize, t: usize, s: &mut Keys, write_o: bool, parity: usize) {
-        let keys = self.keys();
-        let value_row = (first + t) * self.hv + self.i;
+    unsafe fn step(&self, row: usize, s: &mut Keys, write_o: bool, parity: usize) {
+        let (kd, vd, keys) = (self.kd, self.vd, self.keys());
+        let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
         // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
         // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
+            // Shared addresses (32-bit, `.shared` window) of this token's staged inputs and of
+            // the partial sums.
+            let staged = smem_base_shared() + (parity * STAGE_WORDS * 4) as u32;
+            let (qs, ks, decays) = (staged, staged + (MAX_K * 4) as u32, staged + (2 * MAX_K * 4) as u32);
+            let sums = smem_base_shared() + (2 * STAGE_WORDS * 4) as u32;
             let word = |x: usize| (x * 4) as u32;
-            let (qs, ks, decays) = (staged_key(t, 0), staged_key(t, 0) + word(MAX_K), staged_key(t, 0) + word(2 * MAX_K));
-            let sums = smem_base_shared() + word(SUMS_OFFSET + parity * WARPS * WARP_SUM_WORDS);
+
+            // The token's q, k and decay per key staged in shared memory (one key per thread),
+            // and this thread's v and beta, all loads issued before any wait.
+            let tid = thread_idx_x_fresh();
+            if tid < kd {
+                let e = head_row * kd + tid;
+                st_shared_f32(qs + word(tid), bf16_to_f32(*self.q.add(e)));
+                st_shared_f32(ks + word(tid), bf16_to_f32(*self.k.add(e)));
+                let a = if self.gw == 1 { 0 } else { tid };
+                let raw = *self.g.add(value_row * self.gw + a);
+                let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
+                let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + a) };
+                st_shared_f32(decays + word(tid), exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound)));
+            }
             let at = Place::fresh();
-            let v = floats4(ld_shared_v4(staged_value(t, VEC * at.col_lane)));
-            let strength_beta = ld_shared_f32(staged_beta(t));
+            let c = self.col0 + VEC * at.col_lane;
+            let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+            let b_raw = *self.beta.add(value_row);
+            sync_threads();
 
             // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
             // its keys' staged values read four at a time.
@@ -636,6 +580,7 @@ impl Token {
             } else {
                 (1.0, 1.0)
             };
+            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
             // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
             let kq = kq * k_scale * q_scale;
             let mut out = [0.0f32; VEC];
@@ -657,11 +602,12 @@ impl Token {
             }
             if write_o && at.warp == 0 && at.key_lane == 0 {
                 let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
-                st_global_v2(self.o.add(value_row * self.vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
+                st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
             }
-            // Between tokens: the next token writes the other buffer of partial sums, and the
-            // one after it writes this one only after passing the next token's barrier, which
-            // every reader of this one passes after reading it.
+            // Between tokens: the next token stages into the other buffer, so this token's `k`
+            // stays readable until every thread has passed the next token's first barrier; the
+            // partial sums are rewritten only after the next token's first barrier, which every
+            // reader of these passes after reading them.
         }
     }
 }

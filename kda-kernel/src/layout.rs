@@ -212,23 +212,16 @@ pub mod decode {
     pub const MAX_K: usize = 128;
     /// Keys per thread at `MAX_K`.
     pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
-    /// f32 words of a token's staged inputs per key: `q`, `k` and the decay (`[MAX_K]` each).
+    /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
     pub const STAGE_WORDS: usize = 3 * MAX_K;
-    /// Where the staged `v` rows start (f32 words): after every token's keys.
-    pub const VALUES_OFFSET: usize = MAX_DRAFT * STAGE_WORDS;
-    /// Where the staged `beta` values start: after every token's `v` at the block's columns.
-    pub const BETAS_OFFSET: usize = VALUES_OFFSET + MAX_DRAFT * COLS;
-    /// Where the partial sums start: after every token's `beta` (a multiple of four words, so
-    /// the sums' vectors stay 16-byte aligned).
-    pub const SUMS_OFFSET: usize = BETAS_OFFSET + MAX_DRAFT;
     /// f32 words a warp adds to a token's shared partial sums: `S^T k` and `S^T q` over its keys
     /// for the CTA's columns, then `q . q`, `k . k` and `k . q` over its keys, and one word to
     /// keep the next warp's vectors 16-byte aligned.
     pub const WARP_SUM_WORDS: usize = 2 * COLS + 4;
-    /// f32 words of shared memory: every token's staged inputs, then every warp's partial sums
-    /// twice (tokens alternate between the two, so one barrier per token separates a token's
-    /// readers from the next writers).
-    pub const SMEM_WORDS: usize = SUMS_OFFSET + 2 * WARPS * WARP_SUM_WORDS;
+    /// f32 words of shared memory: the staged inputs twice (tokens alternate between the two,
+    /// so a token's `k` stays readable until the next token's first barrier), then every warp's
+    /// partial sums.
+    pub const SMEM_WORDS: usize = 2 * STAGE_WORDS + WARPS * WARP_SUM_WORDS;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a

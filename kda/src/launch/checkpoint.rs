@@ -160,15 +160,20 @@ impl Kda {
         let mut records = Vec::new();
         let mut read = |x| keep(&mut records, x);
         let pool_address = read(pool.device_ptr_mut(stream));
-        let required = super::decode::pool_alignment(plan.pool.dtype);
-        if !pool_address.is_multiple_of(required as u64) {
-            return Err(KdaError::Alignment { tensor: "pool", required, address: pool_address });
+        let v_address = read(inputs.v.device_ptr(stream));
+        for (tensor, address, required) in [
+            ("pool", pool_address, super::decode::pool_alignment(plan.pool.dtype)),
+            ("v", v_address, super::decode::V_ALIGNMENT),
+        ] {
+            if !address.is_multiple_of(required as u64) {
+                return Err(KdaError::Alignment { tensor, required, address });
+            }
         }
         let args = AdvanceArgs {
             ptrs: [
                 read(inputs.q.device_ptr(stream)),
                 read(inputs.k.device_ptr(stream)),
-                read(inputs.v.device_ptr(stream)),
+                v_address,
                 read(inputs.g.device_ptr(stream)),
                 read(inputs.beta.device_ptr(stream)),
                 inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),

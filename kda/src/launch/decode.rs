@@ -270,14 +270,17 @@ impl Kda {
 }
 
 /// The alignment in bytes each of the decode step's tensors needs (in `DecodeArgs::TENSORS`
-/// order): the kernel writes `o` in vectors of `VEC` bf16 and reads and writes the pool in vectors
-/// of `VEC` states, everything else one element at a time.
+/// order): the kernel reads `v` and writes `o` in vectors of `VEC` bf16, reads and writes the
+/// pool in vectors of `VEC` states, everything else one element at a time.
 fn decode_alignments(pool: StateDtype) -> [usize; 13] {
     let (bf16, f32, index) = (2, 4, 8);
     let bf16_vector = VEC * bf16;
     let pool = VEC * if pool == StateDtype::Bf16 { bf16 } else { f32 };
-    [bf16, bf16, bf16, f32, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
+    [bf16, bf16, bf16_vector, f32, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
 }
+
+/// The alignment `v` needs: the kernels read it in vectors of `VEC` bf16.
+pub(super) const V_ALIGNMENT: usize = VEC * 2;
 
 /// The alignment a pool of `dtype` needs: the kernels read and write it in vectors of `VEC`
 /// states.
@@ -374,15 +377,14 @@ mod tests {
         let mut args = sample_args();
         args.ptrs = [0x1000; 13];
         check_alignment(&args, StateDtype::F32).unwrap();
-        // `o` is written 8 bytes at a time, `q` and `v` read one element at a time.
-        args.ptrs[12] = 0x1004;
+        // `v` is read and `o` written 8 bytes at a time, `q` read one element at a time.
+        args.ptrs[2] = 0x1004;
         assert!(matches!(
             check_alignment(&args, StateDtype::F32),
-            Err(KdaError::Alignment { tensor: "o", required: 8, .. })
+            Err(KdaError::Alignment { tensor: "v", required: 8, .. })
         ));
-        args.ptrs[12] = 0x1008;
+        args.ptrs[2] = 0x1008;
         args.ptrs[0] = 0x1002;
-        args.ptrs[2] = 0x1006;
         check_alignment(&args, StateDtype::F32).unwrap();
         // An f32 pool 16 bytes at a time, a bf16 one 8.
         args.ptrs[11] = 0x1008;
