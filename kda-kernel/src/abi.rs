@@ -243,10 +243,10 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 /// (null unless the gate is raw), the slots (`[N]` i64, negative: padding), the fresh flags
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
 /// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
-/// element type (a [`StateDtypeCode`]), `draft`
+/// element type (a [`StateDtypeCode`]) and layout (a [`StateLayoutCode`]), `draft`
 /// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
 /// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 24] = [
+pub const DECODE_PARAMS: [Param; 25] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -261,6 +261,7 @@ pub const DECODE_PARAMS: [Param; 24] = [
     Param::pointer("pool"),
     Param::pointer("o"),
     Param::u32("pool_dtype"),
+    Param::u32("pool_layout"),
     Param::u32("draft"),
     Param::u32("heads"),
     Param::u32("value_heads"),
@@ -276,8 +277,9 @@ pub const DECODE_PARAMS: [Param; 24] = [
 /// The checkpoint kernel's parameters, in order: the layer's token inputs and gate parameters
 /// as the decode step takes them, `h` (the layer's chunk entry states, bf16), each item's source
 /// state in `h`, first token row, token count and destination slot, the pool; then the pool's
-/// element type and the layer's sizes and options (no `scale`: no output rows).
-pub const ADVANCE_PARAMS: [Param; 22] = [
+/// element type and layout, `h`'s layout (each a [`StateLayoutCode`]), and the layer's sizes and
+/// options (no `scale`: no output rows).
+pub const ADVANCE_PARAMS: [Param; 24] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -292,6 +294,8 @@ pub const ADVANCE_PARAMS: [Param; 22] = [
     Param::pointer("slots"),
     Param::pointer("pool"),
     Param::u32("pool_dtype"),
+    Param::u32("pool_layout"),
+    Param::u32("h_layout"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),

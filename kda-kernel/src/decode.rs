@@ -30,7 +30,7 @@ use crate::arch::sm80::{
     shfl_xor, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads,
     thread_idx_x_fresh,
 };
-use crate::abi::StateDtypeCode;
+use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, STAGE_WORDS,
@@ -54,7 +54,8 @@ kernel_entry! {
     /// `[N * draft]` (i64; null: a chain) names the token each continues from (an earlier token of
     /// its sequence, or negative: the initial state). `token_slots` `[N * draft]` (i64; null: the
     /// last token's state goes back to the sequence's slot) names where each token's state is
-    /// written (negative: nowhere). The pool is key-first `[slots, HV, K, V]`, f32 or bf16 as
+    /// written (negative: nowhere). The pool is `[slots, HV, K, V]`, or `[slots, HV, V, K]` as
+    /// `pool_layout` says (a `StateLayoutCode`), f32 or bf16 as
     /// `pool_dtype` says (a `StateDtypeCode`; with bf16 every written state is rounded, and a
     /// chain's state is rounded after each token as if written and read back, so that a verify
     /// call stays bit for bit the one-token calls).
@@ -79,6 +80,7 @@ kernel_entry! {
         pool: *mut f32,
         o: *mut u16,
         pool_dtype: u32,
+        pool_layout: u32,
         draft: u32,
         heads: u32,
         value_heads: u32,
@@ -120,7 +122,7 @@ kernel_entry! {
         let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
         let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
         let dims = Dims { h, hv, kd, vd, gw };
-        let codes = Codes { options, gate_mode, pool_dtype, lower_bound_bits, scale_bits };
+        let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
         let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
@@ -133,7 +135,7 @@ kernel_entry! {
             let start_fresh = *fresh.add(n) != 0;
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
             if !start_fresh {
-                token.load(pool, token.bf16_pool, slot as usize, &mut s);
+                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
             }
             let mut current = -1i64;
             // Which of the two shared buffers of partial sums the next `step` writes.
@@ -149,7 +151,7 @@ kernel_entry! {
                     // slot unwritten until the call ends), rather than held in registers.
                     s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
                     if !start_fresh {
-                        token.load(pool, token.bf16_pool, slot as usize, &mut s);
+                        token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
                     }
                     // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
                     // token by the contract.)
@@ -187,11 +189,11 @@ kernel_entry! {
 
 kernel_entry! {
     /// Checkpoints for prefix caching (`abi::ADVANCE`, parameters `abi::ADVANCE_PARAMS`): item
-    /// `m` starts from state `sources[m]` of `h` (bf16 `[NT, HV, K, V]`, a layer's chunk entry
-    /// states), runs the `counts[m]` tokens from row `first_rows[m]` of the layer's inputs through
-    /// it as the decode step runs a chain (the same `Token::step`, no output row),
-    /// and writes the state to slot `slots[m]` of `pool` (f32 or bf16 as `pool_dtype` says,
-    /// rounded once). Grid: `M * HV * V / COLS` CTAs, item-major; `layout::decode::THREADS`
+    /// `m` starts from state `sources[m]` of `h` (bf16 `[NT, HV, K, V]`, or `[NT, HV, V, K]` as
+    /// `h_layout` says: a layer's chunk entry states), runs the `counts[m]` tokens from row
+    /// `first_rows[m]` of the layer's inputs through it as the decode step runs a chain (the same
+    /// `Token::step`, no output row), and writes the state to slot `slots[m]` of `pool` (in
+    /// `pool_layout`, f32 or bf16 as `pool_dtype` says, rounded once). Grid: `M * HV * V / COLS` CTAs, item-major; `layout::decode::THREADS`
     /// threads; `layout::decode::SMEM_BYTES`.
     ///
     /// # Safety
@@ -213,6 +215,8 @@ kernel_entry! {
         slots: *const i64,
         pool: *mut f32,
         pool_dtype: u32,
+        pool_layout: u32,
+        h_layout: u32,
         heads: u32,
         value_heads: u32,
         key_dim: u32,
@@ -233,14 +237,15 @@ kernel_entry! {
             return; // the launcher never launches so; this proves the indices below safe
         }
         let Some((m, i, col0)) = cta_place(value_heads, dims.vd) else { return };
-        let codes = Codes { options, gate_mode, pool_dtype, lower_bound_bits, scale_bits: 0 };
+        let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits: 0 };
         let o = core::ptr::null_mut(); // no output rows
         let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
             let (source, first, count) = (*sources.add(m) as usize, *first_rows.add(m) as usize, *counts.add(m) as usize);
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-            token.load(h as *const f32, true, source, &mut s);
+            let h_value_first = h_layout == StateLayoutCode::ValueFirst as u32;
+            token.load(h as *const f32, true, h_value_first, source, &mut s);
             let mut parity = 0;
             for t in 0..count {
                 token.step(first + t, &mut s, false, parity);
@@ -306,6 +311,8 @@ struct Codes {
     options: u32,
     gate_mode: u32,
     pool_dtype: u32,
+    /// A `StateLayoutCode`.
+    pool_layout: u32,
     lower_bound_bits: u32,
     scale_bits: u32,
 }
@@ -335,6 +342,8 @@ struct Token {
     gate_mode: u32,
     /// The pool holds bf16 states.
     bf16_pool: bool,
+    /// The pool's states are value-first (`[V, K]`).
+    value_first_pool: bool,
     lower_bound: f32,
     scale: f32,
 }
@@ -407,6 +416,7 @@ impl Token {
             options: c.options,
             gate_mode: c.gate_mode,
             bf16_pool: c.pool_dtype == StateDtypeCode::Bf16 as u32,
+            value_first_pool: c.pool_layout == StateLayoutCode::ValueFirst as u32,
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
         }
@@ -418,54 +428,96 @@ impl Token {
     }
 
     /// The element offset of this thread's first column in key row `key` of the head's state in
-    /// `slot` of the pool (64-bit; a multiple of `VEC`).
+    /// `slot` of a key-first pool (64-bit; a multiple of `VEC`).
     fn state_offset(&self, slot: usize, key: usize, at: &Place) -> usize {
         ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col_lane
     }
 
-    /// This thread's keys of the head's state in `slot` of `pool` (`[slots, HV, K, V]`, bf16 or
-    /// f32 as `bf16` says), into `s`.
+    /// The element offset of key `key` in this thread's column `x` of the head's state in `slot`
+    /// of a value-first pool (`[slots, HV, V, K]`; 64-bit).
+    fn value_first_offset(&self, slot: usize, x: usize, key: usize, at: &Place) -> usize {
+        ((slot * self.hv + self.i) * self.vd + self.col0 + VEC * at.col_lane + x) * self.kd + key
+    }
+
+    /// This thread's keys of the head's state in `slot` of `pool` (`[slots, HV, K, V]`, or
+    /// `[slots, HV, V, K]` when `value_first`; bf16 or f32 as `bf16` says), into `s`.
     ///
     /// # Safety
     /// `slot` lies inside the pool; the pool is 16-byte aligned (bf16: 8-byte).
     #[inline(always)]
-    unsafe fn load(&self, pool: *const f32, bf16: bool, slot: usize, s: &mut Keys) {
+    unsafe fn load(&self, pool: *const f32, bf16: bool, value_first: bool, slot: usize, s: &mut Keys) {
         let at = Place::fresh();
-        for (t, x) in s.iter_mut().enumerate() {
-            if t < self.keys() {
-                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
-                // SAFETY: the key row is below `kd` and the columns below `vd`; `e` is a multiple
-                // of `VEC`, so the vector is aligned.
-                *x = unsafe {
-                    if bf16 {
-                        unpack4(ld_global_v2((pool as *const u16).add(e) as *const u32))
-                    } else {
-                        floats4(ld_global_v4(pool.add(e) as *const u32))
+        // SAFETY (both): the key rows are below `kd` and the columns below `vd`; the offsets are
+        // multiples of the vectors' lengths (`VEC` = `KEY_VECTOR`), so the vectors are aligned.
+        let vector = |e: usize| unsafe {
+            if bf16 {
+                unpack4(ld_global_v2((pool as *const u16).add(e) as *const u32))
+            } else {
+                floats4(ld_global_v4(pool.add(e) as *const u32))
+            }
+        };
+        if value_first {
+            // One element at a time: a thread's keys of a column are contiguous there, and the
+            // L1 keeps each 32-byte sector for the thread's next keys.
+            for (t, row) in s.iter_mut().enumerate() {
+                if t < self.keys() {
+                    for (x, value) in row.iter_mut().enumerate() {
+                        let e = self.value_first_offset(slot, x, at.group * self.keys() + t, &at);
+                        // SAFETY: the key row is below `kd` and the column below `vd`.
+                        *value = unsafe {
+                            if bf16 { bf16_to_f32(*(pool as *const u16).add(e)) } else { *pool.add(e) }
+                        };
                     }
-                };
+                }
+            }
+        } else {
+            for (t, row) in s.iter_mut().enumerate() {
+                if t < self.keys() {
+                    *row = vector(self.state_offset(slot, at.group * self.keys() + t, &at));
+                }
             }
         }
     }
 
-    /// This thread's keys of `s` to the head's state in `slot` of the pool.
+    /// This thread's keys of `s` to the head's state in `slot` of the pool (in the pool's
+    /// layout and element type).
     ///
     /// # Safety
     /// `slot` lies inside the pool and no other sequence reads or writes it; the pool is 16-byte
-    /// aligned.
+    /// aligned (bf16: 8-byte).
     #[inline(always)]
     unsafe fn store(&self, pool: *mut f32, slot: usize, s: &Keys) {
         let at = Place::fresh();
-        for (t, x) in s.iter().enumerate() {
-            if t < self.keys() {
-                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
-                // SAFETY: as in `load`.
-                unsafe {
-                    if self.bf16_pool {
-                        let w = [pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3])];
-                        st_global_v2((pool as *mut u16).add(e) as *mut u32, w);
-                    } else {
-                        st_global_v4(pool.add(e) as *mut u16, x.map(f32::to_bits));
+        // SAFETY (both): as in `load`.
+        let vector = |e: usize, v: [f32; 4]| unsafe {
+            if self.bf16_pool {
+                let w = [pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])];
+                st_global_v2((pool as *mut u16).add(e) as *mut u32, w);
+            } else {
+                st_global_v4(pool.add(e) as *mut u16, v.map(f32::to_bits));
+            }
+        };
+        if self.value_first_pool {
+            // As in `load`.
+            for (t, row) in s.iter().enumerate() {
+                if t < self.keys() {
+                    for (x, &value) in row.iter().enumerate() {
+                        let e = self.value_first_offset(slot, x, at.group * self.keys() + t, &at);
+                        // SAFETY: as in `load`.
+                        unsafe {
+                            if self.bf16_pool {
+                                *(pool as *mut u16).add(e) = f32_to_bf16(value);
+                            } else {
+                                *pool.add(e) = value;
+                            }
+                        }
                     }
+                }
+            }
+        } else {
+            for (t, row) in s.iter().enumerate() {
+                if t < self.keys() {
+                    vector(self.state_offset(slot, at.group * self.keys() + t, &at), *row);
                 }
             }
         }

@@ -525,6 +525,20 @@ impl From<half::bf16> for PoolValue {
     }
 }
 
+/// Each `[rows][cols]` matrix of `states` (a whole number of them) transposed: a key-first pool
+/// of states value-first, and back.
+pub fn transposed<T: Copy + Default>(states: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = vec![T::default(); states.len()];
+    for (src, dst) in states.chunks_exact(rows * cols).zip(out.chunks_exact_mut(rows * cols)) {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
+}
+
 /// What a checkpoint's error may add to the layer's bound on `ht`: it starts from a chunk entry
 /// state kept in bf16 (`h`), whose rounding is at most bf16's unit roundoff, 2^-8, relative; a
 /// bf16 pool rounds the result once more, by as much.

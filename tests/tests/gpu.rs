@@ -736,6 +736,12 @@ fn decode_step_matches_the_pooled_reference() {
         let plan = DecodePlan::new(&gpu.stream, p.shape, p.options, case.pool_shape, &case.indices, &case.fresh);
         let (pool, o) = kda_tests::run_decode(&gpu, p, &plan.unwrap(), &case.pool);
         case.check(&pool, &o);
+        // The same step over the pool's states value-first.
+        let (kd, vd) = (p.shape.key_dim, p.shape.value_dim);
+        let shape = kda::pool::PoolShape { layout: StateLayout::ValueFirst, ..case.pool_shape };
+        let plan = DecodePlan::new(&gpu.stream, p.shape, p.options, shape, &case.indices, &case.fresh);
+        let (pool, o) = kda_tests::run_decode(&gpu, p, &plan.unwrap(), &kda_tests::transposed(&case.pool, kd, vd));
+        case.check(&kda_tests::transposed(&pool, vd, kd), &o);
     }
 }
 

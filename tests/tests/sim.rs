@@ -15,8 +15,8 @@ use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
 use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
-use kda_tests::VerifyCase;
 use kda_tests::{DECODE_O_BOUND, DECODE_STATE_BOUND, POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
+use kda_tests::{VerifyCase, transposed};
 
 /// Outputs of `p`'s sizes, every element poisoned.
 fn poisoned_outputs(p: &Problem) -> Outputs {
@@ -298,19 +298,6 @@ enum LayerRecurrence {
     Portable,
 }
 
-/// Each `[rows][cols]` matrix of `states` (a whole number of them) transposed.
-fn transposed(states: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; states.len()];
-    for (src, dst) in states.chunks_exact(rows * cols).zip(out.chunks_exact_mut(rows * cols)) {
-        for r in 0..rows {
-            for c in 0..cols {
-                dst[c * rows + r] = src[r * cols + c];
-            }
-        }
-    }
-    out
-}
-
 /// The layer on the simulator as the launcher runs it, its states (`h`, and `h0`, `ht` at the
 /// recurrence) in `layout`: the prepare kernel, the recurrence (here the f64 reference of the
 /// contract, on the prepare kernel's bf16 outputs), the output kernel. Returns key-first `ht`.
@@ -471,6 +458,18 @@ fn sim_decode<P: PoolElement>(
     tables: &DraftTables,
     pool: &mut [P],
 ) -> Vec<bf16> {
+    sim_decode_in(StateLayout::KeyFirst, p, slots, fresh, tables, pool)
+}
+
+/// [`sim_decode`] over a pool of `layout`.
+fn sim_decode_in<P: PoolElement>(
+    layout: StateLayout,
+    p: &LayerProblem,
+    slots: &[i64],
+    fresh: &[u32],
+    tables: &DraftTables,
+    pool: &mut [P],
+) -> Vec<bf16> {
     use kda_kernel::layout::decode;
     let s = p.shape;
     let codes = p.options.codes();
@@ -507,6 +506,7 @@ fn sim_decode<P: PoolElement>(
                 pool_ptr.mut_ptr() as *mut f32,
                 o_ptr.mut_ptr() as *mut u16,
                 P::DTYPE.code(),
+                layout_code(layout),
                 tables.draft as u32,
                 words[0],
                 words[1],
@@ -534,6 +534,19 @@ fn the_decode_step_matches_the_pooled_reference() {
         let mut pool = case.pool.clone();
         let o = sim_decode(&case.p, &slots, &fresh, &tables, &mut pool);
         case.check(&pool, &o);
+        // The same step over the pool's states value-first.
+        let (kd, vd) = (case.p.shape.key_dim, case.p.shape.value_dim);
+        let mut pool = transposed(&case.pool, kd, vd);
+        let o = sim_decode_in(StateLayout::ValueFirst, &case.p, &slots, &fresh, &tables, &mut pool);
+        case.check(&transposed(&pool, vd, kd), &o);
+    }
+}
+
+/// The kernels' code of a state layout.
+fn layout_code(layout: StateLayout) -> u32 {
+    match layout {
+        StateLayout::KeyFirst => StateLayoutCode::KeyFirst as u32,
+        StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
     }
 }
 
@@ -881,7 +894,12 @@ fn the_split_merge_chains_segment_maps_into_entry_states() {
 
 /// The checkpoint kernel on the simulator as the launcher runs it (one CTA per checkpoint, value
 /// head and block of columns), from the layer's chunk entry states `h` into `pool`.
-fn sim_advance<P: PoolElement>(p: &LayerProblem, h: &[bf16], tables: &CheckpointTables, pool: &mut [P]) {
+fn sim_advance<P: PoolElement>(
+    p: &LayerProblem,
+    (h, h_layout): (&[bf16], StateLayout),
+    tables: &CheckpointTables,
+    (pool, pool_layout): (&mut [P], StateLayout),
+) {
     use kda_kernel::layout::decode;
     let s = p.shape;
     let codes = p.options.codes();
@@ -916,6 +934,8 @@ fn sim_advance<P: PoolElement>(p: &LayerProblem, h: &[bf16], tables: &Checkpoint
                 slots.ptr(),
                 pool_ptr.mut_ptr() as *mut f32,
                 P::DTYPE.code(),
+                layout_code(pool_layout),
+                layout_code(h_layout),
                 words[0],
                 words[1],
                 words[2],
@@ -938,16 +958,23 @@ fn sim_advance<P: PoolElement>(p: &LayerProblem, h: &[bf16], tables: &Checkpoint
 fn checkpoints_match_the_prompts_cut_there() {
     for (i, case) in kda_tests::checkpoint_cases().into_iter().enumerate() {
         let p = &case.p;
+        let (kd, vd) = (p.shape.key_dim, p.shape.value_dim);
         let (_, h) = run_layer_keeping_h(p, StateLayout::KeyFirst, LayerRecurrence::Portable);
         let pool_shape = PoolShape::for_layer(&p.shape, case.slots, StateLayout::KeyFirst, StateDtype::F32);
+        let tables = checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap();
         let mut pool = vec![f32::from_bits(POISON_F32); pool_shape.len().unwrap()];
-        sim_advance(p, &h, &checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap(), &mut pool);
+        sim_advance(p, (&h, StateLayout::KeyFirst), &tables, (&mut pool, StateLayout::KeyFirst));
         case.check(StateDtype::F32, &pool);
         if i % 2 == 0 {
-            let pool_shape = PoolShape { dtype: StateDtype::Bf16, ..pool_shape };
             let mut pool = vec![bf16::from_bits(POISON_BF16); pool_shape.len().unwrap()];
-            sim_advance(p, &h, &checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap(), &mut pool);
+            sim_advance(p, (&h, StateLayout::KeyFirst), &tables, (&mut pool, StateLayout::KeyFirst));
             case.check(StateDtype::Bf16, &pool);
+        } else {
+            // A value-first layer's `h` into a value-first pool.
+            let (_, h) = run_layer_keeping_h(p, StateLayout::ValueFirst, LayerRecurrence::Portable);
+            let mut pool = vec![f32::from_bits(POISON_F32); pool_shape.len().unwrap()];
+            sim_advance(p, (&h, StateLayout::ValueFirst), &tables, (&mut pool, StateLayout::ValueFirst));
+            case.check(StateDtype::F32, &transposed(&pool, vd, kd));
         }
     }
 }

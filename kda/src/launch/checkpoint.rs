@@ -38,6 +38,8 @@ pub struct CheckpointPlan {
 #[derive(Clone, Copy)]
 struct LayerPlanShape {
     shape: crate::layer::LayerShape,
+    /// The layer's state layout, `h`'s.
+    layout: StateLayout,
     options: crate::layer::LayerOptions,
     tokens: usize,
     chunks: usize,
@@ -46,7 +48,8 @@ struct LayerPlanShape {
 impl CheckpointPlan {
     /// Plans `checkpoints` of `layer`'s batch into `pool` and uploads them on `stream`. Refuses,
     /// with typed errors, what [`checkpoint_tables`] refuses, a pool that does not hold the
-    /// layer's states, a value-first layer plan, and the sizes the decode kernel does not run.
+    /// layer's states, and the sizes the decode kernel does not run. The pool's layout may differ
+    /// from the layer's.
     pub fn new(
         stream: &Arc<CudaStream>,
         layer: &LayerPlan,
@@ -55,12 +58,6 @@ impl CheckpointPlan {
     ) -> Result<Self, KdaError> {
         let shape = layer.shape();
         decode_supports(&shape, &pool)?;
-        if layer.state_layout() != StateLayout::KeyFirst {
-            return Err(KdaError::Unsupported {
-                argument: "layer",
-                reason: "checkpoints start from the layer's key-first chunk states".into(),
-            });
-        }
         let batch = layer.batch();
         let CheckpointTables { mut sources, mut first_rows, mut counts, mut slots } =
             checkpoint_tables(batch, checkpoints, &pool)?;
@@ -72,7 +69,13 @@ impl CheckpointPlan {
         pad(&mut slots);
         counts.push(0);
         Ok(Self {
-            layer: LayerPlanShape { shape, options: layer.options(), tokens: batch.tokens(), chunks: batch.chunks() },
+            layer: LayerPlanShape {
+                shape,
+                layout: layer.state_layout(),
+                options: layer.options(),
+                tokens: batch.tokens(),
+                chunks: batch.chunks(),
+            },
             pool,
             sources: stream.clone_htod(&sources)?,
             first_rows: stream.clone_htod(&first_rows)?,
@@ -187,6 +190,8 @@ impl Kda {
             ],
             words: [
                 plan.pool.dtype.code(),
+                super::layout_code(plan.pool.layout) as u32,
+                super::layout_code(l.layout) as u32,
                 word("heads", h)?,
                 word("value_heads", hv)?,
                 word("key_dim", kd)?,
@@ -209,14 +214,16 @@ impl Kda {
 /// The checkpoint kernel's arguments (`kda_kernel::abi::ADVANCE_PARAMS`).
 pub(super) struct AdvanceArgs {
     ptrs: [Address; 13],
-    words: [u32; 9],
+    words: [u32; 11],
 }
 
 impl AdvanceArgs {
     const TENSORS: [&'static str; 13] =
         ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "h", "sources", "first_rows", "counts", "slots", "pool"];
-    const WORDS: [&'static str; 9] = [
+    const WORDS: [&'static str; 11] = [
         "pool_dtype",
+        "pool_layout",
+        "h_layout",
         "heads",
         "value_heads",
         "key_dim",
@@ -236,5 +243,5 @@ impl AdvanceArgs {
 /// One argument list of the checkpoint kernel, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> AdvanceArgs {
-    AdvanceArgs { ptrs: [1; 13], words: [2; 9] }
+    AdvanceArgs { ptrs: [1; 13], words: [2; 11] }
 }

@@ -12,7 +12,6 @@ use super::layer::{check_devices, check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
-use crate::model::StateLayout;
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use half::bf16;
@@ -61,8 +60,7 @@ impl DecodePlan {
     /// negative for padding; `fresh[n]` when it starts from zeros) over `pool` for a layer of
     /// `shape` with `options`, and uploads the slots on `stream`. Refuses, with typed errors, a
     /// slot past the pool, a slot named twice, a pool that does not hold the layer's states, and
-    /// what the kernel does not run yet (a value-first pool; `K` other than 64 or 128, `V` not a
-    /// multiple of 64).
+    /// the sizes the kernel does not run (`K` other than 64 or 128, `V` not a multiple of 64).
     pub fn new(
         stream: &Arc<CudaStream>,
         shape: LayerShape,
@@ -144,9 +142,6 @@ pub(super) fn decode_supports(shape: &LayerShape, pool: &PoolShape) -> Result<()
     shape.validate()?;
     pool.check_holds(shape)?;
     let unsupported = |argument, reason: String| Err(KdaError::Unsupported { argument, reason });
-    if pool.layout != StateLayout::KeyFirst {
-        return unsupported("pool", "the decode kernel reads key-first pools ([slots, HV, K, V])".into());
-    }
     if shape.key_dim > MAX_K || !shape.key_dim.is_multiple_of(K_MULTIPLE) {
         return unsupported("key_dim", format!("the decode kernel holds multiples of {K_MULTIPLE} up to {MAX_K}"));
     }
@@ -242,6 +237,7 @@ impl Kda {
             ],
             words: [
                 plan.pool.dtype.code(),
+                super::layout_code(plan.pool.layout) as u32,
                 word("draft", plan.draft)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,
@@ -301,14 +297,15 @@ fn check_alignment(args: &DecodeArgs, pool: StateDtype) -> Result<(), KdaError> 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
 pub(super) struct DecodeArgs {
     ptrs: [Address; 13],
-    words: [u32; 11],
+    words: [u32; 12],
 }
 
 impl DecodeArgs {
     const TENSORS: [&'static str; 13] =
         ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
-    const WORDS: [&'static str; 11] = [
+    const WORDS: [&'static str; 12] = [
         "pool_dtype",
+        "pool_layout",
         "draft",
         "heads",
         "value_heads",
@@ -330,13 +327,14 @@ impl DecodeArgs {
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 13], words: [2; 11] }
+    DecodeArgs { ptrs: [1; 13], words: [2; 12] }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::layer::LayerKind;
+    use crate::model::StateLayout;
 
     fn shape(key_dim: usize, value_dim: usize) -> LayerShape {
         LayerShape { kind: LayerKind::Kda, heads: 2, value_heads: 4, key_dim, value_dim }
@@ -363,7 +361,8 @@ mod tests {
             Err(KdaError::Unsupported { argument, .. }) => argument,
             other => panic!("{s:?} {layout:?}: {other:?}"),
         };
-        assert_eq!(refused(ok, StateLayout::ValueFirst), "pool");
+        assert!(decode_supports(&ok, &pool(&ok, StateLayout::ValueFirst)).is_ok());
+        assert_eq!(refused(shape(256, 128), StateLayout::ValueFirst), "key_dim");
         assert_eq!(refused(shape(256, 128), StateLayout::KeyFirst), "key_dim");
         assert_eq!(refused(shape(96, 128), StateLayout::KeyFirst), "key_dim");
         assert_eq!(refused(shape(128, 32), StateLayout::KeyFirst), "value_dim");

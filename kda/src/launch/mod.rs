@@ -500,7 +500,7 @@ impl HopperPass {
 }
 
 /// The kernels' code of a state layout.
-fn layout_code(layout: StateLayout) -> StateLayoutCode {
+pub(super) fn layout_code(layout: StateLayout) -> StateLayoutCode {
     match layout {
         StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
         StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
