@@ -100,6 +100,8 @@ kernel_entry! {
             gate_width as usize,
             draft as usize,
         );
+        // (`sizes_run` and `cta_place` spelled out: through them the compiler no longer proves
+        // `Token::new`'s head-group division safe here, and the step spills more.)
         if h == 0
             || hv == 0
             || !hv.is_multiple_of(h)

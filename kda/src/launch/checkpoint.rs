@@ -9,7 +9,7 @@
 
 use super::args::{Address, ArgSink, push_named};
 use super::decode::decode_supports;
-use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, check_devices, check_lengths, keep};
+use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, LenCheck, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
 use crate::KdaError;
 use crate::model::StateLayout;
@@ -114,41 +114,19 @@ impl Kda {
         plan.pool.check_element::<P>()?;
         let l = plan.layer;
         let s = l.shape;
-        let (t, h, hv, kd, vd) = (l.tokens, s.heads, s.value_heads, s.key_dim, s.value_dim);
-        let raw = !matches!(l.options.gate, crate::layer::GateInput::Log);
-        let checks: [(&'static str, Option<usize>, Option<usize>); 9] = [
-            ("q", Some(inputs.q.len()), Some(t * h * kd)),
-            ("k", Some(inputs.k.len()), Some(t * h * kd)),
-            ("v", Some(inputs.v.len()), Some(t * hv * vd)),
-            ("g", Some(inputs.g.len()), Some(t * hv * s.gate_width())),
-            ("beta", Some(inputs.beta.len()), Some(t * hv)),
-            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
-            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * s.gate_width())),
-            ("h", Some(workspace.h.len()), Some(l.chunks * hv * kd * vd)),
+        let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
+        let tokens = inputs.tokens();
+        // The workspace may be larger than this plan needs (one sized for a longer batch).
+        let h_len = l.chunks * hv * kd * vd;
+        let others: [LenCheck; 2] = [
+            ("h", Some(workspace.h.len().min(h_len)), Some(h_len)),
             ("pool", Some(pool.len()), Some(plan.pool.len()?)),
         ];
-        // The workspace may be larger than this plan needs (one sized for a longer batch).
-        let h_ok = workspace.h.len() >= l.chunks * hv * kd * vd;
-        let checks: Vec<_> = checks.into_iter().filter(|c| !(c.0 == "h" && h_ok)).collect();
-        check_lengths(&checks)?;
+        check_lengths(&[&tokens.length_checks(l.tokens, &s, &l.options)[..], &others].concat())?;
         let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
-        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
-        check_devices(
-            self.ctx.ordinal(),
-            &[
-                ("stream", ordinal(stream)),
-                ("plan", ordinal(plan.sources.stream())),
-                ("q", ordinal(inputs.q.stream())),
-                ("k", ordinal(inputs.k.stream())),
-                ("v", ordinal(inputs.v.stream())),
-                ("g", ordinal(inputs.g.stream())),
-                ("beta", ordinal(inputs.beta.stream())),
-                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
-                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
-                ("h", ordinal(workspace.h.stream())),
-                ("pool", ordinal(pool.stream())),
-            ],
-        )?;
+        let here = [("stream", ordinal(stream)), ("plan", ordinal(plan.sources.stream()))];
+        let others = [("h", ordinal(workspace.h.stream())), ("pool", ordinal(pool.stream()))];
+        check_devices(self.ctx.ordinal(), &[&here[..], &tokens.devices(self.ctx.ordinal()), &others].concat())?;
         let ctas = plan.items.checked_mul(hv * (vd / COLS)).ok_or_else(|| KdaError::Argument {
             name: "checkpoints",
             reason: format!("{} checkpoints x {hv} heads exceed the grid", plan.items),
@@ -161,12 +139,12 @@ impl Kda {
         };
         let codes = l.options.codes();
         let mut records = Vec::new();
+        let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut records);
         let mut read = |x| keep(&mut records, x);
         let pool_address = read(pool.device_ptr_mut(stream));
-        let v_address = read(inputs.v.device_ptr(stream));
         for (tensor, address, required) in [
             ("pool", pool_address, super::decode::pool_alignment(plan.pool.dtype)),
-            ("v", v_address, super::decode::V_ALIGNMENT),
+            ("v", v, super::decode::V_ALIGNMENT),
         ] {
             if !address.is_multiple_of(required as u64) {
                 return Err(KdaError::Alignment { tensor, required, address });
@@ -174,13 +152,13 @@ impl Kda {
         }
         let args = AdvanceArgs {
             ptrs: [
-                read(inputs.q.device_ptr(stream)),
-                read(inputs.k.device_ptr(stream)),
-                v_address,
-                read(inputs.g.device_ptr(stream)),
-                read(inputs.beta.device_ptr(stream)),
-                inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
-                inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                q,
+                k,
+                v,
+                g,
+                beta,
+                a_log,
+                dt_bias,
                 read(workspace.h.device_ptr(stream)),
                 read(plan.sources.device_ptr(stream)),
                 read(plan.first_rows.device_ptr(stream)),

@@ -8,12 +8,12 @@
 //! it in a CUDA graph.
 
 use super::args::{Address, ArgSink, push_named};
-use super::layer::{check_devices, check_lengths, keep};
+use super::layer::{LenCheck, check_devices, check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
 use kda_kernel::layout::decode::{COLS, K_MULTIPLE, MAX_K, VEC};
 use std::sync::Arc;
@@ -53,6 +53,61 @@ pub struct DecodeInputs<'a> {
     pub a_log: Option<CudaView<'a, f32>>,
     /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
     pub dt_bias: Option<CudaView<'a, f32>>,
+}
+
+impl<'a> DecodeInputs<'a> {
+    /// Each token input's length against `rows` token rows of `shape`; `A_log` and `dt_bias`
+    /// given exactly when `options` take the gate raw.
+    pub(super) fn length_checks(&self, rows: usize, shape: &LayerShape, options: &LayerOptions) -> [LenCheck; 7] {
+        let (h, hv, kd, vd, gw) = (shape.heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.gate_width());
+        let raw = !matches!(options.gate, GateInput::Log);
+        [
+            ("q", Some(self.q.len()), Some(rows * h * kd)),
+            ("k", Some(self.k.len()), Some(rows * h * kd)),
+            ("v", Some(self.v.len()), Some(rows * hv * vd)),
+            ("g", Some(self.g.len()), Some(rows * hv * gw)),
+            ("beta", Some(self.beta.len()), Some(rows * hv)),
+            ("A_log", self.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
+            ("dt_bias", self.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * gw)),
+        ]
+    }
+
+    /// Each token input's device (an absent one counts as on `device`).
+    pub(super) fn devices(&self, device: usize) -> [(&'static str, usize); 7] {
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: &Option<CudaView<'a, f32>>| x.as_ref().map_or(device, |x| ordinal(x.stream()));
+        [
+            ("q", ordinal(self.q.stream())),
+            ("k", ordinal(self.k.stream())),
+            ("v", ordinal(self.v.stream())),
+            ("g", ordinal(self.g.stream())),
+            ("beta", ordinal(self.beta.stream())),
+            ("A_log", optional(&self.a_log)),
+            ("dt_bias", optional(&self.dt_bias)),
+        ]
+    }
+
+    /// The token inputs' addresses in the kernels' order (`q`, `k`, `v`, `g`, `beta`, `a_log`,
+    /// `dt_bias`; an absent one null), their stream records kept in `records` until the launch
+    /// is enqueued.
+    pub(super) fn addresses<'s>(
+        &'s self,
+        stream: &'s Arc<CudaStream>,
+        records: &mut Vec<SyncOnDrop<'s>>,
+    ) -> [Address; 7] {
+        let optional = |x: &'s Option<CudaView<'a, f32>>, records: &mut Vec<SyncOnDrop<'s>>| {
+            x.as_ref().map_or(0, |x| keep(records, x.device_ptr(stream)))
+        };
+        [
+            keep(records, self.q.device_ptr(stream)),
+            keep(records, self.k.device_ptr(stream)),
+            keep(records, self.v.device_ptr(stream)),
+            keep(records, self.g.device_ptr(stream)),
+            keep(records, self.beta.device_ptr(stream)),
+            optional(&self.a_log, records),
+            optional(&self.dt_bias, records),
+        ]
+    }
 }
 
 impl DecodePlan {
@@ -170,38 +225,14 @@ impl Kda {
         let (n, h, hv, kd, vd) = (plan.num_seqs, s.heads, s.value_heads, s.key_dim, s.value_dim);
         // Token rows: `draft` per sequence.
         let rows = n * plan.draft;
-        let raw = !matches!(plan.options.gate, GateInput::Log);
         let pool_len = plan.pool.len()?;
-        let checks: [(&'static str, Option<usize>, Option<usize>); 9] = [
-            ("q", Some(inputs.q.len()), Some(rows * h * kd)),
-            ("k", Some(inputs.k.len()), Some(rows * h * kd)),
-            ("v", Some(inputs.v.len()), Some(rows * hv * vd)),
-            ("g", Some(inputs.g.len()), Some(rows * hv * s.gate_width())),
-            ("beta", Some(inputs.beta.len()), Some(rows * hv)),
-            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), raw.then_some(hv)),
-            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), raw.then_some(hv * s.gate_width())),
-            ("pool", Some(pool.len()), Some(pool_len)),
-            ("o", Some(o.len()), Some(rows * hv * vd)),
-        ];
-        check_lengths(&checks)?;
+        let outputs: [LenCheck; 2] =
+            [("pool", Some(pool.len()), Some(pool_len)), ("o", Some(o.len()), Some(rows * hv * vd))];
+        check_lengths(&[&inputs.length_checks(rows, &s, &plan.options)[..], &outputs].concat())?;
         let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
-        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
-        check_devices(
-            self.ctx.ordinal(),
-            &[
-                ("stream", ordinal(stream)),
-                ("plan", ordinal(plan.slots.stream())),
-                ("q", ordinal(inputs.q.stream())),
-                ("k", ordinal(inputs.k.stream())),
-                ("v", ordinal(inputs.v.stream())),
-                ("g", ordinal(inputs.g.stream())),
-                ("beta", ordinal(inputs.beta.stream())),
-                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
-                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
-                ("pool", ordinal(pool.stream())),
-                ("o", ordinal(o.stream())),
-            ],
-        )?;
+        let here = [("stream", ordinal(stream)), ("plan", ordinal(plan.slots.stream()))];
+        let outputs = [("pool", ordinal(pool.stream())), ("o", ordinal(o.stream()))];
+        check_devices(self.ctx.ordinal(), &[&here[..], &inputs.devices(self.ctx.ordinal()), &outputs].concat())?;
         let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
             name: "slot_indices",
             reason: format!("{n} sequences x {hv} heads exceed the grid"),
@@ -214,6 +245,7 @@ impl Kda {
         };
         let codes = plan.options.codes();
         let mut records = Vec::new();
+        let [q, k, v, g, beta, a_log, dt_bias] = inputs.addresses(stream, &mut records);
         let mut read = |x| keep(&mut records, x);
         let (slots, _s) = plan.slots.device_ptr(stream);
         let (fresh, _f) = plan.fresh.device_ptr(stream);
@@ -221,13 +253,13 @@ impl Kda {
         let token_slots = plan.token_slots.as_ref().map(|x| x.device_ptr(stream));
         let args = DecodeArgs {
             ptrs: [
-                read(inputs.q.device_ptr(stream)),
-                read(inputs.k.device_ptr(stream)),
-                read(inputs.v.device_ptr(stream)),
-                read(inputs.g.device_ptr(stream)),
-                read(inputs.beta.device_ptr(stream)),
-                inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
-                inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                q,
+                k,
+                v,
+                g,
+                beta,
+                a_log,
+                dt_bias,
                 slots,
                 fresh,
                 parents.as_ref().map_or(0, |x| x.0),

@@ -13,7 +13,7 @@
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
 
 use super::args::{Address, ArgSink, push_named};
-use super::{DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
+use super::{DecodeInputs, DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
 use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape, chunk_table};
 use crate::model::StateLayout;
 use crate::{KdaError, Plan};
@@ -102,6 +102,21 @@ pub struct LayerInputs<'a> {
     /// `[N, HV, K, V]` f32 initial states (`[N, HV, V, K]` in a value-first plan), or `None` for
     /// zeros.
     pub h0: Option<CudaView<'a, f32>>,
+}
+
+impl LayerInputs<'_> {
+    /// The per-token inputs (all but `h0`), as the decode kernels read them.
+    pub(super) fn tokens(&self) -> DecodeInputs<'_> {
+        DecodeInputs {
+            q: self.q.slice(..),
+            k: self.k.slice(..),
+            v: self.v.slice(..),
+            g: self.g.slice(..),
+            beta: self.beta.slice(..),
+            a_log: self.a_log.as_ref().map(|x| x.slice(..)),
+            dt_bias: self.dt_bias.as_ref().map(|x| x.slice(..)),
+        }
+    }
 }
 
 /// The layer's outputs on the device, borrowed mutably from the caller.
@@ -259,7 +274,7 @@ fn overflow() -> KdaError {
 }
 
 /// `(name, actual length, expected length)` of a tensor, for the length checks.
-type LenCheck = (&'static str, Option<usize>, Option<usize>);
+pub(super) type LenCheck = (&'static str, Option<usize>, Option<usize>);
 
 impl Kda {
     /// The layer forward over `plan`'s batch: `o` (and the final states when asked) from
