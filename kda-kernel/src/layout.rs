@@ -269,79 +269,131 @@ pub mod baseline {
 /// Tile shapes and shared-memory map of the portable tensor-core kernel (`kda-kernel/src/portable.rs`).
 ///
 /// One CTA per (sequence, head, block of `BV` value columns), as the baseline, with both products
-/// of a chunk on `mma.sync.m16n8k16` (bf16). Each of the `WARPS` warps holds `STATE_ROWS_PER_WARP`
-/// rows of the `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token rows
-/// of `Vn`. Every shared tile is stored so that each fragment register is one 32-bit load
-/// (the pair of elements it packs is contiguous), with rows padded by `PAD` elements so that the
-/// 32 lanes of a fragment load hit 32 different banks.
+/// of a chunk on `mma.sync.m16n8k16` (bf16), in two warp roles: a **producer** warp copies each
+/// chunk's `w`, `k` and `u` rows and gate values into a ring of `STAGES` shared-memory stages
+/// with `cp.async`, while the **consumer** warps run the chunk before it. Each of the
+/// `CONSUMER_WARPS` holds `STATE_ROWS_PER_WARP` rows of the `[K][BV]` state as accumulator
+/// fragments and computes `VN_ROWS_PER_WARP` token rows of `Vn`. Every tile is stored as the
+/// memory it comes from lays it out (token-major rows, or the state's key-major rows) and read
+/// into fragments with `ldmatrix` (`.trans` where the product needs the transpose), its rows
+/// padded by `PAD` elements so that the eight rows of each 8 x 8 matrix hit different banks.
+///
+/// Named barriers hand the stages over (`bar.arrive` by the side that is done, `bar.sync` by the
+/// side that waits, `THREADS` in all): `full_barrier(s)` when stage `s` has landed,
+/// `empty_barrier(s)` when the consumers are done with it, and `CONSUMER_BARRIER` among the
+/// consumers between the products of a chunk.
 pub mod portable {
     use super::CHUNK;
 
     /// Value columns per CTA: 32, as the baseline, so that one long sequence at H = 64 still gives
     /// 256 CTAs for 132 SMs. `V` must be a multiple.
     pub const BV: usize = 32;
-    /// Warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state rows each.
-    pub const WARPS: usize = 4;
-    /// Threads per CTA.
-    pub const THREADS: usize = WARPS * 32;
+    /// Consumer warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state rows
+    /// each.
+    pub const CONSUMER_WARPS: usize = 4;
+    /// Consumer threads: the count of [`CONSUMER_BARRIER`].
+    pub const CONSUMERS: usize = CONSUMER_WARPS * 32;
+    /// The producer warp's index: the one after the consumers. One warp issues a chunk's copies
+    /// (at most 146 16-byte or 4-byte `cp.async` per lane, at `K = 256`) in far less time than the
+    /// consumers take over the chunk before.
+    pub const PRODUCER_WARP: usize = CONSUMER_WARPS;
+    /// Threads per CTA: the consumers and the producer warp.
+    pub const THREADS: usize = CONSUMERS + 32;
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
     pub const MMA_N: usize = 8;
     pub const MMA_K: usize = 16;
-    /// Token rows of `Vn` per warp (one m16 tile).
-    pub const VN_ROWS_PER_WARP: usize = CHUNK / WARPS;
+    /// Token rows of `Vn` per consumer warp (one m16 tile).
+    pub const VN_ROWS_PER_WARP: usize = CHUNK / CONSUMER_WARPS;
     /// n8 tiles across the block's columns.
     pub const N_TILES: usize = BV / MMA_N;
+    /// n8 tiles one `ldmatrix.x4` of a B operand covers (two 16 x 8 blocks side by side).
+    pub const N_TILES_PER_LOAD: usize = 2;
     /// k16 steps of `k^T @ bf16(Vn)` (over the chunk's tokens).
     pub const STATE_K_STEPS: usize = CHUNK / MMA_K;
-    /// Row padding of every bf16 tile, in elements: 8 bf16 = 16 bytes, which shifts consecutive
-    /// rows by 4 banks, so the 8 row groups x 4 lanes of a fragment load cover the 32 banks once,
-    /// and keeps each row 16-byte aligned.
+    /// Row padding of every bf16 tile, in elements: 8 bf16 = 16 bytes, so the eight 16-byte rows
+    /// an `ldmatrix` matrix reads start 4 banks apart (rows of `K + PAD` or `BV + PAD` elements
+    /// are an odd multiple of 16 bytes) and cover the 32 banks once; rows stay 16-byte aligned
+    /// for `cp.async` and `ldmatrix`.
     pub const PAD: usize = 8;
-    /// `k` of the chunk transposed, bf16 `[K][KT_STRIDE]` (key-major: the A operand `k^T`).
-    pub const KT_STRIDE: usize = CHUNK + PAD;
-    /// `bf16(Vn)` transposed, bf16 `[BV][VNT_STRIDE]` (column-major: the B operand).
-    pub const VNT_STRIDE: usize = CHUNK + PAD;
-    /// bf16 elements per 16-byte vector of a staging copy.
+    /// Row stride, in elements, of the tiles one column block wide: `bf16(S)` `[K][BV_STRIDE]`,
+    /// `u` and `bf16(Vn)` `[CHUNK][BV_STRIDE]`.
+    pub const BV_STRIDE: usize = BV + PAD;
+    /// bf16 elements per 16-byte vector of a copy.
     pub const VECTOR: usize = 8;
     /// The key sizes the kernel is built for, one entry each.
     pub const KEY_DIMS: [usize; 3] = [64, 128, 256];
+    /// Shared memory one CTA may use on every sm_80+ GPU: sm_86 and sm_89 allow 99 KB per block.
+    pub const SMEM_LIMIT: usize = 99 * 1024;
+    /// The deepest ring built: three stages cover a load's latency with two chunks of work.
+    pub const MAX_STAGES: usize = 3;
+    /// The named barrier among the consumer warps (0 is `bar.sync 0`, the whole CTA's).
+    pub const CONSUMER_BARRIER: u32 = 1;
 
-    /// The shapes and shared-memory map of the kernel for key size `K`, whose warps each hold
-    /// `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
-    /// cannot be computed from `K`). Shared tiles, back to back:
+    /// The named barrier stage `stage`'s data has landed on.
+    pub const fn full_barrier(stage: usize) -> u32 {
+        CONSUMER_BARRIER + 1 + stage as u32
+    }
+
+    /// The named barrier the consumers release stage `stage` on.
+    pub const fn empty_barrier(stage: usize) -> u32 {
+        full_barrier(MAX_STAGES) + stage as u32
+    }
+
+    /// The shapes and shared-memory map of the kernel for key size `K`, whose consumer warps each
+    /// hold `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
+    /// cannot be computed from `K`). The column block's tiles, then the ring:
     ///
     /// | tile | layout |
     /// |---|---|
-    /// | `w` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (token-major, as in memory) |
-    /// | `kt` | `k` transposed, bf16 `[K][KT_STRIDE]` |
-    /// | `st` | `bf16(S)` transposed, bf16 `[BV][K + PAD]` (column-major S: the B operand) |
-    /// | `vnt` | `bf16(Vn)` transposed, bf16 `[BV][VNT_STRIDE]` |
-    /// | `decay` | the state's decay over the chunk per key row, f32 `[K]` |
-    /// | `scale` | the scalar gate's `exp2(g[last] - g[t])` per token, f32 `[CHUNK]` |
+    /// | `st` | `bf16(S)`, bf16 `[K][BV_STRIDE]` (key-major: the B operand of `w @ S`, read `.trans`) |
+    /// | `vn` | `bf16(Vn)` (scaled by the scalar gate), bf16 `[CHUNK][BV_STRIDE]` (token-major: the B operand of `k^T @ Vn`, read `.trans`) |
+    /// | `STAGES` x stage | below |
+    ///
+    /// | stage tile | layout |
+    /// |---|---|
+    /// | `w` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (the A operand, read as it is) |
+    /// | `k` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (`k^T` is the A operand, read `.trans`) |
+    /// | `u` | the chunk's rows of the block's columns, bf16 `[CHUNK][BV_STRIDE]` |
+    /// | `gk_last` | `gk` of the chunk's last valid token, f32 `[K]` |
+    /// | `g` | `g` per token, f32 `[CHUNK]` (zeros past the end) |
+    ///
+    /// Rows past a sequence's end are zero-filled by the copies, so a partial chunk needs no
+    /// other handling in the products.
     pub struct Tiles<const K: usize, const MT: usize>;
 
     impl<const K: usize, const MT: usize> Tiles<K, MT> {
-        /// State rows (of K) per warp.
-        pub const STATE_ROWS_PER_WARP: usize = K / WARPS;
+        /// State rows (of K) per consumer warp.
+        pub const STATE_ROWS_PER_WARP: usize = K / CONSUMER_WARPS;
         /// k16 steps of `w @ bf16(S)` (over K).
         pub const VN_K_STEPS: usize = K / MMA_K;
-        /// Row stride of the `w` and `st` tiles.
+        /// Row stride of the `w` and `k` tiles.
         pub const ROW_STRIDE: usize = K + PAD;
+        pub const ST_OFFSET: usize = 0;
+        pub const VN_OFFSET: usize = Self::ST_OFFSET + K * BV_STRIDE * 2;
+        pub const RING_OFFSET: usize = Self::VN_OFFSET + CHUNK * BV_STRIDE * 2;
+        /// Offsets inside a stage.
         pub const W_OFFSET: usize = 0;
-        pub const KT_OFFSET: usize = Self::W_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
-        pub const ST_OFFSET: usize = Self::KT_OFFSET + K * KT_STRIDE * 2;
-        pub const VNT_OFFSET: usize = Self::ST_OFFSET + BV * Self::ROW_STRIDE * 2;
-        pub const DECAY_OFFSET: usize = Self::VNT_OFFSET + BV * VNT_STRIDE * 2;
-        pub const SCALE_OFFSET: usize = Self::DECAY_OFFSET + K * 4;
-        pub const SMEM_BYTES: usize = Self::SCALE_OFFSET + CHUNK * 4;
+        pub const K_OFFSET: usize = Self::W_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
+        pub const U_OFFSET: usize = Self::K_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
+        pub const GK_LAST_OFFSET: usize = Self::U_OFFSET + CHUNK * BV_STRIDE * 2;
+        pub const G_OFFSET: usize = Self::GK_LAST_OFFSET + K * 4;
+        pub const STAGE_BYTES: usize = Self::G_OFFSET + CHUNK * 4;
+        /// Stages of the ring: as many as fit [`SMEM_LIMIT`], at most [`MAX_STAGES`] (3 at
+        /// `K = 64`, 2 at 128, 1 at 256, where the producer still copies the whole next chunk at
+        /// once as soon as the consumers release the stage).
+        pub const STAGES: usize = {
+            let fit = (SMEM_LIMIT - Self::RING_OFFSET) / Self::STAGE_BYTES;
+            if fit < MAX_STAGES { fit } else { MAX_STAGES }
+        };
+        pub const SMEM_BYTES: usize = Self::RING_OFFSET + Self::STAGES * Self::STAGE_BYTES;
         /// Holds when `MT` is `K`'s and every tile fits the kernel's loops (checked at each
         /// entry's instantiation).
         pub const VALID: () = {
-            assert!(MT * WARPS * MMA_M == K, "MT = K / 64");
+            assert!(MT * CONSUMER_WARPS * MMA_M == K, "MT = K / 64");
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
-            // sm_86 and sm_89 allow 99 KB of shared memory per block.
-            assert!(Self::SMEM_BYTES <= 99 * 1024, "the portable kernel must fit every sm_80+ GPU");
+            assert!(Self::RING_OFFSET.is_multiple_of(16) && Self::STAGE_BYTES.is_multiple_of(16));
+            assert!(Self::STAGES >= 1, "a stage must fit every sm_80+ GPU");
         };
     }
 
@@ -377,24 +429,30 @@ pub mod portable {
             (row, nt * MMA_N + 2 * self.t + e % 2)
         }
 
-        /// The (row, column) of the first of the two elements of each A register for the 16 x 16
-        /// block of A at (`row0`, `col0`) (the second is the next column).
-        pub const fn a_pairs(self, row0: usize, col0: usize) -> [(usize, usize); 4] {
-            let (r, c) = (row0 + self.g, col0 + 2 * self.t);
-            [(r, c), (r + 8, c), (r, c + 8), (r + 8, c + 8)]
+        /// The element (row, column) whose address this lane gives to an `ldmatrix.x4` that
+        /// reads the 16 x 16 block at (`row0`, `col0`) of a row-major tile as four 8 x 8
+        /// matrices in the order top left, bottom left, top right, bottom right: read as stored,
+        /// the registers are an A fragment of that block; read `.trans` from a tile whose rows
+        /// are B's rows (k), they are the B fragments of the two n8 tiles at columns `col0` and
+        /// `col0 + 8`, registers 0-1 and 2-3.
+        pub const fn ldmatrix_down_then_right(self, row0: usize, col0: usize) -> (usize, usize) {
+            let lane = 4 * self.g + self.t;
+            (row0 + lane % 8 + (lane / 8) % 2 * 8, col0 + lane / 16 * 8)
         }
 
-        /// The (column n, row k) of the first of the two elements of each B register for the
-        /// 16 x 8 block of B at (`k0`, `n0`), as a transposed tile stores them: row `n`, columns
-        /// `k` and `k + 1`.
-        pub const fn b_pairs(self, k0: usize, n0: usize) -> [(usize, usize); 2] {
-            let (n, k) = (n0 + self.g, k0 + 2 * self.t);
-            [(n, k), (n, k + 8)]
+        /// As [`Self::ldmatrix_down_then_right`] in the order top left, top right, bottom left,
+        /// bottom right: read `.trans` from a tile that stores A transposed (rows are A's
+        /// columns), the registers are the A fragment of the 16 x 16 block of A at
+        /// (`col0`, `row0`).
+        pub const fn ldmatrix_right_then_down(self, row0: usize, col0: usize) -> (usize, usize) {
+            let lane = 4 * self.g + self.t;
+            (row0 + lane % 8 + lane / 16 * 8, col0 + (lane / 8) % 2 * 8)
         }
     }
 
-    const _: () = assert!(BV.is_multiple_of(MMA_N) && VN_ROWS_PER_WARP == MMA_M);
-    const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && THREADS >= CHUNK, "one thread per token stages the gate");
+    const _: () = assert!(BV.is_multiple_of(MMA_N * N_TILES_PER_LOAD) && VN_ROWS_PER_WARP == MMA_M);
+    const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && (BV_STRIDE * 2).is_multiple_of(16));
+    const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
     const _: [(); 3] = [Tiles::<64, 1>::VALID, Tiles::<128, 2>::VALID, Tiles::<256, 4>::VALID];
 }
 

@@ -5,28 +5,35 @@
 //! both or neither; grouped value heads; `K` in 64, 128, 256 (one entry each) and any `V` that is
 //! a multiple of `BV`; key-first or value-first states; a token and a head stride per tensor.
 //!
-//! Each of the four warps keeps `K / 4` rows of the `[K][BV]` state as accumulator fragments.
-//! Per chunk (`layout::portable::Tiles` has the shared tiles):
+//! Two warp roles share a ring of `Tiles::STAGES` stages (`layout::portable` has the tiles and
+//! the barriers):
 //!
-//! 1. `stage_chunk`: `bf16(S)` to `h` and, transposed, to shared memory; the chunk's `w` rows
-//!    as they are and its `k` rows transposed (rows past the chunk's end zero-filled); the
-//!    state's decay over the chunk per key row (`exp2` of the last valid gate rows) and, with the
-//!    scalar gate, each token's `exp2(g[last] - g[t])`.
-//! 2. `corrected_values`: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
-//!    `v_new` (valid rows) and, scaled by the token's factor when there is a scalar gate,
-//!    transposed to shared memory (zeros past the end).
-//! 3. `update_state`: `S = decay * S + k^T @ bf16(Vn)`; the zero rows past the end add nothing.
+//! - the **producer** warp ([`produce`]) copies each chunk's `w`, `k` and `u` rows, `gk` of its
+//!   last token and `g` per token into the next free stage with `cp.async` (rows past the
+//!   sequence's end zero-filled by the copy itself), waits for its copies and announces the stage
+//!   full; it runs up to `STAGES` chunks ahead of the consumers;
+//! - the four **consumer** warps ([`consume`]) keep `K / 4` rows of the `[K][BV]` state each as
+//!   accumulator fragments and per chunk:
+//!   1. [`publish_state`]: `bf16(S)` to `h` and to the `st` tile;
+//!   2. [`corrected_values`]: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
+//!      `v_new` (valid rows) and, scaled by `exp2(g[last] - g[t])` when there is a scalar gate,
+//!      to the `vn` tile;
+//!   3. [`update_state`]: `S = decay * S + k^T @ bf16(Vn)`, the decay `exp2(g[last] + gk[last])`
+//!      per key row; then the stage goes back to the producer.
 //!
-//! All offsets are 64-bit. Every fragment register is one 32-bit shared load.
+//! The tail epilogue of a partial last chunk is the zero fill: `w`, `k` and `u` rows past the end
+//! are zeros, so their `Vn` rows are zero and add nothing to `S`, and only valid rows are written.
+//! All offsets are 64-bit.
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, ld_shared_f32, ld_shared_u32, mma_m16n8k16_bf16, pack_bf16x2,
-    smem_base_shared, st_shared_f32, st_shared_u16, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, exp2_approx, ld_shared_f32, ld_shared_u32,
+    ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2,
+    smem_base_shared, st_shared_u32, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, KT_STRIDE, MMA_K, MMA_M, MMA_N, N_TILES, Place, STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP,
-    VNT_STRIDE,
+    BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, PRODUCER_WARP, Place,
+    STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier, full_barrier,
 };
 use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
 
@@ -167,15 +174,23 @@ portable_entry!(
     4
 );
 
-/// Shared addresses of the tiles (`layout::portable::Tiles`).
+
+/// Shared addresses of the column block's tiles and of the ring (`layout::portable::Tiles`).
 #[derive(Clone, Copy)]
 struct Smem {
-    w: u32,
-    kt: u32,
     st: u32,
-    vnt: u32,
-    decay: u32,
-    scale: u32,
+    vn: u32,
+    ring: u32,
+}
+
+/// Shared addresses of one stage's tiles.
+#[derive(Clone, Copy)]
+struct Stage {
+    w: u32,
+    k: u32,
+    u: u32,
+    gk_last: u32,
+    g: u32,
 }
 
 impl Smem {
@@ -183,18 +198,28 @@ impl Smem {
         let base = smem_base_shared();
         let at = |offset: usize| base + offset as u32;
         Self {
-            w: at(Tiles::<K, MT>::W_OFFSET),
-            kt: at(Tiles::<K, MT>::KT_OFFSET),
             st: at(Tiles::<K, MT>::ST_OFFSET),
-            vnt: at(Tiles::<K, MT>::VNT_OFFSET),
-            decay: at(Tiles::<K, MT>::DECAY_OFFSET),
-            scale: at(Tiles::<K, MT>::SCALE_OFFSET),
+            vn: at(Tiles::<K, MT>::VN_OFFSET),
+            ring: at(Tiles::<K, MT>::RING_OFFSET),
+        }
+    }
+
+    /// The tiles of stage `stage` of the ring.
+    fn stage<const K: usize, const MT: usize>(self, stage: usize) -> Stage {
+        let base = self.ring + (stage * Tiles::<K, MT>::STAGE_BYTES) as u32;
+        let at = |offset: usize| base + offset as u32;
+        Stage {
+            w: at(Tiles::<K, MT>::W_OFFSET),
+            k: at(Tiles::<K, MT>::K_OFFSET),
+            u: at(Tiles::<K, MT>::U_OFFSET),
+            gk_last: at(Tiles::<K, MT>::GK_LAST_OFFSET),
+            g: at(Tiles::<K, MT>::G_OFFSET),
         }
     }
 
     /// The shared address of bf16 element (`row`, `col`) of the tile at `base` with rows of
     /// `stride` elements.
-    fn bf16_at(base: u32, stride: usize, row: usize, col: usize) -> u32 {
+    fn bf16_at(base: u32, stride: usize, (row, col): (usize, usize)) -> u32 {
         base + ((row * stride + col) * 2) as u32
     }
 
@@ -204,16 +229,15 @@ impl Smem {
     }
 }
 
-/// This thread's place in its warp's fragments (`layout::portable::Place`) and its index.
+/// This thread's place in its warp's fragments (`layout::portable::Place`).
 #[derive(Clone, Copy)]
 struct Frag {
-    tid: usize,
     place: Place,
 }
 
 impl Frag {
     fn of(tid: usize) -> Self {
-        Self { tid, place: Place::of(tid) }
+        Self { place: Place::of(tid) }
     }
 
     /// This thread's place, from a fresh read of `%tid.x` (`thread_idx_x_fresh`): each step of a
@@ -223,13 +247,13 @@ impl Frag {
         Self::of(thread_idx_x_fresh())
     }
 
-    /// The warp.
+    /// The consumer warp.
     fn warp(self) -> usize {
         self.place.warp
     }
 }
 
-/// The item a CTA runs: the block of the state it holds.
+/// The item a CTA runs: the block of the state it holds, and its sequence.
 struct Item {
     /// Value head, and the key head it reads.
     head: usize,
@@ -238,42 +262,180 @@ struct Item {
     col0: usize,
     /// Element offset of the item's state in `h0` and `ht`.
     state_base: usize,
+    /// The sequence's first token, its length and the index of its first chunk in `h`.
+    token_start: usize,
+    len: usize,
+    chunk_start: usize,
 }
 
 impl Item {
+    /// The item of this CTA, or `None` for a launch the launcher never makes (no column block,
+    /// no value head per key head), which proves the divisions safe.
+    ///
+    /// # Safety
+    /// `args.seqs` holds a descriptor per sequence of the launch's grid.
+    unsafe fn of_cta<const K: usize>(args: &Args) -> Option<Self> {
+        let col_blocks = args.value_dim / BV;
+        let group = args.heads.checked_div(args.key_heads).unwrap_or(0);
+        let per_seq = col_blocks * args.heads;
+        if col_blocks == 0 || group == 0 || per_seq == 0 {
+            return None;
+        }
+        let block = block_idx_x();
+        let (seq, in_seq) = (block / per_seq, block % per_seq);
+        let (head, col_block) = (in_seq / col_blocks, in_seq % col_blocks);
+        // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
+        let (token_start, len, chunk_start) = unsafe {
+            let desc = args.seqs.add(seq * SEQ_DESC_WORDS);
+            (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+        };
+        Some(Self {
+            head,
+            key_head: head / group,
+            col0: col_block * BV,
+            state_base: (seq * args.heads + head) * K * args.value_dim,
+            token_start,
+            len,
+            chunk_start,
+        })
+    }
+
+    /// Chunks of the sequence.
+    fn chunks(&self) -> usize {
+        self.len.div_ceil(CHUNK)
+    }
+
+    /// The first token and the valid rows of chunk `c`.
+    fn chunk(&self, c: usize) -> (usize, usize) {
+        let rows = self.len - c * CHUNK;
+        (self.token_start + c * CHUNK, if rows < CHUNK { rows } else { CHUNK })
+    }
+
     /// The element offset, inside one state, of (key row `row`, block column `col`).
     fn state_index<const K: usize>(&self, args: &Args, row: usize, col: usize) -> usize {
         if args.value_first { (self.col0 + col) * K + row } else { row * args.value_dim + self.col0 + col }
     }
 }
 
-/// The recurrence of one CTA's item (see the module).
+/// The ring position after `stage`.
+fn next_stage<const K: usize, const MT: usize>(stage: usize) -> usize {
+    if stage + 1 == Tiles::<K, MT>::STAGES { 0 } else { stage + 1 }
+}
+
+/// The recurrence of one CTA's item (see the module): the last warp produces, the others
+/// consume.
 ///
 /// # Safety
 /// As the entries' contract.
 #[inline(always)]
 unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
-    let col_blocks = args.value_dim / BV;
-    let group = args.heads.checked_div(args.key_heads).unwrap_or(0);
-    let per_seq = col_blocks * args.heads;
-    if col_blocks == 0 || group == 0 || per_seq == 0 {
-        return; // the launcher never launches so; this proves the divisions below safe
+    // SAFETY: the entries' contract.
+    let Some(item) = (unsafe { Item::of_cta::<K>(args) }) else { return };
+    // SAFETY: the launcher validated every buffer against the plan, heads and strides; each role
+    // keeps its side of the ring's barriers for every chunk of the item.
+    unsafe {
+        if thread_idx_x() / 32 == PRODUCER_WARP {
+            produce::<K, MT>(args, &item, thread_idx_x() % 32);
+        } else {
+            consume::<K, MT>(args, &item);
+        }
     }
-    let block = block_idx_x();
-    let (seq, in_seq) = (block / per_seq, block % per_seq);
-    let (head, col_block) = (in_seq / col_blocks, in_seq % col_blocks);
-    // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
-    let (token_start, len, chunk_start) = unsafe {
-        let desc = args.seqs.add(seq * SEQ_DESC_WORDS);
-        (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
-    };
-    let state_len = K * args.value_dim;
-    let item = Item {
-        head,
-        key_head: head / group,
-        col0: col_block * BV,
-        state_base: (seq * args.heads + head) * state_len,
-    };
+}
+
+/// The producer warp: every chunk of the item into the ring, each stage once the consumers have
+/// released it (the first `STAGES` are free), announced full once this lane's copies landed.
+///
+/// # Safety
+/// As [`recurrence`]; every lane of the producer warp calls it.
+#[inline(always)]
+unsafe fn produce<const K: usize, const MT: usize>(args: &Args, item: &Item, lane: usize) {
+    let smem = Smem::carve::<K, MT>();
+    let mut stage = 0;
+    for c in 0..item.chunks() {
+        let (tok0, rows) = item.chunk(c);
+        let tiles = smem.stage::<K, MT>(stage);
+        // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside the
+        // stage, which the consumers released (or never held: the first round).
+        unsafe {
+            if c >= Tiles::<K, MT>::STAGES {
+                named_barrier(empty_barrier(stage), THREADS as u32);
+            }
+            let chunk = ChunkRows { tok0, rows, lane };
+            chunk.copy_bf16::<K>(tiles.w, Tiles::<K, MT>::ROW_STRIDE, args.w, args.w_rows, item.head, 0);
+            chunk.copy_bf16::<K>(tiles.k, Tiles::<K, MT>::ROW_STRIDE, args.k, args.k_rows, item.key_head, 0);
+            chunk.copy_bf16::<BV>(tiles.u, BV_STRIDE, args.u, args.u_rows, item.head, item.col0);
+            let last = tok0 + rows - 1;
+            if !args.gk.is_null() {
+                let row = args.gk.add(args.gk_rows.at(last, item.head));
+                let mut a = lane;
+                while a < K {
+                    cp_async_4(Smem::f32_at(tiles.gk_last, a), row.add(a) as *const u8, 4);
+                    a += 32;
+                }
+            }
+            if !args.g.is_null() {
+                let mut t = lane;
+                while t < CHUNK {
+                    let (tok, bytes) = if t < rows { (tok0 + t, 4) } else { (last, 0) };
+                    cp_async_4(Smem::f32_at(tiles.g, t), args.g.add(args.g_rows.at(tok, item.head)) as *const u8, bytes);
+                    t += 32;
+                }
+            }
+            cp_async_wait_all();
+            named_barrier_arrive(full_barrier(stage), THREADS as u32);
+        }
+        stage = next_stage::<K, MT>(stage);
+    }
+}
+
+/// One producer lane's share of a chunk's copies.
+#[derive(Clone, Copy)]
+struct ChunkRows {
+    tok0: usize,
+    rows: usize,
+    lane: usize,
+}
+
+impl ChunkRows {
+    /// Copies `COLS` bf16 from column `col0` of `head`'s row of each of the chunk's tokens of
+    /// `src` (rows `at`) into the token-major tile at `tile` (rows of `stride` elements), 16
+    /// bytes per copy; rows past the chunk's valid ones are zero-filled (a copy of 0 source
+    /// bytes, from the chunk's first row so that the address stays valid).
+    ///
+    /// # Safety
+    /// Tokens `tok0 .. tok0 + rows` exist in `src`; their rows are 16-byte aligned at `col0`;
+    /// the tile holds `CHUNK` rows.
+    #[inline(always)]
+    unsafe fn copy_bf16<const COLS: usize>(
+        self,
+        tile: u32,
+        stride: usize,
+        src: *const u16,
+        at: Rows,
+        head: usize,
+        col0: usize,
+    ) {
+        let per_row = (COLS / VECTOR) as u32;
+        let mut idx = self.lane as u32;
+        while idx < CHUNK as u32 * per_row {
+            let (t, i) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
+            let (tok, bytes) = if t < self.rows { (self.tok0 + t, 16) } else { (self.tok0, 0) };
+            // SAFETY: see the function's contract.
+            unsafe {
+                let from = src.add(at.at(tok, head) + col0 + i) as *const u8;
+                cp_async_16(Smem::bf16_at(tile, stride, (t, i)), from, bytes);
+            }
+            idx += 32;
+        }
+    }
+}
+
+/// The consumer warps: the state through every chunk of the item, `h0` in and `ht` out.
+///
+/// # Safety
+/// As [`recurrence`]; every thread of the four consumer warps calls it.
+#[inline(always)]
+unsafe fn consume<const K: usize, const MT: usize>(args: &Args, item: &Item) {
     let frag = Frag::of(thread_idx_x());
     let smem = Smem::carve::<K, MT>();
     let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
@@ -283,19 +445,26 @@ unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
             *s = unsafe { *args.h0.add(item.state_base + item.state_index::<K>(args, row, col)) };
         });
     }
-    let chunks = len.div_ceil(CHUNK);
+    let chunks = item.chunks();
+    let mut stage = 0;
     for c in 0..chunks {
-        let tok0 = token_start + c * CHUNK;
-        let rows = if c + 1 == chunks { len - c * CHUNK } else { CHUNK };
-        let h_item = ((chunk_start + c) * args.heads + head) * state_len;
+        let (tok0, rows) = item.chunk(c);
+        let h_item = ((item.chunk_start + c) * args.heads + item.head) * K * args.value_dim;
+        let tiles = smem.stage::<K, MT>(stage);
         // SAFETY: the launcher validated every buffer against the plan, heads and strides; rows
-        // beyond the chunk's valid length are never read from or written to global memory;
-        // every thread of the CTA runs the same steps (the barriers inside are convergent).
+        // beyond the chunk's valid length are never written to global memory; every consumer
+        // thread runs the same steps (the barriers inside are convergent).
         unsafe {
-            stage_chunk::<K, MT>(smem, Frag::fresh(), args, &item, &state, args.h.add(h_item), tok0, rows);
-            corrected_values::<K, MT>(smem, Frag::fresh(), args, &item, tok0, rows);
-            update_state::<K, MT>(smem, Frag::fresh(), &mut state);
+            named_barrier(full_barrier(stage), THREADS as u32);
+            publish_state::<K, MT>(smem, Frag::fresh(), args, item, &state, args.h.add(h_item));
+            corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, item, tok0, rows);
+            update_state::<K, MT>(smem, tiles, Frag::fresh(), args, rows, &mut state);
+            // The producer waits for a stage only to refill it: the last rounds are not released.
+            if c + Tiles::<K, MT>::STAGES < chunks {
+                named_barrier_arrive(empty_barrier(stage), THREADS as u32);
+            }
         }
+        stage = next_stage::<K, MT>(stage);
     }
     if !args.ht.is_null() {
         for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
@@ -322,26 +491,22 @@ fn for_each_state<const K: usize, const MT: usize>(
     }
 }
 
-/// Step 1 of a chunk: `bf16(S)` to `h` (at `h_item`, this item's chunk state) and to the
-/// transposed tile; the chunk's `w` and transposed `k` rows, the decay per key row and the scalar
-/// gate's per-token factors to shared memory.
+/// Step 1 of a chunk: `bf16(S)` to `h` (at `h_item`, this item's chunk state) and to the `st`
+/// tile, two adjacent columns per store; then the consumer barrier, after which every warp has
+/// also finished the previous chunk's `update_state` (so the `vn` tile is free again).
 ///
 /// # Safety
-/// Every thread of the CTA calls it; the chunk's `rows` tokens from `tok0` are the sequence's.
+/// Every consumer thread calls it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn stage_chunk<const K: usize, const MT: usize>(
+unsafe fn publish_state<const K: usize, const MT: usize>(
     smem: Smem,
     frag: Frag,
     args: &Args,
     item: &Item,
     state: &State<MT>,
     h_item: *mut u16,
-    tok0: usize,
-    rows: usize,
 ) {
-    let row_stride = Tiles::<K, MT>::ROW_STRIDE;
-    // SAFETY: see the function's contract; every shared address is inside its tile.
+    // SAFETY: see the function's contract; every shared address is inside the `st` tile.
     unsafe {
         for (mt, acc_row) in state.iter().enumerate() {
             for (nt, acc) in acc_row.iter().enumerate() {
@@ -355,174 +520,46 @@ unsafe fn stage_chunk<const K: usize, const MT: usize>(
                         // Columns `col` and `col + 1` of row `row`: one aligned 32-bit store.
                         *(h_item.add(item.state_index::<K>(args, row, col)) as *mut u32) = pair;
                     }
-                    st_shared_u16(Smem::bf16_at(smem.st, row_stride, col, row), pair as u16);
-                    st_shared_u16(Smem::bf16_at(smem.st, row_stride, col + 1, row), (pair >> 16) as u16);
+                    st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pair);
                 }
             }
         }
-        stage_w::<K>(smem.w, row_stride, args.w, args.w_rows, tok0, rows, item.head, frag.tid);
-        stage_k_transposed::<K>(smem.kt, args.k, args.k_rows, tok0, rows, item.key_head, frag.tid);
-        stage_gates::<K>(smem, args, item.head, tok0, rows, frag.tid);
-        sync_threads();
+        named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
     }
 }
 
-/// The decay of the state over the chunk per key row (`exp2` of the last valid row of `gk` and
-/// of `g`, each where present) and, with the scalar gate, `exp2(g[last] - g[t])` per token (zero
-/// past the chunk's end).
+/// The B fragments of the two n8 tiles at columns `n0` and `n0 + 8` for the k16 step at row
+/// `k0` of a tile whose rows are B's rows (`st`, `vn`: `BV_STRIDE` elements each).
 ///
 /// # Safety
-/// As [`stage_chunk`].
+/// Every lane of the warp calls it; the block lies inside the tile.
 #[inline(always)]
-unsafe fn stage_gates<const K: usize>(smem: Smem, args: &Args, head: usize, tok0: usize, rows: usize, tid: usize) {
-    let last = tok0 + rows - 1;
-    // SAFETY: see the function's contract: tokens up to `last` are the sequence's.
-    unsafe {
-        let g_last = if args.g.is_null() { 0.0 } else { *args.g.add(args.g_rows.at(last, head)) };
-        let mut a = tid;
-        while a < K {
-            let gk_last = if args.gk.is_null() { 0.0 } else { *args.gk.add(args.gk_rows.at(last, head) + a) };
-            st_shared_f32(Smem::f32_at(smem.decay, a), exp2_approx(g_last + gk_last));
-            a += THREADS;
-        }
-        if !args.g.is_null() && tid < CHUNK {
-            let scale = if tid < rows { exp2_approx(g_last - *args.g.add(args.g_rows.at(tok0 + tid, head))) } else { 0.0 };
-            st_shared_f32(Smem::f32_at(smem.scale, tid), scale);
-        }
-    }
+unsafe fn b_fragments(tile: u32, frag: Frag, k0: usize, n0: usize) -> [[u32; 2]; N_TILES_PER_LOAD] {
+    // SAFETY: see the function's contract; rows are 16-byte aligned (`BV_STRIDE`).
+    let r = unsafe { ldmatrix_x4_trans(Smem::bf16_at(tile, BV_STRIDE, frag.place.ldmatrix_down_then_right(k0, n0))) };
+    [[r[0], r[1]], [r[2], r[3]]]
 }
 
-/// 16 bytes, so that a copy moves eight bf16 with one vector load.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct Vector([u32; 4]);
-
-/// The 16-byte vector `i` of row `t` of a chunk of a bf16 tensor with rows `at`, zeros past the
-/// chunk's `rows` valid rows.
+/// The gate of the chunk's last valid token: `g[last]` when there is a scalar gate, else 0.
 ///
 /// # Safety
-/// Tokens `tok0 .. tok0 + rows` exist in `src`, whose rows are 16-byte aligned.
+/// The stage is full; `rows` is the chunk's valid rows.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn row_vector(src: *const u16, at: Rows, tok0: usize, rows: usize, head: usize, t: usize, i: usize) -> Vector {
-    if t >= rows {
-        return Vector([0; 4]);
-    }
-    // SAFETY: see the function's contract.
-    unsafe { *(src.add(at.at(tok0 + t, head) + i * VECTOR) as *const Vector) }
-}
-
-/// Calls `f(t, i, vector)` for this thread's share of the chunk's 16-byte vectors of a bf16
-/// tensor with rows `at` and `K` elements per row: vector `i` of row `t`, zeros past `rows`.
-///
-/// # Safety
-/// As [`row_vector`]; every thread of the CTA calls it with its own `tid`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn for_each_vector<const K: usize>(
-    src: *const u16,
-    at: Rows,
-    tok0: usize,
-    rows: usize,
-    head: usize,
-    tid: usize,
-    mut f: impl FnMut(usize, usize, Vector),
-) {
-    let per_row = K / VECTOR;
-    let mut idx = tid;
-    while idx < CHUNK * per_row {
-        let (t, i) = (idx / per_row, idx % per_row);
-        // SAFETY: see the function's contract.
-        f(t, i, unsafe { row_vector(src, at, tok0, rows, head, t, i) });
-        idx += THREADS;
-    }
-}
-
-/// The chunk's `w` rows into the token-major tile (rows of `stride`), zero past `rows`.
-///
-/// # Safety
-/// As [`row_vector`]; every thread of the CTA calls it with its own `tid`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn stage_w<const K: usize>(
-    tile: u32,
-    stride: usize,
-    w: *const u16,
-    at: Rows,
-    tok0: usize,
-    rows: usize,
-    head: usize,
-    tid: usize,
-) {
-    // SAFETY: see the function's contract; the tile row is 16-byte aligned (`ROW_STRIDE`).
-    unsafe {
-        for_each_vector::<K>(w, at, tok0, rows, head, tid, |t, i, v| {
-            let base = Smem::bf16_at(tile, stride, t, i * VECTOR);
-            for (j, word) in v.0.iter().enumerate() {
-                st_shared_u32(base + (4 * j) as u32, *word);
-            }
-        })
-    }
-}
-
-/// The chunk's `k` rows into the key-major tile (`KT_STRIDE`): element (`t`, `a`) of the chunk at
-/// row `a`, column `t`; zero past `rows`.
-///
-/// # Safety
-/// As [`row_vector`]; every thread of the CTA calls it with its own `tid`.
-#[inline(always)]
-unsafe fn stage_k_transposed<const K: usize>(
-    tile: u32,
-    k: *const u16,
-    at: Rows,
-    tok0: usize,
-    rows: usize,
-    head: usize,
-    tid: usize,
-) {
-    // SAFETY: see the function's contract; `a` stays below K and `t` below CHUNK.
-    unsafe {
-        for_each_vector::<K>(k, at, tok0, rows, head, tid, |t, i, v| {
-            for (j, word) in v.0.iter().enumerate() {
-                let a = i * VECTOR + 2 * j;
-                st_shared_u16(Smem::bf16_at(tile, KT_STRIDE, a, t), *word as u16);
-                st_shared_u16(Smem::bf16_at(tile, KT_STRIDE, a + 1, t), (*word >> 16) as u16);
-            }
-        })
-    }
-}
-
-/// An A fragment of `mma_m16n8k16_bf16` from a row-major bf16 tile: the 16 x 16 block whose top
-/// left element is (`row0`, `col0`).
-///
-/// # Safety
-/// The block lies inside the tile; the address is shared.
-#[inline(always)]
-unsafe fn a_fragment(tile: u32, stride: usize, frag: Frag, row0: usize, col0: usize) -> [u32; 4] {
-    // SAFETY: see the function's contract; each pair is 4-byte aligned (even column, even stride).
-    frag.place.a_pairs(row0, col0).map(|(r, c)| unsafe { ld_shared_u32(Smem::bf16_at(tile, stride, r, c)) })
-}
-
-/// A B fragment of `mma_m16n8k16_bf16` from a transposed (column-major) bf16 tile, whose row `n`
-/// holds column `n` of B: the 16 x 8 block of B whose top left element is (`k0`, `n0`).
-///
-/// # Safety
-/// The block lies inside the tile; the address is shared.
-#[inline(always)]
-unsafe fn b_fragment(tile_t: u32, stride: usize, frag: Frag, k0: usize, n0: usize) -> [u32; 2] {
-    // SAFETY: see the function's contract.
-    frag.place.b_pairs(k0, n0).map(|(n, kk)| unsafe { ld_shared_u32(Smem::bf16_at(tile_t, stride, n, kk)) })
+unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
+    // SAFETY: see the function's contract; the stage holds `g` when `args.g` is not null.
+    if args.g.is_null() { 0.0 } else { unsafe { ld_shared_f32(Smem::f32_at(tiles.g, rows - 1)) } }
 }
 
 /// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` to `v_new` for the
-/// valid rows, and to the transposed tile (scaled by the scalar gate's factor where there is one;
-/// zeros past the chunk's end).
+/// valid rows, and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where
+/// there is one; zeros past the chunk's end); then the consumer barrier.
 ///
 /// # Safety
-/// Every thread of the CTA calls it after [`stage_chunk`].
+/// Every consumer thread calls it after [`publish_state`], with the chunk's stage full.
 #[inline(always)]
 unsafe fn corrected_values<const K: usize, const MT: usize>(
     smem: Smem,
+    tiles: Stage,
     frag: Frag,
     args: &Args,
     item: &Item,
@@ -530,68 +567,91 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
     rows: usize,
 ) {
     let row0 = frag.warp() * VN_ROWS_PER_WARP;
+    let row_stride = Tiles::<K, MT>::ROW_STRIDE;
     let mut acc = [[0.0f32; 4]; N_TILES];
     // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
     unsafe {
         for ks in 0..Tiles::<K, MT>::VN_K_STEPS {
-            let a = a_fragment(smem.w, Tiles::<K, MT>::ROW_STRIDE, frag, row0, ks * MMA_K);
-            for (nt, acc) in acc.iter_mut().enumerate() {
-                let b = b_fragment(smem.st, Tiles::<K, MT>::ROW_STRIDE, frag, ks * MMA_K, nt * MMA_N);
-                mma_m16n8k16_bf16(acc, a, b);
+            let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
+            for pair in 0..N_TILES / N_TILES_PER_LOAD {
+                let b = b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N);
+                for (i, b) in b.iter().enumerate() {
+                    mma_m16n8k16_bf16(&mut acc[pair * N_TILES_PER_LOAD + i], a, *b);
+                }
             }
         }
+        // The two token rows this thread holds, and their scalar-gate factors.
+        let t_rows: [usize; 2] = core::array::from_fn(|half| row0 + frag.place.g + 8 * half);
+        let g_last = g_last(tiles, args, rows);
+        let scales = t_rows.map(|t| {
+            if args.g.is_null() { 1.0 } else { exp2_approx(g_last - ld_shared_f32(Smem::f32_at(tiles.g, t))) }
+        });
         for (nt, acc) in acc.iter().enumerate() {
-            let col = item.col0 + nt * MMA_N + 2 * frag.place.t;
-            for half in 0..2 {
-                let t = row0 + frag.place.g + 8 * half;
+            let col = nt * MMA_N + 2 * frag.place.t;
+            for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
                 let pair = if t < rows {
-                    let given = *(args.u.add(args.u_rows.at(tok0 + t, item.head) + col) as *const u32);
+                    let given = ld_shared_u32(Smem::bf16_at(tiles.u, BV_STRIDE, (t, col)));
                     let lo = bf16_to_f32(given as u16) - acc[2 * half];
                     let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
                     let rounded = pack_bf16x2(lo, hi);
-                    *(args.v_new.add(args.v_new_rows.at(tok0 + t, item.head) + col) as *mut u32) = rounded;
-                    if args.g.is_null() {
-                        rounded
-                    } else {
-                        let scale = ld_shared_f32(Smem::f32_at(smem.scale, t));
-                        pack_bf16x2(lo * scale, hi * scale)
-                    }
+                    let v_new = args.v_new.add(args.v_new_rows.at(tok0 + t, item.head) + item.col0 + col);
+                    *(v_new as *mut u32) = rounded;
+                    if args.g.is_null() { rounded } else { pack_bf16x2(lo * scale, hi * scale) }
                 } else {
                     0
                 };
-                let c = col - item.col0;
-                st_shared_u16(Smem::bf16_at(smem.vnt, VNT_STRIDE, c, t), pair as u16);
-                st_shared_u16(Smem::bf16_at(smem.vnt, VNT_STRIDE, c + 1, t), (pair >> 16) as u16);
+                st_shared_u32(Smem::bf16_at(smem.vn, BV_STRIDE, (t, col)), pair);
             }
         }
-        sync_threads();
+        named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
     }
 }
 
 /// Step 3: `S = decay * S + k^T @ bf16(Vn)` over the chunk's tokens (the rows past its end are
-/// zero in both tiles); then the CTA barrier before the next chunk overwrites the tiles.
+/// zero in both tiles), the decay `exp2(g[last] + gk[last])` per key row.
 ///
 /// # Safety
-/// Every thread of the CTA calls it after [`corrected_values`].
+/// Every consumer thread calls it after [`corrected_values`], with the chunk's stage full.
 #[inline(always)]
-unsafe fn update_state<const K: usize, const MT: usize>(smem: Smem, frag: Frag, state: &mut State<MT>) {
+unsafe fn update_state<const K: usize, const MT: usize>(
+    smem: Smem,
+    tiles: Stage,
+    frag: Frag,
+    args: &Args,
+    rows: usize,
+    state: &mut State<MT>,
+) {
+    let row_stride = Tiles::<K, MT>::ROW_STRIDE;
     // SAFETY: see the function's contract; every index is inside its shared tile.
     unsafe {
-        for_each_state::<K, MT>(state, frag, |row, _, s| *s *= ld_shared_f32(Smem::f32_at(smem.decay, row)));
-        for ks in 0..STATE_K_STEPS {
-            let mut a = [[0u32; 4]; MT];
-            for (mt, a) in a.iter_mut().enumerate() {
-                let row0 = frag.warp() * Tiles::<K, MT>::STATE_ROWS_PER_WARP + mt * MMA_M;
-                *a = a_fragment(smem.kt, KT_STRIDE, frag, row0, ks * MMA_K);
-            }
-            let b: [[u32; 2]; N_TILES] =
-                core::array::from_fn(|nt| b_fragment(smem.vnt, VNT_STRIDE, frag, ks * MMA_K, nt * MMA_N));
-            for (row, a) in state.iter_mut().zip(&a) {
-                for (acc, b) in row.iter_mut().zip(&b) {
-                    mma_m16n8k16_bf16(acc, *a, *b);
+        let g_last = g_last(tiles, args, rows);
+        let has_gk = !args.gk.is_null();
+        for (mt, tiles_row) in state.iter_mut().enumerate() {
+            for half in 0..2 {
+                // Accumulator elements 2 * half and 2 * half + 1 of every n8 tile share a row.
+                let (row, _) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, 0, 2 * half);
+                let gk_last = if has_gk { ld_shared_f32(Smem::f32_at(tiles.gk_last, row)) } else { 0.0 };
+                let decay = exp2_approx(g_last + gk_last);
+                for acc in tiles_row.iter_mut() {
+                    acc[2 * half] *= decay;
+                    acc[2 * half + 1] *= decay;
                 }
             }
         }
-        sync_threads();
+        let warp_row0 = frag.warp() * Tiles::<K, MT>::STATE_ROWS_PER_WARP;
+        for ks in 0..STATE_K_STEPS {
+            let a: [[u32; 4]; MT] = core::array::from_fn(|mt| {
+                let at = frag.place.ldmatrix_right_then_down(ks * MMA_K, warp_row0 + mt * MMA_M);
+                ldmatrix_x4_trans(Smem::bf16_at(tiles.k, row_stride, at))
+            });
+            for pair in 0..N_TILES / N_TILES_PER_LOAD {
+                let b = b_fragments(smem.vn, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N);
+                for (row, a) in state.iter_mut().zip(&a) {
+                    for (i, b) in b.iter().enumerate() {
+                        mma_m16n8k16_bf16(&mut row[pair * N_TILES_PER_LOAD + i], *a, *b);
+                    }
+                }
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@
 extern crate std;
 
 use core::ptr::NonNull;
-use std::cell::{Cell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::format;
 use std::string::{String, ToString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -193,6 +193,43 @@ std::thread_local! {
     /// The CTA and `%tid.x` of the simulated thread on this host thread, while it runs its
     /// kernel. The CTA is owned by [`run_cta`], which joins the thread before dropping it.
     static CURRENT: Cell<Option<(NonNull<Cta>, usize)>> = const { Cell::new(None) };
+    /// The simulated thread's `cp.async` copies not yet waited for ([`defer_copy`]).
+    static PENDING: RefCell<Vec<PendingCopy>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An asynchronous copy in flight: `size` bytes to shared address `dst`, the first `src_bytes`
+/// of them from `src`, the rest zeros.
+struct PendingCopy {
+    dst: u32,
+    src: *const u8,
+    size: usize,
+    src_bytes: usize,
+}
+
+/// Issues a `cp.async` of the simulated thread. It lands only at the thread's next
+/// [`land_copies`] (`cp.async.wait_all`), so a kernel that reads the destination before waiting,
+/// or before the barrier after the wait, reads what was there before (poison, or an older
+/// stage) and fails its test; a thread that ends with copies in flight fails its launch.
+///
+/// # Safety
+/// `src` addresses `src_bytes` readable bytes until the copy lands.
+pub unsafe fn defer_copy(dst: u32, src: *const u8, size: usize, src_bytes: usize) {
+    assert!(src_bytes <= size, "cp.async: {src_bytes} source bytes for a {size}-byte copy");
+    assert!((src as usize).is_multiple_of(size), "cp.async: {src:?} is not {size}-byte aligned");
+    with_thread(|cta, _| cta.shared(dst, size)); // checks the destination now, as the GPU faults at issue
+    PENDING.with_borrow_mut(|p| p.push(PendingCopy { dst, src, size, src_bytes }));
+}
+
+/// Lands every copy the simulated thread has in flight (`cp.async.wait_all`).
+pub fn land_copies() {
+    for c in PENDING.take() {
+        let dst = with_thread(|cta, _| cta.shared(c.dst, c.size));
+        // SAFETY: `shared` checked the destination; `defer_copy`'s caller promised the source.
+        unsafe {
+            core::ptr::copy_nonoverlapping(c.src, dst, c.src_bytes);
+            core::ptr::write_bytes(dst.add(c.src_bytes), 0, c.size - c.src_bytes);
+        }
+    }
 }
 
 /// Runs `f` with the CTA and `%tid.x` of the simulated thread on this host thread.
@@ -255,6 +292,18 @@ impl Cta {
 
     /// `bar.sync id, threads`: blocks until `threads` threads have arrived at barrier `id`.
     pub fn barrier(&self, id: usize, threads: usize) {
+        let Some(phase) = self.arrive(id, threads) else { return };
+        drop(self.wait(
+            self.barriers.lock().unwrap_or_else(|e| e.into_inner()),
+            &self.barrier_moved,
+            |bars| bars[id].phase != phase,
+            |bars| format!("bar.sync {id}: {} of {threads} threads arrived", bars[id].arrived),
+        ));
+    }
+
+    /// `bar.arrive id, threads` for one thread: counts its arrival and returns the phase it
+    /// arrived in, or `None` when its arrival completed that phase.
+    pub fn arrive(&self, id: usize, threads: usize) -> Option<u64> {
         assert!(id < NAMED_BARRIERS, "bar.sync {id}: only {NAMED_BARRIERS} named barriers exist");
         assert!(
             threads > 0 && threads <= self.threads && threads.is_multiple_of(WARP),
@@ -272,15 +321,18 @@ impl Cta {
             b.arrived = 0;
             b.phase += 1;
             self.barrier_moved.notify_all();
-            return;
+            return None;
         }
-        let phase = b.phase;
-        drop(self.wait(
-            bars,
-            &self.barrier_moved,
-            |bars| bars[id].phase != phase,
-            |bars| format!("bar.sync {id}: {} of {threads} threads arrived", bars[id].arrived),
-        ));
+        Some(b.phase)
+    }
+
+    /// The first named barrier left with arrivals in an unfinished phase, as a message (a CTA
+    /// that ends so has lost a handoff: a `bar.arrive` nobody waited for, or the reverse).
+    fn unfinished_barrier(&self) -> Option<String> {
+        let bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
+        bars.iter().enumerate().find(|(_, b)| b.arrived != 0).map(|(id, b)| {
+            format!("ended with {} of barrier {id}'s {} threads arrived in an unfinished phase", b.arrived, b.expected)
+        })
     }
 
     /// A warp-wide instruction `op` of lane `lane` with operands `mine`: returns every lane's
@@ -429,7 +481,12 @@ fn run_cta(index: usize, launch: &Launch, kernel: &(impl Fn() + Sync)) -> Result
                     .stack_size(STACK_BYTES)
                     .spawn_scoped(scope, move || {
                         CURRENT.set(Some((NonNull::from(cta), tid)));
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(kernel));
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            kernel();
+                            let in_flight = PENDING.with_borrow(Vec::len);
+                            assert!(in_flight == 0, "ended with {in_flight} cp.async copies never waited for");
+                        }));
+                        PENDING.take();
                         CURRENT.set(None);
                         if result.is_err() {
                             cta.fail();
@@ -448,6 +505,9 @@ fn run_cta(index: usize, launch: &Launch, kernel: &(impl Fn() + Sync)) -> Result
     let real = failures.iter().find(|(_, m)| m != ABORTED).or(failures.first());
     if let Some((thread, message)) = real {
         return Err(SimError { cta: index, thread: *thread, message: message.clone() });
+    }
+    if let Some(message) = cta.unfinished_barrier() {
+        return Err(SimError { cta: index, thread: usize::MAX, message });
     }
     if !cta.shared.guard_intact() {
         return Err(SimError {
@@ -604,6 +664,43 @@ mod tests {
         }
     }
 
+    /// A warp-role handoff as the portable kernel runs it: the second warp copies a value into
+    /// shared memory with `cp.async` (and a zero-filled word beside it), waits for its copies and
+    /// arrives on a named barrier; the first warp waits there and reads both. A copy is not in
+    /// shared memory before the issuing thread waits for it.
+    #[test]
+    fn async_copies_land_at_the_wait_and_named_barriers_hand_them_over() {
+        use crate::arch::sm80::{cp_async_4, cp_async_wait_all, named_barrier, named_barrier_arrive};
+        let src = [0x1234_5678u32, 0x9abc_def0];
+        let mut out = vec![0u32; 3 * WARP];
+        let (ps, o) = (ptr(&src), ptr_mut(&mut out));
+        // SAFETY: the kernel reads `src` (2 words) and writes 3 * WARP words of `out`.
+        unsafe {
+            launch(Launch { grid: 1, block: 2 * WARP, shared_bytes: 2 * WARP * 4 }, || {
+                let t = thread_idx_x();
+                let (base, lane) = (smem_base_shared(), (t % WARP) as u32);
+                if t >= WARP {
+                    let from = ps.ptr().add(lane as usize % 2) as *const u8;
+                    cp_async_4(base + 8 * lane, from, 4);
+                    cp_async_4(base + 8 * lane + 4, from, 0);
+                    *o.mut_ptr().add(2 * WARP + lane as usize) = ld_shared_u32(base + 8 * lane);
+                    cp_async_wait_all();
+                    named_barrier_arrive(1, 2 * WARP as u32);
+                } else {
+                    named_barrier(1, 2 * WARP as u32);
+                    *o.mut_ptr().add(2 * t) = ld_shared_u32(base + 8 * ((t as u32 + 1) % WARP as u32));
+                    *o.mut_ptr().add(2 * t + 1) = ld_shared_u32(base + 8 * lane + 4);
+                }
+            })
+        }
+        .unwrap();
+        for t in 0..WARP {
+            assert_eq!(out[2 * t], src[(t + 1) % 2], "thread {t}: the copied word");
+            assert_eq!(out[2 * t + 1], 0, "thread {t}: the zero-filled word");
+            assert_eq!(out[2 * WARP + t], u32::MAX, "lane {t}: read its copy before waiting, saw it landed");
+        }
+    }
+
     /// Every misuse the simulator checks comes back as an error naming the CTA, the thread and
     /// what went wrong.
     #[test]
@@ -641,6 +738,22 @@ mod tests {
             sync_warp();
         });
         assert_eq!((e.cta, e.thread, e.message.as_str()), (0, 9, "trap"), "{e}");
+        let word = [7u32];
+        let from = ptr(&word);
+        let e = fail(64, &|| unsafe {
+            crate::arch::sm80::cp_async_4(smem_base_shared() + 4 * thread_idx_x() as u32, from.ptr() as *const u8, 4);
+        });
+        assert!(e.message.contains("never waited for"), "{e}");
+        let two_warps = Launch { grid: 1, block: 2 * WARP, shared_bytes: 0 };
+        let e = unsafe {
+            launch(two_warps, || {
+                if thread_idx_x() >= WARP {
+                    crate::arch::sm80::named_barrier_arrive(2, 2 * WARP as u32);
+                }
+            })
+        }
+        .unwrap_err();
+        assert!(e.message.contains("unfinished phase") && e.thread == usize::MAX, "{e}");
         let e = unsafe { launch(Launch { grid: 1, block: 33, shared_bytes: 0 }, || {}) }.unwrap_err();
         assert!(e.to_string().starts_with("launch rejected"), "{e}");
     }

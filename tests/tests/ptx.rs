@@ -151,9 +151,11 @@ fn baseline_sass_uses_the_hardware_conversions() {
 
 /// The portable tensor-core kernel, every key size's entry: both products on the tensor cores
 /// (`HMMA` per chunk: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x
-/// `K / 64` row tiles for `S`; the loops are unrolled), every shared access explicit
-/// (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and room in registers for as
-/// many CTAs per SM as an A100's shared memory holds (up to four).
+/// `K / 64` row tiles for `S`; the loops are unrolled) with their operands read by `ldmatrix`
+/// (`LDSM`, as stored and transposed), the chunks copied by `cp.async` (`LDGSTS`, 16-byte ones
+/// bypassing L1) and handed over on named barriers (`BAR.ARV` by the side that is done), every
+/// shared access explicit (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and
+/// room in registers for as many CTAs per SM as an A100's shared memory holds (up to four).
 #[test]
 fn portable_sass_runs_both_products_on_the_tensor_cores() {
     const MAX_CTAS_PER_SM: usize = 4;
@@ -171,6 +173,9 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             let hmma = (key_dim / 16) * 4 + 4 * 4 * (key_dim / 64);
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's two products", abi.entry);
             assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
+            for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "BAR.ARV", "BAR.SYNC"] {
+                assert!(count(op) > 0, "{arch} {}: portable SASS lacks {op}", abi.entry);
+            }
             for op in [" LD.", " ST.", "LDL", "STL"] {
                 assert_eq!(count(op), 0, "{arch} {}: portable SASS holds {op}", abi.entry);
             }

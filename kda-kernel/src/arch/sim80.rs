@@ -377,3 +377,35 @@ pub unsafe fn st_global_v4(ptr: *mut u16, v: [u32; 4]) {
     // SAFETY: the caller's contract.
     unsafe { (ptr as *mut [u32; 4]).write(v) }
 }
+
+/// `bar.arrive id, threads;`: counts the arrival without waiting.
+///
+/// # Safety
+/// As on the GPU: the barrier's phases see consistent counts.
+pub unsafe fn named_barrier_arrive(id: u32, threads: u32) {
+    with_thread(|cta, _| cta.arrive(id as usize, threads as usize));
+}
+
+/// `cp.async.cg.shared.global`, 16 bytes: lands at this thread's next [`cp_async_wait_all`]
+/// (`sim::defer_copy`).
+///
+/// # Safety
+/// `src` addresses `src_bytes` readable bytes (0 or 16) until the copy lands.
+pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { crate::sim::defer_copy(dst, src, 16, src_bytes as usize) }
+}
+
+/// `cp.async.ca.shared.global`, 4 bytes (as [`cp_async_16`]).
+///
+/// # Safety
+/// `src` addresses `src_bytes` readable bytes (0 or 4) until the copy lands.
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { crate::sim::defer_copy(dst, src, 4, src_bytes as usize) }
+}
+
+/// `cp.async.wait_all;`: lands this thread's copies.
+pub fn cp_async_wait_all() {
+    crate::sim::land_copies();
+}

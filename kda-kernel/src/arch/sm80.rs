@@ -474,3 +474,57 @@ pub unsafe fn st_global_v4(ptr: *mut u16, v: [u32; 4]) {
              y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
     }
 }
+
+/// `bar.arrive id, threads;` (PTX 2.0): counts this thread's arrival on named barrier `id`
+/// without waiting; the threads that `bar.sync` on it wait for all `threads`. Shared-memory
+/// writes this thread made before are visible to them once their wait returns. The signal of a
+/// one-way handoff (a producer announcing a full stage, consumers an empty one).
+///
+/// # Safety
+/// Exactly `threads` threads, in whole warps, arrive on or wait at barrier `id` with the same
+/// count for each of its phases.
+#[inline(always)]
+pub unsafe fn named_barrier_arrive(id: u32, threads: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("bar.arrive {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
+}
+
+/// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;` (PTX 7.0, sm_80): an asynchronous
+/// copy of 16 bytes from global to shared memory, bypassing L1 and the registers; bytes past
+/// `src_bytes` (0 or 16) are written as zeros and not read. Complete only after
+/// [`cp_async_wait_all`].
+///
+/// # Safety
+/// `dst` is a 16-byte-aligned shared address inside the allocation; `src` is a 16-byte-aligned
+/// global address of `src_bytes` readable bytes.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
+             n = in(reg32) src_bytes, options(nostack))
+    }
+}
+
+/// `cp.async.ca.shared.global [dst], [src], 4, src_bytes;` (PTX 7.0, sm_80): as
+/// [`cp_async_16`] for 4 bytes (an f32), `src_bytes` 0 or 4.
+///
+/// # Safety
+/// `dst` is a 4-byte-aligned shared address inside the allocation; `src` is a 4-byte-aligned
+/// global address of `src_bytes` readable bytes.
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4, {n};", d = in(reg32) dst, s = in(reg64) src,
+             n = in(reg32) src_bytes, options(nostack))
+    }
+}
+
+/// `cp.async.wait_all;` (PTX 7.0, sm_80): waits until every asynchronous copy this thread issued
+/// has landed in shared memory.
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    // SAFETY: waits on this thread's own copies; a memory clobber for the compiler.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) }
+}
