@@ -19,7 +19,7 @@ use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, f32_to_bf16, smem_base_generic, sync_threads, thread_idx_x,
 };
 use crate::layout::baseline::{BV, COL_BLOCKS, STATE_ROWS, THREADS, VN_ROWS};
-use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
+use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_SEQ, DESC_TOKEN_START, K_DIM, SEQ_DESC_WORDS, V_DIM};
 
 /// Shared-memory tiles of one CTA, carved from the dynamic shared memory.
 struct Tiles {
@@ -81,13 +81,15 @@ kernel_entry! {
             return; // the launcher never launches so; this proves the divisions below safe
         }
         let item = block_idx_x();
-        let (seq, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
-        let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads, key_heads);
-        // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
-        let (token_start, len, chunk_start) = unsafe {
-            let desc = seqs.add(seq * SEQ_DESC_WORDS);
-            (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+        // The descriptors are in launch order (longest first), each naming its sequence.
+        let (rank, head) = (item / (COL_BLOCKS * heads), (item / COL_BLOCKS) % heads);
+        // SAFETY: `rank` is below the plan's sequences (one CTA per item), so its descriptor exists.
+        let (token_start, len, chunk_start, seq) = unsafe {
+            let desc = seqs.add(rank * SEQ_DESC_WORDS);
+            let word = |i: usize| *desc.add(i) as usize;
+            (word(DESC_TOKEN_START), word(DESC_LEN), word(DESC_CHUNK_START), word(DESC_SEQ))
         };
+        let at = Place::of(thread_idx_x(), item % COL_BLOCKS, seq, head, heads, key_heads);
         let tiles = Tiles::carve();
         let mut state = [0.0f32; STATE_ROWS];
         if !h0.is_null() {

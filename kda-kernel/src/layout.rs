@@ -16,14 +16,20 @@ pub const V_DIM: usize = 128;
 pub const MAX_V_DIM: usize = 512;
 
 /// Words (`i64`) per sequence descriptor in the plan the host uploads:
-/// `[first token, length in tokens, first chunk in h]`.
-pub const SEQ_DESC_WORDS: usize = 3;
+/// `[first token, length in tokens, first chunk in h, index in the batch]`. The table is in
+/// launch order, longest sequence first (`kda::Plan::descriptors`): the kernels with one CTA per
+/// item take their sequence from the CTA's index in that order, so the longest chains start
+/// first and the short ones fill in behind them, and find the sequence's states (`h0`, `ht`) at
+/// its index in the batch.
+pub const SEQ_DESC_WORDS: usize = 4;
 /// Index of the first-token word in a sequence descriptor.
 pub const DESC_TOKEN_START: usize = 0;
 /// Index of the length word in a sequence descriptor.
 pub const DESC_LEN: usize = 1;
 /// Index of the first-chunk word in a sequence descriptor.
 pub const DESC_CHUNK_START: usize = 2;
+/// Index of the word holding the sequence's index in the batch (its row of `h0` and `ht`).
+pub const DESC_SEQ: usize = 3;
 
 /// Words (`u32`) per work-item record of the Hopper kernel's schedule table: everything a CTA
 /// needs to start an item, in three 16-byte reads (no second read of the sequence's descriptor

@@ -35,7 +35,7 @@ use crate::layout::portable::{
     BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, PRODUCER_WARP, Place,
     STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier, full_barrier,
 };
-use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
+use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_SEQ, DESC_TOKEN_START, SEQ_DESC_WORDS};
 
 /// The state fragments of one warp: `[m16 tile][n8 tile][4]` (`mma_m16n8k16_bf16`'s `acc`).
 type State<const MT: usize> = [[[f32; 4]; N_TILES]; MT];
@@ -282,12 +282,15 @@ impl Item {
             return None;
         }
         let block = block_idx_x();
-        let (seq, in_seq) = (block / per_seq, block % per_seq);
+        // The descriptors are in launch order (longest first); `seq` is the sequence's index
+        // in the batch.
+        let (rank, in_seq) = (block / per_seq, block % per_seq);
         let (head, col_block) = (in_seq / col_blocks, in_seq % col_blocks);
-        // SAFETY: `seq` is a sequence of the plan (one CTA per item), so its descriptor exists.
-        let (token_start, len, chunk_start) = unsafe {
-            let desc = args.seqs.add(seq * SEQ_DESC_WORDS);
-            (*desc.add(DESC_TOKEN_START) as usize, *desc.add(DESC_LEN) as usize, *desc.add(DESC_CHUNK_START) as usize)
+        // SAFETY: `rank` is below the plan's sequences (one CTA per item), so its descriptor exists.
+        let (token_start, len, chunk_start, seq) = unsafe {
+            let desc = args.seqs.add(rank * SEQ_DESC_WORDS);
+            let word = |i: usize| *desc.add(i) as usize;
+            (word(DESC_TOKEN_START), word(DESC_LEN), word(DESC_CHUNK_START), word(DESC_SEQ))
         };
         Some(Self {
             head,

@@ -5,7 +5,7 @@
 //! back or synchronises.
 
 use crate::KdaError;
-use kda_kernel::layout::{self, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
+use kda_kernel::layout::{self, DESC_CHUNK_START, DESC_LEN, DESC_SEQ, DESC_TOKEN_START, SEQ_DESC_WORDS};
 
 /// One sequence of the batch: where its tokens and its chunks start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,14 +170,20 @@ impl Plan {
         core::iter::once(0).chain(self.seqs.iter().map(|s| (s.token_start + s.len) as i64)).collect()
     }
 
-    /// The descriptor table the kernels read: `SEQ_DESC_WORDS` `i64` words per sequence.
+    /// The descriptor table the kernels read: `SEQ_DESC_WORDS` `i64` words per sequence, in
+    /// launch order: longest first, equal lengths in batch order (`layout::SEQ_DESC_WORDS`).
     pub fn descriptors(&self) -> Vec<i64> {
-        // Every offset and length is at most the token count, so the casts are lossless.
+        let mut order: Vec<usize> = (0..self.seqs.len()).collect();
+        order.sort_by_key(|&i| core::cmp::Reverse(self.seqs[i].len)); // stable: ties keep batch order
+        // Every offset, length and index is at most the token count or the batch size, so the
+        // casts are lossless.
         let mut out = vec![0i64; self.seqs.len() * SEQ_DESC_WORDS];
-        for (d, s) in out.chunks_exact_mut(SEQ_DESC_WORDS).zip(&self.seqs) {
+        for (d, &i) in out.chunks_exact_mut(SEQ_DESC_WORDS).zip(&order) {
+            let s = &self.seqs[i];
             d[DESC_TOKEN_START] = s.token_start as i64;
             d[DESC_LEN] = s.len as i64;
             d[DESC_CHUNK_START] = s.chunk_start as i64;
+            d[DESC_SEQ] = i as i64;
         }
         out
     }
@@ -196,7 +202,8 @@ mod tests {
         assert_eq!(plan.chunks(), 5);
         assert_eq!(plan.tokens(), 195);
         assert_eq!(plan.cu_seqlens(), vec![0, 1, 65, 65, 195]);
-        assert_eq!(plan.descriptors(), vec![0, 1, 0, 1, 64, 1, 65, 0, 2, 65, 130, 2]);
+        // Longest first, the empty sequence last; each row names its sequence.
+        assert_eq!(plan.descriptors(), vec![65, 130, 2, 3, 1, 64, 1, 1, 0, 1, 0, 0, 65, 0, 2, 2]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! trips, the device descriptor table matches, dense batches are equal-length ragged batches, and
 //! every malformed boundary list is rejected with the offending index.
 
-use kda::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_TOKEN_START, SEQ_DESC_WORDS};
+use kda::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_SEQ, DESC_TOKEN_START, SEQ_DESC_WORDS};
 use kda::schedule::Schedule;
 use kda::{KdaError, Plan};
 use kda_tests::ragged_lengths;
@@ -42,10 +42,16 @@ proptest! {
         let plan = Plan::from_lengths(&lengths);
         let table = plan.descriptors();
         prop_assert_eq!(table.len(), plan.num_seqs() * SEQ_DESC_WORDS);
-        for (s, d) in plan.seqs().iter().zip(table.chunks_exact(SEQ_DESC_WORDS)) {
+        let mut seen = vec![false; plan.num_seqs()];
+        let mut previous_len = i64::MAX;
+        for d in table.chunks_exact(SEQ_DESC_WORDS) {
+            let s = &plan.seqs()[d[DESC_SEQ] as usize];
+            prop_assert!(!std::mem::replace(&mut seen[d[DESC_SEQ] as usize], true), "sequence {} twice", d[DESC_SEQ]);
             prop_assert_eq!(d[DESC_TOKEN_START], s.token_start as i64);
             prop_assert_eq!(d[DESC_LEN], s.len as i64);
             prop_assert_eq!(d[DESC_CHUNK_START], s.chunk_start as i64);
+            prop_assert!(d[DESC_LEN] <= previous_len, "longest first");
+            previous_len = d[DESC_LEN];
         }
     }
 
