@@ -201,8 +201,7 @@ pub mod decode {
     /// Lanes of a warp along the keys (the warp's two halves hold different keys).
     pub const KEY_LANES: usize = 32 / COL_LANES;
     /// Warps per CTA: 256 threads, 32 state values each at K = 128, so that the registers of
-    /// four CTAs per SM hold 128 KB of states in flight, more than the memory system's latency
-    /// needs at full bandwidth.
+    /// three CTAs per SM (`abi::DECODE_MAX_REGISTERS`) hold 96 KB of states in flight.
     pub const WARPS: usize = 8;
     /// Threads per CTA.
     pub const THREADS: usize = 32 * WARPS;
@@ -231,7 +230,8 @@ pub mod decode {
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
-    /// token's ancestors are kept as indices in registers, one per possible depth.
+    /// token's path from the initial state is a bit mask over the sequence's tokens in one
+    /// register, and a path has at most this many steps.
     pub const MAX_DRAFT: usize = 8;
 }
 
