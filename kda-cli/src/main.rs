@@ -615,14 +615,15 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
     dev.set_columns(stream, a.columns)?;
     if a.explain {
         let d = dev.dims();
-        let work = Work {
-            value_heads: d.value_heads,
-            key_dim: d.key_dim,
-            value_dim: d.value_dim,
-            workers: dev.plan.workers(),
-            block_width: dev.plan.columns().width(),
+        // The plan of the kernel that runs: the portable kernel schedules its own blocks.
+        let (workers, block_width, split) = if kernel == Kernel::Portable {
+            (dev.plan.portable_workers(), kda::layout::portable::BV, dev.plan.portable_split_plan())
+        } else {
+            (dev.plan.workers(), dev.plan.columns().width(), dev.plan.split_plan().clone())
         };
-        say!("{}", explanation(dev.plan.plan(), &work, a.split, dev.plan.split_plan()).trim_end());
+        let work =
+            Work { value_heads: d.value_heads, key_dim: d.key_dim, value_dim: d.value_dim, workers, block_width };
+        say!("{}", explanation(dev.plan.plan(), &work, a.split, &split).trim_end());
     }
     match a.repeat {
         Some(n) => {

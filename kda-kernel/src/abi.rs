@@ -162,7 +162,8 @@ pub enum StateDtypeCode {
     Bf16 = 1,
 }
 
-/// Which pass of the recurrence a Hopper launch runs, as the kernel's `pass` parameter.
+/// Which pass of the recurrence a launch of the Hopper or the portable kernel runs, as the
+/// kernel's `pass` parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum PassCode {
@@ -345,10 +346,11 @@ pub const BASELINE_PARAMS: [Param; 11] = [
     Param::u32("key_heads"),
 ];
 
-/// The portable tensor-core kernel's parameters, in order: the tensors, the descriptor table,
-/// value and key heads, `V`, the state layout (a [`StateLayoutCode`]) and the token and head
-/// strides (elements) of `k`, `w`, `u`, `g`, `gk` and `v_new`. `g` and `gk` may be null (that
-/// gate absent); `h0` and `ht` too.
+/// The portable tensor-core kernel's parameters, in order: the tensors, the work records of the
+/// pass (`layout::ITEM_WORDS` words each, as the Hopper kernel's), value heads, the width of the
+/// pass's states (`V`, or `K + V` in the pre-scan), their layout (a [`StateLayoutCode`]), the
+/// pass (a [`PassCode`]) and the token and head strides (elements) of `k`, `w`, `u`, `g`, `gk`
+/// and `v_new`. `g` and `gk` may be null (that gate absent); `h0` and `ht` too.
 pub const PORTABLE_PARAMS: [Param; 26] = [
     Param::pointer("k"),
     Param::pointer("w"),
@@ -359,11 +361,11 @@ pub const PORTABLE_PARAMS: [Param; 26] = [
     Param::pointer("h"),
     Param::pointer("v_new"),
     Param::pointer("ht"),
-    Param::pointer("seqs"),
+    Param::pointer("work"),
     Param::u32("heads"),
-    Param::u32("key_heads"),
     Param::u32("value_dim"),
     Param::u32("state_layout"),
+    Param::u32("pass"),
     Param::u32("k_token_stride"),
     Param::u32("k_head_stride"),
     Param::u32("w_token_stride"),

@@ -412,6 +412,24 @@ pub mod portable {
         }
     }
 
+    /// Shared memory the driver reserves per CTA beside its dynamic shared memory (sm_80+).
+    pub const RESERVED_SMEM_PER_CTA: usize = 1024;
+
+    /// CTAs of the entry for key size `key_dim` one SM holds at most, whatever its shared memory:
+    /// two (its registers allow them: `portable_sass_runs_both_products_on_the_tensor_cores`
+    /// checks it), one at `K = 256`, whose state and fragments take about 200 registers.
+    pub const fn max_ctas_per_sm(key_dim: usize) -> usize {
+        if key_dim > 128 { 1 } else { 2 }
+    }
+
+    /// CTAs of the persistent grid for key size `key_dim` on a GPU of `sms` SMs with
+    /// `smem_per_sm` bytes of shared memory each: as many as run at once (at least one per SM).
+    pub const fn workers(key_dim: usize, sms: usize, smem_per_sm: usize) -> usize {
+        let by_smem = smem_per_sm / (smem_bytes(key_dim) + RESERVED_SMEM_PER_CTA);
+        let per_sm = if by_smem < max_ctas_per_sm(key_dim) { by_smem } else { max_ctas_per_sm(key_dim) };
+        sms * if per_sm == 0 { 1 } else { per_sm }
+    }
+
     /// A thread's place in its warp's `mma.m16n8k16` fragments (PTX ISA, "Matrix fragments for
     /// mma.m16n8k16": `g = lane / 4` is `groupID`, `t = lane % 4` `threadID_in_group`), and the
     /// elements each of its fragment registers holds: the kernel loads exactly these.

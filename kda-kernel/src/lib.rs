@@ -13,7 +13,7 @@
 //! | [`layout`] | the contract's sizes, tile shapes, shared-memory layouts, schedule records |
 //! | `arch` | one wrapper per PTX instruction (`sm80`: every sm_80+ GPU; `sm90`: Hopper) |
 //! | `pipeline` | the producer/consumer ring of mbarriers (`PipelineState`, acquire/commit/wait/release) |
-//! | `schedule` | the persistent grid's work lists |
+//! | `schedule` | the persistent grid's work lists (the Hopper and the portable kernels walk them) |
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
 //! | `portable` | the portable tensor-core kernel (`mma.sync` bf16, sm_80+) |
@@ -92,13 +92,14 @@ kernel_modules! {
     pool,
 }
 
-/// The ring, the work lists and the warp-specialized kernel: compiled only into the sm_90a PTX
+/// The mbarrier ring and the warp-specialized kernel: compiled only into the sm_90a PTX
 /// (mbarrier waits, TMA and wgmma do not exist on the portable target).
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod hopper;
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod pipeline;
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+/// The persistent grid's work lists, walked by the Hopper and the portable kernels.
+#[cfg(any(target_arch = "nvptx64", feature = "sim"))]
 mod schedule;
 
 /// Device code cannot unwind or print; a panic (only reachable through a bug, since the kernels

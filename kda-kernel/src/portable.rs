@@ -25,9 +25,10 @@
 //! are zeros, so their `Vn` rows are zero and add nothing to `S`, and only valid rows are written.
 //! All offsets are 64-bit.
 
-use crate::abi::StateLayoutCode;
+use crate::abi::{PassCode, StateLayoutCode};
+use crate::schedule::{Item, RowStrides, Work};
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, exp2_approx, ld_shared_f32, ld_shared_u32,
+    bf16_to_f32, cp_async_4, cp_async_16, cp_async_wait_all, exp2_approx, ld_shared_f32, ld_shared_u32,
     ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2,
     smem_base_shared, st_shared_u32, thread_idx_x, thread_idx_x_fresh,
 };
@@ -35,29 +36,10 @@ use crate::layout::portable::{
     BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, PRODUCER_WARP, Place,
     STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier, full_barrier,
 };
-use crate::layout::{CHUNK, DESC_CHUNK_START, DESC_LEN, DESC_SEQ, DESC_TOKEN_START, SEQ_DESC_WORDS};
+use crate::layout::CHUNK;
 
 /// The state fragments of one warp: `[m16 tile][n8 tile][4]` (`mma_m16n8k16_bf16`'s `acc`).
 type State<const MT: usize> = [[[f32; 4]; N_TILES]; MT];
-
-/// A token-major tensor's row addressing: element offset of (token, head) is
-/// `token * token_stride + head * head_stride` (`kda::Strides`, packed or a slice of a wider row).
-#[derive(Clone, Copy)]
-struct Rows {
-    token: usize,
-    head: usize,
-}
-
-impl Rows {
-    fn new(token: u32, head: u32) -> Self {
-        Self { token: token as usize, head: head as usize }
-    }
-
-    /// The element offset of `head`'s row of `token`.
-    fn at(self, token: usize, head: usize) -> usize {
-        token * self.token + head * self.head
-    }
-}
 
 /// A launch's arguments (`abi::PORTABLE_PARAMS`).
 struct Args {
@@ -70,17 +52,17 @@ struct Args {
     h: *mut u16,
     v_new: *mut u16,
     ht: *mut f32,
-    seqs: *const i64,
-    heads: usize,
-    key_heads: usize,
+    work: Work,
+    /// Columns of the pass's states: `V`, or `K + V` in the pre-scan.
     value_dim: usize,
     value_first: bool,
-    k_rows: Rows,
-    w_rows: Rows,
-    u_rows: Rows,
-    g_rows: Rows,
-    gk_rows: Rows,
-    v_new_rows: Rows,
+    prescan: bool,
+    k_rows: RowStrides,
+    w_rows: RowStrides,
+    u_rows: RowStrides,
+    g_rows: RowStrides,
+    gk_rows: RowStrides,
+    v_new_rows: RowStrides,
 }
 
 /// Declares the portable kernel's entry for one key size (`abi::PORTABLE_ENTRIES`).
@@ -89,14 +71,17 @@ macro_rules! portable_entry {
         kernel_entry! {
             $(#[$doc])*
             ///
-            /// Grid: `N * HV * V / BV` CTAs, sequence-major then value head; `THREADS` threads;
-            /// `layout::portable::smem_bytes(K)` of dynamic shared memory.
+            /// Grid: one CTA per worker of the pass's schedule (`work`: worker `b`'s first record
+            /// is record `b`); `THREADS` threads; `layout::portable::smem_bytes(K)` of dynamic
+            /// shared memory.
             ///
             /// # Safety
-            /// Every pointer addresses a buffer of the contract's size for the plan in `seqs`
-            /// (`SEQ_DESC_WORDS` `i64` per sequence), `heads` value heads of `key_heads` key heads
-            /// and `value_dim` value columns, rows at the given strides, 16-byte aligned rows of
-            /// `k`, `w`, `u` and `v_new`; a gate pointer is null exactly when that gate is absent;
+            /// Every pointer addresses a buffer of the contract's size for the batch the records
+            /// describe, `heads` value heads and states of `value_dim` columns (`h0` and `ht` with
+            /// every row the records name), rows at the given strides, 16-byte aligned rows of
+            /// `k`, `w`, `u` and `v_new`; the records name each item of the pass once, in blocks
+            /// of `BV` columns, and are 16-byte aligned; a gate pointer is null exactly when that
+            /// gate is absent; in the pre-scan (`pass`) `h0` is null and states are key-first;
             /// the launch has the grid, block and shared memory above; the outputs overlap nothing.
             pub unsafe fn $name(
                 k: *const u16,
@@ -108,11 +93,11 @@ macro_rules! portable_entry {
                 h: *mut u16,
                 v_new: *mut u16,
                 ht: *mut f32,
-                seqs: *const i64,
+                work: *const u32,
                 heads: u32,
-                key_heads: u32,
                 value_dim: u32,
                 state_layout: u32,
+                pass: u32,
                 k_token_stride: u32,
                 k_head_stride: u32,
                 w_token_stride: u32,
@@ -136,17 +121,17 @@ macro_rules! portable_entry {
                     h,
                     v_new,
                     ht,
-                    seqs,
-                    heads: heads as usize,
-                    key_heads: key_heads as usize,
+                    // SAFETY: the entry's contract on `work`.
+                    work: unsafe { Work::new(work, heads as usize) },
                     value_dim: value_dim as usize,
                     value_first: state_layout == StateLayoutCode::ValueFirst as u32,
-                    k_rows: Rows::new(k_token_stride, k_head_stride),
-                    w_rows: Rows::new(w_token_stride, w_head_stride),
-                    u_rows: Rows::new(u_token_stride, u_head_stride),
-                    g_rows: Rows::new(g_token_stride, g_head_stride),
-                    gk_rows: Rows::new(gk_token_stride, gk_head_stride),
-                    v_new_rows: Rows::new(v_new_token_stride, v_new_head_stride),
+                    prescan: pass == PassCode::Prescan as u32,
+                    k_rows: RowStrides::new(k_token_stride, k_head_stride),
+                    w_rows: RowStrides::new(w_token_stride, w_head_stride),
+                    u_rows: RowStrides::new(u_token_stride, u_head_stride),
+                    g_rows: RowStrides::new(g_token_stride, g_head_stride),
+                    gk_rows: RowStrides::new(gk_token_stride, gk_head_stride),
+                    v_new_rows: RowStrides::new(v_new_token_stride, v_new_head_stride),
                 };
                 // SAFETY: the entry's contract is `recurrence`'s.
                 unsafe { recurrence::<$key, $tiles>(&args) }
@@ -253,71 +238,15 @@ impl Frag {
     }
 }
 
-/// The item a CTA runs: the block of the state it holds, and its sequence.
-struct Item {
-    /// Value head, and the key head it reads.
-    head: usize,
-    key_head: usize,
-    /// First value column of the block.
-    col0: usize,
-    /// Element offset of the item's state in `h0` and `ht`.
-    state_base: usize,
-    /// The sequence's first token, its length and the index of its first chunk in `h`.
-    token_start: usize,
-    len: usize,
-    chunk_start: usize,
+/// The element offset of (key row `row`, block column `col`) of `item`'s block inside one state
+/// of the pass (`args.value_dim` columns, in its layout).
+fn state_index<const K: usize>(args: &Args, item: &Item, row: usize, col: usize) -> usize {
+    if args.value_first { (item.vcol0 + col) * K + row } else { row * args.value_dim + item.vcol0 + col }
 }
 
-impl Item {
-    /// The item of this CTA, or `None` for a launch the launcher never makes (no column block,
-    /// no value head per key head), which proves the divisions safe.
-    ///
-    /// # Safety
-    /// `args.seqs` holds a descriptor per sequence of the launch's grid.
-    unsafe fn of_cta<const K: usize>(args: &Args) -> Option<Self> {
-        let col_blocks = args.value_dim / BV;
-        let group = args.heads.checked_div(args.key_heads).unwrap_or(0);
-        let per_seq = col_blocks * args.heads;
-        if col_blocks == 0 || group == 0 || per_seq == 0 {
-            return None;
-        }
-        let block = block_idx_x();
-        // The descriptors are in launch order (longest first); `seq` is the sequence's index
-        // in the batch.
-        let (rank, in_seq) = (block / per_seq, block % per_seq);
-        let (head, col_block) = (in_seq / col_blocks, in_seq % col_blocks);
-        // SAFETY: `rank` is below the plan's sequences (one CTA per item), so its descriptor exists.
-        let (token_start, len, chunk_start, seq) = unsafe {
-            let desc = args.seqs.add(rank * SEQ_DESC_WORDS);
-            let word = |i: usize| *desc.add(i) as usize;
-            (word(DESC_TOKEN_START), word(DESC_LEN), word(DESC_CHUNK_START), word(DESC_SEQ))
-        };
-        Some(Self {
-            head,
-            key_head: head / group,
-            col0: col_block * BV,
-            state_base: (seq * args.heads + head) * K * args.value_dim,
-            token_start,
-            len,
-            chunk_start,
-        })
-    }
-
-    /// Chunks of the sequence.
-    fn chunks(&self) -> usize {
-        self.len.div_ceil(CHUNK)
-    }
-
-    /// The first token and the valid rows of chunk `c`.
-    fn chunk(&self, c: usize) -> (usize, usize) {
-        let rows = self.len - c * CHUNK;
-        (self.token_start + c * CHUNK, if rows < CHUNK { rows } else { CHUNK })
-    }
-
-    /// The element offset, inside one state, of (key row `row`, block column `col`).
-    fn state_index<const K: usize>(&self, args: &Args, row: usize, col: usize) -> usize {
-        if args.value_first { (self.col0 + col) * K + row } else { row * args.value_dim + self.col0 + col }
-    }
+/// The element offset of state row `row` (of `h0` or `ht`) in the pass's states.
+fn state_base<const K: usize>(args: &Args, row: usize) -> usize {
+    row * K * args.value_dim
 }
 
 /// The ring position after `stage`.
@@ -325,68 +254,88 @@ fn next_stage<const K: usize, const MT: usize>(stage: usize) -> usize {
     if stage + 1 == Tiles::<K, MT>::STAGES { 0 } else { stage + 1 }
 }
 
-/// The recurrence of one CTA's item (see the module): the last warp produces, the others
-/// consume.
+/// The recurrence of one CTA's work list (see the module): the last warp produces, the others
+/// consume; both walk the same records, and the ring runs on from one item to the next.
 ///
 /// # Safety
 /// As the entries' contract.
 #[inline(always)]
 unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
-    // SAFETY: the entries' contract.
-    let Some(item) = (unsafe { Item::of_cta::<K>(args) }) else { return };
-    // SAFETY: the launcher validated every buffer against the plan, heads and strides; each role
-    // keeps its side of the ring's barriers for every chunk of the item.
+    const PRODUCER: u32 = 1;
+    const CONSUMER: u32 = 0;
+    // SAFETY: the launcher validated every buffer against the records, heads and strides; each
+    // role keeps its side of the ring's barriers for every chunk of every item.
     unsafe {
         if thread_idx_x() / 32 == PRODUCER_WARP {
-            produce::<K, MT>(args, &item, thread_idx_x() % 32);
+            produce::<K, MT>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
         } else {
-            consume::<K, MT>(args, &item);
+            consume::<K, MT>(args, args.work.items::<CONSUMER>());
         }
     }
 }
 
-/// The producer warp: every chunk of the item into the ring, each stage once the consumers have
-/// released it (the first `STAGES` are free), announced full once this lane's copies landed.
+/// The producer warp: every chunk of every item of the CTA's list into the ring, each stage once
+/// the consumers have released it (the first `STAGES` are free), announced full once this
+/// lane's copies landed; at the end it takes back the stages still out, so that every release
+/// of the consumers has its wait.
 ///
 /// # Safety
 /// As [`recurrence`]; every lane of the producer warp calls it.
 #[inline(always)]
-unsafe fn produce<const K: usize, const MT: usize>(args: &Args, item: &Item, lane: usize) {
+unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
     let smem = Smem::carve::<K, MT>();
     let mut stage = 0;
-    for c in 0..item.chunks() {
-        let (tok0, rows) = item.chunk(c);
-        let tiles = smem.stage::<K, MT>(stage);
-        // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside the
-        // stage, which the consumers released (or never held: the first round).
-        unsafe {
-            if c >= Tiles::<K, MT>::STAGES {
-                named_barrier(empty_barrier(stage), THREADS as u32);
-            }
-            let chunk = ChunkRows { tok0, rows, lane };
-            chunk.copy_bf16::<K>(tiles.w, Tiles::<K, MT>::ROW_STRIDE, args.w, args.w_rows, item.head, 0);
-            chunk.copy_bf16::<K>(tiles.k, Tiles::<K, MT>::ROW_STRIDE, args.k, args.k_rows, item.key_head, 0);
-            chunk.copy_bf16::<BV>(tiles.u, BV_STRIDE, args.u, args.u_rows, item.head, item.col0);
-            let last = tok0 + rows - 1;
-            if !args.gk.is_null() {
-                let row = args.gk.add(args.gk_rows.at(last, item.head));
-                let mut a = lane;
-                while a < K {
-                    cp_async_4(Smem::f32_at(tiles.gk_last, a), row.add(a) as *const u8, 4);
-                    a += 32;
+    // Chunks issued so far, up to `STAGES` (the stages out at the end).
+    let mut issued = 0;
+    for item in items {
+        for c in 0..item.chunks() {
+            let (tok0, rows) = (item.first_token(c), item.rows(c));
+            let tiles = smem.stage::<K, MT>(stage);
+            // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside
+            // the stage, which the consumers released (or never held: the first round).
+            unsafe {
+                if issued == Tiles::<K, MT>::STAGES {
+                    named_barrier(empty_barrier(stage), THREADS as u32);
                 }
-            }
-            if !args.g.is_null() {
-                let mut t = lane;
-                while t < CHUNK {
-                    let (tok, bytes) = if t < rows { (tok0 + t, 4) } else { (last, 0) };
-                    cp_async_4(Smem::f32_at(tiles.g, t), args.g.add(args.g_rows.at(tok, item.head)) as *const u8, bytes);
-                    t += 32;
+                let chunk = ChunkRows { tok0, rows, lane };
+                chunk.copy_bf16::<K>(tiles.w, Tiles::<K, MT>::ROW_STRIDE, args.w, args.w_rows, item.head, 0);
+                chunk.copy_bf16::<K>(tiles.k, Tiles::<K, MT>::ROW_STRIDE, args.k, args.k_rows, item.key_head, 0);
+                // The pre-scan's key columns have no values: zeros from 0 source bytes.
+                let (u_chunk, u_col) = match item.u_col {
+                    Some(col) => (chunk, col),
+                    None => (ChunkRows { rows: 0, ..chunk }, 0),
+                };
+                u_chunk.copy_bf16::<BV>(tiles.u, BV_STRIDE, args.u, args.u_rows, item.head, u_col);
+                let last = tok0 + rows - 1;
+                if !args.gk.is_null() {
+                    let row = args.gk.add(args.gk_rows.row(last, item.head));
+                    let mut a = lane;
+                    while a < K {
+                        cp_async_4(Smem::f32_at(tiles.gk_last, a), row.add(a) as *const u8, 4);
+                        a += 32;
+                    }
                 }
+                if !args.g.is_null() {
+                    let mut t = lane;
+                    while t < CHUNK {
+                        let (tok, bytes) = if t < rows { (tok0 + t, 4) } else { (last, 0) };
+                        let from = args.g.add(args.g_rows.row(tok, item.head)) as *const u8;
+                        cp_async_4(Smem::f32_at(tiles.g, t), from, bytes);
+                        t += 32;
+                    }
+                }
+                cp_async_wait_all();
+                named_barrier_arrive(full_barrier(stage), THREADS as u32);
             }
-            cp_async_wait_all();
-            named_barrier_arrive(full_barrier(stage), THREADS as u32);
+            issued += (issued < Tiles::<K, MT>::STAGES) as usize;
+            stage = next_stage::<K, MT>(stage);
         }
+    }
+    // The last `issued` chunks' stages are still out, the oldest `issued` stages back.
+    let mut stage = (stage + Tiles::<K, MT>::STAGES - issued) % Tiles::<K, MT>::STAGES;
+    for _ in 0..issued {
+        // SAFETY: the consumers release every chunk's stage once, in ring order.
+        unsafe { named_barrier(empty_barrier(stage), THREADS as u32) };
         stage = next_stage::<K, MT>(stage);
     }
 }
@@ -414,7 +363,7 @@ impl ChunkRows {
         tile: u32,
         stride: usize,
         src: *const u16,
-        at: Rows,
+        at: RowStrides,
         head: usize,
         col0: usize,
     ) {
@@ -425,7 +374,7 @@ impl ChunkRows {
             let (tok, bytes) = if t < self.rows { (self.tok0 + t, 16) } else { (self.tok0, 0) };
             // SAFETY: see the function's contract.
             unsafe {
-                let from = src.add(at.at(tok, head) + col0 + i) as *const u8;
+                let from = src.add(at.row(tok, head) + col0 + i) as *const u8;
                 cp_async_16(Smem::bf16_at(tile, stride, (t, i)), from, bytes);
             }
             idx += 32;
@@ -433,47 +382,52 @@ impl ChunkRows {
     }
 }
 
-/// The consumer warps: the state through every chunk of the item, `h0` in and `ht` out.
+/// The consumer warps: each item's state through every chunk of it, `h0` in (the identity's
+/// block in the pre-scan) and `ht` out; every stage released after its chunk.
 ///
 /// # Safety
 /// As [`recurrence`]; every thread of the four consumer warps calls it.
 #[inline(always)]
-unsafe fn consume<const K: usize, const MT: usize>(args: &Args, item: &Item) {
-    let frag = Frag::of(thread_idx_x());
+unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>) {
     let smem = Smem::carve::<K, MT>();
-    let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
-    if !args.h0.is_null() {
-        for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
-            // SAFETY: `h0` holds a state per (sequence, value head); the element is this thread's.
-            *s = unsafe { *args.h0.add(item.state_base + item.state_index::<K>(args, row, col)) };
-        });
-    }
-    let chunks = item.chunks();
     let mut stage = 0;
-    for c in 0..chunks {
-        let (tok0, rows) = item.chunk(c);
-        let h_item = ((item.chunk_start + c) * args.heads + item.head) * K * args.value_dim;
-        let tiles = smem.stage::<K, MT>(stage);
-        // SAFETY: the launcher validated every buffer against the plan, heads and strides; rows
-        // beyond the chunk's valid length are never written to global memory; every consumer
-        // thread runs the same steps (the barriers inside are convergent).
-        unsafe {
-            named_barrier(full_barrier(stage), THREADS as u32);
-            publish_state::<K, MT>(smem, Frag::fresh(), args, item, &state, args.h.add(h_item));
-            corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, item, tok0, rows);
-            update_state::<K, MT>(smem, tiles, Frag::fresh(), args, rows, &mut state);
-            // The producer waits for a stage only to refill it: the last rounds are not released.
-            if c + Tiles::<K, MT>::STAGES < chunks {
+    for item in items {
+        let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
+        let frag = Frag::fresh();
+        if args.prescan {
+            // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
+            for_each_state::<K, MT>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32);
+        } else if !args.h0.is_null() {
+            let base = state_base::<K>(args, item.h0_row);
+            for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
+                // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
+                *s = unsafe { *args.h0.add(base + state_index::<K>(args, &item, row, col)) };
+            });
+        }
+        for c in 0..item.chunks() {
+            let (tok0, rows) = (item.first_token(c), item.rows(c));
+            let tiles = smem.stage::<K, MT>(stage);
+            let h_item = ((item.chunk_start + c) * item.heads + item.head) * K * args.value_dim;
+            // SAFETY: the launcher validated every buffer against the records, heads and
+            // strides; rows beyond the chunk's valid length are never written to global memory;
+            // every consumer thread runs the same steps (the barriers inside are convergent).
+            unsafe {
+                named_barrier(full_barrier(stage), THREADS as u32);
+                let h = if args.prescan { None } else { Some(args.h.add(h_item)) };
+                publish_state::<K, MT>(smem, Frag::fresh(), args, &item, &state, h);
+                corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, &item, tok0, rows);
+                update_state::<K, MT>(smem, tiles, Frag::fresh(), args, rows, &mut state);
                 named_barrier_arrive(empty_barrier(stage), THREADS as u32);
             }
+            stage = next_stage::<K, MT>(stage);
         }
-        stage = next_stage::<K, MT>(stage);
-    }
-    if !args.ht.is_null() {
-        for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
-            // SAFETY: `ht` holds a state per (sequence, value head); the element is this thread's.
-            unsafe { *args.ht.add(item.state_base + item.state_index::<K>(args, row, col)) = *s };
-        });
+        if let (Some(row), false) = (item.ht_row, args.ht.is_null()) {
+            let base = state_base::<K>(args, row);
+            for_each_state::<K, MT>(&mut state, Frag::fresh(), |row, col, s| {
+                // SAFETY: `ht` holds the state rows the records name; the element is this thread's.
+                unsafe { *args.ht.add(base + state_index::<K>(args, &item, row, col)) = *s };
+            });
+        }
     }
 }
 
@@ -494,8 +448,8 @@ fn for_each_state<const K: usize, const MT: usize>(
     }
 }
 
-/// Step 1 of a chunk: `bf16(S)` to `h` (at `h_item`, this item's chunk state) and to the `st`
-/// tile, two adjacent columns per store; then the consumer barrier, after which every warp has
+/// Step 1 of a chunk: `bf16(S)` to `h` (at `h_item`, this item's chunk state; not in the
+/// pre-scan) and to the `st` tile, two adjacent columns per store; then the consumer barrier, after which every warp has
 /// also finished the previous chunk's `update_state` (so the `vn` tile is free again).
 ///
 /// # Safety
@@ -507,7 +461,7 @@ unsafe fn publish_state<const K: usize, const MT: usize>(
     args: &Args,
     item: &Item,
     state: &State<MT>,
-    h_item: *mut u16,
+    h_item: Option<*mut u16>,
 ) {
     // SAFETY: see the function's contract; every shared address is inside the `st` tile.
     unsafe {
@@ -516,12 +470,14 @@ unsafe fn publish_state<const K: usize, const MT: usize>(
                 for half in 0..2 {
                     let (row, col) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
                     let pair = pack_bf16x2(acc[2 * half], acc[2 * half + 1]);
-                    if args.value_first {
-                        *h_item.add(item.state_index::<K>(args, row, col)) = pair as u16;
-                        *h_item.add(item.state_index::<K>(args, row, col + 1)) = (pair >> 16) as u16;
-                    } else {
+                    match h_item {
+                        None => {}
+                        Some(h) if args.value_first => {
+                            *h.add(state_index::<K>(args, item, row, col)) = pair as u16;
+                            *h.add(state_index::<K>(args, item, row, col + 1)) = (pair >> 16) as u16;
+                        }
                         // Columns `col` and `col + 1` of row `row`: one aligned 32-bit store.
-                        *(h_item.add(item.state_index::<K>(args, row, col)) as *mut u32) = pair;
+                        Some(h) => *(h.add(state_index::<K>(args, item, row, col)) as *mut u32) = pair,
                     }
                     st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pair);
                 }
@@ -554,7 +510,7 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
 }
 
 /// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` to `v_new` for the
-/// valid rows, and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where
+/// valid rows (not in the pre-scan), and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where
 /// there is one; zeros past the chunk's end); then the consumer barrier.
 ///
 /// # Safety
@@ -597,8 +553,10 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
                     let lo = bf16_to_f32(given as u16) - acc[2 * half];
                     let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
                     let rounded = pack_bf16x2(lo, hi);
-                    let v_new = args.v_new.add(args.v_new_rows.at(tok0 + t, item.head) + item.col0 + col);
-                    *(v_new as *mut u32) = rounded;
+                    if !args.prescan {
+                        let v_new = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0 + col);
+                        *(v_new as *mut u32) = rounded;
+                    }
                     if args.g.is_null() { rounded } else { pack_bf16x2(lo * scale, hi * scale) }
                 } else {
                     0

@@ -8,11 +8,11 @@
 
 use kda::columns::{ColumnMode, Columns};
 use kda::model::{Gates, ModelShape, StateLayout};
-use kda::split::{SplitMode, split_reference};
-use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, precision, reference};
+use kda::split::SplitMode;
+use kda::{KdaError, Kernel, Outputs, Plan, Strides, inputs, io, reference};
 use kda_tests::{
-    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, assert_within_floor, fixture, ragged_lengths, run_columns_guarded,
-    run_guarded, run_model_guarded, run_split_guarded,
+    Gpu, LAYER_BOUND_OVER_FLA, LAYER_FIXTURES, SPLIT_BOUND, SplitErrors, assert_within_floor, fixture, ragged_lengths,
+    run_columns_guarded, run_guarded, run_model_guarded, run_split_guarded,
 };
 use proptest::prelude::*;
 use std::sync::Mutex;
@@ -456,33 +456,6 @@ fn split_lengths() -> impl Strategy<Value = Vec<usize>> {
 /// The longest segment `split_sequences` forces, in chunks.
 const MAX_SEGMENT_CHUNKS: usize = 4;
 
-/// Bound on the split passes against the f64 model of the same split (`split_reference`, which
-/// rounds where the kernels round) and against the unsplit recurrence: the CPU-measured level of
-/// the pre-scan's extra roundings (tests/tests/split.rs, 3.0e-3 at most) with headroom. A wrong
-/// entry state or a segment written at the wrong place is orders of magnitude above it.
-const SPLIT_BOUND: f64 = 5e-3;
-
-/// A split run's errors: against the f64 model of the same split (`model`), against the unsplit
-/// model (`unsplit`), and the bound on the latter (`bounds`): [`SPLIT_BOUND`], or the split's own
-/// rounding difference on that problem (the f64 model of the split against the unsplit model,
-/// measured on the CPU) with [`precision::FLOOR_SLACK`] where that is larger. Without any gate
-/// the state never decays, and the pre-scan's extra roundings grow with it (4.6e-3 measured at
-/// K = 64 over 1400 tokens): the same problem's CPU model sets the level, not a constant.
-struct SplitErrors {
-    model: [f64; 3],
-    unsplit: [f64; 3],
-    bounds: [f64; 3],
-}
-
-impl SplitErrors {
-    fn of(out: &Outputs, p: &kda::model::ModelView<'_>, split: &kda::split::SplitPlan) -> Self {
-        let (split_model, unsplit_model) = (split_reference(p, split).unwrap(), reference::model_reference(p).unwrap());
-        let bounds =
-            split_model.errors(&unsplit_model).map(|inherent| SPLIT_BOUND.max(precision::FLOOR_SLACK * inherent));
-        Self { model: out.errors(&split_model), unsplit: out.errors(&unsplit_model), bounds }
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
     /// The split passes (pre-scan, merge, main pass) at forced segment lengths, single-chunk
@@ -515,20 +488,25 @@ proptest! {
     }
 }
 
-/// Every head size class split, each one case (the proptest draws them at random): the merge's
-/// loads must stay inside `M`'s key columns at every `K`.
+/// Every head size class split, each one case (the proptest draws them at random), on the Hopper
+/// kernel and on the portable one (which plans and runs its own passes): the merge's loads must
+/// stay inside `M`'s key columns at every `K`.
 #[test]
 fn split_head_sizes() {
     let gpu = Gpu::open();
-    for (key_dim, value_dim) in [(64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 512)] {
+    let sizes = [(64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 512), (256, 96)];
+    for ((key_dim, value_dim), kernel) in sizes.into_iter().flat_map(|s| [(s, Kernel::Auto), (s, Kernel::Portable)]) {
+        if kernel == Kernel::Auto && key_dim == 256 {
+            continue; // the Hopper kernel's split needs V a multiple of 64
+        }
         for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
             let shape = ModelShape { value_heads: 2, key_dim, value_dim, layout, ..ModelShape::kda(1) };
             let p = inputs::try_random_model_problem(Plan::from_lengths(&[700, 0, 90]), shape, true, 9).unwrap();
             let (out, split) =
-                run_split_guarded(&gpu, &p.view(), Strides::PACKED, Kernel::Auto, SplitMode::Chunks(2)).unwrap();
+                run_split_guarded(&gpu, &p.view(), Strides::PACKED, kernel, SplitMode::Chunks(2)).unwrap();
             assert!(split.is_split());
             let SplitErrors { model, unsplit: errs, bounds } = SplitErrors::of(&out, &p.view(), &split);
-            let case = format!("K={key_dim} V={value_dim} {layout:?}");
+            let case = format!("{kernel:?} K={key_dim} V={value_dim} {layout:?}");
             println!(
                 "{case}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e}",
                 model[0], model[1], model[2], errs[0]

@@ -241,3 +241,23 @@ fn a_batch_past_two_to_the_31_elements_is_sized_and_scheduled() {
     assert_eq!(table.len(), 3 * 64 * 2 * kda::layout::ITEM_WORDS);
     check_schedule::<2>(&lengths, 64, 1, 132).unwrap();
 }
+
+/// The portable kernel's persistent grid: as many CTAs per SM as its shared memory and registers
+/// allow on each GPU family it serves (two on the H100 / H200's 228 KB per SM at K <= 128 and on
+/// an A100's 164 KB at K = 64, one on an RTX's 100 KB, one at K = 256 everywhere), never none.
+#[test]
+fn the_portable_grid_fills_each_gpu_it_serves() {
+    use kda::layout::portable::{KEY_DIMS, RESERVED_SMEM_PER_CTA, smem_bytes, workers};
+    let kb = 1024;
+    for (sms, smem_per_sm, per_sm) in
+        [(132, 228 * kb, [2, 2, 1]), (108, 164 * kb, [2, 1, 1]), (84, 100 * kb, [1, 1, 1])]
+    {
+        for (key_dim, want) in KEY_DIMS.into_iter().zip(per_sm) {
+            assert_eq!(workers(key_dim, sms, smem_per_sm), sms * want, "K = {key_dim}, {smem_per_sm} B per SM");
+            assert!(want * (smem_bytes(key_dim) + RESERVED_SMEM_PER_CTA) <= smem_per_sm);
+        }
+    }
+    // A GPU whose shared memory holds less than one CTA still gets one worker per SM: the launch
+    // then fails with the driver's error, not an empty grid.
+    assert_eq!(workers(128, 10, 16 * kb), 10);
+}

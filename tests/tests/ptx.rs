@@ -155,17 +155,16 @@ fn baseline_sass_uses_the_hardware_conversions() {
 /// (`LDSM`, as stored and transposed), the chunks copied by `cp.async` (`LDGSTS`, 16-byte ones
 /// bypassing L1) and handed over on named barriers (`BAR.ARV` by the side that is done), every
 /// shared access explicit (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and
-/// room in registers for as many CTAs per SM as an A100's shared memory holds (up to four).
+/// room in registers for the CTAs per SM the launcher's schedule counts on
+/// (`layout::portable::max_ctas_per_sm`).
 #[test]
 fn portable_sass_runs_both_products_on_the_tensor_cores() {
-    const MAX_CTAS_PER_SM: usize = 4;
-    const A100_SHARED_PER_SM: usize = 164 * 1024;
     for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
         let (cubin, report) = assemble_as(ptx, arch, &format!("portable-{arch}"));
         let code = sass(&cubin);
         for (abi, key_dim) in PORTABLE_ENTRIES.iter().zip(kda_kernel::layout::portable::KEY_DIMS) {
             let r = resources(&report, abi.entry);
-            let ctas = (A100_SHARED_PER_SM / abi.smem_bytes).min(MAX_CTAS_PER_SM);
+            let ctas = kda_kernel::layout::portable::max_ctas_per_sm(key_dim);
             println!("{arch} {}: {r:?}, {} bytes of shared memory, {ctas} CTAs per SM", abi.entry, abi.smem_bytes);
             assert!(r.registers * abi.threads * ctas <= REGISTERS_PER_SM, "{arch} {}: {r:?}", abi.entry);
             let code = function_sass(&code, abi.entry);

@@ -6,17 +6,19 @@ use half::bf16;
 
 use kda::inputs::random_problem;
 use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
-use kda::model::{ModelView, StateLayout};
+use kda::model::{ModelShape, ModelView, StateLayout};
 use kda::pool::{
     CheckpointTables, DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, checkpoint_tables, draft_tables,
 };
 use kda::reference::{model_reference, reference};
+use kda::schedule::{Schedule, UColumns, Unit};
+use kda::split::SplitPlan;
 use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
-use kda_kernel::abi::StateLayoutCode;
+use kda_kernel::abi::{PassCode, StateLayoutCode};
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
 use kda_tests::{DECODE_O_BOUND, DECODE_STATE_BOUND, POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
-use kda_tests::{VerifyCase, transposed};
+use kda_tests::{SPLIT_BOUND, SplitErrors, VerifyCase, transposed};
 
 /// Outputs of `p`'s sizes, every element poisoned.
 fn poisoned_outputs(p: &Problem) -> Outputs {
@@ -142,7 +144,7 @@ type PortableEntry = unsafe fn(
     *mut u16,
     *mut u16,
     *mut f32,
-    *const i64,
+    *const u32,
     u32,
     u32,
     u32,
@@ -170,58 +172,109 @@ fn portable_entry(key_dim: usize) -> PortableEntry {
     }
 }
 
-/// The portable kernel on `p` with its token tensors laid out at `strides` (the gaps filled with
-/// NaN), as the launcher runs it: one CTA per (sequence, value head, block of `BV` columns).
-/// Every output is poisoned first and checked written; `v_new` is gathered back from its strides.
-fn run_portable(p: &ModelView<'_>, strides: &Strides) -> Outputs {
-    let d = Dims::model(p.plan, &p.shape);
-    let laid_bf = |t: Tensor, v: &[bf16]| strides.scatter(&d, t, v, bf16::NAN);
-    let laid_f = |t: Tensor, v: &[f32]| strides.scatter(&d, t, v, f32::NAN);
-    let (k, w, u) = (laid_bf(Tensor::K, p.k), laid_bf(Tensor::W, p.w), laid_bf(Tensor::U, p.u));
-    let (g, gk) = (p.g.map(|g| laid_f(Tensor::G, g)), p.gk.map(|gk| laid_f(Tensor::Gk, gk)));
-    let [h_len, _, ht_len] = p.output_lens();
-    let poison_bf = bf16::from_bits(POISON_BF16);
-    let mut h = vec![poison_bf; h_len];
-    let mut v_new = vec![poison_bf; strides.len_of(&d, Tensor::VNew).unwrap()];
-    let mut ht = vec![f32::from_bits(POISON_F32); ht_len];
-    let seqs = p.plan.descriptors();
+/// CTAs of the simulated persistent grid: few, so that each walks several items and its ring
+/// runs on from one item to the next (and from a long item into short ones).
+const SIM_WORKERS: usize = 3;
+
+/// One pass of the portable kernel: its work records (16-byte aligned, as the kernel reads them)
+/// and its grid, scheduled longest first as the launcher schedules them.
+struct PortablePass {
+    records: Vec<[u32; 4]>,
+    workers: usize,
+}
+
+impl PortablePass {
+    /// The pass over `units` (sequences or segments), `col_blocks` blocks of `BV` columns per
+    /// head, reading `u` at `u_columns`.
+    fn of(units: &[Unit], d: &Dims, col_blocks: usize, u_columns: UColumns) -> Self {
+        let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
+        let schedule = Schedule::try_lpt_lengths(&lengths, d.value_heads, col_blocks, SIM_WORKERS)
+            .unwrap()
+            .with_block_width(portable::BV);
+        let words = schedule.table_of(units, d.group(), u_columns).expect("32-bit records");
+        let mut records = vec![[0u32; 4]; words.len().div_ceil(4).max(1)];
+        for (i, w) in words.iter().enumerate() {
+            records[i / 4][i % 4] = *w;
+        }
+        Self { records, workers: schedule.workers() }
+    }
+}
+
+/// The token tensors of a problem laid out at its strides (the gaps filled with NaN), and the
+/// strides as the kernel takes them.
+struct LaidInputs {
+    k: Vec<bf16>,
+    w: Vec<bf16>,
+    u: Vec<bf16>,
+    g: Option<Vec<f32>>,
+    gk: Option<Vec<f32>>,
+    strides: [[u32; 2]; 6],
+}
+
+impl LaidInputs {
+    fn of(p: &ModelView<'_>, strides: &Strides) -> Self {
+        let d = Dims::model(p.plan, &p.shape);
+        let laid_bf = |t: Tensor, v: &[bf16]| strides.scatter(&d, t, v, bf16::NAN);
+        let laid_f = |t: Tensor, v: &[f32]| strides.scatter(&d, t, v, f32::NAN);
+        let stride = |t: Tensor| {
+            let s = strides.effective(&d, t);
+            [s.token as u32, s.head as u32]
+        };
+        Self {
+            k: laid_bf(Tensor::K, p.k),
+            w: laid_bf(Tensor::W, p.w),
+            u: laid_bf(Tensor::U, p.u),
+            g: p.g.map(|g| laid_f(Tensor::G, g)),
+            gk: p.gk.map(|gk| laid_f(Tensor::Gk, gk)),
+            strides: [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride),
+        }
+    }
+}
+
+/// Where a pass reads and writes states, and what it runs.
+struct PassStates {
+    h0: sim::Ptr<f32>,
+    ht: sim::Ptr<f32>,
+    /// Columns of the pass's states (`V`, or `K + V` in the pre-scan).
+    value_dim: usize,
+    layout: StateLayoutCode,
+    pass: PassCode,
+}
+
+/// One launch of the portable kernel for key size `key_dim` on the simulator.
+fn launch_portable_pass(
+    key_dim: usize,
+    value_heads: usize,
+    inputs: &LaidInputs,
+    (h, v_new): (sim::Ptr<bf16>, sim::Ptr<bf16>),
+    pass: &PortablePass,
+    states: &PassStates,
+) {
     let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
-    let (k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr) = (ptr(&k), ptr(&w), ptr(&u), opt(&g), opt(&gk));
-    let h0 = p.h0.map_or(sim::Ptr::null(), ptr);
-    let (h_ptr, v_ptr, ht_ptr, seqs_ptr) = (ptr_mut(&mut h), ptr_mut(&mut v_new), ptr_mut(&mut ht), ptr(&seqs));
-    let stride = |t: Tensor| {
-        let s = strides.effective(&d, t);
-        [s.token as u32, s.head as u32]
-    };
-    let [ks, ws, us, gs, gks, vs] = [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride);
-    let layout = match p.shape.layout {
-        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
-        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
-    } as u32;
-    let entry = portable_entry(d.key_dim);
-    let launch = Launch {
-        grid: d.seqs * d.value_heads * (d.value_dim / portable::BV),
-        block: portable::THREADS,
-        shared_bytes: portable::smem_bytes(d.key_dim),
-    };
-    // SAFETY: every buffer holds the problem's rows at these strides; the outputs are separate.
+    let (k, w, u, g, gk) = (ptr(&inputs.k), ptr(&inputs.w), ptr(&inputs.u), opt(&inputs.g), opt(&inputs.gk));
+    let records = ptr(&pass.records);
+    let [ks, ws, us, gs, gks, vs] = inputs.strides;
+    let entry = portable_entry(key_dim);
+    let launch = Launch { grid: pass.workers, block: portable::THREADS, shared_bytes: portable::smem_bytes(key_dim) };
+    // SAFETY: every buffer holds the problem's rows at these strides and the state rows the
+    // records name; the outputs are separate.
     unsafe {
         sim::launch(launch, || {
             entry(
-                k_ptr.ptr() as *const u16,
-                w_ptr.ptr() as *const u16,
-                u_ptr.ptr() as *const u16,
-                g_ptr.ptr(),
-                gk_ptr.ptr(),
-                h0.ptr(),
-                h_ptr.mut_ptr() as *mut u16,
-                v_ptr.mut_ptr() as *mut u16,
-                ht_ptr.mut_ptr(),
-                seqs_ptr.ptr(),
-                d.value_heads as u32,
-                d.heads as u32,
-                d.value_dim as u32,
-                layout,
+                k.ptr() as *const u16,
+                w.ptr() as *const u16,
+                u.ptr() as *const u16,
+                g.ptr(),
+                gk.ptr(),
+                states.h0.ptr(),
+                h.mut_ptr() as *mut u16,
+                v_new.mut_ptr() as *mut u16,
+                states.ht.mut_ptr(),
+                records.ptr() as *const u32,
+                value_heads as u32,
+                states.value_dim as u32,
+                states.layout as u32,
+                states.pass as u32,
                 ks[0],
                 ks[1],
                 ws[0],
@@ -237,10 +290,100 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides) -> Outputs {
             )
         })
     }
-    .unwrap_or_else(|e| panic!("portable: {e}"));
+    .unwrap_or_else(|e| panic!("portable {:?}: {e}", states.pass));
+}
+
+/// The kernel's code for a model's state layout.
+fn layout_code_of(layout: StateLayout) -> StateLayoutCode {
+    match layout {
+        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
+        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
+    }
+}
+
+/// The portable kernel on `p` with its token tensors laid out at `strides`, as the launcher runs
+/// it: the persistent grid over the longest-first schedule of (sequence, value head, block of
+/// `BV` columns) items, or, with `split`, its three passes (the pre-scan's maps, the merge's entry
+/// states, every segment from its entry state). Every output is poisoned first and checked
+/// written; `v_new` is gathered back from its strides.
+fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>) -> Outputs {
+    let d = Dims::model(p.plan, &p.shape);
+    let inputs = LaidInputs::of(p, strides);
+    let [h_len, _, ht_len] = p.output_lens();
+    let poison_bf = bf16::from_bits(POISON_BF16);
+    let mut h = vec![poison_bf; h_len];
+    let mut v_new = vec![poison_bf; strides.len_of(&d, Tensor::VNew).unwrap()];
+    let mut ht = vec![f32::from_bits(POISON_F32); ht_len];
+    let outputs = (ptr_mut(&mut h), ptr_mut(&mut v_new));
+    let h0 = p.h0.map_or(sim::Ptr::null(), ptr);
+    let (kd, vd, hv) = (d.key_dim, d.value_dim, d.value_heads);
+    let layout = layout_code_of(p.shape.layout);
+    let recurrence =
+        |h0: sim::Ptr<f32>, ht: sim::Ptr<f32>| PassStates { h0, ht, value_dim: vd, layout, pass: PassCode::Recurrence };
+    match split {
+        None => {
+            let pass = PortablePass::of(&Unit::sequences(p.plan), &d, vd / portable::BV, UColumns::Values);
+            launch_portable_pass(kd, hv, &inputs, outputs, &pass, &recurrence(h0, ptr_mut(&mut ht)));
+        }
+        Some(split) => {
+            let wide = kd + vd;
+            let mut maps = vec![f32::from_bits(POISON_F32); split.maps() * hv * kd * wide];
+            let prescan =
+                PortablePass::of(&split.prescan_units(), &d, wide / portable::BV, UColumns::Prescan { key_dim: kd });
+            let states = PassStates {
+                h0: sim::Ptr::null(),
+                ht: ptr_mut(&mut maps),
+                value_dim: wide,
+                layout: StateLayoutCode::KeyFirst,
+                pass: PassCode::Prescan,
+            };
+            launch_portable_pass(kd, hv, &inputs, outputs, &prescan, &states);
+            let mut entries = vec![f32::from_bits(POISON_F32); split.segments().len() * hv * kd * vd];
+            sim_merge(split, (&maps, h0), &mut entries, &d, layout);
+            let main = PortablePass::of(&split.main_units(), &d, vd / portable::BV, UColumns::Values);
+            launch_portable_pass(kd, hv, &inputs, outputs, &main, &recurrence(ptr(&entries), ptr_mut(&mut ht)));
+        }
+    }
     let out = Outputs { h, v_new: strides.gather(&d, Tensor::VNew, &v_new), ht };
     assert_all_written("portable", &out);
     out
+}
+
+/// The split merge on the simulator as the launcher runs it (one CTA per merge record, value
+/// head and block of `COLS` columns): `entries` from the pre-scan's `maps` and `h0`.
+fn sim_merge(
+    split: &SplitPlan,
+    (maps, h0): (&[f32], sim::Ptr<f32>),
+    entries: &mut [f32],
+    d: &Dims,
+    layout: StateLayoutCode,
+) {
+    use kda_kernel::layout::merge;
+    let table = split.merge_table().unwrap();
+    let records = table.len() / kda_kernel::layout::MERGE_WORDS;
+    let launch = Launch {
+        grid: records * d.value_heads * (d.value_dim / merge::COLS),
+        block: merge::THREADS,
+        shared_bytes: merge::SMEM_BYTES,
+    };
+    let (maps_ptr, entries_ptr, table_ptr) = (ptr(maps), ptr_mut(entries), ptr(&table));
+    // SAFETY: the maps and entries hold every row the table names; `h0` (or null) one state per
+    // sequence and head.
+    unsafe {
+        sim::launch(launch, || {
+            kda_kernel::merge::kda_split_merge(
+                maps_ptr.ptr(),
+                h0.ptr(),
+                entries_ptr.mut_ptr(),
+                table_ptr.ptr(),
+                d.value_heads as u32,
+                d.key_dim as u32,
+                d.value_dim as u32,
+                layout as u32,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("merge: {e}"));
 }
 
 /// The portable tensor-core kernel on every gate kind, state layout and key size, grouped heads,
@@ -253,13 +396,63 @@ fn the_portable_kernel_runs_the_generalized_recurrence() {
         let p = case.problem.view();
         let want = model_reference(&p).unwrap();
         let floor = kda::reference::model_reference_f32(&p).unwrap().errors(&want);
-        let errs = run_portable(&p, &case.strides).errors(&want);
+        let errs = run_portable(&p, &case.strides, None).errors(&want);
         let bounds = case.bounds(floor);
         println!(
             "{}: h {:.2e} v_new {:.2e} ht {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
             case.name, errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]
         );
         if errs.iter().zip(&bounds).any(|(e, b)| e.is_nan() || e >= b) {
+            failures.push(case.name);
+        }
+    }
+    assert!(failures.is_empty(), "{} cases out of bounds: {failures:#?}", failures.len());
+}
+
+/// Work lists shorter than the ring (one chunk, or only an empty sequence) at every key size:
+/// the producer takes back exactly the stages it handed out (the simulator reports a barrier
+/// left waiting or half-arrived), and the results match the reference.
+#[test]
+fn the_portable_ring_drains_work_lists_shorter_than_itself() {
+    for key_dim in portable::KEY_DIMS {
+        let shape = ModelShape { key_dim, value_dim: 2 * portable::BV, ..ModelShape::kda(1) };
+        let p = kda::inputs::try_random_model_problem(Plan::from_lengths(&[5, 0]), shape, true, 7).unwrap();
+        let p = p.view();
+        let want = model_reference(&p).unwrap();
+        let floor = kda::reference::model_reference_f32(&p).unwrap().errors(&want);
+        let errs = run_portable(&p, &Strides::PACKED, None).errors(&want);
+        assert_within_floor(&format!("K = {key_dim}"), errs, floor);
+    }
+}
+
+/// The portable kernel's split passes (pre-scan into the maps, the merge, every segment from its
+/// entry state) on the generalized cases, their sequences cut into one-chunk segments: every
+/// output written, and the results those of the f64 model of the same split and of the unsplit
+/// recurrence within `SPLIT_BOUND` (as the GPU's `split_sequences`).
+#[test]
+fn the_portable_kernel_runs_split_sequences() {
+    let mut failures = Vec::new();
+    for case in kda_tests::portable_model_cases() {
+        let p = case.problem.view();
+        let split = SplitPlan::cut(p.plan, 1);
+        assert!(split.is_split(), "{}: not split", case.name);
+        let out = run_portable(&p, &case.strides, Some(&split));
+        let SplitErrors { model, unsplit, bounds } = SplitErrors::of(&out, &p, &split);
+        println!(
+            "{}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
+            case.name,
+            model[0],
+            model[1],
+            model[2],
+            unsplit[0],
+            unsplit[1],
+            unsplit[2],
+            bounds[0],
+            bounds[1],
+            bounds[2]
+        );
+        let within = model.iter().all(|&e| e < SPLIT_BOUND) && unsplit.iter().zip(&bounds).all(|(e, b)| e < b);
+        if !within {
             failures.push(case.name);
         }
     }
@@ -275,7 +468,7 @@ fn the_portable_kernel_reproduces_the_model_fixtures() {
         let golden = golden.expect("fixture holds outputs");
         let want = model_reference(&p.view()).unwrap();
         let floor = kda::reference::model_reference_f32(&p.view()).unwrap().errors(&want);
-        let out = run_portable(&p.view(), &Strides::PACKED);
+        let out = run_portable(&p.view(), &Strides::PACKED, None);
         let (errs, fla) = (out.errors(&want), out.errors(&golden));
         println!("{name}: vs reference {errs:?}, vs FLA {fla:?}");
         let s = p.shape;
@@ -373,7 +566,7 @@ fn run_layer_keeping_h(
     };
     let recurrence = match recurrence {
         LayerRecurrence::Reference => model_reference(&view).unwrap(),
-        LayerRecurrence::Portable => run_portable(&view, &Strides::PACKED),
+        LayerRecurrence::Portable => run_portable(&view, &Strides::PACKED, None),
     };
     let layout_code = if value_first { StateLayoutCode::ValueFirst } else { StateLayoutCode::KeyFirst } as u32;
     let mut o = vec![poison_bf; t * hv * vd];

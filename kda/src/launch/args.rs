@@ -134,14 +134,16 @@ impl BaselineArgs {
 pub(super) struct PortableArgs {
     /// `k`, `w`, `u`, `g`, `gk`, `h0`, `h`, `v_new`, `ht` (0 for an absent gate or state).
     pub ptrs: [Address; 9],
-    pub seqs: Address,
+    /// The pass's work records.
+    pub work: Address,
     /// Value heads `HV`.
     pub heads: u32,
-    /// Key heads `H`.
-    pub key_heads: u32,
+    /// Columns of the pass's states (`V`, or `K + V` in the pre-scan).
     pub value_dim: u32,
     /// A `kda_kernel::abi::StateLayoutCode`.
     pub state_layout: u32,
+    /// A `kda_kernel::abi::PassCode`.
+    pub pass: u32,
     /// Token and head strides (elements) of `k`, `w`, `u`, `g`, `gk` and `v_new`, in that order.
     pub strides: [[u32; 2]; 6],
 }
@@ -164,11 +166,11 @@ impl PortableArgs {
         for (name, ptr) in Self::TENSORS.into_iter().zip(&self.ptrs) {
             sink.push(name, ptr);
         }
-        sink.push("seqs", &self.seqs);
+        sink.push("work", &self.work);
         sink.push("heads", &self.heads);
-        sink.push("key_heads", &self.key_heads);
         sink.push("value_dim", &self.value_dim);
         sink.push("state_layout", &self.state_layout);
+        sink.push("pass", &self.pass);
         for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
             for (name, value) in names.iter().zip(values) {
                 sink.push(name, value);
@@ -390,11 +392,11 @@ mod tests {
 
         let portable = PortableArgs {
             ptrs: [1, 2, 3, 4, 5, 6, 7, 8, 9],
-            seqs: 10,
+            work: 10,
             heads: 11,
-            key_heads: 12,
             value_dim: 13,
             state_layout: 1,
+            pass: 1,
             strides: [[14, 15], [16, 17], [18, 19], [20, 21], [22, 23], [24, 25]],
         };
         let mut pushed = Recorder::default();

@@ -1,7 +1,7 @@
 //! A batch layout uploaded once, and the borrowed device tensors of one launch.
 
 use crate::columns::{ColumnMode, Columns};
-use crate::layout::hopper;
+use crate::layout::{hopper, portable};
 use crate::model::ModelShape;
 use crate::schedule::{UColumns, Unit};
 use crate::split::{SplitMode, SplitPlan};
@@ -36,6 +36,21 @@ pub struct DevicePlan {
     pub(super) ordinal: usize,
     /// CTAs of the persistent grid the device runs at once.
     pub(super) workers: usize,
+    /// CTAs of the portable kernel's persistent grid the device runs at once.
+    portable_workers: usize,
+    /// The portable kernel's passes, when its records hold the batch's offsets.
+    pub(super) portable: Option<PortableDevice>,
+}
+
+/// The portable kernel's side of a plan: its own longest-first schedule in blocks of its `BV`
+/// columns over its own workers, and its own split (the planner's verdict for those workers and
+/// blocks), so that it runs at its best whichever kernel the device runs by default.
+pub(super) struct PortableDevice {
+    /// The unsplit pass.
+    pub work: Pass,
+    /// The split passes, when the planner cuts sequences for this kernel.
+    pub split: Option<SplitDevice>,
+    pub split_plan: SplitPlan,
 }
 
 /// A persistent kernel pass: its grid and its work records on the device.
@@ -108,6 +123,10 @@ impl DevicePlan {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as usize;
         let workers = sms * hopper::CTAS_PER_SM;
+        let smem_per_sm = stream.context().attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )? as usize;
+        let portable_workers = portable::workers(shape.key_dim, sms, smem_per_sm);
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
         if table.is_empty() {
@@ -131,8 +150,11 @@ impl DevicePlan {
             columns: Columns::Wide,
             ordinal,
             workers,
+            portable_workers,
+            portable: None,
         };
         this.set_columns(stream, ColumnMode::Auto)?;
+        this.plan_portable(stream)?;
         Ok(this)
     }
 
@@ -204,6 +226,7 @@ impl DevicePlan {
     /// [`DevicePlan::with_split`] in place.
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
         self.split_mode = mode;
+        self.plan_portable(stream)?;
         if self.column_mode == ColumnMode::Auto {
             // The column choice depends on the split asked for (`Columns::choose`).
             let dims = self.dims();
@@ -213,6 +236,46 @@ impl DevicePlan {
             }
         }
         self.plan_split(stream)
+    }
+
+    /// Plans and uploads the portable kernel's passes: its schedule over its workers and, as
+    /// `self.split_mode` asks, its split. None when the kernel does not run the shape (its
+    /// launch names why) or the batch's offsets do not fit its 32-bit records.
+    fn plan_portable(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        self.portable = None;
+        let dims = self.dims();
+        let width = portable::BV;
+        if !portable::KEY_DIMS.contains(&dims.key_dim) || !dims.value_dim.is_multiple_of(width) {
+            return Ok(());
+        }
+        let workers = self.portable_workers;
+        let schedule =
+            Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);
+        let Some(table) = schedule.table(&self.plan, dims.group()) else { return Ok(()) };
+        let work = Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? };
+        let split_work = crate::split::Work {
+            value_heads: dims.value_heads,
+            key_dim: dims.key_dim,
+            value_dim: dims.value_dim,
+            workers,
+            block_width: width,
+        };
+        let decided = SplitPlan::decide(&self.plan, &split_work, self.split_mode);
+        let split = if decided.is_split() { split_device(stream, &decided, &dims, workers, width)? } else { None };
+        let split_plan = if split.is_some() { decided } else { SplitPlan::unsplit(&self.plan) };
+        self.portable = Some(PortableDevice { work, split, split_plan });
+        Ok(())
+    }
+
+    /// How the portable kernel's passes split the plan's sequences (one segment each when none
+    /// is, or when the kernel does not run the shape).
+    pub fn portable_split_plan(&self) -> SplitPlan {
+        self.portable.as_ref().map_or_else(|| SplitPlan::unsplit(&self.plan), |p| p.split_plan.clone())
+    }
+
+    /// CTAs of the portable kernel's persistent grid on this plan's device.
+    pub fn portable_workers(&self) -> usize {
+        self.portable_workers
     }
 
     /// Plans the split `self.split_mode` asks for in the plan's columns, uploading its tables and
@@ -243,7 +306,8 @@ impl DevicePlan {
         self.workers
     }
 
-    /// How the plan's sequences are split (one segment each when none is).
+    /// How the Hopper kernel's passes split the plan's sequences (one segment each when none is;
+    /// [`DevicePlan::portable_split_plan`] is the portable kernel's).
     pub fn split_plan(&self) -> &SplitPlan {
         &self.split_plan
     }

@@ -245,10 +245,15 @@ impl Kda {
         let ptrs = Pointers::of(stream, inputs, outputs);
         let hopper = || self.loaded_for(Kernel::Hopper, dims.key_dim, plan.columns.width());
         match (choice, &plan.work, &plan.split) {
-            (Kernel::Hopper, Some(_), Some(split)) => self.launch_split(stream, hopper()?, plan, &dims, &ptrs, split),
+            (Kernel::Hopper, Some(_), Some(split)) => {
+                let f = hopper()?;
+                self.launch_split(stream, &dims, &ptrs, split, |pass| {
+                    self.launch_hopper(stream, f, plan, &dims, &ptrs, pass)
+                })
+            }
             (Kernel::Hopper, Some(work), None) => {
                 let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
-                let pass = HopperPass::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
+                let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
                 self.launch_hopper(stream, hopper()?, plan, &dims, &ptrs, &pass)
             }
             (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, plan, &ptrs),
@@ -269,7 +274,12 @@ impl Kda {
         let chosen = dispatch(resolved, hopper_takes);
         match chosen {
             Kernel::Baseline => baseline_supports(&plan.shape, &plan.strides, dims)?,
-            Kernel::Portable => portable_supports(&plan.strides, dims)?,
+            Kernel::Portable => {
+                portable_supports(&plan.strides, dims)?;
+                if plan.portable.is_none() {
+                    return Err(portable_records_error());
+                }
+            }
             _ => {}
         }
         Ok(chosen)
@@ -283,7 +293,7 @@ impl Kda {
         plan: &DevicePlan,
         dims: &Dims,
         ptrs: &Pointers<'_>,
-        pass: &HopperPass,
+        pass: &PassLaunch,
     ) -> Result<(), KdaError> {
         if pass.workers == 0 {
             return Ok(());
@@ -314,7 +324,7 @@ impl Kda {
         // parameters and TMA; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new` and
         // the pass's `h0` (an all-zero map only without one, which the kernel then never uses),
         // and TMA stores through them stay inside those buffers; the pass's records (built with
-        // the plan for these head counts and sizes, `HopperPass`) name each of its items once for
+        // the plan for these head counts and sizes, `PassLaunch`) name each of its items once for
         // exactly `workers` CTAs, with rows inside its `h0` and `ht` and columns inside
         // `value_dim`; outputs are `&mut` borrows (the workspace is the plan's, locked), so they
         // cannot alias the inputs, and `v_new`'s rows are disjoint (`Strides::check_len`).
@@ -323,15 +333,14 @@ impl Kda {
 
     /// A split plan's three passes (`kda::split`): the pre-scan's maps, the merge's entry
     /// states, the main pass from them; on `stream`, in order, with nothing between them on the
-    /// host.
+    /// host. `run` enqueues one pass of the persistent kernel (Hopper's or the portable one's).
     fn launch_split(
         &self,
         stream: &Arc<CudaStream>,
-        f: &Loaded,
-        plan: &DevicePlan,
         dims: &Dims,
         ptrs: &Pointers<'_>,
         split: &device_plan::SplitDevice,
+        run: impl Fn(&PassLaunch) -> Result<(), KdaError>,
     ) -> Result<(), KdaError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         // A poisoned lock only means another launch panicked while enqueueing: the buffers hold
@@ -344,7 +353,7 @@ impl Kda {
         let (main_work, _r2) = split.main.work.device_ptr(stream);
         let (table, _r3) = split.merge_table.device_ptr(stream);
         let (kd, vd) = (dims.key_dim, dims.value_dim);
-        let prescan = HopperPass {
+        let prescan = PassLaunch {
             workers: split.prescan.workers,
             work: prescan_work,
             h0: None,
@@ -353,7 +362,7 @@ impl Kda {
             layout: StateLayoutCode::KeyFirst,
             pass: PassCode::Prescan,
         };
-        self.launch_hopper(stream, f, plan, dims, ptrs, &prescan)?;
+        run(&prescan)?;
         let merge = MergeArgs {
             maps,
             h0: ptrs.h0,
@@ -372,17 +381,16 @@ impl Kda {
         // workspace is locked for this launch, `h0` was validated (or is 0); `K` and `V` are the
         // Hopper kernel's (`hopper_supports`), multiples of the merge's rows and columns.
         unsafe { enqueue(stream, &self.merge, ctas, |sink| merge.push(sink)) }?;
-        let main = HopperPass {
+        let main = PassLaunch {
             workers: split.main.workers,
             work: main_work,
             h0: Some((entries, split.entry_rows)),
-            ..HopperPass::recurrence(dims, ptrs, 0, 0)
+            ..PassLaunch::recurrence(dims, ptrs, 0, 0)
         };
-        self.launch_hopper(stream, f, plan, dims, ptrs, &main)
+        run(&main)
     }
 
-    /// The baseline or the portable kernel (`f`, whose blocks are `col_blocks` per head): one CTA
-    /// per (sequence, head, column block).
+    /// The baseline kernel: one CTA per (sequence, head, column block), longest sequence first.
     fn launch_baseline(
         &self,
         stream: &Arc<CudaStream>,
@@ -402,8 +410,9 @@ impl Kda {
         unsafe { enqueue(stream, &self.baseline, items, |sink| args.push(sink)) }
     }
 
-    /// The portable tensor-core kernel's entry for the problem's key size, one CTA per
-    /// (sequence, value head, block of its `BV` value columns).
+    /// The portable tensor-core kernel's entry for the problem's key size over the plan's
+    /// portable passes: the persistent grid over its longest-first schedule, or the split's three
+    /// passes.
     fn launch_portable(
         &self,
         stream: &Arc<CudaStream>,
@@ -411,31 +420,64 @@ impl Kda {
         plan: &DevicePlan,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let items = per_item_grid(dims, dims.value_dim / PORTABLE_BV)?;
-        if items == 0 {
+        let f = self.loaded_for(Kernel::Portable, dims.key_dim, PORTABLE_BV)?;
+        // `choose` checked that the plan has the portable passes.
+        let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
+        let run = |pass: &PassLaunch| self.launch_portable_pass(stream, f, plan, dims, ptrs, pass);
+        match &portable.split {
+            Some(split) => self.launch_split(stream, dims, ptrs, split, run),
+            None => {
+                let (work, _record) = cudarc::driver::DevicePtr::device_ptr(&portable.work.work, stream);
+                run(&PassLaunch::recurrence(dims, ptrs, portable.work.workers, work))
+            }
+        }
+    }
+
+    /// One pass of the portable kernel (`pass.workers` CTAs over `pass.work`).
+    fn launch_portable_pass(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: &Loaded,
+        plan: &DevicePlan,
+        dims: &Dims,
+        ptrs: &Pointers<'_>,
+        pass: &PassLaunch,
+    ) -> Result<(), KdaError> {
+        if pass.workers == 0 {
             return Ok(());
         }
-        let f = self.loaded_for(Kernel::Portable, dims.key_dim, PORTABLE_BV)?;
-        let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
         let stride_pair = |t: Tensor| {
             let s = plan.strides.effective(dims, t);
             // `portable_supports` checked that they fit.
             [s.token as u32, s.head as u32]
         };
         let args = PortableArgs {
-            ptrs: [ptrs.k, ptrs.w, ptrs.u, ptrs.g, ptrs.gk, ptrs.h0, ptrs.h, ptrs.v_new, ptrs.ht],
-            seqs,
+            ptrs: [
+                ptrs.k,
+                ptrs.w,
+                ptrs.u,
+                ptrs.g,
+                ptrs.gk,
+                pass.h0.map_or(0, |(address, _)| address),
+                ptrs.h,
+                ptrs.v_new,
+                pass.ht,
+            ],
+            work: pass.work,
             heads: heads_u32(dims.value_heads)?,
-            key_heads: heads_u32(dims.heads)?,
-            value_dim: heads_u32(dims.value_dim)?,
-            state_layout: layout_code(dims.layout) as u32,
+            value_dim: pass.value_dim,
+            state_layout: pass.layout as u32,
+            pass: pass.pass as u32,
             strides: [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride_pair),
         };
         // SAFETY: `validate` checked every buffer's length for this plan, heads and strides, its
         // alignment and its device, and `portable_supports` the key size, `V` and the strides;
-        // the descriptors were built from the same plan; one CTA per item; outputs are `&mut`
-        // borrows, so they cannot alias the inputs.
-        unsafe { enqueue(stream, f, items, |sink| args.push(sink)) }
+        // the pass's records (built with the plan for these head counts and sizes, in blocks of
+        // the kernel's `BV` columns) name each of its items once for exactly `workers` CTAs,
+        // with rows inside its `h0` and `ht` (the split's workspace, or the caller's states) and
+        // columns inside `value_dim`; outputs are `&mut` borrows (the workspace is the plan's,
+        // locked), so they cannot alias the inputs.
+        unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) }
     }
 
     fn validate(
@@ -474,7 +516,7 @@ impl Kda {
 /// What one launch of the Hopper kernel runs: its grid and work records, the states it starts
 /// from (`h0` address and rows) and writes (`ht`, `value_dim` columns wide), their layout, and
 /// the pass.
-struct HopperPass {
+struct PassLaunch {
     workers: usize,
     work: args::Address,
     h0: Option<(args::Address, usize)>,
@@ -484,7 +526,7 @@ struct HopperPass {
     pass: PassCode,
 }
 
-impl HopperPass {
+impl PassLaunch {
     /// The recurrence over `workers` CTAs and `work`, from the caller's `h0` to its `ht`.
     fn recurrence(dims: &Dims, ptrs: &Pointers<'_>, workers: usize, work: args::Address) -> Self {
         Self {
@@ -526,6 +568,17 @@ fn final_states_without_tokens(
 /// CTAs of a per-item kernel: one per (sequence, value head, column block).
 fn per_item_grid(dims: &Dims, col_blocks: usize) -> Result<usize, KdaError> {
     (dims.value_heads.checked_mul(col_blocks)).and_then(|n| dims.seqs.checked_mul(n)).ok_or_else(|| grid_error(dims))
+}
+
+/// Why the portable kernel cannot run a plan without its passes: the batch's token or chunk
+/// offsets do not fit its 32-bit work records.
+fn portable_records_error() -> KdaError {
+    KdaError::Unsupported {
+        argument: "plan",
+        reason: "token or chunk offsets past 32 bits do not fit the portable kernel's work records \
+                 (Kernel::Baseline takes 64-bit offsets)"
+            .into(),
+    }
 }
 
 fn heads_u32(heads: usize) -> Result<u32, KdaError> {
