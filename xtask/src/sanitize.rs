@@ -7,9 +7,10 @@
 //!   (512 items, so CTAs of the persistent grid run several back to back), and the model fixtures
 //!   the GPU runs (the scalar gate with grouped value heads, value-first states, both gates
 //!   without `h0`, no gate at V = 256, K = 64; K = 256 narrow only);
-//! - the same kernel with sequences forced into segments (`--split N`): the pre-scan, the
-//!   segments and the merge kernel, on `ragged_h3`, `ragged_many` and the generated
-//!   `split_tails` (sequences of hundreds of tokens with tails, no `h0`);
+//! - the same kernel and the portable one (`_portable_split`) with sequences forced into segments
+//!   (`--split N`): the pre-scan, the segments and the merge kernel, on `ragged_h3`,
+//!   `ragged_many` and the generated `split_tails` (sequences of hundreds of tokens with tails,
+//!   no `h0`);
 //! - the portable kernel (`KDA_KERNEL=portable`) on those inputs, once each (it has no column
 //!   modes), and the baseline (`KDA_KERNEL=baseline`) on KDA's slice (`ragged_h3`,
 //!   `two_seq_no_h0`, `ragged_many`);
@@ -134,6 +135,8 @@ fn cases(files: &Files) -> Vec<Case> {
     }
     for (input, chunks) in SPLITS {
         v.push(files.kda(format!("{input}_split{chunks}"), "run", input, &["--split", chunks], &[]));
+        let portable = [(KERNEL_VAR, "portable")];
+        v.push(files.kda(format!("{input}_portable_split{chunks}"), "run", input, &["--split", chunks], &portable));
     }
     let all_models: Vec<&'static str> = MODEL_FIXTURES.iter().chain(&NARROW_FIXTURES).copied().collect();
     for (name, input) in kda_inputs.iter().chain(&models(&all_models)) {
@@ -330,10 +333,10 @@ mod tests {
         let names = names(&all);
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "case names are unique: {names:?}");
-        // Hopper: 3 KDA inputs and 5 models in two widths, K = 256 narrow; 3 splits; portable on
-        // the 3 KDA inputs and 6 models; baseline on the 3 KDA inputs; 4 layers on two modules;
-        // the test.
-        assert_eq!(all.len(), 8 * 2 + 1 + 3 + 9 + 3 + 4 * 2 + 1);
+        // Hopper: 3 KDA inputs and 5 models in two widths, K = 256 narrow; 3 splits on both
+        // kernels; portable on the 3 KDA inputs and 6 models; baseline on the 3 KDA inputs; 4
+        // layers on two modules; the test.
+        assert_eq!(all.len(), 8 * 2 + 1 + 3 * 2 + 9 + 3 + 4 * 2 + 1);
         for name in ["ragged_h3_wide", "ragged_many_narrow", "gdn_k256_v512_narrow", "split_tails_split2"] {
             assert!(names.contains(&name), "{name} in {names:?}");
         }
@@ -347,6 +350,11 @@ mod tests {
         );
         let c = find("ragged_h3_split1");
         assert_eq!(args(c), "run --inputs /in/ragged_h3 --out /out.st --split 1");
+        let c = find("ragged_h3_portable_split1");
+        assert_eq!(
+            (args(c), c.env.clone()),
+            ("run --inputs /in/ragged_h3 --out /out.st --split 1".into(), vec![(KERNEL_VAR, "portable")])
+        );
         let c = find("gdn_k256_v512_portable_kernel");
         assert_eq!(
             (args(c), c.env.clone()),
@@ -378,14 +386,24 @@ mod tests {
         let only = |o: &[&str]| select_cases(all_cases(), &strings(o));
         assert_eq!(only(&[]).unwrap().len(), all_cases().len());
         let split = only(&["_split"]).unwrap();
-        assert_eq!(names(&split), ["ragged_h3_split1", "ragged_many_split1", "split_tails_split2"]);
+        assert_eq!(
+            names(&split),
+            [
+                "ragged_h3_split1",
+                "ragged_h3_portable_split1",
+                "ragged_many_split1",
+                "ragged_many_portable_split1",
+                "split_tails_split2",
+                "split_tails_portable_split2"
+            ]
+        );
         assert_eq!(only(&["layer_portable"]).unwrap().len(), LAYER_FIXTURES.len());
         // The groups the module docs name cover every case once.
         let groups = ["_wide", "_narrow", "_split", "_portable_kernel", "_baseline", "_layer", "gpu_"];
         let sizes: Vec<usize> = groups.iter().map(|g| only(&[g]).unwrap().len()).collect();
-        assert_eq!(sizes, [8, 9, 3, 9, 3, 8, 1]);
+        assert_eq!(sizes, [8, 9, 6, 9, 3, 8, 1]);
         assert_eq!(sizes.iter().sum::<usize>(), all_cases().len());
-        assert_eq!(only(&["_split", "_baseline", "gpu_"]).unwrap().len(), 7);
+        assert_eq!(only(&["_split", "_baseline", "gpu_"]).unwrap().len(), 10);
         let e = only(&["_wide", "hoper"]).unwrap_err();
         assert!(e.contains("no case matches --only hoper") && e.contains("ragged_h3_wide"), "{e}");
     }
