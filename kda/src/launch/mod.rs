@@ -248,13 +248,13 @@ impl Kda {
             (Kernel::Hopper, Some(_), Some(split)) => {
                 let f = hopper()?;
                 self.launch_split(stream, &dims, &ptrs, split, |pass| {
-                    self.launch_hopper(stream, f, plan, &dims, &ptrs, pass)
+                    self.launch_pass(Kernel::Hopper, stream, f, plan, &dims, &ptrs, pass)
                 })
             }
             (Kernel::Hopper, Some(work), None) => {
                 let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
                 let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
-                self.launch_hopper(stream, hopper()?, plan, &dims, &ptrs, &pass)
+                self.launch_pass(Kernel::Hopper, stream, hopper()?, plan, &dims, &ptrs, &pass)
             }
             (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, plan, &ptrs),
             _ => self.launch_baseline(stream, &dims, plan, &ptrs),
@@ -283,52 +283,6 @@ impl Kda {
             _ => {}
         }
         Ok(chosen)
-    }
-
-    /// One pass of the persistent Hopper kernel (`pass.workers` CTAs over `pass.work`).
-    fn launch_hopper(
-        &self,
-        stream: &Arc<CudaStream>,
-        f: &Loaded,
-        plan: &DevicePlan,
-        dims: &Dims,
-        ptrs: &Pointers<'_>,
-        pass: &PassLaunch,
-    ) -> Result<(), KdaError> {
-        if pass.workers == 0 {
-            return Ok(());
-        }
-        let strides = &plan.strides;
-        let stride_pair = |t: Tensor| {
-            let s = strides.effective(dims, t);
-            // `hopper_supports` checked that they fit.
-            [s.token as u32, s.head as u32]
-        };
-        let args = HopperArgs {
-            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, strides, pass.h0, plan.columns.width())?)),
-            g: ptrs.g,
-            gk: ptrs.gk,
-            h0: pass.h0.map_or(0, |(address, _)| address),
-            v_new: ptrs.v_new,
-            ht: pass.ht,
-            work: pass.work,
-            heads: heads_u32(dims.value_heads)?,
-            value_dim: pass.value_dim,
-            state_layout: pass.layout as u32,
-            pass: pass.pass as u32,
-            strides: [stride_pair(Tensor::G), stride_pair(Tensor::Gk), stride_pair(Tensor::VNew)],
-        };
-        // SAFETY: `validate` checked every buffer's length for this plan, its strides and its
-        // heads, its alignment and its device, and that the gates given are the shape's;
-        // `hopper_supports` that the head sizes are the kernel's and the strides fit its
-        // parameters and TMA; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new` and
-        // the pass's `h0` (an all-zero map only without one, which the kernel then never uses),
-        // and TMA stores through them stay inside those buffers; the pass's records (built with
-        // the plan for these head counts and sizes, `PassLaunch`) name each of its items once for
-        // exactly `workers` CTAs, with rows inside its `h0` and `ht` and columns inside
-        // `value_dim`; outputs are `&mut` borrows (the workspace is the plan's, locked), so they
-        // cannot alias the inputs, and `v_new`'s rows are disjoint (`Strides::check_len`).
-        unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) }
     }
 
     /// A split plan's three passes (`kda::split`): the pre-scan's maps, the merge's entry
@@ -423,7 +377,7 @@ impl Kda {
         let f = self.loaded_for(Kernel::Portable, dims.key_dim, PORTABLE_BV)?;
         // `choose` checked that the plan has the portable passes.
         let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
-        let run = |pass: &PassLaunch| self.launch_portable_pass(stream, f, plan, dims, ptrs, pass);
+        let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass);
         match &portable.split {
             Some(split) => self.launch_split(stream, dims, ptrs, split, run),
             None => {
@@ -433,9 +387,12 @@ impl Kda {
         }
     }
 
-    /// One pass of the portable kernel (`pass.workers` CTAs over `pass.work`).
-    fn launch_portable_pass(
+    /// One pass of a persistent kernel, `kernel` (`Kernel::Hopper` or `Kernel::Portable`, entry
+    /// `f`): `pass.workers` CTAs over `pass.work`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_pass(
         &self,
+        kernel: Kernel,
         stream: &Arc<CudaStream>,
         f: &Loaded,
         plan: &DevicePlan,
@@ -446,37 +403,55 @@ impl Kda {
         if pass.workers == 0 {
             return Ok(());
         }
-        let stride_pair = |t: Tensor| {
-            let s = plan.strides.effective(dims, t);
-            // `portable_supports` checked that they fit.
-            [s.token as u32, s.head as u32]
-        };
-        let args = PortableArgs {
-            ptrs: [
-                ptrs.k,
-                ptrs.w,
-                ptrs.u,
-                ptrs.g,
-                ptrs.gk,
-                pass.h0.map_or(0, |(address, _)| address),
-                ptrs.h,
-                ptrs.v_new,
-                pass.ht,
-            ],
+        let (heads, h0) = (heads_u32(dims.value_heads)?, pass.h0.map_or(0, |(address, _)| address));
+        if kernel == Kernel::Portable {
+            let args = PortableArgs {
+                ptrs: [ptrs.k, ptrs.w, ptrs.u, ptrs.g, ptrs.gk, h0, ptrs.h, ptrs.v_new, pass.ht],
+                work: pass.work,
+                heads,
+                value_dim: pass.value_dim,
+                state_layout: pass.layout as u32,
+                pass: pass.pass as u32,
+                strides: stride_pairs(
+                    &plan.strides,
+                    dims,
+                    [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew],
+                ),
+            };
+            // SAFETY: `validate` checked every buffer's length for this plan, heads and strides,
+            // its alignment and its device, and `portable_supports` the key size, `V` and the
+            // strides; the pass's records (built with the plan for these head counts and sizes,
+            // in blocks of the kernel's `BV` columns) name each of its items once for exactly
+            // `workers` CTAs, with rows inside its `h0` and `ht` (the split's workspace, or the
+            // caller's states) and columns inside `value_dim`; outputs are `&mut` borrows (the
+            // workspace is the plan's, locked), so they cannot alias the inputs.
+            return unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) };
+        }
+        let width = plan.columns.width();
+        let args = HopperArgs {
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, &plan.strides, pass.h0, width)?)),
+            g: ptrs.g,
+            gk: ptrs.gk,
+            h0,
+            v_new: ptrs.v_new,
+            ht: pass.ht,
             work: pass.work,
-            heads: heads_u32(dims.value_heads)?,
+            heads,
             value_dim: pass.value_dim,
             state_layout: pass.layout as u32,
             pass: pass.pass as u32,
-            strides: [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew].map(stride_pair),
+            strides: stride_pairs(&plan.strides, dims, [Tensor::G, Tensor::Gk, Tensor::VNew]),
         };
-        // SAFETY: `validate` checked every buffer's length for this plan, heads and strides, its
-        // alignment and its device, and `portable_supports` the key size, `V` and the strides;
-        // the pass's records (built with the plan for these head counts and sizes, in blocks of
-        // the kernel's `BV` columns) name each of its items once for exactly `workers` CTAs,
-        // with rows inside its `h0` and `ht` (the split's workspace, or the caller's states) and
-        // columns inside `value_dim`; outputs are `&mut` borrows (the workspace is the plan's,
-        // locked), so they cannot alias the inputs.
+        // SAFETY: `validate` checked every buffer's length for this plan, its strides and its
+        // heads, its alignment and its device, and that the gates given are the shape's;
+        // `hopper_supports` that the head sizes are the kernel's and the strides fit its
+        // parameters and TMA; the tensor maps describe exactly `k`, `w`, `u`, `h`, `v_new` and
+        // the pass's `h0` (an all-zero map only without one, which the kernel then never uses),
+        // and TMA stores through them stay inside those buffers; the pass's records (built with
+        // the plan for these head counts and sizes, `PassLaunch`) name each of its items once for
+        // exactly `workers` CTAs, with rows inside its `h0` and `ht` and columns inside
+        // `value_dim`; outputs are `&mut` borrows (the workspace is the plan's, locked), so they
+        // cannot alias the inputs, and `v_new`'s rows are disjoint (`Strides::check_len`).
         unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) }
     }
 
@@ -568,6 +543,15 @@ fn final_states_without_tokens(
 /// CTAs of a per-item kernel: one per (sequence, value head, column block).
 fn per_item_grid(dims: &Dims, col_blocks: usize) -> Result<usize, KdaError> {
     (dims.value_heads.checked_mul(col_blocks)).and_then(|n| dims.seqs.checked_mul(n)).ok_or_else(|| grid_error(dims))
+}
+
+/// The token and head strides (elements) of `tensors` as the kernels take them (the launcher's
+/// `*_supports` checked that they fit in 32 bits).
+fn stride_pairs<const N: usize>(strides: &crate::Strides, dims: &Dims, tensors: [Tensor; N]) -> [[u32; 2]; N] {
+    tensors.map(|t| {
+        let s = strides.effective(dims, t);
+        [s.token as u32, s.head as u32]
+    })
 }
 
 /// Why the portable kernel cannot run a plan without its passes: the batch's token or chunk
