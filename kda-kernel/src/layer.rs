@@ -30,7 +30,7 @@ use crate::arch::sm80::{
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
-    CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
+    ATTENTION_ROW, CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
     OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
 };
 
@@ -280,6 +280,41 @@ impl RowTile for Bf16Rows {
     }
 }
 
+/// A `[CHUNK][CHUNK]` matrix a gated product writes, element `(r, s)`.
+trait MatrixTile: Copy {
+    /// Stores `v` at `(r, s)`.
+    ///
+    /// # Safety
+    /// The element lies inside the tile.
+    unsafe fn put(self, r: usize, s: usize, v: f32);
+}
+
+/// An f32 matrix at `MATRIX_ROW_WORDS` words per row (the prepare kernel's `L`, which the solve
+/// reads in f32).
+#[derive(Clone, Copy)]
+struct F32Matrix(*mut f32);
+
+impl MatrixTile for F32Matrix {
+    #[inline(always)]
+    unsafe fn put(self, r: usize, s: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.0.add(r * MATRIX_ROW_WORDS + s) = v }
+    }
+}
+
+/// A bf16 matrix at `ATTENTION_ROW` elements per row (the output kernel's causal attention:
+/// rounded to bf16 before its product with `v_new`, as FLA rounds it, in half the bytes).
+#[derive(Clone, Copy)]
+struct Bf16Matrix(*mut u16);
+
+impl MatrixTile for Bf16Matrix {
+    #[inline(always)]
+    unsafe fn put(self, r: usize, s: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.0.add(r * ATTENTION_ROW + s) = f32_to_bf16(v) }
+    }
+}
+
 /// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst`
 /// (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm when `l2norm`; rows past the
 /// valid ones are zeros. Ends with the CTA synchronised.
@@ -392,8 +427,8 @@ const SAFE_EXPONENT: f32 = 80.0;
 /// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
 const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
 
-/// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`
-/// (`[CHUNK][MATRIX_ROW_WORDS]`), each times `row_scale(r)`, on the tensor cores: a sub-block
+/// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`,
+/// each times `row_scale(r)`, on the tensor cores: a sub-block
 /// pair below the diagonal factored through the first row `f` of the lower block (both factors
 /// at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves more than
 /// `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping `s <= r`
@@ -403,7 +438,7 @@ const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
 /// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
 #[inline(always)]
 unsafe fn gated_products(
-    out: *mut f32,
+    out: impl MatrixTile,
     x: impl RowTile,
     y: impl RowTile,
     g: Gates,
@@ -459,7 +494,7 @@ unsafe fn gated_products(
                             let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
                             v * decay * row_scale(r)
                         };
-                        *out.add(r * MATRIX_ROW_WORDS + s) = value;
+                        out.put(r, s, value);
                     }
                 }
             } else {
@@ -468,7 +503,7 @@ unsafe fn gated_products(
                     let (r, s) = (r0 + m, s0 + n);
                     let kept = if strict { s < r } else { s <= r };
                     let value = if kept { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
-                    *out.add(r * MATRIX_ROW_WORDS + s) = value;
+                    out.put(r, s, value);
                 }
             }
         }
@@ -476,7 +511,7 @@ unsafe fn gated_products(
         for e in (tid..CHUNK * CHUNK).step_by(THREADS) {
             let (r, s) = split(e, CHUNK);
             if s / SUB > r / SUB {
-                *out.add(r * MATRIX_ROW_WORDS + s) = 0.0;
+                out.put(r, s, 0.0);
             }
         }
         sync_threads();
@@ -575,7 +610,7 @@ kernel_entry! {
             gates.pad(rows, gw);
 
             // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-            gated_products(lower, F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
+            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
 
             // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
             // thread by forward substitution.
@@ -732,7 +767,7 @@ kernel_entry! {
             let queries = smem;
             let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
             let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
-            let attention = gates.tile.add(CHUNK * ROW_WORDS);
+            let attention = gates.tile.add(CHUNK * ROW_WORDS) as *mut u16;
             // Staged once the attention is formed, over the keys and the gate (bf16).
             let staged_h = keys;
             let staged_v = staged_h.add(MAX_K * STAGED_ROW);
@@ -761,7 +796,7 @@ kernel_entry! {
             gates.pad(rows, gw);
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
-            gated_products(attention, F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
+            gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
             // q Γ, for the entry state's part.
             for e in (tid..CHUNK * kd).step_by(THREADS) {
                 let (r, a) = split(e, kd);
@@ -816,7 +851,7 @@ kernel_entry! {
                     &mut acc,
                     r0 + SUB,
                     l,
-                    |m, s| at(attention, MATRIX_ROW_WORDS, r0 + m, s),
+                    |m, s| bf16_to_f32(*attention.add((r0 + m) * ATTENTION_ROW + s)),
                     |s, n| bf16_to_f32(*staged_v.add(s * STAGED_ROW + n0 + n)),
                 );
                 for (e, x) in acc.iter().enumerate() {

@@ -15,6 +15,11 @@ pub const V_DIM: usize = 128;
 /// column block `hopper::BV` up to this).
 pub const MAX_V_DIM: usize = 512;
 
+/// Dynamic shared memory a CTA may have on every GPU of compute capability 8.0 and newer: sm_86,
+/// sm_89 and sm_120 allow 99 KB per block (sm_80 163 KB, 9.x 227 KB). Every kernel of the
+/// portable module fits it (`every_portable_kernel_fits_every_sm80_gpu`).
+pub const SM80_SMEM_PER_CTA: usize = 99 * 1024;
+
 /// Words (`i64`) per sequence descriptor in the plan the host uploads:
 /// `[first token, length in tokens, first chunk in h, index in the batch]`. The table is in
 /// launch order, longest sequence first (`kda::Plan::descriptors`): the kernels with one CTA per
@@ -157,6 +162,10 @@ pub mod layer {
     /// bf16 elements between the rows of the output kernel's key tile: `MAX_K + 8` (a
     /// 4-words-mod-32 stride, as `ROW_WORDS`).
     pub const KEY_ROW: usize = MAX_K + 8;
+    /// bf16 elements between the rows of the output kernel's causal attention (`[CHUNK][CHUNK]`,
+    /// bf16 as FLA rounds it before the product with `v_new`): `CHUNK + 8`, a 4-words-mod-32
+    /// stride.
+    pub const ATTENTION_ROW: usize = CHUNK + 8;
 
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
     /// (`[CHUNK][ROW_WORDS]` each; then the solution `[w | u]`, `w` over the keys and `u` over the
@@ -168,9 +177,10 @@ pub mod layer {
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
     /// f32 words of the output kernel's shared memory: the chunk's queries and cumulative gate
     /// (`[CHUNK][ROW_WORDS]` f32 each), its keys (`[CHUNK][KEY_ROW]` bf16), the causal attention
-    /// (`[CHUNK][MATRIX_ROW_WORDS]`); `h` and `v_new` are staged (bf16) over the keys and the gate
-    /// once the attention is formed. About 100 KB: two CTAs per SM.
-    pub const OUTPUT_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK * KEY_ROW / 2 + CHUNK * MATRIX_ROW_WORDS;
+    /// (`[CHUNK][ATTENTION_ROW]` bf16); `h` and `v_new` are staged (bf16) over the keys and the
+    /// gate once the attention is formed. 92 KB: every sm_80+ GPU holds it, two CTAs per SM
+    /// on 9.x.
+    pub const OUTPUT_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK * KEY_ROW / 2 + CHUNK * ATTENTION_ROW / 2;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
 
@@ -183,8 +193,10 @@ pub mod layer {
             "h and v_new fit over keys and gate"
         );
         assert!(KEY_ROW.is_multiple_of(2), "the gate tile after the keys stays 4-byte aligned");
-        // Every sm_80+ GPU of compute capability 8.0 and 9.x gives a CTA this much.
-        assert!(PREPARE_SMEM_BYTES <= 163 * 1024 && OUTPUT_SMEM_BYTES <= 163 * 1024);
+        assert!(
+            PREPARE_SMEM_BYTES <= super::SM80_SMEM_PER_CTA && OUTPUT_SMEM_BYTES <= super::SM80_SMEM_PER_CTA,
+            "the layer kernels run on every sm_80+ GPU"
+        );
     };
 }
 
@@ -329,8 +341,8 @@ pub mod portable {
     pub const VECTOR: usize = 8;
     /// The key sizes the kernel is built for, one entry each.
     pub const KEY_DIMS: [usize; 3] = [64, 128, 256];
-    /// Shared memory one CTA may use on every sm_80+ GPU: sm_86 and sm_89 allow 99 KB per block.
-    pub const SMEM_LIMIT: usize = 99 * 1024;
+    /// Shared memory one CTA may use on every sm_80+ GPU.
+    pub const SMEM_LIMIT: usize = super::SM80_SMEM_PER_CTA;
     /// The deepest ring built: three stages cover a load's latency with two chunks of work.
     pub const MAX_STAGES: usize = 3;
     /// The named barrier among the consumer warps (0 is `bar.sync 0`, the whole CTA's).

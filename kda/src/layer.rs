@@ -28,8 +28,9 @@
 //!   summation order (tested to 1e-9); with [`Rounding::Kernels`] `k'`, `w` and `u` are rounded to
 //!   bf16, the recurrence is [`crate::reference::model_reference`] (the contract's rounding of
 //!   `S` and `v_new`), and the output's intra-chunk product takes the L2-normalised keys in bf16
-//!   (as the output kernel and FLA hold them), so the output shows the precision a layer built on
-//!   this library's recurrence reaches.
+//!   and rounds the causal attention to bf16 before its product with `v_new` (as the output
+//!   kernel and FLA do), so the output shows the precision a layer built on this library's
+//!   recurrence reaches.
 //!
 //! The products with `Γ` are formed from differences of `G` (`exp(G[t] - G[s])`, never a ratio
 //! of exponentials), which stay in range however strong the decay.
@@ -730,8 +731,9 @@ impl Chunk {
         }
     }
 
-    /// The chunk's output rows from its entry state `s0` (`[K][V]`) and corrected values `vn`.
-    fn output(&self, s0: &[f64], vn: &[Vec<f64>], scale: f64) -> Vec<f64> {
+    /// The chunk's output rows from its entry state `s0` (`[K][V]`) and corrected values `vn`,
+    /// the causal attention rounded by `attention` before its product with `vn`.
+    fn output(&self, s0: &[f64], vn: &[Vec<f64>], scale: f64, attention: impl Fn(f64) -> f64) -> Vec<f64> {
         let (kd, vd) = (self.tokens[0].k.len(), self.tokens[0].v.len());
         let mut o = Vec::with_capacity(self.tokens.len() * vd);
         for r in 0..self.tokens.len() {
@@ -739,7 +741,7 @@ impl Chunk {
             let qg: Vec<f64> = (0..kd).map(|a| q[a] * self.g(r, a).exp()).collect();
             let mut row: Vec<f64> = (0..vd).map(|c| (0..kd).map(|a| qg[a] * s0[a * vd + c]).sum()).collect();
             for (s, vs) in vn.iter().enumerate().take(r + 1) {
-                let att = self.gated_dot(q, r, &self.tokens[s].k, s);
+                let att = attention(self.gated_dot(q, r, &self.tokens[s].k, s));
                 row.iter_mut().zip(vs).for_each(|(o, v)| *o += att * v);
             }
             o.extend(row.into_iter().map(|x| scale * x));
@@ -783,7 +785,7 @@ fn chunked_exact(p: &LayerProblem) -> LayerOutputs {
                 .zip(&u)
                 .map(|(wr, ur)| (0..vd).map(|c| ur[c] - (0..kd).map(|a| wr[a] * s[a * vd + c]).sum::<f64>()).collect())
                 .collect();
-            o.extend(chunk.output(&s, &vn, scale));
+            o.extend(chunk.output(&s, &vn, scale, |a| a));
             let keys = chunk.keys_to_chunk_end();
             let last = chunk.tokens.len() - 1;
             for a in 0..kd {
@@ -877,9 +879,11 @@ fn chunked_on_the_contract(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
                 let vn: Vec<Vec<f64>> = (0..chunk.tokens.len())
                     .map(|r| rec.v_new[((t0 + r) * hv + i) * vd..][..vd].iter().map(|x| x.to_f64()).collect())
                     .collect();
-                // Keys given in bf16 stay as given; normalised ones are rounded (see the module).
+                // Keys given in bf16 stay as given; normalised ones are rounded, and the attention
+                // is (see the module).
                 let output_chunk = p.options.l2norm_qk.then(|| chunk.with_bf16_keys());
-                o.extend(output_chunk.as_ref().unwrap_or(chunk).output(&s0, &vn, p.options.scale));
+                let bf16_attention = |a: f64| bf16::from_f64(a).to_f64();
+                o.extend(output_chunk.as_ref().unwrap_or(chunk).output(&s0, &vn, p.options.scale, bf16_attention));
             }
             let at = (n * hv + i) * state;
             ((*n, *i), (o, rec.ht[at..at + state].iter().map(|&x| x as f64).collect()))

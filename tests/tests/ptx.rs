@@ -114,6 +114,18 @@ fn baseline_assembles_without_spills_for_both_targets() {
     }
 }
 
+/// Every kernel of the portable module asks for no more shared memory than every sm_80+ GPU
+/// gives a CTA (99 KB on sm_86, sm_89 and sm_120): the layer, decode and the recurrence run on
+/// all of them.
+#[test]
+fn every_portable_kernel_fits_every_sm80_gpu() {
+    let limit = kda_kernel::layout::SM80_SMEM_PER_CTA;
+    for k in KERNELS.iter().filter(|k| k.targets.contains(&kda_kernel::abi::SM80)) {
+        println!("{}: {} bytes of dynamic shared memory (limit {limit})", k.entry, k.smem_bytes);
+        assert!(k.smem_bytes <= limit, "{}: {} bytes", k.entry, k.smem_bytes);
+    }
+}
+
 /// The GPUs the driver JIT-compiles the portable module for (compute capability 8.0 and newer
 /// other than 9.x takes it; sm_90 is included as the generic Hopper target): A100, A10 / RTX 30xx,
 /// L4 / L40S / RTX 40xx, H100 / H200, B200, RTX 50xx.
