@@ -382,8 +382,43 @@ impl ChunkRows {
     }
 }
 
-/// The consumer warps: each item's state through every chunk of it, `h0` in (the identity's
-/// block in the pre-scan) and `ht` out; every stage released after its chunk.
+/// Whether the consumers load the next item's `h0` block while they run the current one: at
+/// `K <= 128` (`MT <= 2`), where a second state's registers fit beside the first without spills
+/// (`the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves`). A short item then
+/// starts from a state already in registers instead of waiting a round trip to memory.
+const fn prefetches_h0(mt: usize) -> bool {
+    mt <= 2
+}
+
+/// The state `item` starts from: `[I | 0]`'s block in the pre-scan, its `h0` block, or zeros
+/// (no `h0`, or no item).
+///
+/// # Safety
+/// As [`recurrence`]: `h0` holds the state rows the records name.
+#[inline(always)]
+unsafe fn initial_state<const K: usize, const MT: usize>(args: &Args, item: Option<&Item>) -> State<MT> {
+    let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
+    let frag = Frag::fresh();
+    match item {
+        // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
+        Some(item) if args.prescan => {
+            for_each_state::<K, MT>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
+        }
+        Some(item) if !args.h0.is_null() => {
+            let base = state_base::<K>(args, item.h0_row);
+            for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
+                // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
+                *s = unsafe { *args.h0.add(base + state_index::<K>(args, item, row, col)) };
+            });
+        }
+        _ => {}
+    }
+    state
+}
+
+/// The consumer warps: each item's state through every chunk of it, from its initial state
+/// (loaded while the item before ran, where [`prefetches_h0`]) to `ht`; every stage released
+/// after its chunk.
 ///
 /// # Safety
 /// As [`recurrence`]; every thread of the four consumer warps calls it.
@@ -391,19 +426,17 @@ impl ChunkRows {
 unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>) {
     let smem = Smem::carve::<K, MT>();
     let mut stage = 0;
-    for item in items {
-        let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
-        let frag = Frag::fresh();
-        if args.prescan {
-            // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
-            for_each_state::<K, MT>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32);
-        } else if !args.h0.is_null() {
-            let base = state_base::<K>(args, item.h0_row);
-            for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
-                // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
-                *s = unsafe { *args.h0.add(base + state_index::<K>(args, &item, row, col)) };
-            });
-        }
+    let mut items = items.peekable();
+    // SAFETY (block): the entries' contract on `h0` and the records.
+    let mut ahead: State<MT> =
+        if prefetches_h0(MT) { unsafe { initial_state::<K, MT>(args, items.peek()) } } else { [[[0.0; 4]; N_TILES]; MT] };
+    while let Some(item) = items.next() {
+        let mut state = if prefetches_h0(MT) {
+            // The loads are issued here and land while the item's chunks run.
+            core::mem::replace(&mut ahead, unsafe { initial_state::<K, MT>(args, items.peek()) })
+        } else {
+            unsafe { initial_state::<K, MT>(args, Some(&item)) }
+        };
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
             let tiles = smem.stage::<K, MT>(stage);
