@@ -1,6 +1,8 @@
-//! The portable tensor-core kernel (sm_80+): one CTA per sequence, value head and block of `BV`
-//! value columns, the CTA walking the sequence's chunks in order, both products of a chunk on
-//! `mma.sync.m16n8k16` in bf16 with f32 accumulation. It runs the whole generalized contract
+//! The portable tensor-core kernel (sm_80+): a persistent grid whose CTAs walk the launcher's
+//! longest-first work records (`crate::schedule`, as the Hopper kernel's), each item a block of
+//! `BV` value columns of one value head of a sequence (or of a segment of a split one: the
+//! pre-scan and the main pass are passes of this kernel too, `PassCode`), its chunks in order,
+//! both products of a chunk on `mma.sync.m16n8k16` in bf16 with f32 accumulation. It runs the whole generalized contract
 //! (docs/CONTRACT.md#the-generalized-recurrence): the scalar gate `g`, the per-key gate `gk`,
 //! both or neither; grouped value heads; `K` in 64, 128, 256 (one entry each) and any `V` that is
 //! a multiple of `BV`; key-first or value-first states; a token and a head stride per tensor.
@@ -8,17 +10,17 @@
 //! Two warp roles share a ring of `Tiles::STAGES` stages (`layout::portable` has the tiles and
 //! the barriers):
 //!
-//! - the **producer** warp ([`produce`]) copies each chunk's `w`, `k` and `u` rows, `gk` of its
+//! - the **producer** warp (`produce`) copies each chunk's `w`, `k` and `u` rows, `gk` of its
 //!   last token and `g` per token into the next free stage with `cp.async` (rows past the
 //!   sequence's end zero-filled by the copy itself), waits for its copies and announces the stage
 //!   full; it runs up to `STAGES` chunks ahead of the consumers;
-//! - the four **consumer** warps ([`consume`]) keep `K / 4` rows of the `[K][BV]` state each as
+//! - the four **consumer** warps (`consume`) keep `K / 4` rows of the `[K][BV]` state each as
 //!   accumulator fragments and per chunk:
-//!   1. [`publish_state`]: `bf16(S)` to `h` and to the `st` tile;
-//!   2. [`corrected_values`]: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
+//!   1. `publish_state`: `bf16(S)` to `h` and to the `st` tile;
+//!   2. `corrected_values`: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
 //!      `v_new` (valid rows) and, scaled by `exp2(g[last] - g[t])` when there is a scalar gate,
 //!      to the `vn` tile;
-//!   3. [`update_state`]: `S = decay * S + k^T @ bf16(Vn)`, the decay `exp2(g[last] + gk[last])`
+//!   3. `update_state`: `S = decay * S + k^T @ bf16(Vn)`, the decay `exp2(g[last] + gk[last])`
 //!      per key row; then the stage goes back to the producer.
 //!
 //! The tail epilogue of a partial last chunk is the zero fill: `w`, `k` and `u` rows past the end
