@@ -4,7 +4,8 @@
 
 use crate::median_us;
 use cudarc::driver::{CudaSlice, CudaStream};
-use kda::layer::{GateInput, LayerKind, LayerOptions, LayerProblem, LayerShape, layer_reference_pooled};
+use kda::layer::{GateInput, LayerKind, LayerOptions, LayerProblem, LayerShape};
+use kda::pool::layer_reference_pooled;
 use kda::pool::{PoolShape, StateDtype, slot_uses};
 use kda::{DecodeInputs, DecodePlan, Kda, KdaError, StateLayout, bf16};
 use std::sync::Arc;
@@ -119,7 +120,7 @@ pub struct DecodeTiming {
 }
 
 /// Runs `d` once (every sequence from its own slot of a random pool) and checks it against
-/// `kda::layer::layer_reference_pooled`, then times `repeat` calls (each continuing from the
+/// `kda::pool::layer_reference_pooled`, then times `repeat` calls (each continuing from the
 /// states the previous one left).
 pub fn time_decode(
     kda: &Kda,

@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
+    ld_global_v4, rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
@@ -167,13 +167,28 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
 /// before loading the next waited one round trip to memory per element.
 const LOADS_IN_FLIGHT: usize = 8;
 
+/// 16-byte loads a thread issues before storing any of them: 16 registers, so that the prepare
+/// kernel stays within its 128 without spilling; a chunk's bf16 tile is one such batch per
+/// thread, an f32 one two.
+const VECTORS_IN_FLIGHT: usize = 4;
+
 /// `store(e, load(e))` for every `e` of `tid, tid + THREADS, ..` below `n`, `LOADS_IN_FLIGHT`
 /// loads at a time issued before their stores.
 #[inline(always)]
-fn copy_strided<T: Copy + Default>(n: usize, load: impl Fn(usize) -> T, mut store: impl FnMut(usize, T)) {
+fn copy_strided<T: Copy + Default>(n: usize, load: impl Fn(usize) -> T, store: impl FnMut(usize, T)) {
+    copy_in_batches::<T, LOADS_IN_FLIGHT>(n, load, store)
+}
+
+/// [`copy_strided`] with `IN_FLIGHT` loads at a time.
+#[inline(always)]
+fn copy_in_batches<T: Copy + Default, const IN_FLIGHT: usize>(
+    n: usize,
+    load: impl Fn(usize) -> T,
+    mut store: impl FnMut(usize, T),
+) {
     let mut base = thread_idx_x();
     while base < n {
-        let values: [T; LOADS_IN_FLIGHT] = core::array::from_fn(|j| {
+        let values: [T; IN_FLIGHT] = core::array::from_fn(|j| {
             let e = base + j * THREADS;
             if e < n { load(e) } else { T::default() }
         });
@@ -183,8 +198,84 @@ fn copy_strided<T: Copy + Default>(n: usize, load: impl Fn(usize) -> T, mut stor
                 store(e, v);
             }
         }
-        base += LOADS_IN_FLIGHT * THREADS;
+        base += IN_FLIGHT * THREADS;
     }
+}
+
+/// bf16 elements of one 16-byte load.
+const BF16_VECTOR: usize = 8;
+/// f32 elements of one 16-byte load.
+const F32_VECTOR: usize = 4;
+
+/// `store(r, c, x)` for every element of rows `r < filled` of `cols` bf16 elements each, row `r`
+/// read from element `row_at(r)` of `src` when `r < valid` and zeros past it: 16-byte loads
+/// (`cols` a multiple of [`BF16_VECTOR`] whose quotient is a power of two), `VECTORS_IN_FLIGHT`
+/// of a thread's issued before its stores, so a tile takes one or two round trips to memory
+/// instead of one per element.
+///
+/// # Safety
+/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `row_at(r)`; the CTA
+/// calls it together.
+#[inline(always)]
+unsafe fn load_bf16_rows(
+    src: *const u16,
+    (filled, valid): (usize, usize),
+    cols: usize,
+    row_at: impl Fn(usize) -> usize,
+    mut store: impl FnMut(usize, usize, u16),
+) {
+    let per_row = cols / BF16_VECTOR;
+    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
+        filled * per_row,
+        |e| {
+            let (r, v) = split(e, per_row);
+            // SAFETY: see the function's contract.
+            if r < valid { unsafe { ld_global_v4(src.add(row_at(r) + v * BF16_VECTOR) as *const u32) } } else { [0; 4] }
+        },
+        |e, words: [u32; 4]| {
+            let (r, v) = split(e, per_row);
+            for (j, word) in words.iter().enumerate() {
+                let c = v * BF16_VECTOR + 2 * j;
+                store(r, c, *word as u16);
+                store(r, c + 1, (*word >> 16) as u16);
+            }
+        },
+    );
+}
+
+/// As [`load_bf16_rows`] for `valid` rows of `cols` f32 (16-byte loads where `cols` is a multiple
+/// of [`F32_VECTOR`], one element at a time for a one-column gate).
+///
+/// # Safety
+/// As [`load_bf16_rows`] (4-byte alignment for one column).
+#[inline(always)]
+unsafe fn load_f32_rows(
+    src: *const f32,
+    valid: usize,
+    cols: usize,
+    row_at: impl Fn(usize) -> usize,
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    if cols < F32_VECTOR {
+        // SAFETY: see the function's contract.
+        copy_strided(valid * cols, |e| unsafe { *src.add(row_at(e)) }, |e, x| store(e, 0, x));
+        return;
+    }
+    let per_row = cols / F32_VECTOR;
+    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
+        valid * per_row,
+        |e| {
+            let (r, v) = split(e, per_row);
+            // SAFETY: see the function's contract.
+            unsafe { ld_global_v4(src.add(row_at(r) + v * F32_VECTOR) as *const u32) }
+        },
+        |e, words: [u32; 4]| {
+            let (r, v) = split(e, per_row);
+            for (j, word) in words.iter().enumerate() {
+                store(r, v * F32_VECTOR + j, f32::from_bits(*word));
+            }
+        },
+    );
 }
 
 /// A lane's place in the `mma` fragments: `g = lane / 4`, `t = lane % 4`.
@@ -327,16 +418,12 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
     // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`; global rows only below
     // `w.rows`.
     unsafe {
-        copy_strided(
-            CHUNK * kd,
-            |e| {
-                let (r, a) = split(e, kd);
-                if r < w.rows { *src.add(((w.t0 + r) * heads + head) * kd + a) } else { 0 }
-            },
-            |e, x| {
-                let (r, a) = split(e, kd);
-                *dst.add(r * ROW_WORDS + a) = bf16_to_f32(x);
-            },
+        load_bf16_rows(
+            src,
+            (CHUNK, w.rows),
+            kd,
+            |r| ((w.t0 + r) * heads + head) * kd,
+            |r, a, x| *dst.add(r * ROW_WORDS + a) = bf16_to_f32(x),
         );
         sync_threads();
         if l2norm {
@@ -574,19 +661,18 @@ kernel_entry! {
 
             // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
-            copy_strided(
-                rows * gw,
-                |e| {
-                    let (r, a) = split(e, gw);
-                    *g.add(((t0 + r) * hv + i) * gw + a)
-                },
-                |e, raw| {
-                    let (r, a) = split(e, gw);
-                    let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-                    *gates.tile.add(r * ROW_WORDS + a) =
-                        activate(raw, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
-                },
-            );
+            // The raw gate into the tile, then activated in place (one activation's code in the
+            // kernel, not one per element of a vector).
+            load_f32_rows(g, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, raw| {
+                *gates.tile.add(r * ROW_WORDS + a) = raw;
+            });
+            sync_threads();
+            for e in (tid..rows * gw).step_by(THREADS) {
+                let (r, a) = split(e, gw);
+                let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+                let x = gates.tile.add(r * ROW_WORDS + a);
+                *x = activate(*x, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
+            }
             if tid < CHUNK {
                 let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
                 *betas.add(tid) = if tid >= rows {
@@ -654,17 +740,9 @@ kernel_entry! {
             }
             sync_threads();
             let values = gates.tile;
-            copy_strided(
-                CHUNK * vd,
-                |e| {
-                    let (r, col) = split(e, vd);
-                    if r < rows { *v.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
-                },
-                |e, value| {
-                    let (r, col) = split(e, vd);
-                    *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
-                },
-            );
+            load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, value| {
+                *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
+            });
             sync_threads();
 
             // Block by block, each warp its own columns of [w | u] (no other warp touches them):
@@ -781,17 +859,9 @@ kernel_entry! {
             }
             sync_threads();
             load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-            copy_strided(
-                rows * gw,
-                |e| {
-                    let (r, a) = split(e, gw);
-                    *gate.add(((t0 + r) * hv + i) * gw + a)
-                },
-                |e, x| {
-                    let (r, a) = split(e, gw);
-                    *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
-                },
-            );
+            load_f32_rows(gate, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, x| {
+                *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
+            });
             sync_threads();
             gates.pad(rows, gw);
 
@@ -806,31 +876,15 @@ kernel_entry! {
             // The entry state and the chunk's v_new (zeros past the valid rows).
             let block = h.add((wk.chunk * hv + i) * kd * vd);
             let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
-            copy_strided(
-                kd * vd,
-                |e| *block.add(e),
-                |e, x| {
-                    // Element e of the block: (key a, column) key-first, (column, key a) value-first.
-                    let (a, col) = if value_first {
-                        let (col, a) = split(e, kd);
-                        (a, col)
-                    } else {
-                        split(e, vd)
-                    };
-                    *staged_h.add(a * STAGED_ROW + col) = x;
-                },
-            );
-            copy_strided(
-                CHUNK * vd,
-                |e| {
-                    let (r, col) = split(e, vd);
-                    if r < rows { *v_new.add(((t0 + r) * hv + i) * vd + col) } else { 0 }
-                },
-                |e, x| {
-                    let (r, col) = split(e, vd);
-                    *staged_v.add(r * STAGED_ROW + col) = x;
-                },
-            );
+            // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
+            let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
+            load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |r, c, x| {
+                let (a, col) = if value_first { (c, r) } else { (r, c) };
+                *staged_h.add(a * STAGED_ROW + col) = x;
+            });
+            load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, x| {
+                *staged_v.add(r * STAGED_ROW + col) = x;
+            });
             sync_threads();
 
             // o = scale ((q Γ) h + P v_new): warp (row block, column half).

@@ -8,7 +8,8 @@
 
 use candle_core::{Device, Tensor};
 use kda::candle::{DecodeTensors, decode, kda_on, stream_of};
-use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+use kda::pool::layer_reference_pooled;
 use kda::pool::{PoolShape, StateDtype, slot_uses};
 use kda::{DecodePlan, StateLayout, inputs, rel_error};
 

@@ -6,10 +6,11 @@
 //! sequence). Two sequences of one call may not name the same slot.
 //!
 //! This module holds the slot rules and their offsets (64-bit: a pool of 4096 slots of 32 heads of
-//! `128 x 128` passes 2^31 elements); [`crate::layer::layer_reference_pooled`] is the f64 layer
+//! `128 x 128` passes 2^31 elements); [`layer_reference_pooled`] is the f64 layer
 //! over a pool, for prefill and decode alike.
 
 use crate::KdaError;
+use crate::layer::{LayerProblem, LayerShape, layer_reference};
 use crate::model::StateLayout;
 
 /// A pool of recurrent states.
@@ -75,7 +76,7 @@ impl StateDtype {
 impl PoolShape {
     /// A pool of `slots` states of `shape`'s value heads and sizes, in `layout` and `dtype`
     /// (both named: never inferred).
-    pub fn for_layer(shape: &crate::layer::LayerShape, slots: usize, layout: StateLayout, dtype: StateDtype) -> Self {
+    pub fn for_layer(shape: &LayerShape, slots: usize, layout: StateLayout, dtype: StateDtype) -> Self {
         Self {
             slots,
             value_heads: shape.value_heads,
@@ -87,7 +88,7 @@ impl PoolShape {
     }
 
     /// Refuses, naming `pool`, a pool whose states are not `shape`'s (value heads, `K`, `V`).
-    pub fn check_holds(&self, shape: &crate::layer::LayerShape) -> Result<(), KdaError> {
+    pub fn check_holds(&self, shape: &LayerShape) -> Result<(), KdaError> {
         if (self.value_heads, self.key_dim, self.value_dim) == (shape.value_heads, shape.key_dim, shape.value_dim) {
             return Ok(());
         }
@@ -395,6 +396,86 @@ pub fn checkpoint_tables(
         t.slots.push(c.slot as i64);
     }
     Ok(t)
+}
+
+/// The layer by its definition over a state pool, as serving runs it (a prefill,
+/// or a decode step of one or a few tokens per sequence): sequence `n` starts from its slot's
+/// state (`uses[n]`: zeros when it starts fresh) and writes its final state back to the slot; a
+/// padding sequence reads and writes nothing, and its rows of `o` are `None`. `p.h0` must be
+/// `None` (the pool holds the states). A bf16 pool (`shape.dtype`) is held here as f32 values
+/// that bf16 represents; the final states are rounded to bf16 as they are written. Returns `o`
+/// per sequence (`[len][HV][V]` rows).
+pub fn layer_reference_pooled(
+    p: &LayerProblem,
+    pool: &mut [f32],
+    shape: &PoolShape,
+    uses: &[SlotUse],
+) -> Result<Vec<Option<Vec<f32>>>, KdaError> {
+    p.validate()?;
+    let s = p.shape;
+    let bad = |name, reason: String| Err(KdaError::Argument { name, reason });
+    if p.h0.is_some() {
+        return bad("h0", "a pooled call reads its states from the pool".into());
+    }
+    if uses.len() != p.plan.num_seqs() {
+        return bad("slot_indices", format!("{} uses for {} sequences", uses.len(), p.plan.num_seqs()));
+    }
+    shape.check_holds(&s)?;
+    let len = shape.len()?;
+    if pool.len() != len {
+        return Err(KdaError::Shape {
+            tensor: "pool",
+            expected: format!("{shape:?}"),
+            expected_len: len,
+            actual: format!("{} elements", pool.len()),
+        });
+    }
+    let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+    let state = kd * vd;
+    // Element (a, c) of a head's state in the pool's layout.
+    let at = |a: usize, c: usize| match shape.layout {
+        StateLayout::KeyFirst => a * vd + c,
+        StateLayout::ValueFirst => c * kd + a,
+    };
+    // The pooled states in, as the key-first `h0` of the live sequences' sub-problem.
+    let live: Vec<usize> = (0..uses.len()).filter(|&n| uses[n] != SlotUse::Padding).collect();
+    let mut h0 = vec![0f32; live.len() * hv * state];
+    for (m, &n) in live.iter().enumerate() {
+        if let SlotUse::Continue(slot) = uses[n] {
+            for i in 0..hv {
+                let base = shape.offset(slot, i).expect("slot_uses checked the slot");
+                let dst = &mut h0[(m * hv + i) * state..][..state];
+                for a in 0..kd {
+                    for c in 0..vd {
+                        dst[a * vd + c] = pool[base + at(a, c)];
+                    }
+                }
+            }
+        }
+    }
+    let seqs = p.plan.seqs();
+    let spans: Vec<(usize, std::ops::Range<usize>)> = live.iter().map(|&n| (n, 0..seqs[n].len)).collect();
+    let sub = LayerProblem { h0: Some(h0), ..p.select(&spans) };
+    let out = layer_reference(&sub)?;
+    // Final states back to their slots; `o` per sequence.
+    let mut o = vec![None; uses.len()];
+    let mut token = 0;
+    for (m, &n) in live.iter().enumerate() {
+        let slot = uses[n].slot().expect("a live sequence has a slot");
+        for i in 0..hv {
+            let base = shape.offset(slot, i).expect("slot_uses checked the slot");
+            let src = &out.ht[(m * hv + i) * state..][..state];
+            for a in 0..kd {
+                for c in 0..vd {
+                    pool[base + at(a, c)] = shape.dtype.stored(src[a * vd + c]);
+                }
+            }
+        }
+        let len = seqs[n].len;
+        o[n] = Some(out.o[token * hv * vd..(token + len) * hv * vd].to_vec());
+        token += len;
+    }
+    Ok(o)
 }
 
 #[cfg(test)]

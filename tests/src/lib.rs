@@ -641,7 +641,8 @@ impl PooledPrefillCase {
     /// The case for a layer of `kind` with `K = V = size`, two value heads of one key head, the
     /// first sequence `long` tokens.
     pub fn new(kind: kda::layer::LayerKind, size: usize, long: usize) -> Self {
-        use kda::layer::{GateInput, LayerOptions, LayerShape, layer_reference_pooled};
+        use kda::layer::{GateInput, LayerOptions, LayerShape};
+        use kda::pool::layer_reference_pooled;
         use kda::pool::{PoolShape, StateDtype, slot_uses};
         let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: size, value_dim: size };
         let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
@@ -691,7 +692,7 @@ pub const DECODE_O_BOUND: f64 = 4e-3;
 pub const DECODE_STATE_BOUND: f64 = 1e-5;
 
 /// One decode step over a state pool and what the f64 layer over the pool gives for it
-/// (`kda::layer::layer_reference_pooled`).
+/// (`kda::pool::layer_reference_pooled`).
 pub struct DecodeCase {
     /// What the case covers.
     pub name: String,
@@ -716,7 +717,8 @@ pub struct DecodeCase {
 /// Decode steps of both kinds, grouped value heads, the gate forms and options, padding
 /// sequences (nothing read or written), a fresh sequence (from zeros).
 pub fn decode_cases() -> Vec<DecodeCase> {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    use kda::pool::layer_reference_pooled;
     use kda::pool::{PoolShape, slot_uses};
     let indices = vec![3i64, -1, 0, 5, 7, -1];
     let fresh = vec![false, false, true, false, false, false];

@@ -789,7 +789,8 @@ fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
 #[test]
 fn decode_steps_replay_in_a_cuda_graph() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, layer_reference_pooled};
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    use kda::pool::layer_reference_pooled;
     use kda::pool::{PoolShape, slot_uses};
     use kda::{DecodeInputs, DecodePlan, bf16};
     const STEPS: u64 = 4;
@@ -974,7 +975,7 @@ fn sanitizer_workload() {
     let bf16_shape = kda::pool::PoolShape { dtype: StateDtype::Bf16, ..decode.pool_shape };
     let rounded: Vec<f32> = decode.pool.iter().map(|&x| StateDtype::Bf16.stored(x)).collect();
     let mut want_pool = rounded.clone();
-    let want_o = kda::layer::layer_reference_pooled(p, &mut want_pool, &decode.pool_shape, &decode.uses).unwrap();
+    let want_o = kda::pool::layer_reference_pooled(p, &mut want_pool, &decode.pool_shape, &decode.uses).unwrap();
     let bf16_pool: Vec<kda::bf16> = rounded.iter().map(|&x| kda::bf16::from_f32(x)).collect();
     let (pool, o) = kda_tests::run_decode(&gpu, p, &plan(bf16_shape).unwrap(), &bf16_pool);
     let pool: Vec<f32> = pool.iter().map(|x| x.to_f32()).collect();

@@ -160,7 +160,7 @@ mod random {
             let spans: Vec<(usize, usize)> = prompt.iter().map(|&p| (0, p)).collect();
             let (p, idx) = batch(&spans);
             let uses = kda::pool::slot_uses(&idx, &vec![true; idx.len()], &pool).unwrap();
-            for (n, rows) in kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
+            for (n, rows) in kda::pool::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
                 o[n].extend(rows.unwrap());
             }
             // Then one token per step.
@@ -175,7 +175,7 @@ mod random {
                 }
                 let (p, idx) = batch(&spans);
                 let uses = kda::pool::slot_uses(&idx, &vec![false; idx.len()], &pool).unwrap();
-                for (n, rows) in kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
+                for (n, rows) in kda::pool::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap().into_iter().enumerate() {
                     match rows {
                         Some(r) => o[n].extend(r),
                         None => prop_assert!(spans[n].0 == spans[n].1, "sequence {} skipped", n),
@@ -212,7 +212,7 @@ mod random {
             let idx: Vec<i64> = (0..n).map(|m| if padding[m] { -1 } else { order[m] as i64 }).collect();
             let uses = kda::pool::slot_uses(&idx, &fresh[..n], &pool).unwrap();
             let mut states = before.clone();
-            let got = kda::layer::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap();
+            let got = kda::pool::layer_reference_pooled(&p, &mut states, &pool, &uses).unwrap();
             // The reference: every sequence run from its state copied out (key-first), then copied back.
             let (hv, kd, vd) = (shape.value_heads, shape.key_dim, shape.value_dim);
             let at = |a: usize, c: usize| if value_first { c * kd + a } else { a * vd + c };
@@ -281,7 +281,7 @@ mod random {
                     for &q in &path {
                         let one = p.select(&[(n, q..q + 1)]);
                         let uses = kda::pool::slot_uses(&[0], &[false], &pool).unwrap();
-                        last = kda::layer::layer_reference_pooled(&one, &mut states, &pool, &uses).unwrap().remove(0).unwrap();
+                        last = kda::pool::layer_reference_pooled(&one, &mut states, &pool, &uses).unwrap().remove(0).unwrap();
                     }
                     prop_assert!(o.iter().zip(&last).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: o", n, r);
                     prop_assert!(s.iter().zip(&states).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {} token {}: state", n, r);

@@ -318,12 +318,13 @@ pub(super) fn pool_alignment(dtype: StateDtype) -> usize {
 
 /// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).
 fn check_alignment(args: &DecodeArgs, pool: StateDtype) -> Result<(), KdaError> {
-    for ((&tensor, &address), required) in DecodeArgs::TENSORS.iter().zip(&args.ptrs).zip(decode_alignments(pool)) {
-        if !address.is_multiple_of(required as u64) {
-            return Err(KdaError::Alignment { tensor, required, address });
-        }
-    }
-    Ok(())
+    let named: Vec<_> = DecodeArgs::TENSORS
+        .iter()
+        .zip(&args.ptrs)
+        .zip(decode_alignments(pool))
+        .map(|((&tensor, &address), required)| (tensor, address, required))
+        .collect();
+    super::validate::check_alignments(&named)
 }
 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).

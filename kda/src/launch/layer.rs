@@ -269,6 +269,26 @@ pub(super) fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u6
     address
 }
 
+/// Bytes of one vector load of the layer kernels.
+const LAYER_VECTOR_BYTES: usize = 16;
+
+/// The caller's tensors the layer kernels read 16 bytes at a time start at a multiple of 16
+/// bytes: `q`, `k`, `v`, and `g` when it has a column per key (a gate of one column per head is
+/// read one f32 at a time). Their rows then are too: `K` and `V` are multiples of 64.
+fn check_layer_alignment(
+    stream: &Arc<CudaStream>,
+    inputs: &LayerInputs<'_>,
+    gate_width: usize,
+) -> Result<(), KdaError> {
+    let g = if gate_width > 1 { LAYER_VECTOR_BYTES } else { std::mem::size_of::<f32>() };
+    super::validate::check_alignments(&[
+        ("q", inputs.q.device_ptr(stream).0, LAYER_VECTOR_BYTES),
+        ("k", inputs.k.device_ptr(stream).0, LAYER_VECTOR_BYTES),
+        ("v", inputs.v.device_ptr(stream).0, LAYER_VECTOR_BYTES),
+        ("g", inputs.g.device_ptr(stream).0, g),
+    ])
+}
+
 fn overflow() -> KdaError {
     KdaError::Argument { name: "cu_seqlens", reason: "the batch's tensors exceed the address space".into() }
 }
@@ -335,6 +355,7 @@ impl Kda {
                 ("workspace", ordinal(workspace.w.stream())),
             ],
         )?;
+        check_layer_alignment(stream, inputs, s.gate_width())?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let codes = plan.options.codes();

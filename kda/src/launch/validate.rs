@@ -39,6 +39,15 @@ pub(super) struct Launch<'a> {
     pub plan_ordinal: usize,
 }
 
+/// The first of `named` (tensor, device address, required alignment in bytes) whose address is
+/// not a multiple of its alignment, as [`KdaError::Alignment`].
+pub(super) fn check_alignments(named: &[(&'static str, u64, usize)]) -> Result<(), KdaError> {
+    match named.iter().find(|(_, address, required)| !address.is_multiple_of(*required as u64)) {
+        Some(&(tensor, address, required)) => Err(KdaError::Alignment { tensor, required, address }),
+        None => Ok(()),
+    }
+}
+
 /// Checks a launch's arguments (`args`: every tensor given, inputs and outputs) before anything
 /// is enqueued: the stream and the plan on the launcher's device, the gates given exactly when
 /// the plan's shape has them, and each tensor's length, alignment and device.
@@ -186,6 +195,13 @@ mod tests {
                 assert!(err.to_string().contains(name), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn the_first_misaligned_tensor_is_named() {
+        assert!(check_alignments(&[("q", 256, 16), ("g", 4, 4)]).is_ok());
+        let err = check_alignments(&[("q", 256, 16), ("k", 264, 16), ("v", 8, 16)]).unwrap_err();
+        assert!(matches!(err, KdaError::Alignment { tensor: "k", required: 16, address: 264 }), "{err}");
     }
 
     #[test]
