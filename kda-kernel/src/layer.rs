@@ -327,6 +327,37 @@ unsafe fn mma_tile(
     }
 }
 
+/// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
+/// its `N` n8 tiles, B_j's element (k, n) `b(k, 8 j + n)`: A's fragment is read once per k-step
+/// for all of them (with [`mma_tile`] per tile it was read once per tile). `N` is a constant, so
+/// the accumulators stay in registers.
+///
+/// # Safety
+/// As [`mma_tile`].
+#[inline(always)]
+unsafe fn mma_tiles<const N: usize>(
+    acc: &mut [[f32; 4]; N],
+    depth: usize,
+    l: Lane,
+    a: impl Fn(usize, usize) -> f32,
+    b: impl Fn(usize, usize) -> f32,
+) {
+    let (g, t) = (l.g, l.t);
+    for k0 in (0..depth).step_by(TILE_K) {
+        let af = [a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)].map(cvt_tf32);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let bf = [b(k0 + t, TILE_N * j + g), b(k0 + t + 4, TILE_N * j + g)].map(cvt_tf32);
+            // SAFETY: the warp is converged here (the caller's contract).
+            unsafe { mma_m16n8k8_tf32(acc, af, bf) };
+        }
+    }
+}
+
+/// n8 tiles of `o` per warp at `V = MAX_V` (a warp's row block and column half), and at the
+/// smallest `V` (64).
+const OUTPUT_TILES: usize = MAX_V / 2 / TILE_N;
+const OUTPUT_TILES_V64: usize = 64 / 2 / TILE_N;
+
 /// f32 tile element `(r, c)` at `stride` words per row.
 ///
 /// # Safety
@@ -802,6 +833,67 @@ kernel_entry! {
     }
 }
 
+/// The output kernel's shared tiles its last step reads.
+#[derive(Clone, Copy)]
+struct Tiles {
+    /// `q Γ`, f32 `[CHUNK][ROW_WORDS]`.
+    queries: *const f32,
+    /// The causal attention, bf16 `[CHUNK][ATTENTION_ROW]`.
+    attention: *const u16,
+    /// The entry state `h`, bf16 `[MAX_K][STAGED_ROW]` key-major.
+    staged_h: *const u16,
+    /// `v_new`, bf16 `[CHUNK][STAGED_ROW]`.
+    staged_v: *const u16,
+}
+
+/// One warp's block of `o`: 16 rows from `r0`, the columns from `c0`, of a chunk of `rows` valid
+/// rows.
+#[derive(Clone, Copy)]
+struct OutputBlock {
+    r0: usize,
+    c0: usize,
+    rows: usize,
+    l: Lane,
+}
+
+impl OutputBlock {
+    /// `(q Γ) h + P v_new` over the block's `N` n8 tiles, each valid element through
+    /// `store(row, column, value)`.
+    ///
+    /// # Safety
+    /// The warp calls it together, the tiles written for the chunk.
+    #[inline(always)]
+    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, f32)) {
+        let (r0, c0, l) = (self.r0, self.c0, self.l);
+        let mut acc = [[0.0f32; 4]; N];
+        // SAFETY (block): every index inside its tile (`Dims::valid`); the warp is converged.
+        unsafe {
+            mma_tiles(
+                &mut acc,
+                kd,
+                l,
+                |m, a| at(t.queries, ROW_WORDS, r0 + m, a),
+                |a, n| bf16_to_f32(*t.staged_h.add(a * STAGED_ROW + c0 + n)),
+            );
+            mma_tiles(
+                &mut acc,
+                r0 + SUB,
+                l,
+                |m, s| bf16_to_f32(*t.attention.add((r0 + m) * ATTENTION_ROW + s)),
+                |s, n| bf16_to_f32(*t.staged_v.add(s * STAGED_ROW + c0 + n)),
+            );
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for (e, x) in acc.iter().enumerate() {
+                let (m, n) = l.acc_at(e);
+                if r0 + m < self.rows {
+                    store(r0 + m, c0 + TILE_N * j + n, *x);
+                }
+            }
+        }
+    }
+}
+
 kernel_entry! {
     /// The layer's output kernel (`abi::LAYER_OUTPUT`, parameters `abi::LAYER_OUTPUT_PARAMS`). Grid,
     /// threads as [`kda_layer_prepare`]; `layout::layer::OUTPUT_SMEM_BYTES` of dynamic shared memory.
@@ -891,30 +983,13 @@ kernel_entry! {
             let scale = f32::from_bits(scale_bits);
             let (rb, half) = (warp % SUBS, warp / SUBS);
             let r0 = rb * SUB;
-            let cols = vd / 2;
-            for n0 in (half * cols..(half + 1) * cols).step_by(TILE_N) {
-                let mut acc = [0.0f32; 4];
-                mma_tile(
-                    &mut acc,
-                    kd,
-                    l,
-                    |m, a| at(queries, ROW_WORDS, r0 + m, a),
-                    |a, n| bf16_to_f32(*staged_h.add(a * STAGED_ROW + n0 + n)),
-                );
-                mma_tile(
-                    &mut acc,
-                    r0 + SUB,
-                    l,
-                    |m, s| bf16_to_f32(*attention.add((r0 + m) * ATTENTION_ROW + s)),
-                    |s, n| bf16_to_f32(*staged_v.add(s * STAGED_ROW + n0 + n)),
-                );
-                for (e, x) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    let r = r0 + m;
-                    if r < rows {
-                        *o.add(((t0 + r) * hv + i) * vd + n0 + n) = f32_to_bf16(scale * x);
-                    }
-                }
+            let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
+            let tiles = Tiles { queries, attention, staged_h, staged_v };
+            let row_of = |r: usize| ((t0 + r) * hv + i) * vd;
+            if vd == MAX_V {
+                block.run::<OUTPUT_TILES>(tiles, kd, |r, c, x| *o.add(row_of(r) + c) = f32_to_bf16(scale * x));
+            } else {
+                block.run::<OUTPUT_TILES_V64>(tiles, kd, |r, c, x| *o.add(row_of(r) + c) = f32_to_bf16(scale * x));
             }
         }
     }
