@@ -589,22 +589,24 @@ unsafe fn gated_products(
                 !vote_any(far)
             };
             if factored {
-                for n0 in (0..SUB).step_by(TILE_N) {
-                    let mut acc = [0.0f32; 4];
-                    if g.per_key {
-                        mma_tile(
-                            &mut acc,
-                            kd,
-                            l,
-                            |m, a| x.get(r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
-                            |a, n| y.get(s0 + n0 + n, a) * exp(g.at(f, a) - g.at(s0 + n0 + n, a)),
-                        );
-                    } else {
-                        mma_tile(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n0 + n, a));
-                    }
+                // Both n8 tiles of the sub-block at once: the A fragment (and its exponentials)
+                // read once per k-step.
+                let mut acc = [[0.0f32; 4]; SUB / TILE_N];
+                if g.per_key {
+                    mma_tiles(
+                        &mut acc,
+                        kd,
+                        l,
+                        |m, a| x.get(r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
+                        |a, n| y.get(s0 + n, a) * exp(g.at(f, a) - g.at(s0 + n, a)),
+                    );
+                } else {
+                    mma_tiles(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n, a));
+                }
+                for (j, acc) in acc.iter().enumerate() {
                     for (e, v) in acc.iter().enumerate() {
                         let (m, n) = l.acc_at(e);
-                        let (r, s) = (r0 + m, s0 + n0 + n);
+                        let (r, s) = (r0 + m, s0 + TILE_N * j + n);
                         let kept = !diagonal || if strict { s < r } else { s <= r };
                         let value = if !kept {
                             0.0
