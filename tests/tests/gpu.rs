@@ -517,7 +517,7 @@ fn split_head_sizes() {
     }
 }
 
-/// A split launch is deterministic (bitwise, run after run) and free of host synchronisation and
+/// A split launch, of the Hopper kernel and of the portable one, is deterministic (bitwise, run after run) and free of host synchronisation and
 /// device allocation: captured in a CUDA graph and replayed, it writes the same bits. Captured on
 /// a stream of its own (the legacy default stream cannot be captured), with buffers and plan
 /// allocated while cudarc's event tracking is off: cudarc makes each use of a tracked buffer wait
@@ -525,6 +525,13 @@ fn split_head_sizes() {
 /// (docs/CONTRACT.md, "CUDA graphs").
 #[test]
 fn split_launches_are_deterministic_and_graph_capturable() {
+    for kernel in [Kernel::Auto, Kernel::Portable] {
+        split_launch_is_deterministic_and_graph_capturable(kernel);
+    }
+}
+
+/// [`split_launches_are_deterministic_and_graph_capturable`] on `kernel`'s split passes.
+fn split_launch_is_deterministic_and_graph_capturable(kernel: Kernel) {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let gpu = Gpu::open();
     let shape = ModelShape { value_heads: 2, gates: Gates { g: true, gk: false }, ..ModelShape::kda(1) };
@@ -534,22 +541,27 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     let upload = |s| {
         let mut dev = kda_cli::DeviceProblem::upload_model(s, &p.view(), Strides::PACKED).unwrap();
         dev.set_split(s, SplitMode::Chunks(8)).unwrap();
-        assert!(dev.plan.split_plan().is_split());
+        let split = if gpu.kda.resolve(kernel) == Kernel::Portable {
+            dev.plan.portable_split_plan()
+        } else {
+            dev.plan.split_plan().clone()
+        };
+        assert!(split.is_split(), "{kernel:?}: not split");
         dev
     };
     let run = |dev: &mut kda_cli::DeviceProblem| {
         dev.poison_outputs(s).unwrap();
-        dev.launch(&gpu.kda, s, Kernel::Auto).unwrap();
+        dev.launch(&gpu.kda, s, kernel).unwrap();
         dev.download(s).unwrap()
     };
     let mut tracked = upload(s);
     let first = run(&mut tracked);
     for _ in 0..20 {
-        assert!(run(&mut tracked) == first, "a split launch gave different bits");
+        assert!(run(&mut tracked) == first, "{kernel:?}: a split launch gave different bits");
     }
     let errs = first.errors(&reference::model_reference(&p.view()).unwrap());
-    println!("split: rel err h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
-    assert!(errs.iter().all(|&e| e < SPLIT_BOUND), "{errs:?}");
+    println!("{kernel:?} split: rel err h {:.2e}  v_new {:.2e}  ht {:.2e}", errs[0], errs[1], errs[2]);
+    assert!(errs.iter().all(|&e| e < SPLIT_BOUND), "{kernel:?}: {errs:?}");
 
     // SAFETY: this test's buffers are used on one stream only, in order; tracking is back on
     // before the test ends.
@@ -559,13 +571,13 @@ fn split_launches_are_deterministic_and_graph_capturable() {
     dev.poison_outputs(s).unwrap();
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
-    let launched = dev.launch(&gpu.kda, s, Kernel::Auto);
+    let launched = dev.launch(&gpu.kda, s, kernel);
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     launched.expect("the split launch under capture");
     let graph = graph.expect("end capture").expect("a graph holding the launch");
     graph.launch().expect("graph launch");
     let replayed = dev.download(s).unwrap();
-    assert!(replayed == first, "the captured split launch gave different bits");
+    assert!(replayed == first, "{kernel:?}: the captured split launch gave different bits");
 }
 
 /// The layer forward on the GPU (prepare, recurrence, output) reproduces FLA's layer fixtures
