@@ -517,9 +517,9 @@ fn split_head_sizes() {
     }
 }
 
-/// A split launch, of the Hopper kernel and of the portable one, is deterministic (bitwise, run after run) and free of host synchronisation and
-/// device allocation: captured in a CUDA graph and replayed, it writes the same bits. Captured on
-/// a stream of its own (the legacy default stream cannot be captured), with buffers and plan
+/// A split launch, of the Hopper kernel and of the portable one, is deterministic (bitwise, run
+/// after run) and free of host synchronisation and device allocation: captured in a CUDA graph
+/// and replayed, it writes the same bits. Captured on a stream of its own (the legacy default stream cannot be captured), with buffers and plan
 /// allocated while cudarc's event tracking is off: cudarc makes each use of a tracked buffer wait
 /// on an event of its last use, and a capture cannot wait on work recorded before it began
 /// (docs/CONTRACT.md, "CUDA graphs").
