@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    ld_global_v4, rsqrt_approx, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
+    ld_global_v4, rsqrt_approx, shfl_xor, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::layout::layer::{
@@ -278,6 +278,21 @@ unsafe fn load_f32_rows(
     );
 }
 
+/// `x` summed over the 32 lanes of the warp (every lane gets the sum), by butterfly shuffles.
+///
+/// # Safety
+/// Every lane of the warp calls it together.
+#[inline(always)]
+unsafe fn warp_sum(mut x: f32) -> f32 {
+    let mut mask = LANES as u32 / 2;
+    while mask > 0 {
+        // SAFETY: the warp is converged (the caller's contract); `mask` is below 32.
+        x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), mask) });
+        mask /= 2;
+    }
+    x
+}
+
 /// A lane's place in the `mma` fragments: `g = lane / 4`, `t = lane % 4`.
 #[derive(Clone, Copy)]
 struct Lane {
@@ -458,14 +473,17 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
         );
         sync_threads();
         if l2norm {
-            if tid < w.rows {
-                let row = dst.add(tid * ROW_WORDS);
+            // A warp per row at a time: each lane its columns `lane, lane + 32, ..` (consecutive
+            // lanes on consecutive banks), the squares summed across the warp by shuffles.
+            let (warp, lane) = (tid / LANES, tid % LANES);
+            for r in (warp..w.rows).step_by(THREADS / LANES) {
+                let row = dst.add(r * ROW_WORDS);
                 let mut sum = 0.0;
-                for a in 0..kd {
+                for a in (lane..kd).step_by(LANES) {
                     sum = fma_f32(*row.add(a), *row.add(a), sum);
                 }
-                let inverse = rsqrt_approx(sum + L2NORM_EPS);
-                for a in 0..kd {
+                let inverse = rsqrt_approx(warp_sum(sum) + L2NORM_EPS);
+                for a in (lane..kd).step_by(LANES) {
                     *row.add(a) *= inverse;
                 }
             }
