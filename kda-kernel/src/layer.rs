@@ -320,35 +320,13 @@ impl Lane {
     }
 }
 
-/// `acc += A B` over depth `depth` (a multiple of `TILE_K`), the warp's 16 x 8 tile, with A's
-/// element (m, k) `a(m, k)` and B's (k, n) `b(k, n)` (TF32).
+/// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
+/// its `N` n8 tiles (TF32), A's element (m, k) `a(m, k)` and B_j's (k, n) `b(k, 8 j + n)`: A's
+/// fragment is read once per k-step for all of them. `N` is a constant, so the accumulators stay
+/// in registers.
 ///
 /// # Safety
 /// The warp calls it together; the closures read only written shared memory.
-#[inline(always)]
-unsafe fn mma_tile(
-    acc: &mut [f32; 4],
-    depth: usize,
-    l: Lane,
-    a: impl Fn(usize, usize) -> f32,
-    b: impl Fn(usize, usize) -> f32,
-) {
-    let (g, t) = (l.g, l.t);
-    for k0 in (0..depth).step_by(TILE_K) {
-        let af = [a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)].map(cvt_tf32);
-        let bf = [b(k0 + t, g), b(k0 + t + 4, g)].map(cvt_tf32);
-        // SAFETY: the warp is converged here (the caller's contract).
-        unsafe { mma_m16n8k8_tf32(acc, af, bf) };
-    }
-}
-
-/// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
-/// its `N` n8 tiles, B_j's element (k, n) `b(k, 8 j + n)`: A's fragment is read once per k-step
-/// for all of them (with [`mma_tile`] per tile it was read once per tile). `N` is a constant, so
-/// the accumulators stay in registers.
-///
-/// # Safety
-/// As [`mma_tile`].
 #[inline(always)]
 unsafe fn mma_tiles<const N: usize>(
     acc: &mut [[f32; 4]; N],
@@ -656,6 +634,83 @@ unsafe fn gated_products(
     }
 }
 
+/// One warp's columns of the WY solve `(I + L) [w | u] = R`, in place over the right-hand side:
+/// `w`'s columns in the key tile, `u`'s in the gate tile (`[CHUNK][ROW_WORDS]` f32 each), the
+/// warp's from column `col0` of `[w | u]`.
+#[derive(Clone, Copy)]
+struct Solve {
+    keys: *mut f32,
+    values: *mut f32,
+    /// The strictly lower `L`, `[CHUNK][MATRIX_ROW_WORDS]`.
+    lower: *const f32,
+    /// The inverses of `I + L`'s diagonal sub-blocks, `[CHUNK][INVERSE_ROW_WORDS]`.
+    inverse: *const f32,
+    kd: usize,
+    col0: usize,
+    l: Lane,
+}
+
+impl Solve {
+    /// The address of element `(r, n)` of the warp's columns (`n` from `col0`).
+    #[inline(always)]
+    fn at(self, r: usize, n: usize) -> *mut f32 {
+        let col = self.col0 + n;
+        let (tile, c) = if col < self.kd { (self.keys, col) } else { (self.values, col - self.kd) };
+        // The element lies in its tile (`Dims::valid`); only the address is formed here.
+        tile.wrapping_add(r * ROW_WORDS + c)
+    }
+
+    /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
+    /// `X_b = (I + L_bb)^-1 Y`, each product's A fragment read once per k-step for all tiles.
+    ///
+    /// # Safety
+    /// The warp calls it together, blocks in order, `L` and the inverses written.
+    #[inline(always)]
+    unsafe fn block<const N: usize>(self, b: usize) {
+        let (r0, l) = (b * SUB, self.l);
+        // SAFETY (block): every row below `CHUNK`, every column the warp's; the warp is
+        // converged, and `sync_warp` orders its lanes' shared-memory accesses.
+        unsafe {
+            let mut acc = [[0.0f32; 4]; N];
+            for (j, acc) in acc.iter_mut().enumerate() {
+                for (e, x) in acc.iter_mut().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    *x = *self.at(r0 + m, TILE_N * j + n);
+                }
+            }
+            mma_tiles(&mut acc, r0, l, |m, s| -at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), |s, n| *self.at(s, n));
+            self.store(r0, &acc);
+            let mut out = [[0.0f32; 4]; N];
+            mma_tiles(
+                &mut out,
+                SUB,
+                l,
+                |m, s| at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                |s, n| *self.at(r0 + s, n),
+            );
+            self.store(r0, &out);
+        }
+    }
+
+    /// The warp's `N` accumulator tiles into rows `r0..r0 + SUB` of its columns, between two
+    /// warp barriers (every lane has read what it overwrites, and reads what the others wrote).
+    ///
+    /// # Safety
+    /// As [`Solve::block`].
+    #[inline(always)]
+    unsafe fn store<const N: usize>(self, r0: usize, acc: &[[f32; 4]; N]) {
+        sync_warp();
+        for (j, acc) in acc.iter().enumerate() {
+            for (e, x) in acc.iter().enumerate() {
+                let (m, n) = self.l.acc_at(e);
+                // SAFETY: see the function's contract.
+                unsafe { *self.at(r0 + m, TILE_N * j + n) = *x };
+            }
+        }
+        sync_warp();
+    }
+}
+
 kernel_entry! {
     /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
     /// Grid: one CTA per (chunk, value head), chunk-major; `layout::layer::THREADS` threads;
@@ -799,43 +854,13 @@ kernel_entry! {
             // Block by block, each warp its own columns of [w | u] (no other warp touches them):
             // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
             let cols_per_warp = (kd + vd) / (THREADS / LANES);
+            let solve = Solve { keys, values, lower, inverse, kd, col0: warp * cols_per_warp, l };
+            // One instantiation per count of n8 tiles a warp holds (`K`, `V` of 64 or 128).
             for b in 0..SUBS {
-                let r0 = b * SUB;
-                for n0 in (warp * cols_per_warp..(warp + 1) * cols_per_warp).step_by(TILE_N) {
-                    // The 8 columns' tile: w's in the key tile, u's in the gate tile.
-                    let (tile, c0) = if n0 < kd { (keys, n0) } else { (values, n0 - kd) };
-                    let mut acc = [0.0f32; 4];
-                    for (e, x) in acc.iter_mut().enumerate() {
-                        let (m, n) = l.acc_at(e);
-                        *x = at(tile, ROW_WORDS, r0 + m, c0 + n);
-                    }
-                    mma_tile(
-                        &mut acc,
-                        r0,
-                        l,
-                        |m, s| -at(lower, MATRIX_ROW_WORDS, r0 + m, s),
-                        |s, n| at(tile, ROW_WORDS, s, c0 + n),
-                    );
-                    sync_warp();
-                    for (e, x) in acc.iter().enumerate() {
-                        let (m, n) = l.acc_at(e);
-                        *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
-                    }
-                    sync_warp();
-                    let mut out = [0.0f32; 4];
-                    mma_tile(
-                        &mut out,
-                        SUB,
-                        l,
-                        |m, s| at(inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                        |s, n| at(tile, ROW_WORDS, r0 + s, c0 + n),
-                    );
-                    sync_warp();
-                    for (e, x) in out.iter().enumerate() {
-                        let (m, n) = l.acc_at(e);
-                        *tile.add((r0 + m) * ROW_WORDS + c0 + n) = *x;
-                    }
-                    sync_warp();
+                match cols_per_warp / TILE_N {
+                    2 => solve.block::<2>(b),
+                    3 => solve.block::<3>(b),
+                    _ => solve.block::<4>(b),
                 }
             }
             sync_threads();
