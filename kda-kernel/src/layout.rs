@@ -424,6 +424,15 @@ pub mod portable {
         }
     }
 
+    /// Stages of the ring of the entry for key size `key_dim` (one of [`KEY_DIMS`]).
+    pub const fn stages(key_dim: usize) -> usize {
+        match key_dim {
+            64 => Tiles::<64, 1>::STAGES,
+            128 => Tiles::<128, 2>::STAGES,
+            _ => Tiles::<256, 4>::STAGES,
+        }
+    }
+
     /// Shared memory the driver reserves per CTA beside its dynamic shared memory (sm_80+).
     pub const RESERVED_SMEM_PER_CTA: usize = 1024;
 

@@ -30,7 +30,7 @@
 use crate::abi::{PassCode, StateLayoutCode};
 use crate::schedule::{Item, RowStrides, Work};
 use crate::arch::sm80::{
-    bf16_to_f32, cp_async_4, cp_async_16, cp_async_wait_all, exp2_approx, ld_shared_f32, ld_shared_u32,
+    bf16_to_f32, cp_async_4, cp_async_16, cp_async_commit_group, cp_async_wait_all, cp_async_wait_group, exp2_approx, ld_shared_f32, ld_shared_u32,
     ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2,
     smem_base_shared, st_shared_u32, thread_idx_x, thread_idx_x_fresh,
 };
@@ -276,19 +276,45 @@ unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
     }
 }
 
+/// Chunks the producer keeps landing behind the one it issues last before it announces them:
+/// `STAGES - 1`, so that that many chunks' copies are in flight at once instead of one (with a
+/// single stage none: the consumers must release it before the next chunk can be issued).
+const fn signal_lag(stages: usize) -> usize {
+    if stages > 1 { stages - 1 } else { 0 }
+}
+
+/// Waits until at most the `lag` most recent committed groups of this lane's copies are in
+/// flight (`cp.async.wait_group`, whose count is an immediate).
+#[inline(always)]
+fn wait_groups_but(lag: usize) {
+    match lag {
+        0 => cp_async_wait_group::<0>(),
+        1 => cp_async_wait_group::<1>(),
+        _ => cp_async_wait_group::<2>(),
+    }
+}
+
+/// The stage `back` stages before `stage` in the ring.
+fn stage_before<const K: usize, const MT: usize>(stage: usize, back: usize) -> usize {
+    (stage + Tiles::<K, MT>::STAGES - back) % Tiles::<K, MT>::STAGES
+}
+
 /// The producer warp: every chunk of every item of the CTA's list into the ring, each stage once
-/// the consumers have released it (the first `STAGES` are free), announced full once this
-/// lane's copies landed; at the end it takes back the stages still out, so that every release
-/// of the consumers has its wait.
+/// the consumers have released it (the first `STAGES` are free), each chunk's copies committed as
+/// a group and the chunk announced full once they landed, [`signal_lag`] chunks behind the one
+/// last issued; at the end it announces the chunks still landing and takes back the stages
+/// still out, so that every release of the consumers has its wait.
 ///
 /// # Safety
 /// As [`recurrence`]; every lane of the producer warp calls it.
 #[inline(always)]
 unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
     let smem = Smem::carve::<K, MT>();
+    let lag = signal_lag(Tiles::<K, MT>::STAGES);
     let mut stage = 0;
-    // Chunks issued so far, up to `STAGES` (the stages out at the end).
-    let mut issued = 0;
+    // Chunks issued so far, up to `STAGES` (the stages out at the end), and how many of the last
+    // ones are not announced yet (up to `lag`).
+    let (mut issued, mut unannounced) = (0, 0);
     for item in items {
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
@@ -326,15 +352,27 @@ unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iter
                         t += 32;
                     }
                 }
-                cp_async_wait_all();
-                named_barrier_arrive(full_barrier(stage), THREADS as u32);
+                cp_async_commit_group();
+                if unannounced == lag {
+                    // The chunk `lag` before this one has landed.
+                    wait_groups_but(lag);
+                    named_barrier_arrive(full_barrier(stage_before::<K, MT>(stage, lag)), THREADS as u32);
+                } else {
+                    unannounced += 1;
+                }
             }
             issued += (issued < Tiles::<K, MT>::STAGES) as usize;
             stage = next_stage::<K, MT>(stage);
         }
     }
+    // The last `unannounced` chunks, once they have landed.
+    cp_async_wait_all();
+    for back in (1..=unannounced).rev() {
+        // SAFETY: each is a chunk this warp issued and has not announced.
+        unsafe { named_barrier_arrive(full_barrier(stage_before::<K, MT>(stage, back)), THREADS as u32) };
+    }
     // The last `issued` chunks' stages are still out, the oldest `issued` stages back.
-    let mut stage = (stage + Tiles::<K, MT>::STAGES - issued) % Tiles::<K, MT>::STAGES;
+    let mut stage = stage_before::<K, MT>(stage, issued);
     for _ in 0..issued {
         // SAFETY: the consumers release every chunk's stage once, in ring order.
         unsafe { named_barrier(empty_barrier(stage), THREADS as u32) };

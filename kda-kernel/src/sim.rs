@@ -21,6 +21,7 @@ extern crate std;
 
 use core::ptr::NonNull;
 use std::cell::{Cell, RefCell, UnsafeCell};
+use std::collections::VecDeque;
 use std::format;
 use std::string::{String, ToString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -193,8 +194,10 @@ std::thread_local! {
     /// The CTA and `%tid.x` of the simulated thread on this host thread, while it runs its
     /// kernel. The CTA is owned by [`run_cta`], which joins the thread before dropping it.
     static CURRENT: Cell<Option<(NonNull<Cta>, usize)>> = const { Cell::new(None) };
-    /// The simulated thread's `cp.async` copies not yet waited for ([`defer_copy`]).
+    /// The simulated thread's `cp.async` copies not yet committed to a group ([`defer_copy`]).
     static PENDING: RefCell<Vec<PendingCopy>> = const { RefCell::new(Vec::new()) };
+    /// Its committed groups not yet waited for, oldest first ([`commit_copies`]).
+    static GROUPS: RefCell<VecDeque<Vec<PendingCopy>>> = const { RefCell::new(VecDeque::new()) };
 }
 
 /// An asynchronous copy in flight: `size` bytes to shared address `dst`, the first `src_bytes`
@@ -206,10 +209,11 @@ struct PendingCopy {
     src_bytes: usize,
 }
 
-/// Issues a `cp.async` of the simulated thread. It lands only at the thread's next
-/// [`land_copies`] (`cp.async.wait_all`), so a kernel that reads the destination before waiting,
-/// or before the barrier after the wait, reads what was there before (poison, or an older
-/// stage) and fails its test; a thread that ends with copies in flight fails its launch.
+/// Issues a `cp.async` of the simulated thread. It lands only when the thread waits for it
+/// ([`land_copies`], `cp.async.wait_all`; or [`land_groups`], `cp.async.wait_group`, once its
+/// group is old enough), so a kernel that reads the destination before waiting, or before the
+/// barrier after the wait, reads what was there before (poison, or an older stage) and fails
+/// its test; a thread that ends with copies in flight fails its launch.
 ///
 /// # Safety
 /// `src` addresses `src_bytes` readable bytes until the copy lands.
@@ -220,16 +224,34 @@ pub unsafe fn defer_copy(dst: u32, src: *const u8, size: usize, src_bytes: usize
     PENDING.with_borrow_mut(|p| p.push(PendingCopy { dst, src, size, src_bytes }));
 }
 
-/// Lands every copy the simulated thread has in flight (`cp.async.wait_all`).
-pub fn land_copies() {
-    for c in PENDING.take() {
-        let dst = with_thread(|cta, _| cta.shared(c.dst, c.size));
-        // SAFETY: `shared` checked the destination; `defer_copy`'s caller promised the source.
-        unsafe {
-            core::ptr::copy_nonoverlapping(c.src, dst, c.src_bytes);
-            core::ptr::write_bytes(dst.add(c.src_bytes), 0, c.size - c.src_bytes);
+/// Closes the simulated thread's copies since its last commit into a group
+/// (`cp.async.commit_group`).
+pub fn commit_copies() {
+    let group = PENDING.take();
+    GROUPS.with_borrow_mut(|g| g.push_back(group));
+}
+
+/// Lands every committed group of the simulated thread but the `keep` most recent
+/// (`cp.async.wait_group keep`).
+pub fn land_groups(keep: usize) {
+    loop {
+        let Some(group) = GROUPS.with_borrow_mut(|g| if g.len() > keep { g.pop_front() } else { None }) else { break };
+        for c in group {
+            let dst = with_thread(|cta, _| cta.shared(c.dst, c.size));
+            // SAFETY: `shared` checked the destination; `defer_copy`'s caller promised the source.
+            unsafe {
+                core::ptr::copy_nonoverlapping(c.src, dst, c.src_bytes);
+                core::ptr::write_bytes(dst.add(c.src_bytes), 0, c.size - c.src_bytes);
+            }
         }
     }
+}
+
+/// Lands every copy the simulated thread has in flight (`cp.async.wait_all`: a commit, then a
+/// wait for every group).
+pub fn land_copies() {
+    commit_copies();
+    land_groups(0);
 }
 
 /// Runs `f` with the CTA and `%tid.x` of the simulated thread on this host thread.
@@ -483,10 +505,12 @@ fn run_cta(index: usize, launch: &Launch, kernel: &(impl Fn() + Sync)) -> Result
                         CURRENT.set(Some((NonNull::from(cta), tid)));
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             kernel();
-                            let in_flight = PENDING.with_borrow(Vec::len);
+                            let in_flight = PENDING.with_borrow(Vec::len)
+                                + GROUPS.with_borrow(|g| g.iter().map(Vec::len).sum::<usize>());
                             assert!(in_flight == 0, "ended with {in_flight} cp.async copies never waited for");
                         }));
                         PENDING.take();
+                        GROUPS.take();
                         CURRENT.set(None);
                         if result.is_err() {
                             cta.fail();

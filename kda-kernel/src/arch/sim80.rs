@@ -409,3 +409,13 @@ pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
 pub fn cp_async_wait_all() {
     crate::sim::land_copies();
 }
+
+/// `cp.async.commit_group;`: this thread's copies since the last commit become a group.
+pub fn cp_async_commit_group() {
+    crate::sim::commit_copies();
+}
+
+/// `cp.async.wait_group N;`: lands every committed group but the `N` most recent.
+pub fn cp_async_wait_group<const N: u32>() {
+    crate::sim::land_groups(N as usize);
+}

@@ -528,3 +528,19 @@ pub fn cp_async_wait_all() {
     // SAFETY: waits on this thread's own copies; a memory clobber for the compiler.
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
+
+/// `cp.async.commit_group;` (PTX 7.0, sm_80): closes this thread's asynchronous copies issued
+/// since the last commit into a group, which [`cp_async_wait_group`] waits for as a whole.
+#[inline(always)]
+pub fn cp_async_commit_group() {
+    // SAFETY: bookkeeping of this thread's own copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.wait_group N;` (PTX 7.0, sm_80): waits until at most the `N` most recent committed
+/// groups of this thread's copies are still in flight; the older ones have landed.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    // SAFETY: waits on this thread's own copies; a memory clobber for the compiler.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
+}
