@@ -280,7 +280,7 @@ unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
 /// `STAGES - 1`, so that that many chunks' copies are in flight at once instead of one (with a
 /// single stage none: the consumers must release it before the next chunk can be issued).
 const fn signal_lag(stages: usize) -> usize {
-    if stages > 1 { stages - 1 } else { 0 }
+    stages.saturating_sub(1)
 }
 
 /// Waits until at most the `lag` most recent committed groups of this lane's copies are in

@@ -234,8 +234,7 @@ pub fn commit_copies() {
 /// Lands every committed group of the simulated thread but the `keep` most recent
 /// (`cp.async.wait_group keep`).
 pub fn land_groups(keep: usize) {
-    loop {
-        let Some(group) = GROUPS.with_borrow_mut(|g| if g.len() > keep { g.pop_front() } else { None }) else { break };
+    while let Some(group) = GROUPS.with_borrow_mut(|g| if g.len() > keep { g.pop_front() } else { None }) {
         for c in group {
             let dst = with_thread(|cta, _| cta.shared(c.dst, c.size));
             // SAFETY: `shared` checked the destination; `defer_copy`'s caller promised the source.
