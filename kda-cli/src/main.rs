@@ -614,15 +614,13 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
     dev.set_split(stream, a.split)?;
     dev.set_columns(stream, a.columns)?;
     if a.explain {
-        let d = dev.dims();
         // The plan of the kernel that runs: the portable kernel schedules its own blocks.
         let (workers, block_width, split) = if kernel == Kernel::Portable {
             (dev.plan.portable_workers(), kda::layout::portable::BV, dev.plan.portable_split_plan())
         } else {
             (dev.plan.workers(), dev.plan.columns().width(), dev.plan.split_plan().clone())
         };
-        let work =
-            Work { value_heads: d.value_heads, key_dim: d.key_dim, value_dim: d.value_dim, workers, block_width };
+        let work = Work::of(dev.plan.shape(), workers, block_width);
         say!("{}", explanation(dev.plan.plan(), &work, a.split, &split).trim_end());
     }
     match a.repeat {
@@ -642,14 +640,7 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
 /// `--explain` without a GPU: the plan the planner makes for `EXPLAIN_DEFAULT_WORKERS` CTAs.
 fn explain_on_cpu(a: &RunArgs, view: &ModelView<'_>) {
     if a.explain {
-        let s = view.shape;
-        let mut work = Work {
-            value_heads: s.value_heads,
-            key_dim: s.key_dim,
-            value_dim: s.value_dim,
-            workers: EXPLAIN_DEFAULT_WORKERS,
-            block_width: Columns::Wide.width(),
-        };
+        let mut work = Work::of(&view.shape, EXPLAIN_DEFAULT_WORKERS, Columns::Wide.width());
         work.block_width = Columns::resolve(a.columns, view.plan, &work, a.split).width();
         let split = SplitPlan::decide(view.plan, &work, a.split);
         say!("(no GPU used: planned for {EXPLAIN_DEFAULT_WORKERS} SMs)");

@@ -28,6 +28,17 @@ pub enum StateLayout {
     ValueFirst,
 }
 
+impl StateLayout {
+    /// The code the kernels take (`kda_kernel::abi::StateLayoutCode`).
+    pub fn code(self) -> u32 {
+        use kda_kernel::abi::StateLayoutCode;
+        match self {
+            StateLayout::KeyFirst => StateLayoutCode::KeyFirst as u32,
+            StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
+        }
+    }
+}
+
 /// Head counts, head sizes, gates and state layout of a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelShape {

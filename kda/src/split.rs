@@ -97,6 +97,18 @@ pub struct Work {
 }
 
 impl Work {
+    /// The figures of `shape`'s heads and sizes on `workers` CTAs in blocks of `block_width`
+    /// value columns.
+    pub fn of(shape: &crate::model::ModelShape, workers: usize, block_width: usize) -> Self {
+        Self {
+            value_heads: shape.value_heads,
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            workers,
+            block_width,
+        }
+    }
+
     /// Column blocks per head of the main pass.
     fn blocks(&self) -> u64 {
         self.value_dim.div_ceil(self.block_width) as u64

@@ -161,12 +161,7 @@ pub fn run_columns_guarded(
     assert_all_written("v_new", out.v_new.iter().map(|x| x.to_bits() as u32), POISON_BF16 as u32);
     assert_all_written("ht", out.ht.iter().map(|x| x.to_bits()), POISON_F32);
     // The split of the kernel that ran: the portable kernel plans its own.
-    let split = if gpu.kda.resolve(kernel) == Kernel::Portable {
-        plan.portable_split_plan()
-    } else {
-        plan.split_plan().clone()
-    };
-    Ok((out, split))
+    Ok((out, plan.split_plan_of(gpu.kda.resolve(kernel))))
 }
 
 fn assert_all_written(name: &str, bits: impl Iterator<Item = u32>, poison: u32) {

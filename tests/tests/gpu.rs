@@ -541,12 +541,7 @@ fn split_launch_is_deterministic_and_graph_capturable(kernel: Kernel) {
     let upload = |s| {
         let mut dev = kda_cli::DeviceProblem::upload_model(s, &p.view(), Strides::PACKED).unwrap();
         dev.set_split(s, SplitMode::Chunks(8)).unwrap();
-        let split = if gpu.kda.resolve(kernel) == Kernel::Portable {
-            dev.plan.portable_split_plan()
-        } else {
-            dev.plan.split_plan().clone()
-        };
-        assert!(split.is_split(), "{kernel:?}: not split");
+        assert!(dev.plan.split_plan_of(gpu.kda.resolve(kernel)).is_split(), "{kernel:?}: not split");
         dev
     };
     let run = |dev: &mut kda_cli::DeviceProblem| {

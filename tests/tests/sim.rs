@@ -14,7 +14,7 @@ use kda::reference::{model_reference, reference};
 use kda::schedule::{Schedule, UColumns, Unit};
 use kda::split::SplitPlan;
 use kda::{Dims, Outputs, Plan, Problem, Strides, Tensor};
-use kda_kernel::abi::{PassCode, StateLayoutCode};
+use kda_kernel::abi::PassCode;
 use kda_kernel::layout::{baseline, layer, portable};
 use kda_kernel::sim::{self, Launch, ptr, ptr_mut};
 use kda_tests::{DECODE_O_BOUND, DECODE_STATE_BOUND, POISON_BF16, POISON_F32, assert_within_floor, layer_bounds};
@@ -237,7 +237,7 @@ struct PassStates {
     ht: sim::Ptr<f32>,
     /// Columns of the pass's states (`V`, or `K + V` in the pre-scan).
     value_dim: usize,
-    layout: StateLayoutCode,
+    layout: StateLayout,
     pass: PassCode,
 }
 
@@ -273,7 +273,7 @@ fn launch_portable_pass(
                 records.ptr() as *const u32,
                 value_heads as u32,
                 states.value_dim as u32,
-                states.layout as u32,
+                states.layout.code(),
                 states.pass as u32,
                 ks[0],
                 ks[1],
@@ -293,14 +293,6 @@ fn launch_portable_pass(
     .unwrap_or_else(|e| panic!("portable {:?}: {e}", states.pass));
 }
 
-/// The kernel's code for a model's state layout.
-fn layout_code_of(layout: StateLayout) -> StateLayoutCode {
-    match layout {
-        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
-        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
-    }
-}
-
 /// The portable kernel on `p` with its token tensors laid out at `strides`, as the launcher runs
 /// it: the persistent grid over the longest-first schedule of (sequence, value head, block of
 /// `BV` columns) items, or, with `split`, its three passes (the pre-scan's maps, the merge's entry
@@ -317,7 +309,7 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>)
     let outputs = (ptr_mut(&mut h), ptr_mut(&mut v_new));
     let h0 = p.h0.map_or(sim::Ptr::null(), ptr);
     let (kd, vd, hv) = (d.key_dim, d.value_dim, d.value_heads);
-    let layout = layout_code_of(p.shape.layout);
+    let layout = p.shape.layout;
     let recurrence =
         |h0: sim::Ptr<f32>, ht: sim::Ptr<f32>| PassStates { h0, ht, value_dim: vd, layout, pass: PassCode::Recurrence };
     match split {
@@ -334,12 +326,12 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>)
                 h0: sim::Ptr::null(),
                 ht: ptr_mut(&mut maps),
                 value_dim: wide,
-                layout: StateLayoutCode::KeyFirst,
+                layout: StateLayout::KeyFirst,
                 pass: PassCode::Prescan,
             };
             launch_portable_pass(kd, hv, &inputs, outputs, &prescan, &states);
             let mut entries = vec![f32::from_bits(POISON_F32); split.segments().len() * hv * kd * vd];
-            sim_merge(split, (&maps, h0), &mut entries, &d, layout);
+            sim_merge(split, (&maps, h0), &mut entries, [hv, kd, vd], layout);
             let main = PortablePass::of(&split.main_units(), &d, vd / portable::BV, UColumns::Values);
             launch_portable_pass(kd, hv, &inputs, outputs, &main, &recurrence(ptr(&entries), ptr_mut(&mut ht)));
         }
@@ -350,19 +342,20 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>)
 }
 
 /// The split merge on the simulator as the launcher runs it (one CTA per merge record, value
-/// head and block of `COLS` columns): `entries` from the pre-scan's `maps` and `h0`.
+/// head and block of `COLS` columns): `entries` from the pre-scan's `maps` and `h0`, for
+/// `heads` value heads of `K = key_dim`, `V = value_dim`.
 fn sim_merge(
     split: &SplitPlan,
     (maps, h0): (&[f32], sim::Ptr<f32>),
     entries: &mut [f32],
-    d: &Dims,
-    layout: StateLayoutCode,
+    [heads, key_dim, value_dim]: [usize; 3],
+    layout: StateLayout,
 ) {
     use kda_kernel::layout::merge;
     let table = split.merge_table().unwrap();
     let records = table.len() / kda_kernel::layout::MERGE_WORDS;
     let launch = Launch {
-        grid: records * d.value_heads * (d.value_dim / merge::COLS),
+        grid: records * heads * (value_dim / merge::COLS),
         block: merge::THREADS,
         shared_bytes: merge::SMEM_BYTES,
     };
@@ -376,10 +369,10 @@ fn sim_merge(
                 h0.ptr(),
                 entries_ptr.mut_ptr(),
                 table_ptr.ptr(),
-                d.value_heads as u32,
-                d.key_dim as u32,
-                d.value_dim as u32,
-                layout as u32,
+                heads as u32,
+                key_dim as u32,
+                value_dim as u32,
+                layout.code(),
             )
         })
     }
@@ -568,7 +561,6 @@ fn run_layer_keeping_h(
         LayerRecurrence::Reference => model_reference(&view).unwrap(),
         LayerRecurrence::Portable => run_portable(&view, &Strides::PACKED, None),
     };
-    let layout_code = if value_first { StateLayoutCode::ValueFirst } else { StateLayoutCode::KeyFirst } as u32;
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
     let gate_in = ptr(&gate);
@@ -590,7 +582,7 @@ fn run_layer_keeping_h(
                 dims[4],
                 codes.options,
                 codes.scale_bits,
-                layout_code,
+                layout.code(),
             )
         })
     }
@@ -699,7 +691,7 @@ fn sim_decode_in<P: PoolElement>(
                 pool_ptr.mut_ptr() as *mut f32,
                 o_ptr.mut_ptr() as *mut u16,
                 P::DTYPE.code(),
-                layout_code(layout),
+                layout.code(),
                 tables.draft as u32,
                 words[0],
                 words[1],
@@ -732,14 +724,6 @@ fn the_decode_step_matches_the_pooled_reference() {
         let mut pool = transposed(&case.pool, kd, vd);
         let o = sim_decode_in(StateLayout::ValueFirst, &case.p, &slots, &fresh, &tables, &mut pool);
         case.check(&transposed(&pool, vd, kd), &o);
-    }
-}
-
-/// The kernels' code of a state layout.
-fn layout_code(layout: StateLayout) -> u32 {
-    match layout {
-        StateLayout::KeyFirst => StateLayoutCode::KeyFirst as u32,
-        StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
     }
 }
 
@@ -1011,12 +995,9 @@ fn the_pool_copy_reads_bf16_exactly_and_rounds_what_it_writes() {
 /// from `entry(0) = h0`, against the same chain in f64, in both state layouts.
 #[test]
 fn the_split_merge_chains_segment_maps_into_entry_states() {
-    use kda::split::SplitPlan;
-    use kda_kernel::layout::merge;
     let (heads, kd, vd) = (2usize, 64usize, 48usize);
     let plan = Plan::from_lengths(&[600, 70, 130]);
     let split = SplitPlan::cut(&plan, 2);
-    let table = split.merge_table().unwrap();
     let (segments, maps_rows) = (split.segments().len(), split.maps());
     let wide = kd + vd;
     let mut words = kda::inputs::random_words(5, 1).map(kda::inputs::unit_uniform);
@@ -1027,32 +1008,7 @@ fn the_split_merge_chains_segment_maps_into_entry_states() {
     for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
         let at = |a: usize, c: usize| if layout == StateLayout::KeyFirst { a * vd + c } else { c * kd + a };
         let mut entries = vec![f32::from_bits(POISON_F32); segments * heads * kd * vd];
-        let (maps_ptr, h0_ptr, entries_ptr, table_ptr) = (ptr(&maps), ptr(&h0), ptr_mut(&mut entries), ptr(&table));
-        let records = table.len() / kda_kernel::layout::MERGE_WORDS;
-        let launch = Launch {
-            grid: records * heads * (vd / merge::COLS),
-            block: merge::THREADS,
-            shared_bytes: merge::SMEM_BYTES,
-        };
-        let code =
-            if layout == StateLayout::KeyFirst { StateLayoutCode::KeyFirst } else { StateLayoutCode::ValueFirst };
-        // SAFETY: the maps and entries hold every row the table names; `h0` one state per
-        // sequence and head.
-        unsafe {
-            sim::launch(launch, || {
-                kda_kernel::merge::kda_split_merge(
-                    maps_ptr.ptr(),
-                    h0_ptr.ptr(),
-                    entries_ptr.mut_ptr(),
-                    table_ptr.ptr(),
-                    heads as u32,
-                    kd as u32,
-                    vd as u32,
-                    code as u32,
-                )
-            })
-        }
-        .unwrap_or_else(|e| panic!("merge: {e}"));
+        sim_merge(&split, (&maps, ptr(&h0)), &mut entries, [heads, kd, vd], layout);
         // The chain in f64, per sequence and head.
         let (mut first_map, mut first_entry) = (0, 0);
         for n in 0..plan.num_seqs() {
@@ -1127,8 +1083,8 @@ fn sim_advance<P: PoolElement>(
                 slots.ptr(),
                 pool_ptr.mut_ptr() as *mut f32,
                 P::DTYPE.code(),
-                layout_code(pool_layout),
-                layout_code(h_layout),
+                pool_layout.code(),
+                h_layout.code(),
                 words[0],
                 words[1],
                 words[2],

@@ -142,14 +142,10 @@ impl Kda {
         let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut records);
         let mut read = |x| keep(&mut records, x);
         let pool_address = read(pool.device_ptr_mut(stream));
-        for (tensor, address, required) in [
+        super::validate::check_alignments(&[
             ("pool", pool_address, super::decode::pool_alignment(plan.pool.dtype)),
             ("v", v, super::decode::V_ALIGNMENT),
-        ] {
-            if !address.is_multiple_of(required as u64) {
-                return Err(KdaError::Alignment { tensor, required, address });
-            }
-        }
+        ])?;
         let args = AdvanceArgs {
             ptrs: [
                 q,
@@ -168,8 +164,8 @@ impl Kda {
             ],
             words: [
                 plan.pool.dtype.code(),
-                super::layout_code(plan.pool.layout) as u32,
-                super::layout_code(l.layout) as u32,
+                plan.pool.layout.code(),
+                l.layout.code(),
                 word("heads", h)?,
                 word("value_heads", hv)?,
                 word("key_dim", kd)?,

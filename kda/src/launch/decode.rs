@@ -269,7 +269,7 @@ impl Kda {
             ],
             words: [
                 plan.pool.dtype.code(),
-                super::layout_code(plan.pool.layout) as u32,
+                plan.pool.layout.code(),
                 word("draft", plan.draft)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,

@@ -170,7 +170,7 @@ impl DevicePlan {
     pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
         self.column_mode = mode;
         let dims = self.dims();
-        let columns = Columns::resolve(mode, &self.plan, &self.split_work(&dims, Columns::Wide), self.split_mode);
+        let columns = Columns::resolve(mode, &self.plan, &self.split_work(Columns::Wide), self.split_mode);
         if !columns.runs(dims.key_dim) && crate::layout::hopper::KEY_DIMS.contains(&dims.key_dim) {
             return Err(KdaError::Unsupported {
                 argument: "columns",
@@ -201,14 +201,8 @@ impl DevicePlan {
     }
 
     /// The split planner's figures for this plan in `columns`.
-    fn split_work(&self, dims: &Dims, columns: Columns) -> crate::split::Work {
-        crate::split::Work {
-            value_heads: dims.value_heads,
-            key_dim: dims.key_dim,
-            value_dim: dims.value_dim,
-            workers: self.workers,
-            block_width: columns.width(),
-        }
+    fn split_work(&self, columns: Columns) -> crate::split::Work {
+        crate::split::Work::of(&self.shape, self.workers, columns.width())
     }
 
     /// This plan with long sequences split as `mode` says (docs/CONTRACT.md, "Splitting one
@@ -229,8 +223,7 @@ impl DevicePlan {
         self.plan_portable(stream)?;
         if self.column_mode == ColumnMode::Auto {
             // The column choice depends on the split asked for (`Columns::choose`).
-            let dims = self.dims();
-            let columns = Columns::choose(&self.plan, &self.split_work(&dims, Columns::Wide), mode);
+            let columns = Columns::choose(&self.plan, &self.split_work(Columns::Wide), mode);
             if columns != self.columns {
                 return self.use_columns(stream, columns);
             }
@@ -253,13 +246,7 @@ impl DevicePlan {
             Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);
         let Some(table) = schedule.table(&self.plan, dims.group()) else { return Ok(()) };
         let work = Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? };
-        let split_work = crate::split::Work {
-            value_heads: dims.value_heads,
-            key_dim: dims.key_dim,
-            value_dim: dims.value_dim,
-            workers,
-            block_width: width,
-        };
+        let split_work = crate::split::Work::of(&self.shape, workers, width);
         let decided = SplitPlan::decide(&self.plan, &split_work, self.split_mode);
         let split = if decided.is_split() { split_device(stream, &decided, &dims, workers, width)? } else { None };
         let split_plan = if split.is_some() { decided } else { SplitPlan::unsplit(&self.plan) };
@@ -271,6 +258,12 @@ impl DevicePlan {
     /// is, or when the kernel does not run the shape).
     pub fn portable_split_plan(&self) -> SplitPlan {
         self.portable.as_ref().map_or_else(|| SplitPlan::unsplit(&self.plan), |p| p.split_plan.clone())
+    }
+
+    /// How the passes of `kernel` (as the launcher resolved it) split the plan's sequences: the
+    /// portable kernel's own plan for it, the Hopper kernel's otherwise.
+    pub fn split_plan_of(&self, kernel: crate::Kernel) -> SplitPlan {
+        if kernel == crate::Kernel::Portable { self.portable_split_plan() } else { self.split_plan.clone() }
     }
 
     /// CTAs of the portable kernel's persistent grid on this plan's device.
@@ -290,7 +283,7 @@ impl DevicePlan {
         if self.work.is_none() || !hopper_device || !fits {
             return Ok(());
         }
-        let work = self.split_work(&dims, self.columns);
+        let work = self.split_work(self.columns);
         let split = SplitPlan::decide(&self.plan, &work, mode);
         if split.is_split() {
             self.split = split_device(stream, &split, &dims, self.workers, self.columns.width())?;

@@ -19,7 +19,6 @@ use crate::model::StateLayout;
 use crate::{KdaError, Plan};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
-use kda_kernel::abi::StateLayoutCode;
 use kda_kernel::layout::layer::{CHUNK_WORDS, MAX_K, MAX_V};
 use std::sync::Arc;
 
@@ -273,19 +272,16 @@ pub(super) fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u6
 const LAYER_VECTOR_BYTES: usize = 16;
 
 /// The caller's tensors the layer kernels read 16 bytes at a time start at a multiple of 16
-/// bytes: `q`, `k`, `v`, and `g` when it has a column per key (a gate of one column per head is
-/// read one f32 at a time). Their rows then are too: `K` and `V` are multiples of 64.
-fn check_layer_alignment(
-    stream: &Arc<CudaStream>,
-    inputs: &LayerInputs<'_>,
-    gate_width: usize,
-) -> Result<(), KdaError> {
-    let g = if gate_width > 1 { LAYER_VECTOR_BYTES } else { std::mem::size_of::<f32>() };
+/// bytes: `q`, `k`, `v` (their addresses, in that order), and `g` when it has a column per key
+/// (a gate of one column per head is read one f32 at a time). Their rows then are too: `K` and
+/// `V` are multiples of 64.
+fn check_layer_alignment([q, k, v, g]: [Address; 4], gate_width: usize) -> Result<(), KdaError> {
+    let g_required = if gate_width > 1 { LAYER_VECTOR_BYTES } else { std::mem::size_of::<f32>() };
     super::validate::check_alignments(&[
-        ("q", inputs.q.device_ptr(stream).0, LAYER_VECTOR_BYTES),
-        ("k", inputs.k.device_ptr(stream).0, LAYER_VECTOR_BYTES),
-        ("v", inputs.v.device_ptr(stream).0, LAYER_VECTOR_BYTES),
-        ("g", inputs.g.device_ptr(stream).0, g),
+        ("q", q, LAYER_VECTOR_BYTES),
+        ("k", k, LAYER_VECTOR_BYTES),
+        ("v", v, LAYER_VECTOR_BYTES),
+        ("g", g, g_required),
     ])
 }
 
@@ -355,7 +351,11 @@ impl Kda {
                 ("workspace", ordinal(workspace.w.stream())),
             ],
         )?;
-        check_layer_alignment(stream, inputs, s.gate_width())?;
+        // The caller's token inputs, read by both layer kernels: their addresses once.
+        let tokens = inputs.tokens();
+        let mut token_records = Vec::new();
+        let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut token_records);
+        check_layer_alignment([q, k, v, g], s.gate_width())?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let codes = plan.options.codes();
@@ -365,12 +365,12 @@ impl Kda {
             let mut read = |x| keep(&mut records, x);
             let args = PrepareArgs {
                 ptrs: [
-                    read(inputs.k.device_ptr(stream)),
-                    read(inputs.v.device_ptr(stream)),
-                    read(inputs.g.device_ptr(stream)),
-                    read(inputs.beta.device_ptr(stream)),
-                    inputs.a_log.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
-                    inputs.dt_bias.as_ref().map_or(0, |x| read(x.device_ptr(stream))),
+                    k,
+                    v,
+                    g,
+                    beta,
+                    a_log,
+                    dt_bias,
                     chunks,
                     read(workspace.k_rec.device_ptr_mut(stream)),
                     read(workspace.w.device_ptr_mut(stream)),
@@ -410,8 +410,8 @@ impl Kda {
             let mut read = |x| keep(&mut records, x);
             let args = OutputArgs {
                 ptrs: [
-                    read(inputs.q.device_ptr(stream)),
-                    read(inputs.k.device_ptr(stream)),
+                    q,
+                    k,
                     read(workspace.gate.device_ptr(stream)),
                     read(workspace.h.device_ptr(stream)),
                     read(workspace.v_new.device_ptr(stream)),
@@ -421,10 +421,7 @@ impl Kda {
                 dims,
                 options: codes.options,
                 scale_bits: codes.scale_bits,
-                state_layout: match plan.layout {
-                    StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
-                    StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
-                } as u32,
+                state_layout: plan.layout.code(),
             };
             // SAFETY: as for the prepare launch; `h` holds a state per (chunk, value head), in
             // the chunk table's order, written by the recurrence just before on this stream.

@@ -30,7 +30,7 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, Port
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE_ENTRIES,
-    PassCode, StateLayoutCode, TensorMaps, hopper_for,
+    PassCode, TensorMaps, hopper_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -313,7 +313,7 @@ impl Kda {
             h0: None,
             ht: maps,
             value_dim: (kd + vd) as u32,
-            layout: StateLayoutCode::KeyFirst,
+            layout: StateLayout::KeyFirst,
             pass: PassCode::Prescan,
         };
         run(&prescan)?;
@@ -325,7 +325,7 @@ impl Kda {
             heads: heads_u32(dims.value_heads)?,
             key_dim: kd as u32,
             value_dim: vd as u32,
-            state_layout: layout_code(dims.layout) as u32,
+            state_layout: dims.layout.code(),
         };
         let ctas = (split.merge_records.checked_mul(dims.value_heads))
             .and_then(|n| n.checked_mul(vd / kda_kernel::layout::merge::COLS))
@@ -410,7 +410,7 @@ impl Kda {
                 work: pass.work,
                 heads,
                 value_dim: pass.value_dim,
-                state_layout: pass.layout as u32,
+                state_layout: pass.layout.code(),
                 pass: pass.pass as u32,
                 strides: stride_pairs(
                     &plan.strides,
@@ -438,7 +438,7 @@ impl Kda {
             work: pass.work,
             heads,
             value_dim: pass.value_dim,
-            state_layout: pass.layout as u32,
+            state_layout: pass.layout.code(),
             pass: pass.pass as u32,
             strides: stride_pairs(&plan.strides, dims, [Tensor::G, Tensor::Gk, Tensor::VNew]),
         };
@@ -497,7 +497,8 @@ struct PassLaunch {
     h0: Option<(args::Address, usize)>,
     ht: args::Address,
     value_dim: u32,
-    layout: StateLayoutCode,
+    /// The layout of the pass's states.
+    layout: StateLayout,
     pass: PassCode,
 }
 
@@ -510,17 +511,9 @@ impl PassLaunch {
             h0: (ptrs.h0 != 0).then_some((ptrs.h0, dims.seqs * dims.value_heads)),
             ht: ptrs.ht,
             value_dim: dims.value_dim as u32,
-            layout: layout_code(dims.layout),
+            layout: dims.layout,
             pass: PassCode::Recurrence,
         }
-    }
-}
-
-/// The kernels' code of a state layout.
-pub(super) fn layout_code(layout: StateLayout) -> StateLayoutCode {
-    match layout {
-        StateLayout::KeyFirst => StateLayoutCode::KeyFirst,
-        StateLayout::ValueFirst => StateLayoutCode::ValueFirst,
     }
 }
 
