@@ -26,9 +26,10 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    ld_global_v4, rsqrt_approx, shfl_xor, smem_base_generic, sync_threads, sync_warp, thread_idx_x, vote_any,
+    ld_global_v4, rsqrt_approx, shfl_xor, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
+use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
     OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
@@ -356,9 +357,9 @@ const OUTPUT_TILES_V64: usize = 64 / 2 / TILE_N;
 /// # Safety
 /// The element lies inside the tile.
 #[inline(always)]
-unsafe fn at(tile: *const f32, stride: usize, r: usize, c: usize) -> f32 {
+unsafe fn at(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> f32 {
     // SAFETY: see the function's contract.
-    unsafe { *tile.add(r * stride + c) }
+    unsafe { tile.add(r * stride + c).ld() }
 }
 
 /// A `[CHUNK][..]` tile of rows a gated product reads, element `(r, a)` as f32.
@@ -372,7 +373,7 @@ trait RowTile: Copy {
 
 /// An f32 tile at `ROW_WORDS` words per row.
 #[derive(Clone, Copy)]
-struct F32Rows(*const f32);
+struct F32Rows(Shared<f32>);
 
 impl RowTile for F32Rows {
     #[inline(always)]
@@ -385,13 +386,13 @@ impl RowTile for F32Rows {
 /// A bf16 tile at `KEY_ROW` elements per row (the output kernel's keys: half the bytes, the
 /// rounding FLA's own normalised keys have).
 #[derive(Clone, Copy)]
-struct Bf16Rows(*const u16);
+struct Bf16Rows(Shared<u16>);
 
 impl RowTile for Bf16Rows {
     #[inline(always)]
     unsafe fn get(self, r: usize, a: usize) -> f32 {
         // SAFETY: the caller's contract.
-        unsafe { bf16_to_f32(*self.0.add(r * KEY_ROW + a)) }
+        unsafe { bf16_to_f32(self.0.add(r * KEY_ROW + a).ld()) }
     }
 }
 
@@ -407,26 +408,26 @@ trait MatrixTile: Copy {
 /// An f32 matrix at `MATRIX_ROW_WORDS` words per row (the prepare kernel's `L`, which the solve
 /// reads in f32).
 #[derive(Clone, Copy)]
-struct F32Matrix(*mut f32);
+struct F32Matrix(Shared<f32>);
 
 impl MatrixTile for F32Matrix {
     #[inline(always)]
     unsafe fn put(self, r: usize, s: usize, v: f32) {
         // SAFETY: the caller's contract.
-        unsafe { *self.0.add(r * MATRIX_ROW_WORDS + s) = v }
+        unsafe { self.0.add(r * MATRIX_ROW_WORDS + s).st(v) }
     }
 }
 
 /// A bf16 matrix at `ATTENTION_ROW` elements per row (the output kernel's causal attention:
 /// rounded to bf16 before its product with `v_new`, as FLA rounds it, in half the bytes).
 #[derive(Clone, Copy)]
-struct Bf16Matrix(*mut u16);
+struct Bf16Matrix(Shared<u16>);
 
 impl MatrixTile for Bf16Matrix {
     #[inline(always)]
     unsafe fn put(self, r: usize, s: usize, v: f32) {
         // SAFETY: the caller's contract.
-        unsafe { *self.0.add(r * ATTENTION_ROW + s) = f32_to_bf16(v) }
+        unsafe { self.0.add(r * ATTENTION_ROW + s).st(f32_to_bf16(v)) }
     }
 }
 
@@ -437,7 +438,7 @@ impl MatrixTile for Bf16Matrix {
 /// # Safety
 /// The CTA calls it together; the valid rows exist in `src`; `dst` is a free tile.
 #[inline(always)]
-unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head: usize, kd: usize, l2norm: bool) {
+unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, head: usize, kd: usize, l2norm: bool) {
     let tid = thread_idx_x();
     // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`; global rows only below
     // `w.rows`.
@@ -447,7 +448,7 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
             (CHUNK, w.rows),
             kd,
             |r| ((w.t0 + r) * heads + head) * kd,
-            |r, a, x| *dst.add(r * ROW_WORDS + a) = bf16_to_f32(x),
+            |r, a, x| dst.add(r * ROW_WORDS + a).st(bf16_to_f32(x)),
         );
         sync_threads();
         if l2norm {
@@ -458,11 +459,13 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
                 let row = dst.add(r * ROW_WORDS);
                 let mut sum = 0.0;
                 for a in (lane..kd).step_by(LANES) {
-                    sum = fma_f32(*row.add(a), *row.add(a), sum);
+                    let x = row.add(a).ld();
+                    sum = fma_f32(x, x, sum);
                 }
                 let inverse = rsqrt_approx(warp_sum(sum) + L2NORM_EPS);
                 for a in (lane..kd).step_by(LANES) {
-                    *row.add(a) *= inverse;
+                    let x = row.add(a);
+                    x.st(x.ld() * inverse);
                 }
             }
             sync_threads();
@@ -473,7 +476,7 @@ unsafe fn load_rows(dst: *mut f32, src: *const u16, w: &Work, heads: usize, head
 /// The tile of `G` (`[CHUNK][ROW_WORDS]` f32, natural log) and how to read it.
 #[derive(Clone, Copy)]
 struct Gates {
-    tile: *mut f32,
+    tile: Shared<f32>,
     per_key: bool,
 }
 
@@ -486,7 +489,7 @@ impl Gates {
     unsafe fn at(self, r: usize, a: usize) -> f32 {
         let col = if self.per_key { a } else { 0 };
         // SAFETY: see the function's contract.
-        unsafe { *self.tile.add(r * ROW_WORDS + col) }
+        unsafe { self.tile.add(r * ROW_WORDS + col).ld() }
     }
 
     /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends
@@ -501,7 +504,7 @@ impl Gates {
         unsafe {
             for e in (tid..(CHUNK - rows) * gw).step_by(THREADS) {
                 let (r, a) = split(e, gw);
-                *self.tile.add((rows + r) * ROW_WORDS + a) = *self.tile.add((rows - 1) * ROW_WORDS + a);
+                self.tile.add((rows + r) * ROW_WORDS + a).st(self.tile.add((rows - 1) * ROW_WORDS + a).ld());
             }
             sync_threads();
         }
@@ -639,12 +642,12 @@ unsafe fn gated_products(
 /// warp's from column `col0` of `[w | u]`.
 #[derive(Clone, Copy)]
 struct Solve {
-    keys: *mut f32,
-    values: *mut f32,
+    keys: Shared<f32>,
+    values: Shared<f32>,
     /// The strictly lower `L`, `[CHUNK][MATRIX_ROW_WORDS]`.
-    lower: *const f32,
+    lower: Shared<f32>,
     /// The inverses of `I + L`'s diagonal sub-blocks, `[CHUNK][INVERSE_ROW_WORDS]`.
-    inverse: *const f32,
+    inverse: Shared<f32>,
     kd: usize,
     col0: usize,
     l: Lane,
@@ -653,11 +656,11 @@ struct Solve {
 impl Solve {
     /// The address of element `(r, n)` of the warp's columns (`n` from `col0`).
     #[inline(always)]
-    fn at(self, r: usize, n: usize) -> *mut f32 {
+    fn at(self, r: usize, n: usize) -> Shared<f32> {
         let col = self.col0 + n;
         let (tile, c) = if col < self.kd { (self.keys, col) } else { (self.values, col - self.kd) };
         // The element lies in its tile (`Dims::valid`); only the address is formed here.
-        tile.wrapping_add(r * ROW_WORDS + c)
+        tile.add(r * ROW_WORDS + c)
     }
 
     /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
@@ -675,10 +678,10 @@ impl Solve {
             for (j, acc) in acc.iter_mut().enumerate() {
                 for (e, x) in acc.iter_mut().enumerate() {
                     let (m, n) = l.acc_at(e);
-                    *x = *self.at(r0 + m, TILE_N * j + n);
+                    *x = self.at(r0 + m, TILE_N * j + n).ld();
                 }
             }
-            mma_tiles(&mut acc, r0, l, |m, s| -at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), |s, n| *self.at(s, n));
+            mma_tiles(&mut acc, r0, l, |m, s| -at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), |s, n| self.at(s, n).ld());
             self.store(r0, &acc);
             let mut out = [[0.0f32; 4]; N];
             mma_tiles(
@@ -686,7 +689,7 @@ impl Solve {
                 SUB,
                 l,
                 |m, s| at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                |s, n| *self.at(r0 + s, n),
+                |s, n| self.at(r0 + s, n).ld(),
             );
             self.store(r0, &out);
         }
@@ -704,7 +707,7 @@ impl Solve {
             for (e, x) in acc.iter().enumerate() {
                 let (m, n) = self.l.acc_at(e);
                 // SAFETY: see the function's contract.
-                unsafe { *self.at(r0 + m, TILE_N * j + n) = *x };
+                unsafe { self.at(r0 + m, TILE_N * j + n).st(*x) };
             }
         }
         sync_warp();
@@ -756,8 +759,7 @@ kernel_entry! {
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
             let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-            let smem = smem_base_generic() as *mut f32;
-            let keys = smem;
+            let keys = Shared::<f32>::base();
             let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
             let betas = gates.tile.add(CHUNK * ROW_WORDS);
             let lower = betas.add(CHUNK);
@@ -770,39 +772,40 @@ kernel_entry! {
             // The raw gate into the tile, then activated in place (one activation's code in the
             // kernel, not one per element of a vector).
             load_f32_rows(g, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, raw| {
-                *gates.tile.add(r * ROW_WORDS + a) = raw;
+                gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
             for e in (tid..rows * gw).step_by(THREADS) {
                 let (r, a) = split(e, gw);
                 let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
                 let x = gates.tile.add(r * ROW_WORDS + a);
-                *x = activate(*x, gate_mode, strength, bias, f32::from_bits(lower_bound_bits));
+                x.st(activate(x.ld(), gate_mode, strength, bias, f32::from_bits(lower_bound_bits)));
             }
             if tid < CHUNK {
                 let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
-                *betas.add(tid) = if tid >= rows {
+                betas.add(tid).st(if tid >= rows {
                     0.0
                 } else if options & OPT_BETA_SIGMOID != 0 {
                     sigmoid(b)
                 } else {
                     b
-                };
+                });
             }
             sync_threads();
             // G: the decay summed down each column.
             for a in (tid..gw).step_by(THREADS) {
                 let mut acc = 0.0;
                 for r in 0..rows {
-                    acc += *gates.tile.add(r * ROW_WORDS + a);
-                    *gates.tile.add(r * ROW_WORDS + a) = acc;
+                    let x = gates.tile.add(r * ROW_WORDS + a);
+                    acc += x.ld();
+                    x.st(acc);
                 }
             }
             sync_threads();
             gates.pad(rows, gw);
 
             // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| *betas.add(r));
+            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| betas.add(r).ld());
 
             // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
             // thread by forward substitution.
@@ -815,7 +818,7 @@ kernel_entry! {
                         let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
                         acc = fma_f32(-at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
                     }
-                    *inverse.add((base + r) * INVERSE_ROW_WORDS + c) = acc;
+                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(acc);
                 }
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
@@ -841,13 +844,13 @@ kernel_entry! {
             // tile, u's in the gate tile.
             for e in (tid..CHUNK * kd).step_by(THREADS) {
                 let (r, col) = split(e, kd);
-                let x = if r < rows { *betas.add(r) * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
-                *keys.add(r * ROW_WORDS + col) = x;
+                let x = if r < rows { betas.add(r).ld() * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
+                keys.add(r * ROW_WORDS + col).st(x);
             }
             sync_threads();
             let values = gates.tile;
             load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, value| {
-                *values.add(r * ROW_WORDS + col) = *betas.add(r) * bf16_to_f32(value);
+                values.add(r * ROW_WORDS + col).st(betas.add(r).ld() * bf16_to_f32(value));
             });
             sync_threads();
 
@@ -882,13 +885,13 @@ kernel_entry! {
 #[derive(Clone, Copy)]
 struct Tiles {
     /// `q Γ`, f32 `[CHUNK][ROW_WORDS]`.
-    queries: *const f32,
+    queries: Shared<f32>,
     /// The causal attention, bf16 `[CHUNK][ATTENTION_ROW]`.
-    attention: *const u16,
+    attention: Shared<u16>,
     /// The entry state `h`, bf16 `[MAX_K][STAGED_ROW]` key-major.
-    staged_h: *const u16,
+    staged_h: Shared<u16>,
     /// `v_new`, bf16 `[CHUNK][STAGED_ROW]`.
-    staged_v: *const u16,
+    staged_v: Shared<u16>,
 }
 
 /// One warp's block of `o`: 16 rows from `r0`, the columns from `c0`, of a chunk of `rows` valid
@@ -918,14 +921,14 @@ impl OutputBlock {
                 kd,
                 l,
                 |m, a| at(t.queries, ROW_WORDS, r0 + m, a),
-                |a, n| bf16_to_f32(*t.staged_h.add(a * STAGED_ROW + c0 + n)),
+                |a, n| bf16_to_f32(t.staged_h.add(a * STAGED_ROW + c0 + n).ld()),
             );
             mma_tiles(
                 &mut acc,
                 r0 + SUB,
                 l,
-                |m, s| bf16_to_f32(*t.attention.add((r0 + m) * ATTENTION_ROW + s)),
-                |s, n| bf16_to_f32(*t.staged_v.add(s * STAGED_ROW + c0 + n)),
+                |m, s| bf16_to_f32(t.attention.add((r0 + m) * ATTENTION_ROW + s).ld()),
+                |s, n| bf16_to_f32(t.staged_v.add(s * STAGED_ROW + c0 + n).ld()),
             );
         }
         for (j, acc) in acc.iter().enumerate() {
@@ -978,11 +981,10 @@ kernel_entry! {
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
             let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-            let smem = smem_base_generic() as *mut f32;
-            let queries = smem;
-            let keys = queries.add(CHUNK * ROW_WORDS) as *mut u16;
-            let gates = Gates { tile: keys.add(CHUNK * KEY_ROW) as *mut f32, per_key: d.per_key_gate() };
-            let attention = gates.tile.add(CHUNK * ROW_WORDS) as *mut u16;
+            let queries = Shared::<f32>::base();
+            let keys = queries.add(CHUNK * ROW_WORDS).cast::<u16>();
+            let gates = Gates { tile: keys.add(CHUNK * KEY_ROW).cast::<f32>(), per_key: d.per_key_gate() };
+            let attention = gates.tile.add(CHUNK * ROW_WORDS).cast::<u16>();
             // Staged once the attention is formed, over the keys and the gate (bf16).
             let staged_h = keys;
             let staged_v = staged_h.add(MAX_K * STAGED_ROW);
@@ -992,12 +994,12 @@ kernel_entry! {
             load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
             for e in (tid..CHUNK * kd).step_by(THREADS) {
                 let (r, a) = split(e, kd);
-                *keys.add(r * KEY_ROW + a) = f32_to_bf16(at(queries, ROW_WORDS, r, a));
+                keys.add(r * KEY_ROW + a).st(f32_to_bf16(at(queries, ROW_WORDS, r, a)));
             }
             sync_threads();
             load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
             load_f32_rows(gate, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, x| {
-                *gates.tile.add(r * ROW_WORDS + a) = x * LN_2;
+                gates.tile.add(r * ROW_WORDS + a).st(x * LN_2);
             });
             sync_threads();
             gates.pad(rows, gw);
@@ -1007,7 +1009,8 @@ kernel_entry! {
             // q Γ, for the entry state's part.
             for e in (tid..CHUNK * kd).step_by(THREADS) {
                 let (r, a) = split(e, kd);
-                *queries.add(r * ROW_WORDS + a) *= exp(gates.at(r, a));
+                let x = queries.add(r * ROW_WORDS + a);
+                x.st(x.ld() * exp(gates.at(r, a)));
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).
@@ -1017,10 +1020,10 @@ kernel_entry! {
             let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
             load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |r, c, x| {
                 let (a, col) = if value_first { (c, r) } else { (r, c) };
-                *staged_h.add(a * STAGED_ROW + col) = x;
+                staged_h.add(a * STAGED_ROW + col).st(x);
             });
             load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, x| {
-                *staged_v.add(r * STAGED_ROW + col) = x;
+                staged_v.add(r * STAGED_ROW + col).st(x);
             });
             sync_threads();
 

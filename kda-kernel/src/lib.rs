@@ -13,6 +13,7 @@
 //! | [`layout`] | the contract's sizes, tile shapes, shared-memory layouts, schedule records |
 //! | `arch` | one wrapper per PTX instruction (`sm80`: every sm_80+ GPU; `sm90`: Hopper) |
 //! | `pipeline` | the producer/consumer ring of mbarriers (`PipelineState`, acquire/commit/wait/release) |
+//! | `shared` | typed addresses in the shared window (`LDS` / `STS` instead of generic accesses) |
 //! | `schedule` | the persistent grid's work lists (the Hopper and the portable kernels walk them) |
 //! | `hopper/` | the warp-specialized TMA + wgmma kernel: entry, producer, consumer, tail |
 //! | `baseline` | the portable scalar kernel |
@@ -101,6 +102,9 @@ mod pipeline;
 /// The persistent grid's work lists, walked by the Hopper and the portable kernels.
 #[cfg(any(target_arch = "nvptx64", feature = "sim"))]
 mod schedule;
+/// Typed addresses in the CTA's shared window.
+#[cfg(any(target_arch = "nvptx64", feature = "sim"))]
+mod shared;
 
 /// Device code cannot unwind or print; a panic (only reachable through a bug, since the kernels
 /// index with checked-by-construction offsets) traps the kernel, which the host sees as a launch

@@ -224,6 +224,14 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     store(addr, v)
 }
 
+/// `ld.shared.b16`.
+///
+/// # Safety
+/// None beyond the GPU's: the simulator checks the address.
+pub unsafe fn ld_shared_u16(addr: u32) -> u16 {
+    load(addr)
+}
+
 /// `st.shared.b16`.
 ///
 /// # Safety

@@ -234,6 +234,18 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     unsafe { asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
 }
 
+/// `ld.shared.b16 v, [addr];` (PTX 1.0)
+///
+/// # Safety
+/// `addr` is a 2-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn ld_shared_u16(addr: u32) -> u16 {
+    let v: u16;
+    // SAFETY: see the function's contract.
+    unsafe { asm!("ld.shared.b16 {v}, [{a}];", v = out(reg16) v, a = in(reg32) addr, options(nostack, readonly)) };
+    v
+}
+
 /// `st.shared.b16 [addr], v;` (PTX 1.0)
 ///
 /// # Safety
