@@ -15,8 +15,9 @@
 //! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
 //! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
 //! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
-//! shuffle, the warps theirs in shared memory. A token's loads are issued before any of its
-//! arithmetic, the state's with the first token's, so a CTA waits for memory once per token. A sequence's tokens form a
+//! shuffle, the warps theirs in shared memory. Every token's rows are copied to shared memory
+//! (`cp.async`) under the state's loads and converted once, so a CTA waits for memory once per
+//! call, not once per token, and a token then costs one CTA barrier. A sequence's tokens form a
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
@@ -26,15 +27,16 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, f32_to_bf16, fma_f32, ld_global_v2, ld_global_v4, ld_shared_v4, pack_bf16x2, rsqrt_approx,
-    shfl_xor, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads,
-    thread_idx_x_fresh,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
+    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
-    COL_LANES, COLS, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, STAGE_WORDS,
-    VEC, WARP_SUM_WORDS, WARPS,
+    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
+    RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -132,6 +134,9 @@ kernel_entry! {
             if slot < 0 {
                 return; // padding: nothing read or written
             }
+            // Every token's rows copied to shared memory, under the state's loads; then
+            // converted once, so that each token waits on a barrier, not on memory.
+            token.copy_raw(n * d, d);
             // `s` is the state after token `current` (-1: the initial state, read from the slot,
             // or zeros).
             let start_fresh = *fresh.add(n) != 0;
@@ -139,6 +144,7 @@ kernel_entry! {
             if !start_fresh {
                 token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
             }
+            token.stage_raw(d);
             let mut current = -1i64;
             // Which of the two shared buffers of partial sums the next `step` writes.
             let mut parity = 0;
@@ -170,7 +176,7 @@ kernel_entry! {
                 // path from the root (one call site of `step`: the kernel keeps one copy of it).
                 for u in 0..=t {
                     if run & (1 << u) != 0 {
-                        token.step(n * d + u, &mut s, u == t, parity);
+                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
                         token.as_stored(&mut s);
                         parity ^= 1;
                     }
@@ -250,7 +256,7 @@ kernel_entry! {
             token.load(h as *const f32, true, h_value_first, source, &mut s);
             let mut parity = 0;
             for t in 0..count {
-                token.step(first + t, &mut s, false, parity);
+                token.step(first + t, None, &mut s, false, parity);
                 parity ^= 1;
             }
             token.store(pool, *slots.add(m) as usize, &s);
@@ -537,44 +543,151 @@ impl Token {
         }
     }
 
-    /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
-    /// update, and, when `write_o`, the output row. Two CTA barriers; every thread calls it, with
-    /// `parity` alternating between consecutive calls.
+    /// Copies the rows of the sequence's `d` tokens from `first_row` on (`q`, `k`, the gate,
+    /// this CTA's columns of `v`, `beta`) to their raw slots in shared memory, one 16-byte copy (or
+    /// one f32) per thread per token, asynchronously: [`Token::stage_raw`] waits for them.
     ///
     /// # Safety
-    /// As the kernel's: `row` is a row of every tensor.
+    /// As the kernel's: the rows exist; `q`, `k`, `v` and a gate per key start 16-byte aligned.
     #[inline(always)]
-    unsafe fn step(&self, row: usize, s: &mut Keys, write_o: bool, parity: usize) {
+    unsafe fn copy_raw(&self, first_row: usize, d: usize) {
+        let (kd, gw) = (self.kd, self.gw);
+        let tid = thread_idx_x_fresh();
+        // Copies per token of each row, laid end to end over the threads.
+        let q_end = kd * 2 / COPY_BYTES;
+        let k_end = 2 * q_end;
+        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
+        let v_end = g_end + COLS * 2 / COPY_BYTES;
+        let raw0 = smem_base_shared() + (RAW_AT * 4) as u32;
+        // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
+        unsafe {
+            let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
+            for t in 0..MAX_DRAFT {
+                if t < d {
+                    let row = first_row + t;
+                    let raw = raw0 + (t * RAW_TOKEN_BYTES) as u32;
+                    let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
+                    // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
+                    if tid < q_end {
+                        copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
+                    } else if tid < k_end {
+                        let e = tid - q_end;
+                        copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
+                    } else if tid < g_end {
+                        let e = tid - k_end;
+                        if gw == 1 {
+                            cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
+                        } else {
+                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
+                        }
+                    } else if tid < v_end {
+                        let e = tid - g_end;
+                        let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
+                        copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
+                    } else if tid == v_end {
+                        cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for [`Token::copy_raw`]'s copies, then converts each of the `d` tokens' `q`, `k` and
+    /// gate into its stage (f32, the decay activated), one key per thread. Two CTA barriers.
+    ///
+    /// # Safety
+    /// Every thread calls it, after `copy_raw(_, d)`.
+    #[inline(always)]
+    unsafe fn stage_raw(&self, d: usize) {
+        cp_async_wait_all();
+        // SAFETY (block): every thread calls it; the addresses lie in the raw slots and stages.
+        unsafe {
+            sync_threads();
+            let tid = thread_idx_x_fresh();
+            if tid < self.kd {
+                let base = smem_base_shared();
+                for t in 0..MAX_DRAFT {
+                    if t < d {
+                        let raw = base + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32;
+                        let a = if self.gw == 1 { 0 } else { tid };
+                        let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
+                        let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
+                        let g = ld_shared_f32(raw + (RAW_G + 4 * a) as u32);
+                        self.stage_key(base + ((STAGES_AT + t * STAGE_WORDS) * 4) as u32, tid, q, k, g);
+                    }
+                }
+            }
+            sync_threads();
+        }
+    }
+
+    /// Key `key` of a token into the stage at `stage`: `q`, `k` and the decay, `exp` of the gate
+    /// `raw` activated (one code path for the copied and the loaded rows, so that both give the
+    /// same bits).
+    ///
+    /// # Safety
+    /// `stage` is a stage's shared address, `key < K`.
+    #[inline(always)]
+    unsafe fn stage_key(&self, stage: u32, key: usize, q: f32, k: f32, raw: f32) {
+        let a = if self.gw == 1 { 0 } else { key };
+        // SAFETY (block): see the function's contract; `a_log` and `dt_bias` hold `HV` and
+        // `HV * gate_width` values when present.
+        unsafe {
+            let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
+            let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + a) };
+            let word = |x: usize| stage + (x * 4) as u32;
+            st_shared_f32(word(key), q);
+            st_shared_f32(word(MAX_K + key), k);
+            st_shared_f32(word(2 * MAX_K + key), exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound)));
+        }
+    }
+
+    /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
+    /// update, and, when `write_o`, the output row. Its inputs come from draft token `staged`'s
+    /// stage and raw slot when given (staged by [`Token::stage_raw`]: one CTA barrier), else from
+    /// memory through stage `parity` (two barriers); every thread calls it, with `parity`
+    /// alternating between consecutive calls.
+    ///
+    /// # Safety
+    /// As the kernel's: `row` is a row of every tensor; a `staged` token is staged.
+    #[inline(always)]
+    unsafe fn step(&self, row: usize, staged: Option<usize>, s: &mut Keys, write_o: bool, parity: usize) {
         let (kd, vd, keys) = (self.kd, self.vd, self.keys());
         let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
         // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
         // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
-            // Shared addresses (32-bit, `.shared` window) of this token's staged inputs and of
-            // the partial sums.
-            let staged = smem_base_shared() + (parity * STAGE_WORDS * 4) as u32;
-            let (qs, ks, decays) = (staged, staged + (MAX_K * 4) as u32, staged + (2 * MAX_K * 4) as u32);
-            let sums = smem_base_shared() + (2 * STAGE_WORDS * 4) as u32;
+            // Shared addresses (32-bit, `.shared` window) of this token's stage (`q`, `k`, decay)
+            // and of its partial sums.
+            let base = smem_base_shared();
             let word = |x: usize| (x * 4) as u32;
-
-            // The token's q, k and decay per key staged in shared memory (one key per thread),
-            // and this thread's v and beta, all loads issued before any wait.
-            let tid = thread_idx_x_fresh();
-            if tid < kd {
-                let e = head_row * kd + tid;
-                st_shared_f32(qs + word(tid), bf16_to_f32(*self.q.add(e)));
-                st_shared_f32(ks + word(tid), bf16_to_f32(*self.k.add(e)));
-                let a = if self.gw == 1 { 0 } else { tid };
-                let raw = *self.g.add(value_row * self.gw + a);
-                let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
-                let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + a) };
-                st_shared_f32(decays + word(tid), exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound)));
-            }
+            let sums = base + word(SUMS_AT + parity * WARPS * WARP_SUM_WORDS);
             let at = Place::fresh();
             let c = self.col0 + VEC * at.col_lane;
-            let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-            let b_raw = *self.beta.add(value_row);
-            sync_threads();
+            let (stage, v, b_raw) = match staged {
+                Some(t) => {
+                    let raw = base + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32;
+                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                    (base + word(STAGES_AT + t * STAGE_WORDS), unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+                }
+                None => {
+                    // The token's q, k and decay staged (one key per thread), and this thread's v
+                    // and beta, all loads issued before any wait.
+                    let stage = base + word(STAGES_AT + parity * STAGE_WORDS);
+                    let tid = thread_idx_x_fresh();
+                    if tid < kd {
+                        let e = head_row * kd + tid;
+                        let a = if self.gw == 1 { 0 } else { tid };
+                        let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
+                        self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + a));
+                    }
+                    let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+                    let b_raw = *self.beta.add(value_row);
+                    sync_threads();
+                    (stage, v, b_raw)
+                }
+            };
+            let (qs, ks, decays) = (stage, stage + word(MAX_K), stage + word(2 * MAX_K));
 
             // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
             // its keys' staged values read four at a time.
@@ -658,10 +771,10 @@ impl Token {
                 let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
                 st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
             }
-            // Between tokens: the next token stages into the other buffer, so this token's `k`
-            // stays readable until every thread has passed the next token's first barrier; the
-            // partial sums are rewritten only after the next token's first barrier, which every
-            // reader of these passes after reading them.
+            // Between tokens: the next token's partial sums go to the other buffer, and these
+            // are rewritten two tokens on, after the next token's barrier, which every reader of
+            // these passes after reading them; a staged token's stage is only read from here on,
+            // and a loaded token's is rewritten two tokens on, after the same barrier.
         }
     }
 }

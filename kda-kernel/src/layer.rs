@@ -164,6 +164,13 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e >> shift, e & (cols - 1))
 }
 
+/// `start, start + THREADS, ..` below `n`, counted in 32 bits (every tile and row range is far
+/// below 2^32): a 64-bit counter costs the registers the products after these loops need.
+#[inline(always)]
+fn strided(start: usize, n: usize) -> impl Iterator<Item = usize> {
+    (start as u32..n as u32).step_by(THREADS).map(|e| e as usize)
+}
+
 /// Global loads a thread issues before storing any of them: a copy loop that stored each element
 /// before loading the next waited one round trip to memory per element.
 const LOADS_IN_FLIGHT: usize = 8;
@@ -187,19 +194,22 @@ fn copy_in_batches<T: Copy + Default, const IN_FLIGHT: usize>(
     load: impl Fn(usize) -> T,
     mut store: impl FnMut(usize, T),
 ) {
-    let mut base = thread_idx_x();
+    // 32-bit counters (a tile has fewer than 2^16 elements): 64-bit ones cost registers the
+    // solve after the copy needs.
+    let n = n as u32;
+    let mut base = thread_idx_x() as u32;
     while base < n {
         let values: [T; IN_FLIGHT] = core::array::from_fn(|j| {
-            let e = base + j * THREADS;
-            if e < n { load(e) } else { T::default() }
+            let e = base + (j * THREADS) as u32;
+            if e < n { load(e as usize) } else { T::default() }
         });
         for (j, &v) in values.iter().enumerate() {
-            let e = base + j * THREADS;
+            let e = base + (j * THREADS) as u32;
             if e < n {
-                store(e, v);
+                store(e as usize, v);
             }
         }
-        base += IN_FLIGHT * THREADS;
+        base += (IN_FLIGHT * THREADS) as u32;
     }
 }
 
@@ -502,7 +512,7 @@ impl Gates {
         let tid = thread_idx_x();
         // SAFETY (block): rows `< CHUNK`, columns `< gw <= MAX_K`.
         unsafe {
-            for e in (tid..(CHUNK - rows) * gw).step_by(THREADS) {
+            for e in strided(tid, (CHUNK - rows) * gw) {
                 let (r, a) = split(e, gw);
                 self.tile.add((rows + r) * ROW_WORDS + a).st(self.tile.add((rows - 1) * ROW_WORDS + a).ld());
             }
@@ -627,7 +637,7 @@ unsafe fn gated_products(
             }
         }
         // Zeros above the diagonal sub-blocks.
-        for e in (tid..CHUNK * CHUNK).step_by(THREADS) {
+        for e in strided(tid, CHUNK * CHUNK) {
             let (r, s) = split(e, CHUNK);
             if s / SUB > r / SUB {
                 out.put(r, s, 0.0);
@@ -775,7 +785,7 @@ kernel_entry! {
                 gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
-            for e in (tid..rows * gw).step_by(THREADS) {
+            for e in strided(tid, rows * gw) {
                 let (r, a) = split(e, gw);
                 let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
                 let x = gates.tile.add(r * ROW_WORDS + a);
@@ -793,7 +803,7 @@ kernel_entry! {
             }
             sync_threads();
             // G: the decay summed down each column.
-            for a in (tid..gw).step_by(THREADS) {
+            for a in strided(tid, gw) {
                 let mut acc = 0.0;
                 for r in 0..rows {
                     let x = gates.tile.add(r * ROW_WORDS + a);
@@ -823,7 +833,7 @@ kernel_entry! {
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
-            for e in (tid..rows * kd).step_by(THREADS) {
+            for e in strided(tid, rows * kd) {
                 let (r, a) = split(e, kd);
                 let key = at(keys, ROW_WORDS, r, a);
                 if d.per_key_gate() {
@@ -834,7 +844,7 @@ kernel_entry! {
                     *k_rec.add(((t0 + r) * d.heads + wk.j) * kd + a) = f32_to_bf16(key);
                 }
             }
-            for e in (tid..rows * gw).step_by(THREADS) {
+            for e in strided(tid, rows * gw) {
                 let (r, a) = split(e, gw);
                 *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
             }
@@ -842,7 +852,7 @@ kernel_entry! {
             // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
             // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
             // tile, u's in the gate tile.
-            for e in (tid..CHUNK * kd).step_by(THREADS) {
+            for e in strided(tid, CHUNK * kd) {
                 let (r, col) = split(e, kd);
                 let x = if r < rows { betas.add(r).ld() * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
                 keys.add(r * ROW_WORDS + col).st(x);
@@ -869,11 +879,11 @@ kernel_entry! {
             sync_threads();
 
             // w and u.
-            for e in (tid..rows * kd).step_by(THREADS) {
+            for e in strided(tid, rows * kd) {
                 let (r, col) = split(e, kd);
                 *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
             }
-            for e in (tid..rows * vd).step_by(THREADS) {
+            for e in strided(tid, rows * vd) {
                 let (r, col) = split(e, vd);
                 *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
             }
@@ -992,7 +1002,7 @@ kernel_entry! {
             // The keys (normalised when asked) through the query tile into their bf16 tile, then the
             // queries.
             load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
-            for e in (tid..CHUNK * kd).step_by(THREADS) {
+            for e in strided(tid, CHUNK * kd) {
                 let (r, a) = split(e, kd);
                 keys.add(r * KEY_ROW + a).st(f32_to_bf16(at(queries, ROW_WORDS, r, a)));
             }
@@ -1007,7 +1017,7 @@ kernel_entry! {
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
             // q Γ, for the entry state's part.
-            for e in (tid..CHUNK * kd).step_by(THREADS) {
+            for e in strided(tid, CHUNK * kd) {
                 let (r, a) = split(e, kd);
                 let x = queries.add(r * ROW_WORDS + a);
                 x.st(x.ld() * exp(gates.at(r, a)));

@@ -235,16 +235,44 @@ pub mod decode {
     /// for the CTA's columns, then `q . q`, `k . k` and `k . q` over its keys, and one word to
     /// keep the next warp's vectors 16-byte aligned.
     pub const WARP_SUM_WORDS: usize = 2 * COLS + 4;
-    /// f32 words of shared memory: the staged inputs twice (tokens alternate between the two,
-    /// so a token's `k` stays readable until the next token's first barrier), then every warp's
-    /// partial sums.
-    pub const SMEM_WORDS: usize = 2 * STAGE_WORDS + WARPS * WARP_SUM_WORDS;
-    /// Bytes of shared memory.
-    pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
     /// token's path from the initial state is a bit mask over the sequence's tokens in one
     /// register, and a path has at most this many steps.
     pub const MAX_DRAFT: usize = 8;
+    /// Bytes of a 16-byte `cp.async` copy, the unit the decode step stages its tokens' rows in.
+    pub const COPY_BYTES: usize = 16;
+    /// Byte offsets inside one token's raw inputs in shared memory, as the decode step copies
+    /// them there (`cp.async`, before any of its tokens runs): `q` and `k` (bf16 `[MAX_K]`), the
+    /// gate (f32 `[MAX_K]`, or its first word for a gate per head), the CTA's columns of `v`
+    /// (bf16 `[COLS]`) and `beta` (f32; padded to a whole copy, so every token starts 16-byte
+    /// aligned).
+    pub const RAW_Q: usize = 0;
+    pub const RAW_K: usize = RAW_Q + 2 * MAX_K;
+    pub const RAW_G: usize = RAW_K + 2 * MAX_K;
+    pub const RAW_V: usize = RAW_G + 4 * MAX_K;
+    pub const RAW_BETA: usize = RAW_V + 2 * COLS;
+    /// Bytes of one token's raw inputs.
+    pub const RAW_TOKEN_BYTES: usize = RAW_BETA + COPY_BYTES;
+    /// Offsets in f32 words: every draft token's staged `q`, `k` and decay (converted once, at
+    /// the start, so that a token then waits on one barrier, not on memory), two buffers of
+    /// partial sums (tokens alternate between them: a token's sums are rewritten two tokens
+    /// later, after a barrier every reader of them has passed), every draft token's raw inputs.
+    pub const STAGES_AT: usize = 0;
+    pub const SUMS_AT: usize = STAGES_AT + MAX_DRAFT * STAGE_WORDS;
+    pub const RAW_AT: usize = SUMS_AT + 2 * WARPS * WARP_SUM_WORDS;
+    /// f32 words of shared memory: 30 KB, three CTAs per SM on every sm_80+ GPU.
+    pub const SMEM_WORDS: usize = RAW_AT + MAX_DRAFT * RAW_TOKEN_BYTES / 4;
+    /// Bytes of shared memory.
+    pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
+
+    const _: () = {
+        assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
+        assert!(
+            (2 * MAX_K + 2 * MAX_K + 4 * MAX_K + 2 * COLS) / COPY_BYTES + 1 <= THREADS,
+            "one copy per thread per token stages a token's rows"
+        );
+        assert!(3 * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
+    };
 }
 
 /// The copy of whole states between a pool and a packed buffer (`pool`'s kernel).

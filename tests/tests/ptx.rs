@@ -296,9 +296,10 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
     for (ptx, arch) in targets {
         let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
         let code = sass(&cubin);
-        // The decode step and the checkpoint kernel: a token's two barriers (its staged inputs,
-        // its partial sums), once each in the code.
-        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 2)] {
+        // Once each in the code: the decode step's two barriers of staging every token's
+        // copied rows and a token's one (its partial sums); the checkpoint kernel's two per token
+        // (its loaded inputs, its partial sums).
+        for (abi, barriers) in [(&DECODE, 3), (&ADVANCE, 2)] {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}", abi.entry);
             assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);
@@ -318,5 +319,6 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
         }
         let decode = function_sass(&code, DECODE.entry);
         assert!(decode.contains("LDG.E.128"), "{arch}: the decode step reads the f32 state as 16-byte vectors");
+        assert!(decode.contains("LDGSTS"), "{arch}: the decode step copies its tokens' rows with cp.async");
     }
 }

@@ -15,7 +15,7 @@ use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
-use kda_kernel::layout::decode::{COLS, K_MULTIPLE, MAX_K, VEC};
+use kda_kernel::layout::decode::{COLS, COPY_BYTES, K_MULTIPLE, MAX_K, VEC};
 use std::sync::Arc;
 
 /// One decode step's sequences and their slots, planned for the GPU.
@@ -282,7 +282,7 @@ impl Kda {
                 codes.scale_bits,
             ],
         };
-        check_alignment(&args, plan.pool.dtype)?;
+        check_alignment(&args, plan.pool.dtype, s.gate_width())?;
         // SAFETY: every length and alignment was checked above; the plan's slots and token slots were checked
         // against the pool (in range, none written twice, none written by one sequence and read
         // by another: no two CTAs of different sequences touch one state), its parents precede
@@ -298,13 +298,16 @@ impl Kda {
 }
 
 /// The alignment in bytes each of the decode step's tensors needs (in `DecodeArgs::TENSORS`
-/// order): the kernel reads `v` and writes `o` in vectors of `VEC` bf16, reads and writes the
-/// pool in vectors of `VEC` states, everything else one element at a time.
-fn decode_alignments(pool: StateDtype) -> [usize; 13] {
+/// order): the kernel copies the rows of `q`, `k`, `v` and a gate per key to shared memory 16
+/// bytes at a time (`COPY_BYTES`; a gate per head one f32), writes `o` in vectors of `VEC`
+/// bf16, reads and writes the pool in vectors of `VEC` states, everything else one element at a
+/// time.
+fn decode_alignments(pool: StateDtype, gate_width: usize) -> [usize; 13] {
     let (bf16, f32, index) = (2, 4, 8);
     let bf16_vector = VEC * bf16;
     let pool = VEC * if pool == StateDtype::Bf16 { bf16 } else { f32 };
-    [bf16, bf16, bf16_vector, f32, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
+    let gate = if gate_width > 1 { COPY_BYTES } else { f32 };
+    [COPY_BYTES, COPY_BYTES, COPY_BYTES, gate, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
 }
 
 /// The alignment `v` needs: the kernels read it in vectors of `VEC` bf16.
@@ -313,15 +316,15 @@ pub(super) const V_ALIGNMENT: usize = VEC * 2;
 /// The alignment a pool of `dtype` needs: the kernels read and write it in vectors of `VEC`
 /// states.
 pub(super) fn pool_alignment(dtype: StateDtype) -> usize {
-    decode_alignments(dtype)[11]
+    decode_alignments(dtype, 1)[11]
 }
 
 /// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).
-fn check_alignment(args: &DecodeArgs, pool: StateDtype) -> Result<(), KdaError> {
+fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Result<(), KdaError> {
     let named: Vec<_> = DecodeArgs::TENSORS
         .iter()
         .zip(&args.ptrs)
-        .zip(decode_alignments(pool))
+        .zip(decode_alignments(pool, gate_width))
         .map(|((&tensor, &address), required)| (tensor, address, required))
         .collect();
     super::validate::check_alignments(&named)
@@ -408,24 +411,33 @@ mod tests {
     fn misaligned_tensors_are_refused_by_name() {
         let mut args = sample_args();
         args.ptrs = [0x1000; 13];
-        check_alignment(&args, StateDtype::F32).unwrap();
-        // `v` is read and `o` written 8 bytes at a time, `q` read one element at a time.
-        args.ptrs[2] = 0x1004;
+        let (f32_pool, bf16_pool, per_key, per_head) = (StateDtype::F32, StateDtype::Bf16, 128, 1);
+        check_alignment(&args, f32_pool, per_key).unwrap();
+        // `q`, `k` and `v` are copied 16 bytes at a time.
+        for (i, name) in [(0, "q"), (1, "k"), (2, "v")] {
+            args.ptrs[i] = 0x1008;
+            let err = check_alignment(&args, f32_pool, per_key).unwrap_err();
+            assert!(matches!(err, KdaError::Alignment { tensor, required: 16, .. } if tensor == name), "{err}");
+            args.ptrs[i] = 0x1000;
+        }
+        // A gate per key likewise, a gate per head one f32 at a time.
+        args.ptrs[3] = 0x1004;
         assert!(matches!(
-            check_alignment(&args, StateDtype::F32),
-            Err(KdaError::Alignment { tensor: "v", required: 8, .. })
+            check_alignment(&args, f32_pool, per_key),
+            Err(KdaError::Alignment { tensor: "g", required: 16, .. })
         ));
-        args.ptrs[2] = 0x1008;
-        args.ptrs[0] = 0x1002;
-        check_alignment(&args, StateDtype::F32).unwrap();
-        // An f32 pool 16 bytes at a time, a bf16 one 8.
+        check_alignment(&args, f32_pool, per_head).unwrap();
+        // An f32 pool 16 bytes at a time, a bf16 one 8; `o` written 8 bytes at a time.
         args.ptrs[11] = 0x1008;
         assert!(matches!(
-            check_alignment(&args, StateDtype::F32),
+            check_alignment(&args, f32_pool, per_head),
             Err(KdaError::Alignment { tensor: "pool", required: 16, .. })
         ));
-        check_alignment(&args, StateDtype::Bf16).unwrap();
-        args.ptrs[12] = 0x1001;
-        assert!(matches!(check_alignment(&args, StateDtype::Bf16), Err(KdaError::Alignment { tensor: "o", .. })));
+        check_alignment(&args, bf16_pool, per_head).unwrap();
+        args.ptrs[12] = 0x1004;
+        assert!(matches!(
+            check_alignment(&args, bf16_pool, per_head),
+            Err(KdaError::Alignment { tensor: "o", required: 8, .. })
+        ));
     }
 }
