@@ -211,7 +211,9 @@ impl Kda {
     /// One decode step of `plan`'s sequences: reads each live sequence's state from its slot of
     /// `pool` (zeros for a fresh one), writes the state after the token back to the slot and the
     /// token's output to `o` (`[N, HV, V]` bf16; a padding sequence's rows untouched). Validates
-    /// every length first; a refused call launches nothing and writes nothing.
+    /// every length first, and that `q`, `k`, `v` and a per-key `g` start 16-byte aligned (the
+    /// kernel copies their rows 16 bytes at a time; buffers from an allocation are); a refused
+    /// call launches nothing and writes nothing.
     pub fn launch_decode<P: PoolElement>(
         &self,
         stream: &Arc<CudaStream>,
