@@ -265,12 +265,13 @@ pub mod decode {
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
 
+    /// Copies staging one token at the largest sizes: 16-byte copies of `q`, `k`, the gate and
+    /// `v`, and one f32 of `beta`.
+    const TOKEN_COPIES: usize = (RAW_BETA - RAW_Q) / COPY_BYTES + 1;
+
     const _: () = {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
-        assert!(
-            (2 * MAX_K + 2 * MAX_K + 4 * MAX_K + 2 * COLS) / COPY_BYTES + 1 <= THREADS,
-            "one copy per thread per token stages a token's rows"
-        );
+        assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
         assert!(3 * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
     };
 }
