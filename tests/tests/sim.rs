@@ -946,7 +946,7 @@ fn sim_pool_copy<P: PoolElement>(
 /// boundary; every slot no live sequence names keeps its bits.
 #[test]
 fn the_pooled_prefill_matches_the_pooled_reference() {
-    let case = kda_tests::PooledPrefillCase::new(kda::layer::LayerKind::Gdn, 64, 70);
+    let case = kda_tests::PooledPrefillCase::new(kda::layer::LayerKind::Gdn, 128, 300);
     let (slots, fresh_table) = SlotUse::decode_tables(&case.uses);
     let state = case.pool_shape.value_heads * case.pool_shape.state_len();
     let mut got_pool = case.pool.clone();
