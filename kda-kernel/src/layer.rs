@@ -25,15 +25,18 @@
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, log2_approx, mma_m16n8k8_tf32, rcp_approx,
-    ld_global_v4, rsqrt_approx, shfl_xor, sync_threads, sync_warp, thread_idx_x, vote_any,
+    bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
+    log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rsqrt_approx, shfl_xor, st_shared_u32,
+    sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
-    OPT_BETA_SIGMOID, OPT_L2NORM, ROW_WORDS, STAGED_ROW, SUB, SUBS, THREADS,
+    OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
+    STAGED_ROW, SUB, SUBS, THREADS,
 };
+use crate::layout::portable::Place;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
@@ -41,9 +44,11 @@ const LN_2: f32 = core::f32::consts::LN_2;
 pub(crate) const L2NORM_EPS: f32 = 1e-6;
 /// Lanes of a warp.
 const LANES: usize = 32;
-/// Columns of an `mma` tile (its `N`) and depth of one `mma` (its `K`).
+/// Columns of an `mma` tile (its `N`) and depth of one TF32 `mma` (its `K`).
 const TILE_N: usize = 8;
 const TILE_K: usize = 8;
+/// Depth of one bf16 `mma` (`m16n8k16`), the output's products.
+const MMA_K: usize = 16;
 /// The sub-block pairs `(bi, bj)`, `bi > bj`, below the diagonal: one warp each.
 const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)];
 
@@ -891,11 +896,12 @@ kernel_entry! {
     }
 }
 
-/// The output kernel's shared tiles its last step reads.
+/// The output kernel's shared tiles its last step reads (bf16, rows 16-byte aligned for
+/// `ldmatrix`).
 #[derive(Clone, Copy)]
 struct Tiles {
-    /// `q Γ`, f32 `[CHUNK][ROW_WORDS]`.
-    queries: Shared<f32>,
+    /// `q Γ`, `[CHUNK][KEY_ROW]`.
+    qg: Shared<u16>,
     /// The causal attention, bf16 `[CHUNK][ATTENTION_ROW]`.
     attention: Shared<u16>,
     /// The entry state `h`, bf16 `[MAX_K][STAGED_ROW]` key-major.
@@ -915,32 +921,39 @@ struct OutputBlock {
 }
 
 impl OutputBlock {
-    /// `(q Γ) h + P v_new` over the block's `N` n8 tiles, each valid element through
-    /// `store(row, column, value)`.
+    /// `(q Γ) h + P v_new` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every operand
+    /// read with `ldmatrix`: the A fragment once per k-step for all tiles, the B fragments two
+    /// tiles at a time), each valid element through `store(row, column, value)`.
     ///
     /// # Safety
     /// The warp calls it together, the tiles written for the chunk.
     #[inline(always)]
     unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, f32)) {
         let (r0, c0, l) = (self.r0, self.c0, self.l);
+        let place = Place::of(thread_idx_x());
+        let address = |tile: Shared<u16>, stride: usize, (r, c): (usize, usize)| tile.add(r * stride + c).addr();
         let mut acc = [[0.0f32; 4]; N];
-        // SAFETY (block): every index inside its tile (`Dims::valid`); the warp is converged.
-        unsafe {
-            mma_tiles(
-                &mut acc,
-                kd,
-                l,
-                |m, a| at(t.queries, ROW_WORDS, r0 + m, a),
-                |a, n| bf16_to_f32(t.staged_h.add(a * STAGED_ROW + c0 + n).ld()),
-            );
-            mma_tiles(
-                &mut acc,
-                r0 + SUB,
-                l,
-                |m, s| bf16_to_f32(t.attention.add((r0 + m) * ATTENTION_ROW + s).ld()),
-                |s, n| bf16_to_f32(t.staged_v.add(s * STAGED_ROW + c0 + n).ld()),
-            );
-        }
+        // `acc += A B` over `depth` for the A tile's rows `r0..r0 + 16` and the B tile's
+        // columns from `c0`.
+        let mut product = |a_tile: Shared<u16>, a_stride: usize, b_tile: Shared<u16>, depth: usize| {
+            // SAFETY (block): every block inside its tile (`Dims::valid`; rows 16-byte aligned
+            // by `layout::layer`); the warp is converged (the caller's contract).
+            unsafe {
+                for k0 in (0..depth).step_by(MMA_K) {
+                    let a = ldmatrix_x4(address(a_tile, a_stride, place.ldmatrix_down_then_right(r0, k0)));
+                    for pair in 0..N / 2 {
+                        let at = place.ldmatrix_down_then_right(k0, c0 + 2 * TILE_N * pair);
+                        let b = ldmatrix_x4_trans(address(b_tile, STAGED_ROW, at));
+                        mma_m16n8k16_bf16(&mut acc[2 * pair], a, [b[0], b[1]]);
+                        mma_m16n8k16_bf16(&mut acc[2 * pair + 1], a, [b[2], b[3]]);
+                    }
+                }
+            }
+        };
+        // `q Γ` by `h` over the keys, then the attention by `v_new` over the rows up to the
+        // block's own (the attention is zero past its diagonal).
+        product(t.qg, KEY_ROW, t.staged_h, kd);
+        product(t.attention, ATTENTION_ROW, t.staged_v, r0 + SUB);
         for (j, acc) in acc.iter().enumerate() {
             for (e, x) in acc.iter().enumerate() {
                 let (m, n) = l.acc_at(e);
@@ -991,12 +1004,15 @@ kernel_entry! {
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
             let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-            let queries = Shared::<f32>::base();
-            let keys = queries.add(CHUNK * ROW_WORDS).cast::<u16>();
-            let gates = Gates { tile: keys.add(CHUNK * KEY_ROW).cast::<f32>(), per_key: d.per_key_gate() };
-            let attention = gates.tile.add(CHUNK * ROW_WORDS).cast::<u16>();
-            // Staged once the attention is formed, over the keys and the gate (bf16).
-            let staged_h = keys;
+            let base = Shared::<u8>::base();
+            let keys = base.cast::<u16>();
+            let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
+            let gates = Gates { tile: base.add(OUTPUT_GATES_AT).cast::<f32>(), per_key: d.per_key_gate() };
+            let attention = base.add(OUTPUT_ATTENTION_AT).cast::<u16>();
+            // Once the attention is formed: `q Γ` over the keys, `h` and `v_new` over the queries
+            // and the gate (bf16; `layout::layer::OUTPUT_WORDS`).
+            let qg = keys;
+            let staged_h = base.add(OUTPUT_STAGED_AT).cast::<u16>();
             let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
             // The keys (normalised when asked) through the query tile into their bf16 tile, then the
@@ -1016,11 +1032,13 @@ kernel_entry! {
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
-            // q Γ, for the entry state's part.
-            for e in strided(tid, CHUNK * kd) {
-                let (r, a) = split(e, kd);
-                let x = queries.add(r * ROW_WORDS + a);
-                x.st(x.ld() * exp(gates.at(r, a)));
+            // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
+            // two elements at a time.
+            for e in strided(tid, CHUNK * kd / 2) {
+                let (r, a) = split(2 * e, kd);
+                let q0 = at(queries, ROW_WORDS, r, a) * exp(gates.at(r, a));
+                let q1 = at(queries, ROW_WORDS, r, a + 1) * exp(gates.at(r, a + 1));
+                st_shared_u32(qg.add(r * KEY_ROW + a).addr(), pack_bf16x2(q0, q1));
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).
@@ -1042,7 +1060,7 @@ kernel_entry! {
             let (rb, half) = (warp % SUBS, warp / SUBS);
             let r0 = rb * SUB;
             let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
-            let tiles = Tiles { queries, attention, staged_h, staged_v };
+            let tiles = Tiles { qg, attention, staged_h, staged_v };
             let row_of = |r: usize| ((t0 + r) * hv + i) * vd;
             if vd == MAX_V {
                 block.run::<OUTPUT_TILES>(tiles, kd, |r, c, x| *o.add(row_of(r) + c) = f32_to_bf16(scale * x));

@@ -156,9 +156,10 @@ pub mod layer {
     pub const MATRIX_ROW_WORDS: usize = CHUNK + 4;
     /// f32 words between the rows of a sub-block's inverse (`[SUB][SUB]`).
     pub const INVERSE_ROW_WORDS: usize = SUB + 4;
-    /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 4`
-    /// (a 2-words-mod-32 stride: a `B` fragment's reads at most two to a bank).
-    pub const STAGED_ROW: usize = MAX_V + 4;
+    /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 8`
+    /// (rows 16-byte aligned for `ldmatrix`, and 4 words apart mod 32 banks, so the 8 rows of
+    /// one 8 x 8 matrix fall on different banks).
+    pub const STAGED_ROW: usize = MAX_V + 8;
     /// bf16 elements between the rows of the output kernel's key tile: `MAX_K + 8` (a
     /// 4-words-mod-32 stride, as `ROW_WORDS`).
     pub const KEY_ROW: usize = MAX_K + 8;
@@ -175,12 +176,20 @@ pub mod layer {
         2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * MATRIX_ROW_WORDS + SUBS * SUB * INVERSE_ROW_WORDS;
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
-    /// f32 words of the output kernel's shared memory: the chunk's queries and cumulative gate
-    /// (`[CHUNK][ROW_WORDS]` f32 each), its keys (`[CHUNK][KEY_ROW]` bf16), the causal attention
-    /// (`[CHUNK][ATTENTION_ROW]` bf16); `h` and `v_new` are staged (bf16) over the keys and the
-    /// gate once the attention is formed. 92 KB: every sm_80+ GPU holds it, two CTAs per SM
-    /// on 9.x.
-    pub const OUTPUT_WORDS: usize = 2 * CHUNK * ROW_WORDS + CHUNK * KEY_ROW / 2 + CHUNK * ATTENTION_ROW / 2;
+    /// f32 words of the output kernel's shared memory: the chunk's keys (`[CHUNK][KEY_ROW]` bf16),
+    /// queries (`[CHUNK][ROW_WORDS]` f32), cumulative gate (`[CHUNK][ROW_WORDS]` f32) and causal
+    /// attention (`[CHUNK][ATTENTION_ROW]` bf16). Once the attention is formed, `q Γ` (bf16, the
+    /// keys' shape) replaces the keys, and `h` (`[MAX_K][STAGED_ROW]`) and `v_new`
+    /// (`[CHUNK][STAGED_ROW]`, bf16) are staged over the queries and the gate. 92 KB: every
+    /// sm_80+ GPU holds it, two CTAs per SM on 9.x.
+    pub const OUTPUT_WORDS: usize = OUTPUT_ATTENTION_AT / 4 + CHUNK * ATTENTION_ROW / 2;
+    /// Byte offsets in the output kernel's shared memory (see [`OUTPUT_WORDS`]); the keys (then
+    /// `q Γ`) at 0.
+    pub const OUTPUT_QUERIES_AT: usize = CHUNK * KEY_ROW * 2;
+    pub const OUTPUT_GATES_AT: usize = OUTPUT_QUERIES_AT + CHUNK * ROW_WORDS * 4;
+    pub const OUTPUT_ATTENTION_AT: usize = OUTPUT_GATES_AT + CHUNK * ROW_WORDS * 4;
+    /// Where the staged `h` starts; `v_new` follows it.
+    pub const OUTPUT_STAGED_AT: usize = OUTPUT_QUERIES_AT;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
 
@@ -189,8 +198,14 @@ pub mod layer {
         assert!(MAX_V <= MAX_K, "u's columns of the solution fit the gate tile");
         assert!(THREADS / 32 == 8 && SUBS == 4, "eight warps: the six lower sub-block pairs, then 4 x 2 output tiles");
         assert!(
-            (MAX_K + CHUNK) * STAGED_ROW * 2 <= CHUNK * KEY_ROW * 2 + CHUNK * ROW_WORDS * 4,
-            "h and v_new fit over keys and gate"
+            OUTPUT_STAGED_AT + (MAX_K + CHUNK) * STAGED_ROW * 2 <= OUTPUT_ATTENTION_AT,
+            "h and v_new fit over the queries and the gate"
+        );
+        assert!(
+            OUTPUT_STAGED_AT.is_multiple_of(16)
+                && OUTPUT_ATTENTION_AT.is_multiple_of(16)
+                && (STAGED_ROW * 2).is_multiple_of(16),
+            "the tiles ldmatrix reads start and keep their rows 16-byte aligned"
         );
         assert!(KEY_ROW.is_multiple_of(2), "the gate tile after the keys stays 4-byte aligned");
         assert!(

@@ -39,6 +39,12 @@ impl<T> Shared<T> {
         Self::at(self.addr.wrapping_add((n as u32).wrapping_mul(core::mem::size_of::<T>() as u32)))
     }
 
+    /// The address itself (for the instructions that take one: `ldmatrix`, 32-bit stores).
+    #[inline(always)]
+    pub(crate) fn addr(self) -> u32 {
+        self.addr
+    }
+
     /// The same address read as `U`s (a tile of another type laid after this one).
     #[inline(always)]
     pub(crate) fn cast<U>(self) -> Shared<U> {

@@ -28,9 +28,9 @@
 //!   summation order (tested to 1e-9); with [`Rounding::Kernels`] `k'`, `w` and `u` are rounded to
 //!   bf16, the recurrence is [`crate::reference::model_reference`] (the contract's rounding of
 //!   `S` and `v_new`), and the output's intra-chunk product takes the L2-normalised keys in bf16
-//!   and rounds the causal attention to bf16 before its product with `v_new` (as the output
-//!   kernel and FLA do), so the output shows the precision a layer built on this library's
-//!   recurrence reaches.
+//!   and rounds `q Γ` and the causal attention to bf16 before their products with `h` and
+//!   `v_new` (as the output kernel and FLA do), so the output shows the precision a layer built on
+//!   this library's recurrence reaches.
 //!
 //! The products with `Γ` are formed from differences of `G` (`exp(G[t] - G[s])`, never a ratio
 //! of exponentials), which stay in range however strong the decay.
@@ -651,16 +651,16 @@ impl Chunk {
     }
 
     /// The chunk's output rows from its entry state `s0` (`[K][V]`) and corrected values `vn`,
-    /// the causal attention rounded by `attention` before its product with `vn`.
-    fn output(&self, s0: &[f64], vn: &[Vec<f64>], scale: f64, attention: impl Fn(f64) -> f64) -> Vec<f64> {
+    /// the products' left operands (`q Γ` and the causal attention) rounded by `operand`.
+    fn output(&self, s0: &[f64], vn: &[Vec<f64>], scale: f64, operand: impl Fn(f64) -> f64) -> Vec<f64> {
         let (kd, vd) = (self.tokens[0].k.len(), self.tokens[0].v.len());
         let mut o = Vec::with_capacity(self.tokens.len() * vd);
         for r in 0..self.tokens.len() {
             let q = &self.tokens[r].q;
-            let qg: Vec<f64> = (0..kd).map(|a| q[a] * self.g(r, a).exp()).collect();
+            let qg: Vec<f64> = (0..kd).map(|a| operand(q[a] * self.g(r, a).exp())).collect();
             let mut row: Vec<f64> = (0..vd).map(|c| (0..kd).map(|a| qg[a] * s0[a * vd + c]).sum()).collect();
             for (s, vs) in vn.iter().enumerate().take(r + 1) {
-                let att = attention(self.gated_dot(q, r, &self.tokens[s].k, s));
+                let att = operand(self.gated_dot(q, r, &self.tokens[s].k, s));
                 row.iter_mut().zip(vs).for_each(|(o, v)| *o += att * v);
             }
             o.extend(row.into_iter().map(|x| scale * x));
@@ -798,11 +798,11 @@ fn chunked_on_the_contract(p: &LayerProblem) -> Result<LayerOutputs, KdaError> {
                 let vn: Vec<Vec<f64>> = (0..chunk.tokens.len())
                     .map(|r| rec.v_new[((t0 + r) * hv + i) * vd..][..vd].iter().map(|x| x.to_f64()).collect())
                     .collect();
-                // Keys given in bf16 stay as given; normalised ones are rounded, and the attention
-                // is (see the module).
+                // Keys given in bf16 stay as given; normalised ones are rounded, and so are the
+                // output products' operands (see the module).
                 let output_chunk = p.options.l2norm_qk.then(|| chunk.with_bf16_keys());
-                let bf16_attention = |a: f64| bf16::from_f64(a).to_f64();
-                o.extend(output_chunk.as_ref().unwrap_or(chunk).output(&s0, &vn, p.options.scale, bf16_attention));
+                let bf16_operand = |a: f64| bf16::from_f64(a).to_f64();
+                o.extend(output_chunk.as_ref().unwrap_or(chunk).output(&s0, &vn, p.options.scale, bf16_operand));
             }
             let at = (n * hv + i) * state;
             ((*n, *i), (o, rec.ht[at..at + state].iter().map(|&x| x as f64).collect()))
