@@ -1,7 +1,9 @@
-//! `xtask profile [--shape NAME] [--skip N] [--out DIR] [--bundle DIR]`: an Nsight Compute profile
-//! of one launch of the Hopper kernel under `kda run` on one shape (default `fixed_8192`), after
-//! skipping `N` of its launches (default 3; a split shape launches the kernel twice per run, the
-//! pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks left alone. Leaves in
+//! `xtask profile [--shape NAME | --layer NAME] [--skip N] [--out DIR] [--bundle DIR]`: an Nsight
+//! Compute profile of one launch of the Hopper kernel under `kda run` on one shape (default
+//! `fixed_8192`), after skipping `N` of its launches (default 3; a split shape launches the kernel
+//! twice per run, the pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks
+//! left alone; with `--layer`, of the layer's two token-parallel kernels (`kda_layer_prepare`,
+//! `kda_layer_output`) under `kda layer --bench NAME`, past its checked first run. Leaves in
 //! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
 //! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
 
@@ -13,6 +15,10 @@ use std::time::Duration;
 
 /// Every entry of the Hopper kernel (wide, narrow, each key size).
 const KERNEL: &str = "regex:^kda_fwd_h_hopper";
+/// The layer's token-parallel kernels.
+const LAYER_KERNELS: &str = "regex:^kda_layer_";
+/// Layer launches skipped: the checked first run's prepare and output.
+const LAYER_SKIP: usize = 2;
 const SECTIONS: &[&str] = &[
     "SpeedOfLight",
     "MemoryWorkloadAnalysis",
@@ -28,28 +34,39 @@ const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("profile", args, &["--shape", "--skip", "--out", "--bundle"], &[])?;
+    let a = Args::parse("profile", args, &["--shape", "--layer", "--skip", "--out", "--bundle"], &[])?;
     a.no_positional("profile")?;
+    let layer = a.value("--layer");
+    if layer.is_some() && a.value("--shape").is_some() {
+        return Err("profile: --shape and --layer name different runs; give one".into());
+    }
     let shape = a.value("--shape").unwrap_or("fixed_8192");
-    let skip = a.parsed::<usize>("--skip", DEFAULT_SKIP)?.to_string();
+    let default_skip = if layer.is_some() { LAYER_SKIP } else { DEFAULT_SKIP };
+    let skip = a.parsed::<usize>("--skip", default_skip)?.to_string();
     let out = a.path("--out", "target/profile");
     let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
     let ncu = cuda_cli("ncu");
     create_dir(&out)?;
     let scratch = Scratch::new("profile")?;
-    let input = scratch.join(&format!("{shape}.safetensors"));
-    println!("== inputs: {shape} -> {}", input.display());
-    shapes::write(shape, &input)?;
 
     let report = out.join("profile");
     let mut cmd = Command::new(&ncu);
-    cmd.args(["--clock-control", "none", "--kernel-name", KERNEL, "--launch-skip", &skip, "--launch-count", "1"]);
+    let (kernels, launches) = if layer.is_some() { (LAYER_KERNELS, "2") } else { (KERNEL, "1") };
+    cmd.args(["--clock-control", "none", "--kernel-name", kernels, "--launch-skip", &skip, "--launch-count", launches]);
     for s in SECTIONS {
         cmd.args(["--section", s]);
     }
     cmd.args(["--import-source", "no", "-f", "-o"]).arg(&report);
-    cmd.arg(&kda).arg("run").arg("--inputs").arg(&input);
-    cmd.arg("--out").arg(scratch.join("out.safetensors")).args(["--repeat", "5"]);
+    if let Some(name) = layer {
+        // The layer's bench draws its own random inputs; one timed launch after the checked one.
+        cmd.arg(&kda).args(["layer", "--bench", name, "--repeat", "1"]);
+    } else {
+        let input = scratch.join(&format!("{shape}.safetensors"));
+        println!("== inputs: {shape} -> {}", input.display());
+        shapes::write(shape, &input)?;
+        cmd.arg(&kda).arg("run").arg("--inputs").arg(&input);
+        cmd.arg("--out").arg(scratch.join("out.safetensors")).args(["--repeat", "5"]);
+    }
     println!("== ncu: {}", describe(&cmd));
     let (f, log) = run_logged(&mut cmd, PROFILE_TIMEOUT, &out.join("ncu_run.txt"))?;
     println!("== ncu: {}\n{}", f.describe(), tail(&log, 5));
