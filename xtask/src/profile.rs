@@ -3,7 +3,8 @@
 //! `fixed_8192`), after skipping `N` of its launches (default 3; a split shape launches the kernel
 //! twice per run, the pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks
 //! left alone; with `--layer`, of the layer's two token-parallel kernels (`kda_layer_prepare`,
-//! `kda_layer_output`) under `kda layer --bench NAME`, past its checked first run. Leaves in
+//! `kda_layer_output`) under `kda layer --bench NAME`, past its checked first run; with
+//! `--portable`, of the portable tensor-core kernel (`KDA_KERNEL=portable`) on the shape. Leaves in
 //! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
 //! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
 
@@ -15,6 +16,8 @@ use std::time::Duration;
 
 /// Every entry of the Hopper kernel (wide, narrow, each key size).
 const KERNEL: &str = "regex:^kda_fwd_h_hopper";
+/// Every entry of the portable tensor-core kernel (each key size).
+const PORTABLE_KERNEL: &str = "regex:^kda_fwd_h_portable";
 /// The layer's token-parallel kernels.
 const LAYER_KERNELS: &str = "regex:^kda_layer_";
 /// Layer launches skipped: the checked first run's prepare and output.
@@ -34,11 +37,13 @@ const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("profile", args, &["--shape", "--layer", "--skip", "--out", "--bundle"], &[])?;
+    let a = Args::parse("profile", args, &["--shape", "--layer", "--skip", "--out", "--bundle"], &["--portable"])?;
     a.no_positional("profile")?;
     let layer = a.value("--layer");
-    if layer.is_some() && a.value("--shape").is_some() {
-        return Err("profile: --shape and --layer name different runs; give one".into());
+    if layer.is_some() && (a.value("--shape").is_some() || a.has("--portable")) {
+        return Err(
+            "profile: --layer profiles the layer's own kernels; --shape and --portable name a recurrence run".into()
+        );
     }
     let shape = a.value("--shape").unwrap_or("fixed_8192");
     let default_skip = if layer.is_some() { LAYER_SKIP } else { DEFAULT_SKIP };
@@ -51,7 +56,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let report = out.join("profile");
     let mut cmd = Command::new(&ncu);
-    let (kernels, launches) = if layer.is_some() { (LAYER_KERNELS, "2") } else { (KERNEL, "1") };
+    let portable = a.has("--portable");
+    let (kernels, launches) = match (layer, portable) {
+        (Some(_), _) => (LAYER_KERNELS, "2"),
+        (None, true) => (PORTABLE_KERNEL, "1"),
+        (None, false) => (KERNEL, "1"),
+    };
+    if portable {
+        cmd.env("KDA_KERNEL", "portable");
+    }
     cmd.args(["--clock-control", "none", "--kernel-name", kernels, "--launch-skip", &skip, "--launch-count", launches]);
     for s in SECTIONS {
         cmd.args(["--section", s]);
