@@ -52,46 +52,68 @@ impl<T> Shared<T> {
     }
 }
 
-impl Shared<f32> {
-    /// `ld.shared.f32`.
+/// An element a shared tile holds, with its load and store instructions.
+pub(crate) trait Element: Copy {
+    /// Loads the element at `addr`.
     ///
     /// # Safety
-    /// The address lies inside the CTA's allocation (4-byte aligned).
+    /// `addr` lies inside the CTA's allocation, aligned to the element's size.
+    unsafe fn load(addr: u32) -> Self;
+
+    /// Stores `v` at `addr`.
+    ///
+    /// # Safety
+    /// As [`Element::load`].
+    unsafe fn store(addr: u32, v: Self);
+}
+
+impl Element for f32 {
     #[inline(always)]
-    pub(crate) unsafe fn ld(self) -> f32 {
+    unsafe fn load(addr: u32) -> Self {
         // SAFETY: the caller's contract.
-        unsafe { ld_shared_f32(self.addr) }
+        unsafe { ld_shared_f32(addr) }
     }
 
-    /// `st.shared.f32`.
-    ///
-    /// # Safety
-    /// As [`Shared::ld`].
     #[inline(always)]
-    pub(crate) unsafe fn st(self, v: f32) {
+    unsafe fn store(addr: u32, v: Self) {
         // SAFETY: the caller's contract.
-        unsafe { st_shared_f32(self.addr, v) }
+        unsafe { st_shared_f32(addr, v) }
     }
 }
 
-impl Shared<u16> {
-    /// `ld.shared.b16` (a bf16's bits).
-    ///
-    /// # Safety
-    /// The address lies inside the CTA's allocation (2-byte aligned).
+/// A bf16's bits.
+impl Element for u16 {
     #[inline(always)]
-    pub(crate) unsafe fn ld(self) -> u16 {
+    unsafe fn load(addr: u32) -> Self {
         // SAFETY: the caller's contract.
-        unsafe { ld_shared_u16(self.addr) }
+        unsafe { ld_shared_u16(addr) }
     }
 
-    /// `st.shared.b16`.
+    #[inline(always)]
+    unsafe fn store(addr: u32, v: Self) {
+        // SAFETY: the caller's contract.
+        unsafe { st_shared_u16(addr, v) }
+    }
+}
+
+impl<T: Element> Shared<T> {
+    /// `ld.shared` of the element here.
+    ///
+    /// # Safety
+    /// The address lies inside the CTA's allocation, aligned to `T`.
+    #[inline(always)]
+    pub(crate) unsafe fn ld(self) -> T {
+        // SAFETY: the caller's contract.
+        unsafe { T::load(self.addr) }
+    }
+
+    /// `st.shared` of `v` here.
     ///
     /// # Safety
     /// As [`Shared::ld`].
     #[inline(always)]
-    pub(crate) unsafe fn st(self, v: u16) {
+    pub(crate) unsafe fn st(self, v: T) {
         // SAFETY: the caller's contract.
-        unsafe { st_shared_u16(self.addr, v) }
+        unsafe { T::store(self.addr, v) }
     }
 }

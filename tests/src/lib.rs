@@ -630,7 +630,7 @@ pub struct PooledPrefillCase {
     /// The pool after the call, and each live sequence's `o`, by the reference.
     pub want_pool: Vec<f32>,
     pub want_o: Vec<Option<Vec<f32>>>,
-    /// The bound on each sequence's `o` (see [`PooledPrefillCase::o_bounds`]).
+    /// The bound on each sequence's `o`: 1.5x the CPU model of the kernels' pipeline where it runs.
     pub o_bound: Vec<f64>,
 }
 
