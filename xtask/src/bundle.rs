@@ -1,9 +1,12 @@
-//! `cargo xtask bundle [--out DIR] [--with REV,...]`: the binaries a GPU machine without Rust
-//! runs, built here in release mode and copied into `target/gpu-bundle/` as `kda` (the CLI),
+//! `cargo xtask bundle [--out DIR] [--with REV,...] [--pack]`: the binaries a GPU machine without
+//! Rust runs, built here in release mode and copied into `target/gpu-bundle/` as `kda` (the CLI),
 //! `xtask` (this program: bench, gpu-suite, profile, sanitize, ab, gpu-session) and `gpu` (the GPU
 //! suite's test binary). `--with` also builds the `kda` of each git revision named (a branch, a
 //! commit) in a worktree of its own under `target/bundle-worktrees/`, copied in as
-//! `kda-<rev>`: the builds `xtask ab` compares on the GPU.
+//! `kda-<rev>`: the builds `xtask ab` compares on the GPU. `--pack` strips the binaries and packs
+//! the folder into `DIR.tar.xz` (a few MiB), for when the folder and the tracked tree together pass
+//! what a device call carries; on the GPU machine `tar xJf target/gpu-bundle.tar.xz -C target`
+//! unpacks it.
 
 use crate::args::Args;
 use crate::proc::{create_dir, repo_root};
@@ -15,7 +18,7 @@ use std::process::{Command, Stdio};
 const CARRY_LIMIT: u64 = 64 << 20;
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("bundle", args, &["--out", "--with"], &[])?;
+    let a = Args::parse("bundle", args, &["--out", "--with"], &["--pack"])?;
     a.no_positional("bundle")?;
     let root = repo_root();
     let out = a.path("--out", root.join("target/gpu-bundle"));
@@ -50,14 +53,65 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let others: Vec<String> = revisions.iter().map(|r| format!("{dir}/kda-{}", file_name_of(r))).collect();
         println!("compare on the GPU: {dir}/xtask ab {dir}/kda {}", others.join(" "));
     }
-    if total > CARRY_LIMIT {
+    let tree = tracked_bytes(&root)?;
+    let carried = if a.has("--pack") { pack(&out)? } else { total };
+    println!("{:>8.1} MiB  carried with the tracked tree's {:.1} MiB", mib(carried), mib(tree));
+    if tree + carried > CARRY_LIMIT {
+        let hint = if a.has("--pack") { "" } else { "; --pack strips and compresses it" };
         return Err(format!(
-            "the bundle is {:.1} MiB, over the {} MiB a device call carries",
-            mib(total),
+            "the bundle and the tracked tree are {:.1} MiB, over the {} MiB a device call carries{hint}",
+            mib(tree + carried),
             CARRY_LIMIT >> 20
         ));
     }
     Ok(())
+}
+
+/// Bytes of the files git tracks under `root` (what every device call carries besides the
+/// paths named).
+fn tracked_bytes(root: &Path) -> Result<u64, String> {
+    let out = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    let names = String::from_utf8_lossy(&out.stdout);
+    Ok(names
+        .split('\0')
+        .filter(|n| !n.is_empty())
+        .filter_map(|n| std::fs::metadata(root.join(n)).ok())
+        .map(|m| m.len())
+        .sum())
+}
+
+/// Strips the binaries in `dir` (where `strip` exists: symbols only, the code is the same) and
+/// packs `dir` into `dir.tar.xz`; returns the archive's bytes.
+fn pack(dir: &Path) -> Result<u64, String> {
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let status = cmd.status().map_err(|e| format!("cannot run {what}: {e}"))?;
+        if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
+    };
+    let binaries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    if run(Command::new("strip").args(&binaries), "strip").is_err() {
+        println!("strip failed or is missing: packing the binaries unstripped");
+    }
+    let (parent, name) = match (dir.parent(), dir.file_name()) {
+        (Some(parent), Some(name)) => (parent, name),
+        _ => return Err(format!("{}: no parent folder to pack into", dir.display())),
+    };
+    let archive = parent.join(format!("{}.tar.xz", name.to_string_lossy()));
+    run(Command::new("tar").env("XZ_OPT", "-6 -T0").arg("-cJf").arg(&archive).arg("-C").arg(parent).arg(name), "tar")?;
+    let bytes = std::fs::metadata(&archive).map_err(|e| format!("{}: {e}", archive.display()))?.len();
+    // Relative to the repository root, where commands on the GPU machine run.
+    let root = repo_root();
+    let rel = |p: &Path| p.strip_prefix(&root).unwrap_or(p).display().to_string();
+    let (archive, parent) = (rel(&archive), rel(parent));
+    println!("{:>8.1} MiB  {archive} (on the GPU machine: tar xJf {archive} -C {parent})", mib(bytes));
+    Ok(bytes)
 }
 
 /// `rev` as a file name: every character but letters, digits, `-`, `_` and `.` becomes `-`.
