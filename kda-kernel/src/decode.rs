@@ -400,7 +400,22 @@ unsafe fn add_halves(x: f32) -> f32 {
     x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
+/// The shared address of draft token `t`'s raw inputs (`layout::decode::RAW_AT`).
+fn raw_slot(t: usize) -> u32 {
+    smem_base_shared() + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32
+}
+
+/// The shared address of stage `t` (`q`, `k` and the decay per key; `layout::decode::STAGES_AT`).
+fn stage_of(t: usize) -> u32 {
+    smem_base_shared() + ((STAGES_AT + t * STAGE_WORDS) * 4) as u32
+}
+
 impl Token {
+    /// The gate's column of key `key`: the key's own with a gate per key, else the one.
+    fn gate_column(&self, key: usize) -> usize {
+        if self.gw == 1 { 0 } else { key }
+    }
+
     /// A token's view of the launch; `d` passed `sizes_run` (so `d.h` is positive).
     #[inline(always)]
     fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes) -> Self {
@@ -558,14 +573,13 @@ impl Token {
         let k_end = 2 * q_end;
         let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
         let v_end = g_end + COLS * 2 / COPY_BYTES;
-        let raw0 = smem_base_shared() + (RAW_AT * 4) as u32;
         // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
         unsafe {
             let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
             for t in 0..MAX_DRAFT {
                 if t < d {
                     let row = first_row + t;
-                    let raw = raw0 + (t * RAW_TOKEN_BYTES) as u32;
+                    let raw = raw_slot(t);
                     let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
                     // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
                     if tid < q_end {
@@ -605,15 +619,13 @@ impl Token {
             sync_threads();
             let tid = thread_idx_x_fresh();
             if tid < self.kd {
-                let base = smem_base_shared();
                 for t in 0..MAX_DRAFT {
                     if t < d {
-                        let raw = base + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32;
-                        let a = if self.gw == 1 { 0 } else { tid };
+                        let raw = raw_slot(t);
                         let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
-                        let g = ld_shared_f32(raw + (RAW_G + 4 * a) as u32);
-                        self.stage_key(base + ((STAGES_AT + t * STAGE_WORDS) * 4) as u32, tid, q, k, g);
+                        let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
+                        self.stage_key(stage_of(t), tid, q, k, g);
                     }
                 }
             }
@@ -629,7 +641,7 @@ impl Token {
     /// `stage` is a stage's shared address, `key < K`.
     #[inline(always)]
     unsafe fn stage_key(&self, stage: u32, key: usize, q: f32, k: f32, raw: f32) {
-        let a = if self.gw == 1 { 0 } else { key };
+        let a = self.gate_column(key);
         // SAFETY (block): see the function's contract; `a_log` and `dt_bias` hold `HV` and
         // `HV * gate_width` values when present.
         unsafe {
@@ -666,20 +678,19 @@ impl Token {
             let c = self.col0 + VEC * at.col_lane;
             let (stage, v, b_raw) = match staged {
                 Some(t) => {
-                    let raw = base + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32;
+                    let raw = raw_slot(t);
                     let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
-                    (base + word(STAGES_AT + t * STAGE_WORDS), unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+                    (stage_of(t), unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
                 }
                 None => {
                     // The token's q, k and decay staged (one key per thread), and this thread's v
                     // and beta, all loads issued before any wait.
-                    let stage = base + word(STAGES_AT + parity * STAGE_WORDS);
+                    let stage = stage_of(parity);
                     let tid = thread_idx_x_fresh();
                     if tid < kd {
                         let e = head_row * kd + tid;
-                        let a = if self.gw == 1 { 0 } else { tid };
                         let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
-                        self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + a));
+                        self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + self.gate_column(tid)));
                     }
                     let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
                     let b_raw = *self.beta.add(value_row);

@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
-    log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rsqrt_approx, shfl_xor, st_shared_u32,
+    log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rsqrt_approx, shfl_xor,
     sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
@@ -1038,7 +1038,7 @@ kernel_entry! {
                 let (r, a) = split(2 * e, kd);
                 let q0 = at(queries, ROW_WORDS, r, a) * exp(gates.at(r, a));
                 let q1 = at(queries, ROW_WORDS, r, a + 1) * exp(gates.at(r, a + 1));
-                st_shared_u32(qg.add(r * KEY_ROW + a).addr(), pack_bf16x2(q0, q1));
+                qg.add(r * KEY_ROW + a).cast::<u32>().st(pack_bf16x2(q0, q1));
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).

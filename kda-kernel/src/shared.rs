@@ -3,7 +3,9 @@
 //! immediate offsets, where a generic pointer (`cvta.shared`) costs 64-bit address arithmetic and
 //! a generic `LD` / `ST` the hardware must first resolve to shared memory.
 
-use crate::arch::sm80::{ld_shared_f32, ld_shared_u16, smem_base_shared, st_shared_f32, st_shared_u16};
+use crate::arch::sm80::{
+    ld_shared_f32, ld_shared_u16, ld_shared_u32, smem_base_shared, st_shared_f32, st_shared_u16, st_shared_u32,
+};
 use core::marker::PhantomData;
 
 /// The shared-window address of a `T` (or of the first `T` of a tile).
@@ -39,7 +41,7 @@ impl<T> Shared<T> {
         Self::at(self.addr.wrapping_add((n as u32).wrapping_mul(core::mem::size_of::<T>() as u32)))
     }
 
-    /// The address itself (for the instructions that take one: `ldmatrix`, 32-bit stores).
+    /// The address itself (for the instructions that take one, as `ldmatrix`).
     #[inline(always)]
     pub(crate) fn addr(self) -> u32 {
         self.addr
@@ -67,33 +69,32 @@ pub(crate) trait Element: Copy {
     unsafe fn store(addr: u32, v: Self);
 }
 
-impl Element for f32 {
-    #[inline(always)]
-    unsafe fn load(addr: u32) -> Self {
-        // SAFETY: the caller's contract.
-        unsafe { ld_shared_f32(addr) }
-    }
+/// `Element` for `$t` through the wrappers of its `ld.shared` and `st.shared`.
+macro_rules! element {
+    ($($(#[$doc:meta])* $t:ty => $load:ident, $store:ident;)*) => {$(
+        $(#[$doc])*
+        impl Element for $t {
+            #[inline(always)]
+            unsafe fn load(addr: u32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { $load(addr) }
+            }
 
-    #[inline(always)]
-    unsafe fn store(addr: u32, v: Self) {
-        // SAFETY: the caller's contract.
-        unsafe { st_shared_f32(addr, v) }
-    }
+            #[inline(always)]
+            unsafe fn store(addr: u32, v: Self) {
+                // SAFETY: the caller's contract.
+                unsafe { $store(addr, v) }
+            }
+        }
+    )*};
 }
 
-/// A bf16's bits.
-impl Element for u16 {
-    #[inline(always)]
-    unsafe fn load(addr: u32) -> Self {
-        // SAFETY: the caller's contract.
-        unsafe { ld_shared_u16(addr) }
-    }
-
-    #[inline(always)]
-    unsafe fn store(addr: u32, v: Self) {
-        // SAFETY: the caller's contract.
-        unsafe { st_shared_u16(addr, v) }
-    }
+element! {
+    f32 => ld_shared_f32, st_shared_f32;
+    /// A bf16's bits.
+    u16 => ld_shared_u16, st_shared_u16;
+    /// Two bf16's bits (the first in the low half).
+    u32 => ld_shared_u32, st_shared_u32;
 }
 
 impl<T: Element> Shared<T> {
