@@ -37,6 +37,14 @@ impl StateLayout {
             StateLayout::ValueFirst => StateLayoutCode::ValueFirst as u32,
         }
     }
+
+    /// Offset of element (key `kk`, value column `v`) inside one `K x V` state in this layout.
+    pub fn index(self, key_dim: usize, value_dim: usize, kk: usize, v: usize) -> usize {
+        match self {
+            StateLayout::KeyFirst => kk * value_dim + v,
+            StateLayout::ValueFirst => v * key_dim + kk,
+        }
+    }
 }
 
 /// Head counts, head sizes, gates and state layout of a problem.
@@ -101,10 +109,7 @@ impl ModelShape {
 
     /// Offset of element `(kk, v)` inside one state, in this layout.
     pub fn state_index(&self, kk: usize, v: usize) -> usize {
-        match self.layout {
-            StateLayout::KeyFirst => kk * self.value_dim + v,
-            StateLayout::ValueFirst => v * self.key_dim + kk,
-        }
+        self.layout.index(self.key_dim, self.value_dim, kk, v)
     }
 }
 

@@ -398,6 +398,53 @@ pub fn checkpoint_tables(
     Ok(t)
 }
 
+/// The states sequences of `uses` start from, gathered from `pool` as a key-first `h0`
+/// (`[uses.len(), HV, K, V]` f32): a continuing sequence's slot, read exactly whatever the pool's
+/// layout; zeros for a fresh or a padding one. Fails when `pool` does not hold `shape` or a slot
+/// lies past it.
+///
+/// ```
+/// use kda::StateLayout;
+/// use kda::pool::{PoolShape, SlotUse, StateDtype, initial_states};
+/// let shape = PoolShape { slots: 2, value_heads: 1, key_dim: 64, value_dim: 64, layout: StateLayout::KeyFirst, dtype: StateDtype::F32 };
+/// let pool: Vec<f32> = (0..2 * 64 * 64).map(|x| x as f32).collect();
+/// let h0 = initial_states(&pool, &shape, &[SlotUse::Continue(1), SlotUse::Start(0)])?;
+/// assert_eq!(&h0[..64 * 64], &pool[64 * 64..]); // slot 1's state
+/// assert!(h0[64 * 64..].iter().all(|&x| x == 0.0)); // a fresh sequence starts from zeros
+/// # Ok::<(), kda::KdaError>(())
+/// ```
+pub fn initial_states(pool: &[f32], shape: &PoolShape, uses: &[SlotUse]) -> Result<Vec<f32>, KdaError> {
+    let len = shape.len()?;
+    if pool.len() != len {
+        return Err(KdaError::Shape {
+            tensor: "pool",
+            expected: format!("{shape:?}"),
+            expected_len: len,
+            actual: format!("{} elements", pool.len()),
+        });
+    }
+    let (hv, kd, vd) = (shape.value_heads, shape.key_dim, shape.value_dim);
+    let state = kd * vd;
+    let mut h0 = vec![0f32; uses.len() * hv * state];
+    for (n, u) in uses.iter().enumerate() {
+        if let SlotUse::Continue(slot) = *u {
+            for i in 0..hv {
+                let base = shape.offset(slot, i).ok_or_else(|| KdaError::Argument {
+                    name: "slot_indices",
+                    reason: format!("sequence {n}: slot {slot} is past the pool's {} slots", shape.slots),
+                })?;
+                let dst = &mut h0[(n * hv + i) * state..][..state];
+                for a in 0..kd {
+                    for c in 0..vd {
+                        dst[a * vd + c] = pool[base + shape.layout.index(kd, vd, a, c)];
+                    }
+                }
+            }
+        }
+    }
+    Ok(h0)
+}
+
 /// The layer by its definition over a state pool, as serving runs it (a prefill,
 /// or a decode step of one or a few tokens per sequence): sequence `n` starts from its slot's
 /// state (`uses[n]`: zeros when it starts fresh) and writes its final state back to the slot; a
@@ -421,38 +468,12 @@ pub fn layer_reference_pooled(
         return bad("slot_indices", format!("{} uses for {} sequences", uses.len(), p.plan.num_seqs()));
     }
     shape.check_holds(&s)?;
-    let len = shape.len()?;
-    if pool.len() != len {
-        return Err(KdaError::Shape {
-            tensor: "pool",
-            expected: format!("{shape:?}"),
-            expected_len: len,
-            actual: format!("{} elements", pool.len()),
-        });
-    }
     let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
     let state = kd * vd;
-    // Element (a, c) of a head's state in the pool's layout.
-    let at = |a: usize, c: usize| match shape.layout {
-        StateLayout::KeyFirst => a * vd + c,
-        StateLayout::ValueFirst => c * kd + a,
-    };
     // The pooled states in, as the key-first `h0` of the live sequences' sub-problem.
     let live: Vec<usize> = (0..uses.len()).filter(|&n| uses[n] != SlotUse::Padding).collect();
-    let mut h0 = vec![0f32; live.len() * hv * state];
-    for (m, &n) in live.iter().enumerate() {
-        if let SlotUse::Continue(slot) = uses[n] {
-            for i in 0..hv {
-                let base = shape.offset(slot, i).expect("slot_uses checked the slot");
-                let dst = &mut h0[(m * hv + i) * state..][..state];
-                for a in 0..kd {
-                    for c in 0..vd {
-                        dst[a * vd + c] = pool[base + at(a, c)];
-                    }
-                }
-            }
-        }
-    }
+    let live_uses: Vec<SlotUse> = live.iter().map(|&n| uses[n]).collect();
+    let h0 = initial_states(pool, shape, &live_uses)?;
     let seqs = p.plan.seqs();
     let spans: Vec<(usize, std::ops::Range<usize>)> = live.iter().map(|&n| (n, 0..seqs[n].len)).collect();
     let sub = LayerProblem { h0: Some(h0), ..p.select(&spans) };
@@ -467,7 +488,7 @@ pub fn layer_reference_pooled(
             let src = &out.ht[(m * hv + i) * state..][..state];
             for a in 0..kd {
                 for c in 0..vd {
-                    pool[base + at(a, c)] = shape.dtype.stored(src[a * vd + c]);
+                    pool[base + shape.layout.index(kd, vd, a, c)] = shape.dtype.stored(src[a * vd + c]);
                 }
             }
         }

@@ -667,13 +667,7 @@ impl PooledPrefillCase {
         want_o: &[Option<Vec<f32>>],
     ) -> Vec<f64> {
         use kda::layer::{Rounding, layer_chunked};
-        let state = pool_shape.value_heads * pool_shape.state_len();
-        let mut h0 = vec![0.0f32; uses.len() * state];
-        for (n, u) in uses.iter().enumerate() {
-            if let kda::pool::SlotUse::Continue(slot) = *u {
-                h0[n * state..(n + 1) * state].copy_from_slice(&pool[slot * state..(slot + 1) * state]);
-            }
-        }
+        let h0 = kda::pool::initial_states(pool, pool_shape, uses).unwrap();
         let with_h0 = LayerProblem { h0: Some(h0), ..p.clone() };
         let Ok(model) = layer_chunked(&with_h0, Rounding::Kernels) else {
             return vec![LAYER_PEER_SPREAD; uses.len()];
