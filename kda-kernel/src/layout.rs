@@ -340,10 +340,12 @@ pub mod baseline {
 /// into fragments with `ldmatrix` (`.trans` where the product needs the transpose), its rows
 /// padded by `PAD` elements so that the eight rows of each 8 x 8 matrix hit different banks.
 ///
-/// Named barriers hand the stages over (`bar.arrive` by the side that is done, `bar.sync` by the
-/// side that waits, `THREADS` in all): `full_barrier(s)` when stage `s` has landed,
-/// `empty_barrier(s)` when the consumers are done with it, and `CONSUMER_BARRIER` among the
-/// consumers between the products of a chunk.
+/// A stage is announced full by the hardware: each producer lane ends its share of a chunk's
+/// copies with `cp.async.mbarrier.arrive` on the stage's `full` mbarrier, which counts once that
+/// lane's copies have landed, and the consumers arrive on it and wait for its phase; so the
+/// producer never waits for its own copies, only for free stages. The consumers hand a stage back
+/// on a named barrier (`bar.arrive` by them, `bar.sync` by the producer, `THREADS` in all),
+/// `empty_barrier(s)`, and meet on `CONSUMER_BARRIER` between the products of a chunk.
 pub mod portable {
     use super::CHUNK;
 
@@ -392,15 +394,19 @@ pub mod portable {
     /// The named barrier among the consumer warps (0 is `bar.sync 0`, the whole CTA's).
     pub const CONSUMER_BARRIER: u32 = 1;
 
-    /// The named barrier stage `stage`'s data has landed on.
-    pub const fn full_barrier(stage: usize) -> u32 {
+    /// The named barrier the consumers release stage `stage` on.
+    pub const fn empty_barrier(stage: usize) -> u32 {
         CONSUMER_BARRIER + 1 + stage as u32
     }
 
-    /// The named barrier the consumers release stage `stage` on.
-    pub const fn empty_barrier(stage: usize) -> u32 {
-        full_barrier(MAX_STAGES) + stage as u32
-    }
+    /// Arrivals that complete a phase of a stage's `full` mbarrier: the producer warp's 32 lanes
+    /// (each once its copies have landed) and every consumer thread (which then waits on the
+    /// phase with the token its arrival returned).
+    pub const FULL_ARRIVALS: u32 = (32 + CONSUMERS) as u32;
+
+    /// Bytes of the `full` mbarriers at the start of shared memory: 8 per stage, rounded up so
+    /// that the tiles after them stay 16-byte aligned.
+    pub const FULL_BARRIERS_BYTES: usize = (MAX_STAGES * 8).next_multiple_of(16);
 
     /// The shapes and shared-memory map of the kernel for key size `K`, whose consumer warps each
     /// hold `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
@@ -408,6 +414,7 @@ pub mod portable {
     ///
     /// | tile | layout |
     /// |---|---|
+    /// | `full` | one mbarrier per stage ([`FULL_BARRIERS_BYTES`]) |
     /// | `st` | `bf16(S)`, bf16 `[K][BV_STRIDE]` (key-major: the B operand of `w @ S`, read `.trans`) |
     /// | `vn` | `bf16(Vn)` (scaled by the scalar gate), bf16 `[CHUNK][BV_STRIDE]` (token-major: the B operand of `k^T @ Vn`, read `.trans`) |
     /// | `STAGES` x stage | below |
@@ -416,7 +423,7 @@ pub mod portable {
     /// |---|---|
     /// | `w` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (the A operand, read as it is) |
     /// | `k` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (`k^T` is the A operand, read `.trans`) |
-    /// | `u` | the chunk's rows of the block's columns, bf16 `[CHUNK][BV_STRIDE]` |
+    /// | `u` | the chunk's rows of the block's columns, bf16 `[CHUNK][BV_STRIDE]`; each consumer warp overwrites its rows with `bf16(Vn)`, which all of them then store to `v_new` in 16-byte rows |
     /// | `gk_last` | `gk` of the chunk's last valid token, f32 `[K]` |
     /// | `g` | `g` per token, f32 `[CHUNK]` (zeros past the end) |
     ///
@@ -431,7 +438,9 @@ pub mod portable {
         pub const VN_K_STEPS: usize = K / MMA_K;
         /// Row stride of the `w` and `k` tiles.
         pub const ROW_STRIDE: usize = K + PAD;
-        pub const ST_OFFSET: usize = 0;
+        /// The `full` mbarriers, stage `s`'s at `8 s`.
+        pub const FULL_OFFSET: usize = 0;
+        pub const ST_OFFSET: usize = Self::FULL_OFFSET + FULL_BARRIERS_BYTES;
         pub const VN_OFFSET: usize = Self::ST_OFFSET + K * BV_STRIDE * 2;
         pub const RING_OFFSET: usize = Self::VN_OFFSET + CHUNK * BV_STRIDE * 2;
         /// Offsets inside a stage.

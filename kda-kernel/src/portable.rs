@@ -30,13 +30,14 @@
 use crate::abi::{PassCode, StateLayoutCode};
 use crate::schedule::{Item, RowStrides, Work};
 use crate::arch::sm80::{
-    bf16_to_f32, cp_async_4, cp_async_16, cp_async_commit_group, cp_async_wait_all, cp_async_wait_group, exp2_approx, ld_shared_f32, ld_shared_u32,
-    ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2,
-    smem_base_shared, st_shared_u32, thread_idx_x, thread_idx_x_fresh,
+    bf16_to_f32, cp_async_4, cp_async_16, cp_async_mbarrier_arrive_noinc, cp_async_wait_all, exp2_approx, ld_shared_f32,
+    ld_shared_u16, ld_shared_u32, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mbarrier_arrive_token, mbarrier_init,
+    mbarrier_wait_token, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2, smem_base_shared,
+    st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, PRODUCER_WARP, Place,
-    STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier, full_barrier,
+    BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, FULL_ARRIVALS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD,
+    PRODUCER_WARP, Place, STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier,
 };
 use crate::layout::CHUNK;
 
@@ -165,6 +166,7 @@ portable_entry!(
 /// Shared addresses of the column block's tiles and of the ring (`layout::portable::Tiles`).
 #[derive(Clone, Copy)]
 struct Smem {
+    full: u32,
     st: u32,
     vn: u32,
     ring: u32,
@@ -185,10 +187,16 @@ impl Smem {
         let base = smem_base_shared();
         let at = |offset: usize| base + offset as u32;
         Self {
+            full: at(Tiles::<K, MT>::FULL_OFFSET),
             st: at(Tiles::<K, MT>::ST_OFFSET),
             vn: at(Tiles::<K, MT>::VN_OFFSET),
             ring: at(Tiles::<K, MT>::RING_OFFSET),
         }
+    }
+
+    /// The `full` mbarrier of stage `stage`.
+    fn full(self, stage: usize) -> u32 {
+        self.full + (stage * 8) as u32
     }
 
     /// The tiles of stage `stage` of the ring.
@@ -265,32 +273,22 @@ fn next_stage<const K: usize, const MT: usize>(stage: usize) -> usize {
 unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
     const PRODUCER: u32 = 1;
     const CONSUMER: u32 = 0;
-    // SAFETY: the launcher validated every buffer against the records, heads and strides; each
+    // SAFETY: the launcher validated every buffer against the records, heads and strides; the
+    // `full` mbarriers lie in their own bytes, published by the CTA barrier before any use; each
     // role keeps its side of the ring's barriers for every chunk of every item.
     unsafe {
+        if thread_idx_x() == 0 {
+            let smem = Smem::carve::<K, MT>();
+            for stage in 0..Tiles::<K, MT>::STAGES {
+                mbarrier_init(smem.full(stage), FULL_ARRIVALS);
+            }
+        }
+        sync_threads();
         if thread_idx_x() / 32 == PRODUCER_WARP {
             produce::<K, MT>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
         } else {
             consume::<K, MT>(args, args.work.items::<CONSUMER>());
         }
-    }
-}
-
-/// Chunks the producer keeps landing behind the one it issues last before it announces them:
-/// `STAGES - 1`, so that that many chunks' copies are in flight at once instead of one (with a
-/// single stage none: the consumers must release it before the next chunk can be issued).
-const fn signal_lag(stages: usize) -> usize {
-    stages.saturating_sub(1)
-}
-
-/// Waits until at most the `lag` most recent committed groups of this lane's copies are in
-/// flight (`cp.async.wait_group`, whose count is an immediate).
-#[inline(always)]
-fn wait_groups_but(lag: usize) {
-    match lag {
-        0 => cp_async_wait_group::<0>(),
-        1 => cp_async_wait_group::<1>(),
-        _ => cp_async_wait_group::<2>(),
     }
 }
 
@@ -300,27 +298,26 @@ fn stage_before<const K: usize, const MT: usize>(stage: usize, back: usize) -> u
 }
 
 /// The producer warp: every chunk of every item of the CTA's list into the ring, each stage once
-/// the consumers have released it (the first `STAGES` are free), each chunk's copies committed as
-/// a group and the chunk announced full once they landed, [`signal_lag`] chunks behind the one
-/// last issued; at the end it announces the chunks still landing and takes back the stages
-/// still out, so that every release of the consumers has its wait.
+/// the consumers have released it (the first `STAGES` are free). Each lane ends its share of a
+/// chunk's copies with an arrival on the stage's `full` mbarrier that the hardware makes once
+/// they have landed, so the warp goes straight on to the next free stage. At the end it takes
+/// back the stages still out, so that every release of the consumers has its wait.
 ///
 /// # Safety
 /// As [`recurrence`]; every lane of the producer warp calls it.
 #[inline(always)]
 unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
     let smem = Smem::carve::<K, MT>();
-    let lag = signal_lag(Tiles::<K, MT>::STAGES);
     let mut stage = 0;
-    // Chunks issued so far, up to `STAGES` (the stages out at the end), and how many of the last
-    // ones are not announced yet (up to `lag`).
-    let (mut issued, mut unannounced) = (0, 0);
+    // Chunks issued so far, up to `STAGES` (the stages out at the end).
+    let mut issued = 0;
     for item in items {
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
             let tiles = smem.stage::<K, MT>(stage);
             // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside
-            // the stage, which the consumers released (or never held: the first round).
+            // the stage, which the consumers released (or never held: the first round); the
+            // stage's `full` phase expects this lane's arrival.
             unsafe {
                 if issued == Tiles::<K, MT>::STAGES {
                     named_barrier(empty_barrier(stage), THREADS as u32);
@@ -352,32 +349,21 @@ unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iter
                         t += 32;
                     }
                 }
-                cp_async_commit_group();
-                if unannounced == lag {
-                    // The chunk `lag` before this one has landed.
-                    wait_groups_but(lag);
-                    named_barrier_arrive(full_barrier(stage_before::<K, MT>(stage, lag)), THREADS as u32);
-                } else {
-                    unannounced += 1;
-                }
+                cp_async_mbarrier_arrive_noinc(smem.full(stage));
             }
             issued += (issued < Tiles::<K, MT>::STAGES) as usize;
             stage = next_stage::<K, MT>(stage);
         }
     }
-    // The last `unannounced` chunks, once they have landed.
-    cp_async_wait_all();
-    for back in (1..=unannounced).rev() {
-        // SAFETY: each is a chunk this warp issued and has not announced.
-        unsafe { named_barrier_arrive(full_barrier(stage_before::<K, MT>(stage, back)), THREADS as u32) };
-    }
-    // The last `issued` chunks' stages are still out, the oldest `issued` stages back.
+    // The last `issued` chunks' stages are still out, the oldest `issued` stages back; once the
+    // consumers release them, every copy has landed.
     let mut stage = stage_before::<K, MT>(stage, issued);
     for _ in 0..issued {
         // SAFETY: the consumers release every chunk's stage once, in ring order.
         unsafe { named_barrier(empty_barrier(stage), THREADS as u32) };
         stage = next_stage::<K, MT>(stage);
     }
+    cp_async_wait_all();
 }
 
 /// One producer lane's share of a chunk's copies.
@@ -485,10 +471,16 @@ unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iter
             // strides; rows beyond the chunk's valid length are never written to global memory;
             // every consumer thread runs the same steps (the barriers inside are convergent).
             unsafe {
-                named_barrier(full_barrier(stage), THREADS as u32);
-                let h = if args.prescan { None } else { Some(args.h.add(h_item)) };
-                publish_state::<K, MT>(smem, Frag::fresh(), args, &item, &state, h);
-                corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, &item, tok0, rows);
+                let full = smem.full(stage);
+                mbarrier_wait_token(full, mbarrier_arrive_token(full));
+                publish_state::<K, MT>(smem, Frag::fresh(), &state);
+                if !args.prescan {
+                    store_h::<K, MT>(smem, thread_idx_x_fresh(), args, &item, args.h.add(h_item));
+                }
+                corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, rows);
+                if !args.prescan {
+                    store_v_new(tiles, thread_idx_x_fresh(), args, &item, tok0, rows);
+                }
                 update_state::<K, MT>(smem, tiles, Frag::fresh(), args, rows, &mut state);
                 named_barrier_arrive(empty_barrier(stage), THREADS as u32);
             }
@@ -521,42 +513,58 @@ fn for_each_state<const K: usize, const MT: usize>(
     }
 }
 
-/// Step 1 of a chunk: `bf16(S)` to `h` (at `h_item`, this item's chunk state; not in the
-/// pre-scan) and to the `st` tile, two adjacent columns per store; then the consumer barrier, after which every warp has
-/// also finished the previous chunk's `update_state` (so the `vn` tile is free again).
+/// Step 1 of a chunk: `bf16(S)` to the `st` tile, two adjacent columns per store; then the
+/// consumer barrier, after which the tile is complete and every warp has also finished the
+/// previous chunk's `update_state` (so the `vn` tile is free again).
 ///
 /// # Safety
 /// Every consumer thread calls it.
 #[inline(always)]
-unsafe fn publish_state<const K: usize, const MT: usize>(
-    smem: Smem,
-    frag: Frag,
-    args: &Args,
-    item: &Item,
-    state: &State<MT>,
-    h_item: Option<*mut u16>,
-) {
+unsafe fn publish_state<const K: usize, const MT: usize>(smem: Smem, frag: Frag, state: &State<MT>) {
     // SAFETY: see the function's contract; every shared address is inside the `st` tile.
     unsafe {
         for (mt, acc_row) in state.iter().enumerate() {
             for (nt, acc) in acc_row.iter().enumerate() {
                 for half in 0..2 {
                     let (row, col) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
-                    let pair = pack_bf16x2(acc[2 * half], acc[2 * half + 1]);
-                    match h_item {
-                        None => {}
-                        Some(h) if args.value_first => {
-                            *h.add(state_index::<K>(args, item, row, col)) = pair as u16;
-                            *h.add(state_index::<K>(args, item, row, col + 1)) = (pair >> 16) as u16;
-                        }
-                        // Columns `col` and `col + 1` of row `row`: one aligned 32-bit store.
-                        Some(h) => *(h.add(state_index::<K>(args, item, row, col)) as *mut u32) = pair,
-                    }
-                    st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pair);
+                    st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pack_bf16x2(acc[2 * half], acc[2 * half + 1]));
                 }
             }
         }
         named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
+    }
+}
+
+/// 16-byte vectors of one column block's rows (of `BV` bf16).
+const VECTORS_PER_BLOCK_ROW: usize = BV / VECTOR;
+
+/// `bf16(S)` from the complete `st` tile to `h_item` (this item's chunk state), in 16-byte
+/// stores: a key-first row's block is `BV` contiguous columns, a value-first column's `K`
+/// contiguous keys, eight of them gathered per store.
+///
+/// # Safety
+/// Every consumer thread calls it (`tid` its `%tid.x`) after [`publish_state`]; `h_item` holds
+/// the item's block of the state, 16-byte aligned.
+#[inline(always)]
+unsafe fn store_h<const K: usize, const MT: usize>(smem: Smem, tid: usize, args: &Args, item: &Item, h_item: *mut u16) {
+    let mut idx = tid as u32;
+    // SAFETY (block): see the function's contract; every shared address is inside the `st` tile.
+    unsafe {
+        while idx < (K * VECTORS_PER_BLOCK_ROW) as u32 {
+            let (row, col, vector) = if args.value_first {
+                // Keys `row .. row + VECTOR` of block column `col`.
+                let per_col = (K / VECTOR) as u32;
+                let (col, row) = ((idx / per_col) as usize, (idx % per_col) as usize * VECTOR);
+                let key = |i: usize| u32::from(ld_shared_u16(Smem::bf16_at(smem.st, BV_STRIDE, (row + i, col))));
+                (row, col, core::array::from_fn(|p| key(2 * p) | key(2 * p + 1) << 16))
+            } else {
+                let per_row = VECTORS_PER_BLOCK_ROW as u32;
+                let (row, col) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
+                (row, col, ld_shared_v4(Smem::bf16_at(smem.st, BV_STRIDE, (row, col))))
+            };
+            st_global_v4(h_item.add(state_index::<K>(args, item, row, col)), vector);
+            idx += CONSUMERS as u32;
+        }
     }
 }
 
@@ -582,9 +590,10 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
     if args.g.is_null() { 0.0 } else { unsafe { ld_shared_f32(Smem::f32_at(tiles.g, rows - 1)) } }
 }
 
-/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` to `v_new` for the
-/// valid rows (not in the pre-scan), and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where
-/// there is one; zeros past the chunk's end); then the consumer barrier.
+/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` over the valid rows
+/// of the stage's `u` tile (for [`store_v_new`]), and to the `vn` tile (scaled by the scalar
+/// gate's `exp2(g[last] - g[t])` where there is one; zeros past the chunk's end); then the
+/// consumer barrier.
 ///
 /// # Safety
 /// Every consumer thread calls it after [`publish_state`], with the chunk's stage full.
@@ -594,8 +603,6 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
     tiles: Stage,
     frag: Frag,
     args: &Args,
-    item: &Item,
-    tok0: usize,
     rows: usize,
 ) {
     let row0 = frag.warp() * VN_ROWS_PER_WARP;
@@ -622,14 +629,13 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
             let col = nt * MMA_N + 2 * frag.place.t;
             for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
                 let pair = if t < rows {
-                    let given = ld_shared_u32(Smem::bf16_at(tiles.u, BV_STRIDE, (t, col)));
+                    // This warp's own rows of `u`, read and overwritten by the same thread.
+                    let u = Smem::bf16_at(tiles.u, BV_STRIDE, (t, col));
+                    let given = ld_shared_u32(u);
                     let lo = bf16_to_f32(given as u16) - acc[2 * half];
                     let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
                     let rounded = pack_bf16x2(lo, hi);
-                    if !args.prescan {
-                        let v_new = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0 + col);
-                        *(v_new as *mut u32) = rounded;
-                    }
+                    st_shared_u32(u, rounded);
                     if args.g.is_null() { rounded } else { pack_bf16x2(lo * scale, hi * scale) }
                 } else {
                     0
@@ -638,6 +644,27 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
             }
         }
         named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
+    }
+}
+
+/// `bf16(Vn)` of the chunk's valid rows from the stage's `u` tile, where [`corrected_values`]
+/// left it, to `v_new`, one 16-byte store per row segment.
+///
+/// # Safety
+/// Every consumer thread calls it (`tid` its `%tid.x`) after [`corrected_values`], before the
+/// stage is released; `v_new` holds the tokens `tok0 .. tok0 + rows` at 16-byte-aligned rows.
+#[inline(always)]
+unsafe fn store_v_new(tiles: Stage, tid: usize, args: &Args, item: &Item, tok0: usize, rows: usize) {
+    let per_row = VECTORS_PER_BLOCK_ROW as u32;
+    let mut idx = tid as u32;
+    while idx < rows as u32 * per_row {
+        let (t, col) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
+        // SAFETY: see the function's contract; the shared address is inside the `u` tile.
+        unsafe {
+            let v_new = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0 + col);
+            st_global_v4(v_new, ld_shared_v4(Smem::bf16_at(tiles.u, BV_STRIDE, (t, col))));
+        }
+        idx += CONSUMERS as u32;
     }
 }
 

@@ -162,6 +162,15 @@ struct Barrier {
     phase: u64,
 }
 
+/// An mbarrier's state as the simulator keeps it in the object's 8 bytes of shared memory:
+/// arrivals still missing in the current phase, arrivals per phase, and phases completed.
+#[derive(Clone, Copy)]
+struct Mbarrier {
+    pending: u32,
+    expected: u32,
+    phase: u32,
+}
+
 /// One warp's exchange for warp-wide instructions: each lane deposits its operands, the last to
 /// arrive completes the phase, and every lane then reads all 32 lanes' operands. Two buffers
 /// alternate, so a lane that runs ahead into the next instruction never overwrites operands
@@ -345,6 +354,58 @@ impl Cta {
             return None;
         }
         Some(b.phase)
+    }
+
+    /// `mbarrier.init`: the barrier object at shared address `bar` (its 8 bytes hold the state,
+    /// so a tile that overlaps it corrupts it, as on the GPU) completes a phase on `count`
+    /// arrivals.
+    pub fn mbarrier_init(&self, bar: u32, count: u32) {
+        assert!(count > 0 && count < 1 << 16, "mbarrier.init: count {count}");
+        let _bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
+        self.store_mbarrier(bar, Mbarrier { pending: count, expected: count, phase: 0 });
+    }
+
+    /// One arrival on the mbarrier at `bar`; returns the phase it arrived on (the token).
+    pub fn mbarrier_arrive(&self, bar: u32) -> u64 {
+        let _bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.load_mbarrier(bar);
+        assert!(m.pending > 0 && m.expected > 0, "mbarrier.arrive on 0x{bar:x}: not an initialised barrier");
+        let token = u64::from(m.phase);
+        m.pending -= 1;
+        if m.pending == 0 {
+            m.pending = m.expected;
+            m.phase = m.phase.wrapping_add(1);
+            self.barrier_moved.notify_all();
+        }
+        self.store_mbarrier(bar, m);
+        token
+    }
+
+    /// Blocks until the phase `token` of the mbarrier at `bar` has completed.
+    pub fn mbarrier_wait(&self, bar: u32, token: u64) {
+        drop(self.wait(
+            self.barriers.lock().unwrap_or_else(|e| e.into_inner()),
+            &self.barrier_moved,
+            |_| u64::from(self.load_mbarrier(bar).phase) != token,
+            |_| {
+                format!(
+                    "mbarrier 0x{bar:x}: phase {token} incomplete, {} arrivals missing",
+                    self.load_mbarrier(bar).pending
+                )
+            },
+        ));
+    }
+
+    fn load_mbarrier(&self, bar: u32) -> Mbarrier {
+        // SAFETY: `shared` checks the 8 bytes lie in the allocation, 8-byte aligned; the caller
+        // holds the barriers' lock, which every mbarrier access takes.
+        let words = unsafe { (self.shared(bar, 8) as *const [u32; 2]).read() };
+        Mbarrier { pending: words[0] & 0xffff, expected: words[0] >> 16, phase: words[1] }
+    }
+
+    fn store_mbarrier(&self, bar: u32, m: Mbarrier) {
+        // SAFETY: as `load_mbarrier`.
+        unsafe { (self.shared(bar, 8) as *mut [u32; 2]).write([m.pending | m.expected << 16, m.phase]) }
     }
 
     /// The first named barrier left with arrivals in an unfinished phase, as a message (a CTA

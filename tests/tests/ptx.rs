@@ -165,8 +165,9 @@ fn baseline_sass_uses_the_hardware_conversions() {
 /// (`HMMA` per chunk: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x
 /// `K / 64` row tiles for `S`; the loops are unrolled) with their operands read by `ldmatrix`
 /// (`LDSM`, as stored and transposed), the chunks copied by `cp.async` (`LDGSTS`, 16-byte ones
-/// bypassing L1; `STAGES - 1` chunks' groups left in flight when a chunk is announced) and
-/// handed over on named barriers (`BAR.ARV` by the side that is done), every
+/// bypassing L1) and announced by the hardware once landed (`ARRIVES.LDGSTSBAR`), the stages
+/// handed back on named barriers (`BAR.ARV` by the consumers), `h` and `v_new` stored 16
+/// bytes at a time (`STG.E.128`), every
 /// shared access explicit (`LDS`/`STS`, no generic `LD`/`ST`), no local memory, no call; and
 /// room in registers for the CTAs per SM the launcher's schedule counts on
 /// (`layout::portable::max_ctas_per_sm`).
@@ -188,10 +189,11 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "BAR.ARV", "BAR.SYNC"] {
                 assert!(count(op) > 0, "{arch} {}: portable SASS lacks {op}", abi.entry);
             }
-            // The producer keeps `STAGES - 1` chunks' copies landing behind the one it issues.
-            let in_flight = kda_kernel::layout::portable::stages(key_dim) - 1;
-            let wait = format!("DEPBAR.LE SB0, {in_flight:#x}");
-            assert!(count(&wait) > 0, "{arch} {}: the producer's wait for all but {in_flight} groups", abi.entry);
+            // A stage is announced by the hardware once the copies have landed
+            // (`cp.async.mbarrier.arrive`), and `h` and `v_new` leave in 16-byte stores.
+            for op in ["ARRIVES.LDGSTSBAR.64", "STG.E.128"] {
+                assert!(count(op) > 0, "{arch} {}: portable SASS lacks {op}", abi.entry);
+            }
             for op in [" LD.", " ST.", "LDL", "STL"] {
                 assert_eq!(count(op), 0, "{arch} {}: portable SASS holds {op}", abi.entry);
             }

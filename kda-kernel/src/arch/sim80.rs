@@ -427,3 +427,37 @@ pub fn cp_async_commit_group() {
 pub fn cp_async_wait_group<const N: u32>() {
     crate::sim::land_groups(N as usize);
 }
+
+/// `mbarrier.init.shared.b64`: `count` arrivals per phase (`sim::Cta::mbarrier_init`).
+///
+/// # Safety
+/// `bar` is an 8-byte-aligned shared address no other thread uses until a CTA barrier follows.
+pub unsafe fn mbarrier_init(bar: u32, count: u32) {
+    with_thread(|cta, _| cta.mbarrier_init(bar, count));
+}
+
+/// `mbarrier.arrive.shared.b64`: the token is the phase arrived on.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose phase still expects this arrival.
+pub unsafe fn mbarrier_arrive_token(bar: u32) -> u64 {
+    with_thread(|cta, _| cta.mbarrier_arrive(bar))
+}
+
+/// `mbarrier.test_wait.shared.b64` until true: blocks until the token's phase has completed.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier; `state` came from [`mbarrier_arrive_token`] on it.
+pub unsafe fn mbarrier_wait_token(bar: u32, state: u64) {
+    with_thread(|cta, _| cta.mbarrier_wait(bar, state));
+}
+
+/// `cp.async.mbarrier.arrive.noinc.shared.b64`: this thread's copies land (as a wait would land
+/// them, the earliest the GPU could complete them), then the arrival counts.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose phase still expects this arrival.
+pub unsafe fn cp_async_mbarrier_arrive_noinc(bar: u32) {
+    crate::sim::land_copies();
+    with_thread(|cta, _| cta.mbarrier_arrive(bar));
+}

@@ -556,3 +556,70 @@ pub fn cp_async_wait_group<const N: u32>() {
     // SAFETY: waits on this thread's own copies; a memory clobber for the compiler.
     unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
 }
+
+/// `mbarrier.init.shared.b64 [bar], count;` (PTX 7.0, sm_80): a barrier object whose phases
+/// each complete on `count` arrivals.
+///
+/// # Safety
+/// `bar` is an 8-byte-aligned shared address no other thread uses until a CTA barrier follows.
+#[inline(always)]
+pub unsafe fn mbarrier_init(bar: u32, count: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("mbarrier.init.shared.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) count, options(nostack)) }
+}
+
+/// `mbarrier.arrive.shared.b64 state, [bar];` (PTX 7.0, sm_80): this thread's arrival on the
+/// current phase of `bar` (release at CTA scope), returning the phase's token for
+/// [`mbarrier_wait_token`].
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose phase still expects this arrival.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_token(bar: u32) -> u64 {
+    let state: u64;
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("mbarrier.arrive.shared.b64 {s}, [{b}];", s = out(reg64) state, b = in(reg32) bar, options(nostack))
+    };
+    state
+}
+
+/// Waits until the phase of `bar` that `state` came from has completed
+/// (`mbarrier.test_wait.shared.b64` in a loop, PTX 7.0, sm_80; acquire at CTA scope): the
+/// writes of every arrival on that phase, and the copies [`cp_async_mbarrier_arrive_noinc`]
+/// tracked, are visible after it. A Rust loop, not an `asm!` loop (labels duplicate on
+/// inlining).
+///
+/// # Safety
+/// `bar` is an initialised mbarrier; `state` is a token [`mbarrier_arrive_token`] returned for it.
+#[inline(always)]
+pub unsafe fn mbarrier_wait_token(bar: u32, state: u64) {
+    loop {
+        let done: u32;
+        // SAFETY: see the function's contract.
+        unsafe {
+            asm!(
+                "{{ .reg .pred p;",
+                "mbarrier.test_wait.shared.b64 p, [{b}], {s};",
+                "selp.u32 {d}, 1, 0, p; }}",
+                b = in(reg32) bar, s = in(reg64) state, d = out(reg32) done, options(nostack)
+            )
+        };
+        if done != 0 {
+            return;
+        }
+    }
+}
+
+/// `cp.async.mbarrier.arrive.noinc.shared.b64 [bar];` (PTX 7.0, sm_80): an arrival on `bar`'s
+/// current phase made by the hardware once every `cp.async` this thread issued before has
+/// landed, so a waiter sees the copies without this thread waiting for them. `.noinc`: the
+/// arrival counts against the phase's expected count, which [`mbarrier_init`] must include.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose phase still expects this arrival.
+#[inline(always)]
+pub unsafe fn cp_async_mbarrier_arrive_noinc(bar: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("cp.async.mbarrier.arrive.noinc.shared.b64 [{b}];", b = in(reg32) bar, options(nostack)) }
+}

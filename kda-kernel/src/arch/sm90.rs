@@ -11,17 +11,7 @@
 
 use core::arch::asm;
 
-/// `mbarrier.init.shared::cta.b64 [bar], count;` (PTX 7.8, sm_80)
-///
-/// # Safety
-/// `bar` is an 8-byte-aligned shared address no other thread uses until a CTA barrier follows.
-#[inline(always)]
-pub unsafe fn mbarrier_init(bar: u32, count: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) count, options(nostack))
-    }
-}
+pub use super::sm80::mbarrier_init;
 
 /// `fence.mbarrier_init.release.cluster;` (PTX 8.0, sm_90): makes initialised mbarriers visible to the async
 /// proxy (TMA) before a CTA barrier publishes them.
