@@ -616,7 +616,7 @@ fn run_gpu(kda: &Kda, stream: &Arc<CudaStream>, mut dev: DeviceProblem, a: &RunA
     if a.explain {
         // The plan of the kernel that runs: the portable kernel schedules its own blocks.
         let (workers, block_width, split) = if kernel == Kernel::Portable {
-            (dev.plan.portable_workers(), kda::layout::portable::BV, dev.plan.portable_split_plan())
+            (dev.plan.portable_workers(), dev.plan.portable_block_width(), dev.plan.portable_split_plan())
         } else {
             (dev.plan.workers(), dev.plan.columns().width(), dev.plan.split_plan().clone())
         };

@@ -465,35 +465,42 @@ pub const BASELINE: KernelAbi = KernelAbi {
 };
 
 /// One entry of the portable tensor-core kernel (sm_80+): every entry takes [`PORTABLE_PARAMS`]
-/// and launches alike; the key size sets its shared memory.
-const fn portable_entry(entry: &'static str, key_dim: usize) -> KernelAbi {
+/// and launches alike; the key size and the consumer groups set its threads and shared memory.
+const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize) -> KernelAbi {
     KernelAbi {
         entry,
         params: &PORTABLE_PARAMS,
-        threads: crate::layout::portable::THREADS,
-        smem_bytes: crate::layout::portable::smem_bytes(key_dim),
+        threads: crate::layout::portable::threads(groups),
+        smem_bytes: crate::layout::portable::smem_bytes(key_dim, groups),
         max_registers: None,
         targets: &[SM90A, SM80],
     }
 }
 
 /// The portable tensor-core kernel at `K = 64`: both products of a chunk on `mma.sync`, one CTA
-/// per (sequence, value head, block of `BV` value columns).
-pub const PORTABLE_K64: KernelAbi = portable_entry("kda_fwd_h_portable_k64", 64);
-/// The portable tensor-core kernel at `K = 128`.
-pub const PORTABLE: KernelAbi = portable_entry("kda_fwd_h_portable", 128);
-/// The portable tensor-core kernel at `K = 256`.
-pub const PORTABLE_K256: KernelAbi = portable_entry("kda_fwd_h_portable_k256", 256);
+/// per (sequence, value head, block of `BV` value columns), one consumer group.
+pub const PORTABLE_K64: KernelAbi = portable_entry("kda_fwd_h_portable_k64", 64, 1);
+/// The portable tensor-core kernel at `K = 128`, one consumer group.
+pub const PORTABLE: KernelAbi = portable_entry("kda_fwd_h_portable", 128, 1);
+/// The portable tensor-core kernel at `K = 256`, one consumer group.
+pub const PORTABLE_K256: KernelAbi = portable_entry("kda_fwd_h_portable_k256", 256, 1);
+/// The portable tensor-core kernel at `K = 64`, two consumer groups (blocks of `2 BV` columns).
+pub const PORTABLE_K64_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_k64_wide", 64, 2);
+/// The portable tensor-core kernel at `K = 128`, two consumer groups.
+pub const PORTABLE_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_wide", 128, 2);
 
-/// Every entry of the portable tensor-core kernel, in `layout::portable::KEY_DIMS`' order.
-pub const PORTABLE_ENTRIES: [&KernelAbi; 3] = [&PORTABLE_K64, &PORTABLE, &PORTABLE_K256];
+/// Every entry of the portable tensor-core kernel, in `layout::portable::VARIANTS`' order.
+pub const PORTABLE_ENTRIES: [&KernelAbi; 5] =
+    [&PORTABLE_K64, &PORTABLE, &PORTABLE_K256, &PORTABLE_K64_WIDE, &PORTABLE_WIDE];
 
-/// The portable kernel's entry for key size `key_dim`, if it has one.
-pub const fn portable_for(key_dim: usize) -> Option<&'static KernelAbi> {
-    match key_dim {
-        64 => Some(&PORTABLE_K64),
-        128 => Some(&PORTABLE),
-        256 => Some(&PORTABLE_K256),
+/// The portable kernel's entry for key size `key_dim` and `groups` consumer groups, if it has one.
+pub const fn portable_for(key_dim: usize, groups: usize) -> Option<&'static KernelAbi> {
+    match (key_dim, groups) {
+        (64, 1) => Some(&PORTABLE_K64),
+        (128, 1) => Some(&PORTABLE),
+        (256, 1) => Some(&PORTABLE_K256),
+        (64, 2) => Some(&PORTABLE_K64_WIDE),
+        (128, 2) => Some(&PORTABLE_WIDE),
         _ => None,
     }
 }
@@ -573,11 +580,13 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 15] = [
+pub const KERNELS: [KernelAbi; 17] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
     PORTABLE_K256,
+    PORTABLE_K64_WIDE,
+    PORTABLE_WIDE,
     HOPPER,
     HOPPER_K64,
     HOPPER_NARROW,

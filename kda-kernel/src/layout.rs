@@ -330,39 +330,63 @@ pub mod baseline {
 
 /// Tile shapes and shared-memory map of the portable tensor-core kernel (`kda-kernel/src/portable.rs`).
 ///
-/// One CTA per (sequence, head, block of `BV` value columns), as the baseline, with both products
-/// of a chunk on `mma.sync.m16n8k16` (bf16), in two warp roles: a **producer** warp copies each
-/// chunk's `w`, `k` and `u` rows and gate values into a ring of `STAGES` shared-memory stages
-/// with `cp.async`, while the **consumer** warps run the chunk before it. Each of the
-/// `CONSUMER_WARPS` holds `STATE_ROWS_PER_WARP` rows of the `[K][BV]` state as accumulator
-/// fragments and computes `VN_ROWS_PER_WARP` token rows of `Vn`. Every tile is stored as the
-/// memory it comes from lays it out (token-major rows, or the state's key-major rows) and read
-/// into fragments with `ldmatrix` (`.trans` where the product needs the transpose), its rows
-/// padded by `PAD` elements so that the eight rows of each 8 x 8 matrix hit different banks.
+/// One CTA per (sequence, head, block of `G * BV` value columns), with both products of a chunk
+/// on `mma.sync.m16n8k16` (bf16), in two warp roles: a **producer** warp copies each chunk's `w`,
+/// `k` and `u` rows and gate values into a ring of `STAGES` shared-memory stages with
+/// `cp.async`, while `G` **consumer groups** of `CONSUMER_WARPS` warps run the chunk before it,
+/// group `g` the block's columns `g * BV ..`: each of its warps holds `STATE_ROWS_PER_WARP` rows
+/// of the group's `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token
+/// rows of its `Vn`. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
+/// moves half the bytes per value column into the SM that a narrow one (`G = 1`) does. Every tile
+/// is stored as the memory it comes from lays it out (token-major rows, or the state's key-major
+/// rows) and read into fragments with `ldmatrix` (`.trans` where the product needs the
+/// transpose), its rows padded by `PAD` elements so that the eight rows of each 8 x 8 matrix hit
+/// different banks.
 ///
 /// A stage is announced full by the hardware: each producer lane ends its share of a chunk's
 /// copies with `cp.async.mbarrier.arrive` on the stage's `full` mbarrier, which counts once that
 /// lane's copies have landed, and the consumers arrive on it and wait for its phase; so the
 /// producer never waits for its own copies, only for free stages. The consumers hand a stage back
-/// on a named barrier (`bar.arrive` by them, `bar.sync` by the producer, `THREADS` in all),
-/// `empty_barrier(s)`, and meet on `CONSUMER_BARRIER` between the products of a chunk.
+/// on a named barrier (`bar.arrive` by them, `bar.sync` by the producer, the whole CTA in all),
+/// `empty_barrier(s)`, and each group meets on its `consumer_barrier(g)` between the products of
+/// a chunk.
 pub mod portable {
     use super::CHUNK;
 
-    /// Value columns per CTA: 32, as the baseline, so that one long sequence at H = 64 still gives
-    /// 256 CTAs for 132 SMs. `V` must be a multiple.
+    /// Value columns per consumer group: 32, so that one long sequence at H = 64 still gives
+    /// 256 groups for 132 SMs.
     pub const BV: usize = 32;
-    /// Consumer warps per CTA: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state rows
-    /// each.
+    /// Consumer warps per group: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state
+    /// rows each.
     pub const CONSUMER_WARPS: usize = 4;
-    /// Consumer threads: the count of [`CONSUMER_BARRIER`].
+    /// Consumer threads per group: the count of its [`consumer_barrier`].
     pub const CONSUMERS: usize = CONSUMER_WARPS * 32;
+    /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
+    /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
+    /// groups move half the `w`, `k` bytes per value column of one, where shared memory has room
+    /// for their tiles and two stages (`WIDE_SMEM_LIMIT`).
+    pub const MAX_GROUPS: usize = 2;
+    /// The variants built, `(K, groups)`, one entry each: every key size with one group (for every
+    /// sm_80+ GPU), and two groups where their tiles and a ring fit [`WIDE_SMEM_LIMIT`] (`K = 256`'s
+    /// do not).
+    pub const VARIANTS: [(usize, usize); 5] = [(64, 1), (128, 1), (256, 1), (64, 2), (128, 2)];
+
+    /// Value columns of a CTA of `groups` groups: its block of the state.
+    pub const fn block_cols(groups: usize) -> usize {
+        groups * BV
+    }
+
     /// The producer warp's index: the one after the consumers. One warp issues a chunk's copies
     /// (at most 146 16-byte or 4-byte `cp.async` per lane, at `K = 256`) in far less time than the
     /// consumers take over the chunk before.
-    pub const PRODUCER_WARP: usize = CONSUMER_WARPS;
-    /// Threads per CTA: the consumers and the producer warp.
-    pub const THREADS: usize = CONSUMERS + 32;
+    pub const fn producer_warp(groups: usize) -> usize {
+        groups * CONSUMER_WARPS
+    }
+
+    /// Threads per CTA: the consumer groups and the producer warp.
+    pub const fn threads(groups: usize) -> usize {
+        groups * CONSUMERS + 32
+    }
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
     pub const MMA_N: usize = 8;
@@ -380,29 +404,43 @@ pub mod portable {
     /// are an odd multiple of 16 bytes) and cover the 32 banks once; rows stay 16-byte aligned
     /// for `cp.async` and `ldmatrix`.
     pub const PAD: usize = 8;
-    /// Row stride, in elements, of the tiles one column block wide: `bf16(S)` `[K][BV_STRIDE]`,
-    /// `u` and `bf16(Vn)` `[CHUNK][BV_STRIDE]`.
+    /// Row stride, in elements, of a group's tiles: `bf16(S)` `[K][BV_STRIDE]` and `bf16(Vn)`
+    /// `[CHUNK][BV_STRIDE]`.
     pub const BV_STRIDE: usize = BV + PAD;
     /// bf16 elements per 16-byte vector of a copy.
     pub const VECTOR: usize = 8;
     /// The key sizes the kernel is built for, one entry each.
     pub const KEY_DIMS: [usize; 3] = [64, 128, 256];
-    /// Shared memory one CTA may use on every sm_80+ GPU.
+    /// Shared memory one CTA may use on every sm_80+ GPU: the one-group entries' budget.
     pub const SMEM_LIMIT: usize = super::SM80_SMEM_PER_CTA;
+    /// Shared memory one CTA may use on the A100 (163 KB, as on every data-center GPU after it,
+    /// H100 / H200 and B200 allowing 227 KB): the two-group entries' budget. GPUs with less (the
+    /// sm_86, sm_89 and sm_120 parts: 99 KB) run the one-group entries.
+    pub const WIDE_SMEM_LIMIT: usize = 163 * 1024;
+
+    /// The shared-memory budget of a CTA of `groups` groups.
+    pub const fn smem_limit(groups: usize) -> usize {
+        if groups > 1 { WIDE_SMEM_LIMIT } else { SMEM_LIMIT }
+    }
     /// The deepest ring built: three stages cover a load's latency with two chunks of work.
     pub const MAX_STAGES: usize = 3;
-    /// The named barrier among the consumer warps (0 is `bar.sync 0`, the whole CTA's).
-    pub const CONSUMER_BARRIER: u32 = 1;
+    /// The named barrier among the consumer warps of group `group` (0 is `bar.sync 0`, the
+    /// whole CTA's).
+    pub const fn consumer_barrier(group: usize) -> u32 {
+        1 + group as u32
+    }
 
     /// The named barrier the consumers release stage `stage` on.
     pub const fn empty_barrier(stage: usize) -> u32 {
-        CONSUMER_BARRIER + 1 + stage as u32
+        consumer_barrier(MAX_GROUPS) + stage as u32
     }
 
-    /// Arrivals that complete a phase of a stage's `full` mbarrier: the producer warp's 32 lanes
-    /// (each once its copies have landed) and every consumer thread (which then waits on the
-    /// phase with the token its arrival returned).
-    pub const FULL_ARRIVALS: u32 = (32 + CONSUMERS) as u32;
+    /// Arrivals that complete a phase of a stage's `full` mbarrier in a CTA of `groups` groups:
+    /// the producer warp's 32 lanes (each once its copies have landed) and every consumer thread
+    /// (which then waits on the phase with the token its arrival returned).
+    pub const fn full_arrivals(groups: usize) -> u32 {
+        (32 + groups * CONSUMERS) as u32
+    }
 
     /// Bytes of the `full` mbarriers at the start of shared memory: 8 per stage, rounded up so
     /// that the tiles after them stay 16-byte aligned.
@@ -415,46 +453,51 @@ pub mod portable {
     /// | tile | layout |
     /// |---|---|
     /// | `full` | one mbarrier per stage ([`FULL_BARRIERS_BYTES`]) |
-    /// | `st` | `bf16(S)`, bf16 `[K][BV_STRIDE]` (key-major: the B operand of `w @ S`, read `.trans`) |
-    /// | `vn` | `bf16(Vn)` (scaled by the scalar gate), bf16 `[CHUNK][BV_STRIDE]` (token-major: the B operand of `k^T @ Vn`, read `.trans`) |
+    /// | `st` | per group: `bf16(S)`, bf16 `[K][BV_STRIDE]` (key-major: the B operand of `w @ S`, read `.trans`) |
+    /// | `vn` | per group: `bf16(Vn)` (scaled by the scalar gate), bf16 `[CHUNK][BV_STRIDE]` (token-major: the B operand of `k^T @ Vn`, read `.trans`) |
     /// | `STAGES` x stage | below |
     ///
     /// | stage tile | layout |
     /// |---|---|
     /// | `w` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (the A operand, read as it is) |
     /// | `k` | the chunk's rows, bf16 `[CHUNK][K + PAD]` (`k^T` is the A operand, read `.trans`) |
-    /// | `u` | the chunk's rows of the block's columns, bf16 `[CHUNK][BV_STRIDE]`; each consumer warp overwrites its rows with `bf16(Vn)`, which all of them then store to `v_new` in 16-byte rows |
+    /// | `u` | the chunk's rows of the block's `G * BV` columns, bf16 `[CHUNK][G * BV + PAD]`, group `g`'s from column `g * BV`; each consumer warp overwrites its rows of its group's columns with `bf16(Vn)`, which the group then stores to `v_new` in 16-byte rows |
     /// | `gk_last` | `gk` of the chunk's last valid token, f32 `[K]` |
     /// | `g` | `g` per token, f32 `[CHUNK]` (zeros past the end) |
     ///
     /// Rows past a sequence's end are zero-filled by the copies, so a partial chunk needs no
     /// other handling in the products.
-    pub struct Tiles<const K: usize, const MT: usize>;
+    pub struct Tiles<const K: usize, const MT: usize, const G: usize>;
 
-    impl<const K: usize, const MT: usize> Tiles<K, MT> {
+    impl<const K: usize, const MT: usize, const G: usize> Tiles<K, MT, G> {
         /// State rows (of K) per consumer warp.
         pub const STATE_ROWS_PER_WARP: usize = K / CONSUMER_WARPS;
         /// k16 steps of `w @ bf16(S)` (over K).
         pub const VN_K_STEPS: usize = K / MMA_K;
         /// Row stride of the `w` and `k` tiles.
         pub const ROW_STRIDE: usize = K + PAD;
+        /// Row stride of the `u` tile: the block's columns.
+        pub const U_STRIDE: usize = G * BV + PAD;
         /// The `full` mbarriers, stage `s`'s at `8 s`.
         pub const FULL_OFFSET: usize = 0;
+        /// Group 0's `st` and `vn` tiles; group `g`'s `g * GROUP_BYTES` after them.
         pub const ST_OFFSET: usize = Self::FULL_OFFSET + FULL_BARRIERS_BYTES;
         pub const VN_OFFSET: usize = Self::ST_OFFSET + K * BV_STRIDE * 2;
-        pub const RING_OFFSET: usize = Self::VN_OFFSET + CHUNK * BV_STRIDE * 2;
+        pub const GROUP_BYTES: usize = (K + CHUNK) * BV_STRIDE * 2;
+        pub const RING_OFFSET: usize = Self::ST_OFFSET + G * Self::GROUP_BYTES;
         /// Offsets inside a stage.
         pub const W_OFFSET: usize = 0;
         pub const K_OFFSET: usize = Self::W_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
         pub const U_OFFSET: usize = Self::K_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
-        pub const GK_LAST_OFFSET: usize = Self::U_OFFSET + CHUNK * BV_STRIDE * 2;
+        pub const GK_LAST_OFFSET: usize = Self::U_OFFSET + CHUNK * Self::U_STRIDE * 2;
         pub const G_OFFSET: usize = Self::GK_LAST_OFFSET + K * 4;
         pub const STAGE_BYTES: usize = Self::G_OFFSET + CHUNK * 4;
-        /// Stages of the ring: as many as fit [`SMEM_LIMIT`], at most [`MAX_STAGES`] (3 at
-        /// `K = 64`, 2 at 128, 1 at 256, where the producer still copies the whole next chunk at
-        /// once as soon as the consumers release the stage).
+        /// Stages of the ring: as many as fit the variant's budget ([`smem_limit`]), at most
+        /// [`MAX_STAGES`] (one group: 3 at `K = 64`, 2 at 128, 1 at 256, where the producer
+        /// still copies the whole next chunk at once as soon as the consumers release the stage;
+        /// two groups: 3 at `K = 64`, 2 at 128).
         pub const STAGES: usize = {
-            let fit = (SMEM_LIMIT - Self::RING_OFFSET) / Self::STAGE_BYTES;
+            let fit = (smem_limit(G) - Self::RING_OFFSET) / Self::STAGE_BYTES;
             if fit < MAX_STAGES { fit } else { MAX_STAGES }
         };
         pub const SMEM_BYTES: usize = Self::RING_OFFSET + Self::STAGES * Self::STAGE_BYTES;
@@ -462,45 +505,66 @@ pub mod portable {
         /// entry's instantiation).
         pub const VALID: () = {
             assert!(MT * CONSUMER_WARPS * MMA_M == K, "MT = K / 64");
+            assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
             assert!(Self::RING_OFFSET.is_multiple_of(16) && Self::STAGE_BYTES.is_multiple_of(16));
             assert!(Self::STAGES >= 1, "a stage must fit every sm_80+ GPU");
         };
     }
 
-    /// Shared memory of the entry for key size `key_dim` (one of [`KEY_DIMS`]).
-    pub const fn smem_bytes(key_dim: usize) -> usize {
-        match key_dim {
-            64 => Tiles::<64, 1>::SMEM_BYTES,
-            128 => Tiles::<128, 2>::SMEM_BYTES,
-            _ => Tiles::<256, 4>::SMEM_BYTES,
+    /// Shared memory of the entry for key size `key_dim` and `groups` groups (one of
+    /// [`VARIANTS`]).
+    pub const fn smem_bytes(key_dim: usize, groups: usize) -> usize {
+        match (key_dim, groups) {
+            (64, 1) => Tiles::<64, 1, 1>::SMEM_BYTES,
+            (128, 1) => Tiles::<128, 2, 1>::SMEM_BYTES,
+            (64, _) => Tiles::<64, 1, 2>::SMEM_BYTES,
+            (128, _) => Tiles::<128, 2, 2>::SMEM_BYTES,
+            _ => Tiles::<256, 4, 1>::SMEM_BYTES,
         }
     }
 
-    /// Stages of the ring of the entry for key size `key_dim` (one of [`KEY_DIMS`]).
-    pub const fn stages(key_dim: usize) -> usize {
-        match key_dim {
-            64 => Tiles::<64, 1>::STAGES,
-            128 => Tiles::<128, 2>::STAGES,
-            _ => Tiles::<256, 4>::STAGES,
+    /// Stages of the ring of the entry for key size `key_dim` and `groups` groups.
+    pub const fn stages(key_dim: usize, groups: usize) -> usize {
+        match (key_dim, groups) {
+            (64, 1) => Tiles::<64, 1, 1>::STAGES,
+            (128, 1) => Tiles::<128, 2, 1>::STAGES,
+            (64, _) => Tiles::<64, 1, 2>::STAGES,
+            (128, _) => Tiles::<128, 2, 2>::STAGES,
+            _ => Tiles::<256, 4, 1>::STAGES,
         }
+    }
+
+    /// Whether the variant `(key_dim, groups)` is built.
+    pub const fn has_variant(key_dim: usize, groups: usize) -> bool {
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            if VARIANTS[i].0 == key_dim && VARIANTS[i].1 == groups {
+                return true;
+            }
+            i += 1;
+        }
+        false
     }
 
     /// Shared memory the driver reserves per CTA beside its dynamic shared memory (sm_80+).
     pub const RESERVED_SMEM_PER_CTA: usize = 1024;
 
-    /// CTAs of the entry for key size `key_dim` one SM holds at most, whatever its shared memory:
-    /// two (its registers allow them: `portable_sass_runs_both_products_on_the_tensor_cores`
-    /// checks it), one at `K = 256`, whose state and fragments take about 200 registers.
-    pub const fn max_ctas_per_sm(key_dim: usize) -> usize {
-        if key_dim > 128 { 1 } else { 2 }
+    /// CTAs of the entry for key size `key_dim` and `groups` groups one SM holds at most,
+    /// whatever its shared memory: two of one group (their registers allow them:
+    /// `portable_sass_runs_both_products_on_the_tensor_cores` checks it), one at `K = 256`, whose
+    /// state and fragments take about 200 registers, and one of two groups (twice the threads).
+    pub const fn max_ctas_per_sm(key_dim: usize, groups: usize) -> usize {
+        if key_dim > 128 || groups > 1 { 1 } else { 2 }
     }
 
-    /// CTAs of the persistent grid for key size `key_dim` on a GPU of `sms` SMs with
-    /// `smem_per_sm` bytes of shared memory each: as many as run at once (at least one per SM).
-    pub const fn workers(key_dim: usize, sms: usize, smem_per_sm: usize) -> usize {
-        let by_smem = smem_per_sm / (smem_bytes(key_dim) + RESERVED_SMEM_PER_CTA);
-        let per_sm = if by_smem < max_ctas_per_sm(key_dim) { by_smem } else { max_ctas_per_sm(key_dim) };
+    /// CTAs of the persistent grid for key size `key_dim` and `groups` groups on a GPU of `sms`
+    /// SMs with `smem_per_sm` bytes of shared memory each: as many as run at once (at least one
+    /// per SM).
+    pub const fn workers(key_dim: usize, groups: usize, sms: usize, smem_per_sm: usize) -> usize {
+        let by_smem = smem_per_sm / (smem_bytes(key_dim, groups) + RESERVED_SMEM_PER_CTA);
+        let most = max_ctas_per_sm(key_dim, groups);
+        let per_sm = if by_smem < most { by_smem } else { most };
         sms * if per_sm == 0 { 1 } else { per_sm }
     }
 
@@ -551,7 +615,13 @@ pub mod portable {
     const _: () = assert!(BV.is_multiple_of(MMA_N * N_TILES_PER_LOAD) && VN_ROWS_PER_WARP == MMA_M);
     const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && (BV_STRIDE * 2).is_multiple_of(16));
     const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
-    const _: [(); 3] = [Tiles::<64, 1>::VALID, Tiles::<128, 2>::VALID, Tiles::<256, 4>::VALID];
+    const _: [(); 5] = [
+        Tiles::<64, 1, 1>::VALID,
+        Tiles::<128, 2, 1>::VALID,
+        Tiles::<256, 4, 1>::VALID,
+        Tiles::<64, 1, 2>::VALID,
+        Tiles::<128, 2, 2>::VALID,
+    ];
 }
 
 /// Tile shapes and shared-memory map of the warp-specialized Hopper (sm_90a) kernel.

@@ -1,25 +1,28 @@
 //! The portable tensor-core kernel (sm_80+): a persistent grid whose CTAs walk the launcher's
 //! longest-first work records (`crate::schedule`, as the Hopper kernel's), each item a block of
-//! `BV` value columns of one value head of a sequence (or of a segment of a split one: the
+//! `G * BV` value columns of one value head of a sequence (or of a segment of a split one: the
 //! pre-scan and the main pass are passes of this kernel too, `PassCode`), its chunks in order,
 //! both products of a chunk on `mma.sync.m16n8k16` in bf16 with f32 accumulation. It runs the whole generalized contract
 //! (docs/CONTRACT.md#the-generalized-recurrence): the scalar gate `g`, the per-key gate `gk`,
-//! both or neither; grouped value heads; `K` in 64, 128, 256 (one entry each) and any `V` that is
-//! a multiple of `BV`; key-first or value-first states; a token and a head stride per tensor.
+//! both or neither; grouped value heads; `K` in 64, 128, 256 and any `V` that is a multiple of
+//! the block; key-first or value-first states; a token and a head stride per tensor. One entry
+//! per variant `(K, G)` (`layout::portable::VARIANTS`): `G = 1` consumer group of 32 columns for
+//! every sm_80+ GPU, `G = 2` (64 columns, sharing each chunk's `w` and `k` tiles) where the GPU
+//! gives a CTA the shared memory.
 //!
 //! Two warp roles share a ring of `Tiles::STAGES` stages (`layout::portable` has the tiles and
 //! the barriers):
 //!
 //! - the **producer** warp (`produce`) copies each chunk's `w`, `k` and `u` rows, `gk` of its
 //!   last token and `g` per token into the next free stage with `cp.async` (rows past the
-//!   sequence's end zero-filled by the copy itself), waits for its copies and announces the stage
-//!   full; it runs up to `STAGES` chunks ahead of the consumers;
-//! - the four **consumer** warps (`consume`) keep `K / 4` rows of the `[K][BV]` state each as
-//!   accumulator fragments and per chunk:
-//!   1. `publish_state`: `bf16(S)` to `h` and to the `st` tile;
-//!   2. `corrected_values`: `Vn = u - w @ bf16(S)`, each warp 16 token rows; `bf16(Vn)` to
-//!      `v_new` (valid rows) and, scaled by `exp2(g[last] - g[t])` when there is a scalar gate,
-//!      to the `vn` tile;
+//!   sequence's end zero-filled by the copy itself); the hardware announces the stage full once
+//!   they land; it runs up to `STAGES` chunks ahead of the consumers;
+//! - each group of four **consumer** warps (`consume`) keeps `K / 4` rows of its `[K][BV]`
+//!   state per warp as accumulator fragments and per chunk:
+//!   1. `publish_state`, `store_h`: `bf16(S)` to the group's `st` tile, then from it to `h`;
+//!   2. `corrected_values`, `store_v_new`: `Vn = u - w @ bf16(S)`, each warp 16 token rows;
+//!      `bf16(Vn)` over the stage's `u` rows, then from them to `v_new` (valid rows), and,
+//!      scaled by `exp2(g[last] - g[t])` when there is a scalar gate, to the `vn` tile;
 //!   3. `update_state`: `S = decay * S + k^T @ bf16(Vn)`, the decay `exp2(g[last] + gk[last])`
 //!      per key row; then the stage goes back to the producer.
 //!
@@ -36,8 +39,8 @@ use crate::arch::sm80::{
     st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, BV_STRIDE, CONSUMER_BARRIER, CONSUMERS, FULL_ARRIVALS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD,
-    PRODUCER_WARP, Place, STATE_K_STEPS, THREADS, Tiles, VECTOR, VN_ROWS_PER_WARP, empty_barrier,
+    BV, BV_STRIDE, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
+    VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp, threads,
 };
 use crate::layout::CHUNK;
 
@@ -70,20 +73,20 @@ struct Args {
 
 /// Declares the portable kernel's entry for one key size (`abi::PORTABLE_ENTRIES`).
 macro_rules! portable_entry {
-    ($(#[$doc:meta])* $name:ident, $key:literal, $tiles:literal) => {
+    ($(#[$doc:meta])* $name:ident, $key:literal, $tiles:literal, $groups:literal) => {
         kernel_entry! {
             $(#[$doc])*
             ///
             /// Grid: one CTA per worker of the pass's schedule (`work`: worker `b`'s first record
-            /// is record `b`); `THREADS` threads; `layout::portable::smem_bytes(K)` of dynamic
-            /// shared memory.
+            /// is record `b`); `layout::portable::threads(G)` threads;
+            /// `layout::portable::smem_bytes(K, G)` of dynamic shared memory.
             ///
             /// # Safety
             /// Every pointer addresses a buffer of the contract's size for the batch the records
             /// describe, `heads` value heads and states of `value_dim` columns (`h0` and `ht` with
             /// every row the records name), rows at the given strides, 16-byte aligned rows of
             /// `k`, `w`, `u` and `v_new`; the records name each item of the pass once, in blocks
-            /// of `BV` columns, and are 16-byte aligned; a gate pointer is null exactly when that
+            /// of `G * BV` columns, and are 16-byte aligned; a gate pointer is null exactly when that
             /// gate is absent; in the pre-scan (`pass`) `h0` is null and states are key-first;
             /// the launch has the grid, block and shared memory above; the outputs overlap nothing.
             pub unsafe fn $name(
@@ -137,60 +140,88 @@ macro_rules! portable_entry {
                     v_new_rows: RowStrides::new(v_new_token_stride, v_new_head_stride),
                 };
                 // SAFETY: the entry's contract is `recurrence`'s.
-                unsafe { recurrence::<$key, $tiles>(&args) }
+                unsafe { recurrence::<$key, $tiles, $groups>(&args) }
             }
         }
     };
 }
 
 portable_entry!(
-    /// The portable tensor-core recurrence at `K = 64` (`abi::PORTABLE_K64`).
+    /// The portable tensor-core recurrence at `K = 64`, one consumer group (`abi::PORTABLE_K64`).
     kda_fwd_h_portable_k64,
     64,
+    1,
     1
 );
 portable_entry!(
-    /// The portable tensor-core recurrence at `K = 128` (`abi::PORTABLE`).
+    /// The portable tensor-core recurrence at `K = 128`, one consumer group (`abi::PORTABLE`).
     kda_fwd_h_portable,
     128,
+    2,
+    1
+);
+portable_entry!(
+    /// The portable tensor-core recurrence at `K = 256`, one consumer group (`abi::PORTABLE_K256`).
+    kda_fwd_h_portable_k256,
+    256,
+    4,
+    1
+);
+portable_entry!(
+    /// The portable tensor-core recurrence at `K = 64`, two consumer groups
+    /// (`abi::PORTABLE_K64_WIDE`).
+    kda_fwd_h_portable_k64_wide,
+    64,
+    1,
     2
 );
 portable_entry!(
-    /// The portable tensor-core recurrence at `K = 256` (`abi::PORTABLE_K256`).
-    kda_fwd_h_portable_k256,
-    256,
-    4
+    /// The portable tensor-core recurrence at `K = 128`, two consumer groups
+    /// (`abi::PORTABLE_WIDE`).
+    kda_fwd_h_portable_wide,
+    128,
+    2,
+    2
 );
 
-
-/// Shared addresses of the column block's tiles and of the ring (`layout::portable::Tiles`).
+/// Shared addresses of the ring (`layout::portable::Tiles`) and of one consumer group's tiles
+/// (group 0's for the producer, which uses none of them), with the group's barrier.
 #[derive(Clone, Copy)]
 struct Smem {
     full: u32,
     st: u32,
     vn: u32,
     ring: u32,
+    /// The group's first column in the block (0 .. `G * BV`).
+    col: usize,
+    /// The group's [`consumer_barrier`].
+    barrier: u32,
 }
 
-/// Shared addresses of one stage's tiles.
+/// Shared addresses of one stage's tiles: `u` the block's, `u_group` the group's first column of
+/// it (rows of `Tiles::U_STRIDE` elements).
 #[derive(Clone, Copy)]
 struct Stage {
     w: u32,
     k: u32,
     u: u32,
+    u_group: u32,
     gk_last: u32,
     g: u32,
 }
 
 impl Smem {
-    fn carve<const K: usize, const MT: usize>() -> Self {
+    fn carve<const K: usize, const MT: usize, const G: usize>(group: usize) -> Self {
         let base = smem_base_shared();
         let at = |offset: usize| base + offset as u32;
+        let tiles = group * Tiles::<K, MT, G>::GROUP_BYTES;
         Self {
-            full: at(Tiles::<K, MT>::FULL_OFFSET),
-            st: at(Tiles::<K, MT>::ST_OFFSET),
-            vn: at(Tiles::<K, MT>::VN_OFFSET),
-            ring: at(Tiles::<K, MT>::RING_OFFSET),
+            full: at(Tiles::<K, MT, G>::FULL_OFFSET),
+            st: at(Tiles::<K, MT, G>::ST_OFFSET + tiles),
+            vn: at(Tiles::<K, MT, G>::VN_OFFSET + tiles),
+            ring: at(Tiles::<K, MT, G>::RING_OFFSET),
+            col: group * BV,
+            barrier: consumer_barrier(group),
         }
     }
 
@@ -200,15 +231,16 @@ impl Smem {
     }
 
     /// The tiles of stage `stage` of the ring.
-    fn stage<const K: usize, const MT: usize>(self, stage: usize) -> Stage {
-        let base = self.ring + (stage * Tiles::<K, MT>::STAGE_BYTES) as u32;
+    fn stage<const K: usize, const MT: usize, const G: usize>(self, stage: usize) -> Stage {
+        let base = self.ring + (stage * Tiles::<K, MT, G>::STAGE_BYTES) as u32;
         let at = |offset: usize| base + offset as u32;
         Stage {
-            w: at(Tiles::<K, MT>::W_OFFSET),
-            k: at(Tiles::<K, MT>::K_OFFSET),
-            u: at(Tiles::<K, MT>::U_OFFSET),
-            gk_last: at(Tiles::<K, MT>::GK_LAST_OFFSET),
-            g: at(Tiles::<K, MT>::G_OFFSET),
+            w: at(Tiles::<K, MT, G>::W_OFFSET),
+            k: at(Tiles::<K, MT, G>::K_OFFSET),
+            u: at(Tiles::<K, MT, G>::U_OFFSET),
+            u_group: at(Tiles::<K, MT, G>::U_OFFSET + self.col * 2),
+            gk_last: at(Tiles::<K, MT, G>::GK_LAST_OFFSET),
+            g: at(Tiles::<K, MT, G>::G_OFFSET),
         }
     }
 
@@ -231,8 +263,9 @@ struct Frag {
 }
 
 impl Frag {
+    /// The place of consumer thread `tid` (of the CTA) in its group's warps.
     fn of(tid: usize) -> Self {
-        Self { place: Place::of(tid) }
+        Self { place: Place::of(tid % CONSUMERS) }
     }
 
     /// This thread's place, from a fresh read of `%tid.x` (`thread_idx_x_fresh`): each step of a
@@ -242,7 +275,7 @@ impl Frag {
         Self::of(thread_idx_x_fresh())
     }
 
-    /// The consumer warp.
+    /// The consumer warp, in its group.
     fn warp(self) -> usize {
         self.place.warp
     }
@@ -260,8 +293,8 @@ fn state_base<const K: usize>(args: &Args, row: usize) -> usize {
 }
 
 /// The ring position after `stage`.
-fn next_stage<const K: usize, const MT: usize>(stage: usize) -> usize {
-    if stage + 1 == Tiles::<K, MT>::STAGES { 0 } else { stage + 1 }
+fn next_stage<const K: usize, const MT: usize, const G: usize>(stage: usize) -> usize {
+    if stage + 1 == Tiles::<K, MT, G>::STAGES { 0 } else { stage + 1 }
 }
 
 /// The recurrence of one CTA's work list (see the module): the last warp produces, the others
@@ -270,7 +303,7 @@ fn next_stage<const K: usize, const MT: usize>(stage: usize) -> usize {
 /// # Safety
 /// As the entries' contract.
 #[inline(always)]
-unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
+unsafe fn recurrence<const K: usize, const MT: usize, const G: usize>(args: &Args) {
     const PRODUCER: u32 = 1;
     const CONSUMER: u32 = 0;
     // SAFETY: the launcher validated every buffer against the records, heads and strides; the
@@ -278,23 +311,23 @@ unsafe fn recurrence<const K: usize, const MT: usize>(args: &Args) {
     // role keeps its side of the ring's barriers for every chunk of every item.
     unsafe {
         if thread_idx_x() == 0 {
-            let smem = Smem::carve::<K, MT>();
-            for stage in 0..Tiles::<K, MT>::STAGES {
-                mbarrier_init(smem.full(stage), FULL_ARRIVALS);
+            let smem = Smem::carve::<K, MT, G>(0);
+            for stage in 0..Tiles::<K, MT, G>::STAGES {
+                mbarrier_init(smem.full(stage), full_arrivals(G));
             }
         }
         sync_threads();
-        if thread_idx_x() / 32 == PRODUCER_WARP {
-            produce::<K, MT>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
+        if thread_idx_x() / 32 == producer_warp(G) {
+            produce::<K, MT, G>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
         } else {
-            consume::<K, MT>(args, args.work.items::<CONSUMER>());
+            consume::<K, MT, G>(args, args.work.items::<CONSUMER>());
         }
     }
 }
 
 /// The stage `back` stages before `stage` in the ring.
-fn stage_before<const K: usize, const MT: usize>(stage: usize, back: usize) -> usize {
-    (stage + Tiles::<K, MT>::STAGES - back) % Tiles::<K, MT>::STAGES
+fn stage_before<const K: usize, const MT: usize, const G: usize>(stage: usize, back: usize) -> usize {
+    (stage + Tiles::<K, MT, G>::STAGES - back) % Tiles::<K, MT, G>::STAGES
 }
 
 /// The producer warp: every chunk of every item of the CTA's list into the ring, each stage once
@@ -306,31 +339,32 @@ fn stage_before<const K: usize, const MT: usize>(stage: usize, back: usize) -> u
 /// # Safety
 /// As [`recurrence`]; every lane of the producer warp calls it.
 #[inline(always)]
-unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
-    let smem = Smem::carve::<K, MT>();
+unsafe fn produce<const K: usize, const MT: usize, const G: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
+    let smem = Smem::carve::<K, MT, G>(0);
     let mut stage = 0;
     // Chunks issued so far, up to `STAGES` (the stages out at the end).
     let mut issued = 0;
     for item in items {
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
-            let tiles = smem.stage::<K, MT>(stage);
+            let tiles = smem.stage::<K, MT, G>(stage);
             // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside
             // the stage, which the consumers released (or never held: the first round); the
             // stage's `full` phase expects this lane's arrival.
             unsafe {
-                if issued == Tiles::<K, MT>::STAGES {
-                    named_barrier(empty_barrier(stage), THREADS as u32);
+                if issued == Tiles::<K, MT, G>::STAGES {
+                    named_barrier(empty_barrier(stage), threads(G) as u32);
                 }
                 let chunk = ChunkRows { tok0, rows, lane };
-                chunk.copy_bf16::<K>(tiles.w, Tiles::<K, MT>::ROW_STRIDE, args.w, args.w_rows, item.head, 0);
-                chunk.copy_bf16::<K>(tiles.k, Tiles::<K, MT>::ROW_STRIDE, args.k, args.k_rows, item.key_head, 0);
+                let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
+                chunk.copy_bf16(K, tiles.w, row_stride, args.w, args.w_rows, item.head, 0);
+                chunk.copy_bf16(K, tiles.k, row_stride, args.k, args.k_rows, item.key_head, 0);
                 // The pre-scan's key columns have no values: zeros from 0 source bytes.
                 let (u_chunk, u_col) = match item.u_col {
                     Some(col) => (chunk, col),
                     None => (ChunkRows { rows: 0, ..chunk }, 0),
                 };
-                u_chunk.copy_bf16::<BV>(tiles.u, BV_STRIDE, args.u, args.u_rows, item.head, u_col);
+                u_chunk.copy_bf16(G * BV, tiles.u, Tiles::<K, MT, G>::U_STRIDE, args.u, args.u_rows, item.head, u_col);
                 let last = tok0 + rows - 1;
                 if !args.gk.is_null() {
                     let row = args.gk.add(args.gk_rows.row(last, item.head));
@@ -351,17 +385,17 @@ unsafe fn produce<const K: usize, const MT: usize>(args: &Args, items: impl Iter
                 }
                 cp_async_mbarrier_arrive_noinc(smem.full(stage));
             }
-            issued += (issued < Tiles::<K, MT>::STAGES) as usize;
-            stage = next_stage::<K, MT>(stage);
+            issued += (issued < Tiles::<K, MT, G>::STAGES) as usize;
+            stage = next_stage::<K, MT, G>(stage);
         }
     }
     // The last `issued` chunks' stages are still out, the oldest `issued` stages back; once the
     // consumers release them, every copy has landed.
-    let mut stage = stage_before::<K, MT>(stage, issued);
+    let mut stage = stage_before::<K, MT, G>(stage, issued);
     for _ in 0..issued {
         // SAFETY: the consumers release every chunk's stage once, in ring order.
-        unsafe { named_barrier(empty_barrier(stage), THREADS as u32) };
-        stage = next_stage::<K, MT>(stage);
+        unsafe { named_barrier(empty_barrier(stage), threads(G) as u32) };
+        stage = next_stage::<K, MT, G>(stage);
     }
     cp_async_wait_all();
 }
@@ -375,7 +409,7 @@ struct ChunkRows {
 }
 
 impl ChunkRows {
-    /// Copies `COLS` bf16 from column `col0` of `head`'s row of each of the chunk's tokens of
+    /// Copies `cols` bf16 (a multiple of `VECTOR`) from column `col0` of `head`'s row of each of the chunk's tokens of
     /// `src` (rows `at`) into the token-major tile at `tile` (rows of `stride` elements), 16
     /// bytes per copy; rows past the chunk's valid ones are zero-filled (a copy of 0 source
     /// bytes, from the chunk's first row so that the address stays valid).
@@ -384,8 +418,10 @@ impl ChunkRows {
     /// Tokens `tok0 .. tok0 + rows` exist in `src`; their rows are 16-byte aligned at `col0`;
     /// the tile holds `CHUNK` rows.
     #[inline(always)]
-    unsafe fn copy_bf16<const COLS: usize>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn copy_bf16(
         self,
+        cols: usize,
         tile: u32,
         stride: usize,
         src: *const u16,
@@ -393,7 +429,7 @@ impl ChunkRows {
         head: usize,
         col0: usize,
     ) {
-        let per_row = (COLS / VECTOR) as u32;
+        let per_row = (cols / VECTOR) as u32;
         let mut idx = self.lane as u32;
         while idx < CHUNK as u32 * per_row {
             let (t, i) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
@@ -422,17 +458,17 @@ const fn prefetches_h0(mt: usize) -> bool {
 /// # Safety
 /// As [`recurrence`]: `h0` holds the state rows the records name.
 #[inline(always)]
-unsafe fn initial_state<const K: usize, const MT: usize>(args: &Args, item: Option<&Item>) -> State<MT> {
+unsafe fn initial_state<const K: usize, const MT: usize, const G: usize>(args: &Args, item: Option<&Item>) -> State<MT> {
     let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
     let frag = Frag::fresh();
     match item {
         // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
         Some(item) if args.prescan => {
-            for_each_state::<K, MT>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
+            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
         }
         Some(item) if !args.h0.is_null() => {
             let base = state_base::<K>(args, item.h0_row);
-            for_each_state::<K, MT>(&mut state, frag, |row, col, s| {
+            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| {
                 // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
                 *s = unsafe { *args.h0.add(base + state_index::<K>(args, item, row, col)) };
             });
@@ -446,26 +482,28 @@ unsafe fn initial_state<const K: usize, const MT: usize>(args: &Args, item: Opti
 /// (loaded while the item before ran, where [`prefetches_h0`]) to `ht`; every stage released
 /// after its chunk.
 ///
+/// Each group walks the same records, as items of its own columns.
+///
 /// # Safety
-/// As [`recurrence`]; every thread of the four consumer warps calls it.
+/// As [`recurrence`]; every thread of the consumer warps calls it.
 #[inline(always)]
-unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iterator<Item = Item>) {
-    let smem = Smem::carve::<K, MT>();
+unsafe fn consume<const K: usize, const MT: usize, const G: usize>(args: &Args, items: impl Iterator<Item = Item>) {
+    let smem = Smem::carve::<K, MT, G>(thread_idx_x() / CONSUMERS);
     let mut stage = 0;
-    let mut items = items.peekable();
+    let mut items = items.map(|item| Item { vcol0: item.vcol0 + smem.col, ..item }).peekable();
     // SAFETY (block): the entries' contract on `h0` and the records.
     let mut ahead: State<MT> =
-        if prefetches_h0(MT) { unsafe { initial_state::<K, MT>(args, items.peek()) } } else { [[[0.0; 4]; N_TILES]; MT] };
+        if prefetches_h0(MT) { unsafe { initial_state::<K, MT, G>(args, items.peek()) } } else { [[[0.0; 4]; N_TILES]; MT] };
     while let Some(item) = items.next() {
         let mut state = if prefetches_h0(MT) {
             // The loads are issued here and land while the item's chunks run.
-            core::mem::replace(&mut ahead, unsafe { initial_state::<K, MT>(args, items.peek()) })
+            core::mem::replace(&mut ahead, unsafe { initial_state::<K, MT, G>(args, items.peek()) })
         } else {
-            unsafe { initial_state::<K, MT>(args, Some(&item)) }
+            unsafe { initial_state::<K, MT, G>(args, Some(&item)) }
         };
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
-            let tiles = smem.stage::<K, MT>(stage);
+            let tiles = smem.stage::<K, MT, G>(stage);
             let h_item = ((item.chunk_start + c) * item.heads + item.head) * K * args.value_dim;
             // SAFETY: the launcher validated every buffer against the records, heads and
             // strides; rows beyond the chunk's valid length are never written to global memory;
@@ -473,22 +511,22 @@ unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iter
             unsafe {
                 let full = smem.full(stage);
                 mbarrier_wait_token(full, mbarrier_arrive_token(full));
-                publish_state::<K, MT>(smem, Frag::fresh(), &state);
+                publish_state::<K, MT, G>(smem, Frag::fresh(), &state);
                 if !args.prescan {
-                    store_h::<K, MT>(smem, thread_idx_x_fresh(), args, &item, args.h.add(h_item));
+                    store_h::<K, MT, G>(smem, thread_idx_x_fresh() % CONSUMERS, args, &item, args.h.add(h_item));
                 }
-                corrected_values::<K, MT>(smem, tiles, Frag::fresh(), args, rows);
+                corrected_values::<K, MT, G>(smem, tiles, Frag::fresh(), args, rows);
                 if !args.prescan {
-                    store_v_new(tiles, thread_idx_x_fresh(), args, &item, tok0, rows);
+                    store_v_new::<K, MT, G>(tiles, thread_idx_x_fresh() % CONSUMERS, args, &item, tok0, rows);
                 }
-                update_state::<K, MT>(smem, tiles, Frag::fresh(), args, rows, &mut state);
-                named_barrier_arrive(empty_barrier(stage), THREADS as u32);
+                update_state::<K, MT, G>(smem, tiles, Frag::fresh(), args, rows, &mut state);
+                named_barrier_arrive(empty_barrier(stage), threads(G) as u32);
             }
-            stage = next_stage::<K, MT>(stage);
+            stage = next_stage::<K, MT, G>(stage);
         }
         if let (Some(row), false) = (item.ht_row, args.ht.is_null()) {
             let base = state_base::<K>(args, row);
-            for_each_state::<K, MT>(&mut state, Frag::fresh(), |row, col, s| {
+            for_each_state::<K, MT, G>(&mut state, Frag::fresh(), |row, col, s| {
                 // SAFETY: `ht` holds the state rows the records name; the element is this thread's.
                 unsafe { *args.ht.add(base + state_index::<K>(args, &item, row, col)) = *s };
             });
@@ -498,7 +536,7 @@ unsafe fn consume<const K: usize, const MT: usize>(args: &Args, items: impl Iter
 
 /// Calls `f(row, block column, element)` for each state element this thread holds.
 #[inline(always)]
-fn for_each_state<const K: usize, const MT: usize>(
+fn for_each_state<const K: usize, const MT: usize, const G: usize>(
     state: &mut State<MT>,
     frag: Frag,
     mut f: impl FnMut(usize, usize, &mut f32),
@@ -506,7 +544,7 @@ fn for_each_state<const K: usize, const MT: usize>(
     for (mt, tiles) in state.iter_mut().enumerate() {
         for (nt, acc) in tiles.iter_mut().enumerate() {
             for (e, s) in acc.iter_mut().enumerate() {
-                let (row, col) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, nt, e);
+                let (row, col) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, nt, e);
                 f(row, col, s);
             }
         }
@@ -518,20 +556,20 @@ fn for_each_state<const K: usize, const MT: usize>(
 /// previous chunk's `update_state` (so the `vn` tile is free again).
 ///
 /// # Safety
-/// Every consumer thread calls it.
+/// Every consumer thread of the group calls it.
 #[inline(always)]
-unsafe fn publish_state<const K: usize, const MT: usize>(smem: Smem, frag: Frag, state: &State<MT>) {
+unsafe fn publish_state<const K: usize, const MT: usize, const G: usize>(smem: Smem, frag: Frag, state: &State<MT>) {
     // SAFETY: see the function's contract; every shared address is inside the `st` tile.
     unsafe {
         for (mt, acc_row) in state.iter().enumerate() {
             for (nt, acc) in acc_row.iter().enumerate() {
                 for half in 0..2 {
-                    let (row, col) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
+                    let (row, col) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
                     st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pack_bf16x2(acc[2 * half], acc[2 * half + 1]));
                 }
             }
         }
-        named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
+        named_barrier(smem.barrier, CONSUMERS as u32);
     }
 }
 
@@ -543,10 +581,10 @@ const VECTORS_PER_BLOCK_ROW: usize = BV / VECTOR;
 /// contiguous keys, eight of them gathered per store.
 ///
 /// # Safety
-/// Every consumer thread calls it (`tid` its `%tid.x`) after [`publish_state`]; `h_item` holds
+/// Every consumer thread of the group calls it (`tid` its index in the group) after [`publish_state`]; `h_item` holds
 /// the item's block of the state, 16-byte aligned.
 #[inline(always)]
-unsafe fn store_h<const K: usize, const MT: usize>(smem: Smem, tid: usize, args: &Args, item: &Item, h_item: *mut u16) {
+unsafe fn store_h<const K: usize, const MT: usize, const G: usize>(smem: Smem, tid: usize, args: &Args, item: &Item, h_item: *mut u16) {
     let mut idx = tid as u32;
     // SAFETY (block): see the function's contract; every shared address is inside the `st` tile.
     unsafe {
@@ -598,7 +636,7 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
 /// # Safety
 /// Every consumer thread calls it after [`publish_state`], with the chunk's stage full.
 #[inline(always)]
-unsafe fn corrected_values<const K: usize, const MT: usize>(
+unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
     smem: Smem,
     tiles: Stage,
     frag: Frag,
@@ -606,11 +644,11 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
     rows: usize,
 ) {
     let row0 = frag.warp() * VN_ROWS_PER_WARP;
-    let row_stride = Tiles::<K, MT>::ROW_STRIDE;
+    let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
     let mut acc = [[0.0f32; 4]; N_TILES];
     // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
     unsafe {
-        for ks in 0..Tiles::<K, MT>::VN_K_STEPS {
+        for ks in 0..Tiles::<K, MT, G>::VN_K_STEPS {
             let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
             for pair in 0..N_TILES / N_TILES_PER_LOAD {
                 let b = b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N);
@@ -630,7 +668,7 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
             for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
                 let pair = if t < rows {
                     // This warp's own rows of `u`, read and overwritten by the same thread.
-                    let u = Smem::bf16_at(tiles.u, BV_STRIDE, (t, col));
+                    let u = Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col));
                     let given = ld_shared_u32(u);
                     let lo = bf16_to_f32(given as u16) - acc[2 * half];
                     let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
@@ -643,7 +681,7 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
                 st_shared_u32(Smem::bf16_at(smem.vn, BV_STRIDE, (t, col)), pair);
             }
         }
-        named_barrier(CONSUMER_BARRIER, CONSUMERS as u32);
+        named_barrier(smem.barrier, CONSUMERS as u32);
     }
 }
 
@@ -651,10 +689,17 @@ unsafe fn corrected_values<const K: usize, const MT: usize>(
 /// left it, to `v_new`, one 16-byte store per row segment.
 ///
 /// # Safety
-/// Every consumer thread calls it (`tid` its `%tid.x`) after [`corrected_values`], before the
+/// Every consumer thread of the group calls it (`tid` its index in the group) after [`corrected_values`], before the
 /// stage is released; `v_new` holds the tokens `tok0 .. tok0 + rows` at 16-byte-aligned rows.
 #[inline(always)]
-unsafe fn store_v_new(tiles: Stage, tid: usize, args: &Args, item: &Item, tok0: usize, rows: usize) {
+unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize>(
+    tiles: Stage,
+    tid: usize,
+    args: &Args,
+    item: &Item,
+    tok0: usize,
+    rows: usize,
+) {
     let per_row = VECTORS_PER_BLOCK_ROW as u32;
     let mut idx = tid as u32;
     while idx < rows as u32 * per_row {
@@ -662,7 +707,7 @@ unsafe fn store_v_new(tiles: Stage, tid: usize, args: &Args, item: &Item, tok0: 
         // SAFETY: see the function's contract; the shared address is inside the `u` tile.
         unsafe {
             let v_new = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0 + col);
-            st_global_v4(v_new, ld_shared_v4(Smem::bf16_at(tiles.u, BV_STRIDE, (t, col))));
+            st_global_v4(v_new, ld_shared_v4(Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col))));
         }
         idx += CONSUMERS as u32;
     }
@@ -674,7 +719,7 @@ unsafe fn store_v_new(tiles: Stage, tid: usize, args: &Args, item: &Item, tok0: 
 /// # Safety
 /// Every consumer thread calls it after [`corrected_values`], with the chunk's stage full.
 #[inline(always)]
-unsafe fn update_state<const K: usize, const MT: usize>(
+unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
     smem: Smem,
     tiles: Stage,
     frag: Frag,
@@ -682,7 +727,7 @@ unsafe fn update_state<const K: usize, const MT: usize>(
     rows: usize,
     state: &mut State<MT>,
 ) {
-    let row_stride = Tiles::<K, MT>::ROW_STRIDE;
+    let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
     // SAFETY: see the function's contract; every index is inside its shared tile.
     unsafe {
         let g_last = g_last(tiles, args, rows);
@@ -690,7 +735,7 @@ unsafe fn update_state<const K: usize, const MT: usize>(
         for (mt, tiles_row) in state.iter_mut().enumerate() {
             for half in 0..2 {
                 // Accumulator elements 2 * half and 2 * half + 1 of every n8 tile share a row.
-                let (row, _) = frag.place.state_at(Tiles::<K, MT>::STATE_ROWS_PER_WARP, mt, 0, 2 * half);
+                let (row, _) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, 0, 2 * half);
                 let gk_last = if has_gk { ld_shared_f32(Smem::f32_at(tiles.gk_last, row)) } else { 0.0 };
                 let decay = exp2_approx(g_last + gk_last);
                 for acc in tiles_row.iter_mut() {
@@ -699,7 +744,7 @@ unsafe fn update_state<const K: usize, const MT: usize>(
                 }
             }
         }
-        let warp_row0 = frag.warp() * Tiles::<K, MT>::STATE_ROWS_PER_WARP;
+        let warp_row0 = frag.warp() * Tiles::<K, MT, G>::STATE_ROWS_PER_WARP;
         for ks in 0..STATE_K_STEPS {
             let a: [[u32; 4]; MT] = core::array::from_fn(|mt| {
                 let at = frag.place.ldmatrix_right_then_down(ks * MMA_K, warp_row0 + mt * MMA_M);

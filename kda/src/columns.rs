@@ -76,9 +76,75 @@ impl Columns {
     }
 }
 
+/// What the portable kernel's choice of consumer groups per CTA needs to know about the device
+/// and the shape (`layout::portable`: a CTA of two groups runs 64 value columns and shares each
+/// chunk's `w` and `k` tiles between them; one of one group, 32 columns).
+#[derive(Clone, Copy, Debug)]
+pub struct PortableFit {
+    /// `K`.
+    pub key_dim: usize,
+    /// `V`.
+    pub value_dim: usize,
+    /// Work items of the batch in blocks of one group's columns (sequences x value heads x
+    /// `V / BV`).
+    pub narrow_items: usize,
+    /// SMs of the device.
+    pub sms: usize,
+    /// Dynamic shared memory a CTA may opt in to on the device.
+    pub smem_per_block: usize,
+}
+
+impl PortableFit {
+    /// Whether the device and shape can run two-group CTAs: an entry for the key size, `V` a
+    /// multiple of their block, their tiles and ring within the CTA's shared memory.
+    pub fn wide_runs(&self) -> bool {
+        use kda_kernel::layout::portable::{block_cols, has_variant, smem_bytes};
+        has_variant(self.key_dim, 2)
+            && self.value_dim.is_multiple_of(block_cols(2))
+            && self.smem_per_block >= smem_bytes(self.key_dim, 2)
+    }
+
+    /// Consumer groups per CTA of the portable kernel as `mode` asks: forced narrow blocks take
+    /// one, forced wide ones two where they run; the planner takes two where they run unless the
+    /// batch has so few items that one round of narrow CTAs still leaves SMs free (the rule
+    /// [`Columns::choose`] uses for the Hopper kernel: twice the chains there gain more than the
+    /// shared tiles do).
+    pub fn groups(&self, mode: ColumnMode) -> usize {
+        let wide = match mode {
+            ColumnMode::Force(Columns::Narrow) => false,
+            ColumnMode::Force(Columns::Wide) => self.wide_runs(),
+            ColumnMode::Auto => self.wide_runs() && self.narrow_items > self.sms,
+        };
+        if wide { 2 } else { 1 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fit(key_dim: usize, value_dim: usize, narrow_items: usize, smem_per_block: usize) -> PortableFit {
+        PortableFit { key_dim, value_dim, narrow_items, sms: 132, smem_per_block }
+    }
+
+    #[test]
+    fn the_portable_kernel_takes_two_groups_where_they_fit_and_the_batch_fills_the_gpu() {
+        const H100: usize = 227 * 1024;
+        const SM86: usize = 99 * 1024;
+        // fixed_8192 (64 heads x 4 narrow blocks) on an H100: wide.
+        assert_eq!(fit(128, 128, 256, H100).groups(ColumnMode::Auto), 2);
+        assert_eq!(fit(64, 64, 256, H100).groups(ColumnMode::Auto), 2);
+        // The same on a 99 KB GPU, at K = 256, or with V = 96: one group.
+        assert_eq!(fit(128, 128, 256, SM86).groups(ColumnMode::Auto), 1);
+        assert_eq!(fit(256, 128, 256, H100).groups(ColumnMode::Auto), 1);
+        assert_eq!(fit(128, 96, 256, H100).groups(ColumnMode::Auto), 1);
+        // Few items (tp_long_h4: 4 heads x 4 blocks): twice the chains instead.
+        assert_eq!(fit(128, 128, 16, H100).groups(ColumnMode::Auto), 1);
+        // Forced.
+        assert_eq!(fit(128, 128, 16, H100).groups(ColumnMode::Force(Columns::Wide)), 2);
+        assert_eq!(fit(128, 128, 256, H100).groups(ColumnMode::Force(Columns::Narrow)), 1);
+        assert_eq!(fit(128, 128, 256, SM86).groups(ColumnMode::Force(Columns::Wide)), 1);
+    }
 
     fn work(value_heads: usize, key_dim: usize, value_dim: usize) -> Work {
         Work { value_heads, key_dim, value_dim, workers: 132, block_width: BV }

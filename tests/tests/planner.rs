@@ -243,21 +243,25 @@ fn a_batch_past_two_to_the_31_elements_is_sized_and_scheduled() {
 }
 
 /// The portable kernel's persistent grid: as many CTAs per SM as its shared memory and registers
-/// allow on each GPU family it serves (two on the H100 / H200's 228 KB per SM at K <= 128 and on
-/// an A100's 164 KB at K = 64, one on an RTX's 100 KB, one at K = 256 everywhere), never none.
+/// allow on each GPU family it serves (one group: two on the H100 / H200's 228 KB per SM at
+/// K <= 128 and on an A100's 164 KB at K = 64, one on an RTX's 100 KB, one at K = 256
+/// everywhere; two groups: one per SM), never none.
 #[test]
 fn the_portable_grid_fills_each_gpu_it_serves() {
-    use kda::layout::portable::{KEY_DIMS, RESERVED_SMEM_PER_CTA, smem_bytes, workers};
+    use kda::layout::portable::{RESERVED_SMEM_PER_CTA, VARIANTS, smem_bytes, workers};
     let kb = 1024;
     for (sms, smem_per_sm, per_sm) in
-        [(132, 228 * kb, [2, 2, 1]), (108, 164 * kb, [2, 1, 1]), (84, 100 * kb, [1, 1, 1])]
+        [(132, 228 * kb, [2, 2, 1, 1, 1]), (108, 164 * kb, [2, 1, 1, 1, 1]), (84, 100 * kb, [1, 1, 1, 1, 1])]
     {
-        for (key_dim, want) in KEY_DIMS.into_iter().zip(per_sm) {
-            assert_eq!(workers(key_dim, sms, smem_per_sm), sms * want, "K = {key_dim}, {smem_per_sm} B per SM");
-            assert!(want * (smem_bytes(key_dim) + RESERVED_SMEM_PER_CTA) <= smem_per_sm);
+        for ((key_dim, groups), want) in VARIANTS.into_iter().zip(per_sm) {
+            let what = format!("K = {key_dim}, {groups} groups, {smem_per_sm} B per SM");
+            assert_eq!(workers(key_dim, groups, sms, smem_per_sm), sms * want, "{what}");
+            if groups == 1 || smem_per_sm >= 164 * kb {
+                assert!(want * (smem_bytes(key_dim, groups) + RESERVED_SMEM_PER_CTA) <= smem_per_sm, "{what}");
+            }
         }
     }
     // A GPU whose shared memory holds less than one CTA still gets one worker per SM: the launch
     // then fails with the driver's error, not an empty grid.
-    assert_eq!(workers(128, 10, 16 * kb), 10);
+    assert_eq!(workers(128, 1, 10, 16 * kb), 10);
 }

@@ -163,13 +163,23 @@ type PortableEntry = unsafe fn(
     u32,
 );
 
-fn portable_entry(key_dim: usize) -> PortableEntry {
-    match key_dim {
-        64 => kda_kernel::portable::kda_fwd_h_portable_k64,
-        128 => kda_kernel::portable::kda_fwd_h_portable,
-        256 => kda_kernel::portable::kda_fwd_h_portable_k256,
-        _ => panic!("no portable entry for K = {key_dim}"),
+fn portable_entry(key_dim: usize, groups: usize) -> PortableEntry {
+    match (key_dim, groups) {
+        (64, 1) => kda_kernel::portable::kda_fwd_h_portable_k64,
+        (128, 1) => kda_kernel::portable::kda_fwd_h_portable,
+        (256, 1) => kda_kernel::portable::kda_fwd_h_portable_k256,
+        (64, 2) => kda_kernel::portable::kda_fwd_h_portable_k64_wide,
+        (128, 2) => kda_kernel::portable::kda_fwd_h_portable_wide,
+        _ => panic!("no portable entry for K = {key_dim}, {groups} groups"),
     }
+}
+
+/// The consumer groups per CTA the portable kernel can run `p` with: one, and two where that
+/// variant exists and `V` is a multiple of its block.
+fn portable_groups(p: &ModelView<'_>) -> Vec<usize> {
+    let (k, v) = (p.shape.key_dim, p.shape.value_dim);
+    let wide = portable::has_variant(k, 2) && v.is_multiple_of(portable::block_cols(2));
+    if wide { vec![1, 2] } else { vec![1] }
 }
 
 /// CTAs of the simulated persistent grid: few, so that each walks several items and its ring
@@ -184,13 +194,13 @@ struct PortablePass {
 }
 
 impl PortablePass {
-    /// The pass over `units` (sequences or segments), `col_blocks` blocks of `BV` columns per
-    /// head, reading `u` at `u_columns`.
-    fn of(units: &[Unit], d: &Dims, col_blocks: usize, u_columns: UColumns) -> Self {
+    /// The pass over `units` (sequences or segments), in blocks of `width` of the pass's
+    /// `columns` per head, reading `u` at `u_columns`.
+    fn of(units: &[Unit], d: &Dims, (columns, width): (usize, usize), u_columns: UColumns) -> Self {
         let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
-        let schedule = Schedule::try_lpt_lengths(&lengths, d.value_heads, col_blocks, SIM_WORKERS)
+        let schedule = Schedule::try_lpt_lengths(&lengths, d.value_heads, columns / width, SIM_WORKERS)
             .unwrap()
-            .with_block_width(portable::BV);
+            .with_block_width(width);
         let words = schedule.table_of(units, d.group(), u_columns).expect("32-bit records");
         let mut records = vec![[0u32; 4]; words.len().div_ceil(4).max(1)];
         for (i, w) in words.iter().enumerate() {
@@ -241,9 +251,10 @@ struct PassStates {
     pass: PassCode,
 }
 
-/// One launch of the portable kernel for key size `key_dim` on the simulator.
+/// One launch of the portable kernel for key size `key_dim` and `groups` consumer groups on the
+/// simulator.
 fn launch_portable_pass(
-    key_dim: usize,
+    (key_dim, groups): (usize, usize),
     value_heads: usize,
     inputs: &LaidInputs,
     (h, v_new): (sim::Ptr<bf16>, sim::Ptr<bf16>),
@@ -254,8 +265,12 @@ fn launch_portable_pass(
     let (k, w, u, g, gk) = (ptr(&inputs.k), ptr(&inputs.w), ptr(&inputs.u), opt(&inputs.g), opt(&inputs.gk));
     let records = ptr(&pass.records);
     let [ks, ws, us, gs, gks, vs] = inputs.strides;
-    let entry = portable_entry(key_dim);
-    let launch = Launch { grid: pass.workers, block: portable::THREADS, shared_bytes: portable::smem_bytes(key_dim) };
+    let entry = portable_entry(key_dim, groups);
+    let launch = Launch {
+        grid: pass.workers,
+        block: portable::threads(groups),
+        shared_bytes: portable::smem_bytes(key_dim, groups),
+    };
     // SAFETY: every buffer holds the problem's rows at these strides and the state rows the
     // records name; the outputs are separate.
     unsafe {
@@ -293,12 +308,13 @@ fn launch_portable_pass(
     .unwrap_or_else(|e| panic!("portable {:?}: {e}", states.pass));
 }
 
-/// The portable kernel on `p` with its token tensors laid out at `strides`, as the launcher runs
-/// it: the persistent grid over the longest-first schedule of (sequence, value head, block of
-/// `BV` columns) items, or, with `split`, its three passes (the pre-scan's maps, the merge's entry
-/// states, every segment from its entry state). Every output is poisoned first and checked
-/// written; `v_new` is gathered back from its strides.
-fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>) -> Outputs {
+/// The portable kernel of `groups` consumer groups on `p` with its token tensors laid out at
+/// `strides`, as the launcher runs it: the persistent grid over the longest-first schedule of
+/// (sequence, value head, block of `groups * BV` columns) items, or, with `split`, its three
+/// passes (the pre-scan's maps, the merge's entry states, every segment from its entry state).
+/// Every output is poisoned first and checked written; `v_new` is gathered back from its
+/// strides.
+fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>, groups: usize) -> Outputs {
     let d = Dims::model(p.plan, &p.shape);
     let inputs = LaidInputs::of(p, strides);
     let [h_len, _, ht_len] = p.output_lens();
@@ -309,19 +325,20 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>)
     let outputs = (ptr_mut(&mut h), ptr_mut(&mut v_new));
     let h0 = p.h0.map_or(sim::Ptr::null(), ptr);
     let (kd, vd, hv) = (d.key_dim, d.value_dim, d.value_heads);
+    let (entry, width) = ((kd, groups), portable::block_cols(groups));
     let layout = p.shape.layout;
     let recurrence =
         |h0: sim::Ptr<f32>, ht: sim::Ptr<f32>| PassStates { h0, ht, value_dim: vd, layout, pass: PassCode::Recurrence };
     match split {
         None => {
-            let pass = PortablePass::of(&Unit::sequences(p.plan), &d, vd / portable::BV, UColumns::Values);
-            launch_portable_pass(kd, hv, &inputs, outputs, &pass, &recurrence(h0, ptr_mut(&mut ht)));
+            let pass = PortablePass::of(&Unit::sequences(p.plan), &d, (vd, width), UColumns::Values);
+            launch_portable_pass(entry, hv, &inputs, outputs, &pass, &recurrence(h0, ptr_mut(&mut ht)));
         }
         Some(split) => {
             let wide = kd + vd;
             let mut maps = vec![f32::from_bits(POISON_F32); split.maps() * hv * kd * wide];
             let prescan =
-                PortablePass::of(&split.prescan_units(), &d, wide / portable::BV, UColumns::Prescan { key_dim: kd });
+                PortablePass::of(&split.prescan_units(), &d, (wide, width), UColumns::Prescan { key_dim: kd });
             let states = PassStates {
                 h0: sim::Ptr::null(),
                 ht: ptr_mut(&mut maps),
@@ -329,11 +346,11 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>)
                 layout: StateLayout::KeyFirst,
                 pass: PassCode::Prescan,
             };
-            launch_portable_pass(kd, hv, &inputs, outputs, &prescan, &states);
+            launch_portable_pass(entry, hv, &inputs, outputs, &prescan, &states);
             let mut entries = vec![f32::from_bits(POISON_F32); split.segments().len() * hv * kd * vd];
             sim_merge(split, (&maps, h0), &mut entries, [hv, kd, vd], layout);
-            let main = PortablePass::of(&split.main_units(), &d, vd / portable::BV, UColumns::Values);
-            launch_portable_pass(kd, hv, &inputs, outputs, &main, &recurrence(ptr(&entries), ptr_mut(&mut ht)));
+            let main = PortablePass::of(&split.main_units(), &d, (vd, width), UColumns::Values);
+            launch_portable_pass(entry, hv, &inputs, outputs, &main, &recurrence(ptr(&entries), ptr_mut(&mut ht)));
         }
     }
     let out = Outputs { h, v_new: strides.gather(&d, Tensor::VNew, &v_new), ht };
@@ -389,14 +406,16 @@ fn the_portable_kernel_runs_the_generalized_recurrence() {
         let p = case.problem.view();
         let want = model_reference(&p).unwrap();
         let floor = kda::reference::model_reference_f32(&p).unwrap().errors(&want);
-        let errs = run_portable(&p, &case.strides, None).errors(&want);
         let bounds = case.bounds(floor);
-        println!(
-            "{}: h {:.2e} v_new {:.2e} ht {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
-            case.name, errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]
-        );
-        if errs.iter().zip(&bounds).any(|(e, b)| e.is_nan() || e >= b) {
-            failures.push(case.name);
+        for groups in portable_groups(&p) {
+            let errs = run_portable(&p, &case.strides, None, groups).errors(&want);
+            println!(
+                "{} ({groups} groups): h {:.2e} v_new {:.2e} ht {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
+                case.name, errs[0], errs[1], errs[2], bounds[0], bounds[1], bounds[2]
+            );
+            if errs.iter().zip(&bounds).any(|(e, b)| e.is_nan() || e >= b) {
+                failures.push((case.name.clone(), groups));
+            }
         }
     }
     assert!(failures.is_empty(), "{} cases out of bounds: {failures:#?}", failures.len());
@@ -413,23 +432,28 @@ fn the_portable_ring_drains_work_lists_shorter_than_itself() {
         let p = p.view();
         let want = model_reference(&p).unwrap();
         let floor = kda::reference::model_reference_f32(&p).unwrap().errors(&want);
-        let errs = run_portable(&p, &Strides::PACKED, None).errors(&want);
-        assert_within_floor(&format!("K = {key_dim}"), errs, floor);
+        for groups in portable_groups(&p) {
+            let errs = run_portable(&p, &Strides::PACKED, None, groups).errors(&want);
+            assert_within_floor(&format!("K = {key_dim}, {groups} groups"), errs, floor);
+        }
     }
 }
 
 /// The portable kernel's split passes (pre-scan into the maps, the merge, every segment from its
 /// entry state) on the generalized cases, their sequences cut into one-chunk segments: every
 /// output written, and the results those of the f64 model of the same split and of the unsplit
-/// recurrence within `SPLIT_BOUND` (as the GPU's `split_sequences`).
+/// recurrence within `SPLIT_BOUND` (as the GPU's `split_sequences`). The cases take turns with
+/// the widest variant each can run and one group.
 #[test]
 fn the_portable_kernel_runs_split_sequences() {
     let mut failures = Vec::new();
-    for case in kda_tests::portable_model_cases() {
+    for (i, case) in kda_tests::portable_model_cases().into_iter().enumerate() {
         let p = case.problem.view();
         let split = SplitPlan::cut(p.plan, 1);
         assert!(split.is_split(), "{}: not split", case.name);
-        let out = run_portable(&p, &case.strides, Some(&split));
+        let variants = portable_groups(&p);
+        let groups = variants[i % variants.len()];
+        let out = run_portable(&p, &case.strides, Some(&split), groups);
         let SplitErrors { model, unsplit, bounds } = SplitErrors::of(&out, &p, &split);
         println!(
             "{}: vs split model {:.2e} {:.2e} {:.2e}, vs unsplit {:.2e} {:.2e} {:.2e} (bounds {:.1e} {:.1e} {:.1e})",
@@ -461,12 +485,14 @@ fn the_portable_kernel_reproduces_the_model_fixtures() {
         let golden = golden.expect("fixture holds outputs");
         let want = model_reference(&p.view()).unwrap();
         let floor = kda::reference::model_reference_f32(&p.view()).unwrap().errors(&want);
-        let out = run_portable(&p.view(), &Strides::PACKED, None);
-        let (errs, fla) = (out.errors(&want), out.errors(&golden));
-        println!("{name}: vs reference {errs:?}, vs FLA {fla:?}");
-        let s = p.shape;
-        let bound = |f: f64| kda::precision::bound_for(s.gates.g || s.gates.gk, s.key_dim, f);
-        assert!(errs.iter().zip(floor).all(|(&e, f)| e < bound(f)), "{name}: {errs:?} over the floor {floor:?}");
+        for groups in portable_groups(&p.view()) {
+            let out = run_portable(&p.view(), &Strides::PACKED, None, groups);
+            let (errs, fla) = (out.errors(&want), out.errors(&golden));
+            println!("{name} ({groups} groups): vs reference {errs:?}, vs FLA {fla:?}");
+            let s = p.shape;
+            let bound = |f: f64| kda::precision::bound_for(s.gates.g || s.gates.gk, s.key_dim, f);
+            assert!(errs.iter().zip(floor).all(|(&e, f)| e < bound(f)), "{name}: {errs:?} over the floor {floor:?}");
+        }
     }
 }
 
@@ -559,7 +585,11 @@ fn run_layer_keeping_h(
     };
     let recurrence = match recurrence {
         LayerRecurrence::Reference => model_reference(&view).unwrap(),
-        LayerRecurrence::Portable => run_portable(&view, &Strides::PACKED, None),
+        LayerRecurrence::Portable => {
+            // The widest variant the shape runs, as the launcher picks on a GPU that has room.
+            let groups = *portable_groups(&view).last().expect("one group always runs");
+            run_portable(&view, &Strides::PACKED, None, groups)
+        }
     };
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));

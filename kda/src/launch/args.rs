@@ -276,15 +276,17 @@ mod tests {
     use kda_kernel::abi::{
         ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW,
         HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES,
-        PORTABLE_K64, PORTABLE_K256, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 15] = [
+    const ABIS: [&KernelAbi; 17] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
         &PORTABLE_K256,
+        &PORTABLE_K64_WIDE,
+        &PORTABLE_WIDE,
         &HOPPER,
         &HOPPER_K64,
         &HOPPER_NARROW,
@@ -401,7 +403,7 @@ mod tests {
         };
         let mut pushed = Recorder::default();
         portable.push(&mut pushed);
-        // Every key size's entry takes the same arguments.
+        // Every variant's entry takes the same arguments.
         for abi in PORTABLE_ENTRIES {
             check_entry(abi, &pushed.0);
         }

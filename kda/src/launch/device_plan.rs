@@ -1,6 +1,6 @@
 //! A batch layout uploaded once, and the borrowed device tensors of one launch.
 
-use crate::columns::{ColumnMode, Columns};
+use crate::columns::{ColumnMode, Columns, PortableFit};
 use crate::layout::{hopper, portable};
 use crate::model::ModelShape;
 use crate::schedule::{UColumns, Unit};
@@ -36,8 +36,11 @@ pub struct DevicePlan {
     pub(super) ordinal: usize,
     /// CTAs of the persistent grid the device runs at once.
     pub(super) workers: usize,
-    /// CTAs of the portable kernel's persistent grid the device runs at once.
-    portable_workers: usize,
+    /// SMs of the device, their shared memory and what one CTA may opt in to (the portable
+    /// kernel's choice of consumer groups and its grid).
+    sms: usize,
+    smem_per_sm: usize,
+    smem_per_block: usize,
     /// The portable kernel's passes, when its records hold the batch's offsets.
     pub(super) portable: Option<PortableDevice>,
 }
@@ -46,6 +49,11 @@ pub struct DevicePlan {
 /// columns over its own workers, and its own split (the planner's verdict for those workers and
 /// blocks), so that it runs at its best whichever kernel the device runs by default.
 pub(super) struct PortableDevice {
+    /// Consumer groups per CTA (`layout::portable`: the entry and its block of `groups * BV`
+    /// columns).
+    pub groups: usize,
+    /// CTAs of its persistent grid the device runs at once.
+    pub workers: usize,
     /// The unsplit pass.
     pub work: Pass,
     /// The split passes, when the planner cuts sequences for this kernel.
@@ -126,7 +134,10 @@ impl DevicePlan {
         let smem_per_sm = stream.context().attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
         )? as usize;
-        let portable_workers = portable::workers(shape.key_dim, sms, smem_per_sm);
+        let smem_per_block = stream
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as usize;
         // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
         let mut table = plan.descriptors();
         if table.is_empty() {
@@ -150,7 +161,9 @@ impl DevicePlan {
             columns: Columns::Wide,
             ordinal,
             workers,
-            portable_workers,
+            sms,
+            smem_per_sm,
+            smem_per_block,
             portable: None,
         };
         this.set_columns(stream, ColumnMode::Auto)?;
@@ -169,6 +182,8 @@ impl DevicePlan {
     /// [`DevicePlan::with_columns`] in place.
     pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
         self.column_mode = mode;
+        // The portable kernel's consumer groups follow the same mode.
+        self.plan_portable(stream)?;
         let dims = self.dims();
         let columns = Columns::resolve(mode, &self.plan, &self.split_work(Columns::Wide), self.split_mode);
         if !columns.runs(dims.key_dim) && crate::layout::hopper::KEY_DIMS.contains(&dims.key_dim) {
@@ -237,11 +252,23 @@ impl DevicePlan {
     fn plan_portable(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
         self.portable = None;
         let dims = self.dims();
-        let width = portable::BV;
+        let fit = PortableFit {
+            key_dim: dims.key_dim,
+            value_dim: dims.value_dim,
+            narrow_items: self
+                .plan
+                .num_seqs()
+                .saturating_mul(dims.value_heads)
+                .saturating_mul(dims.value_dim / portable::BV),
+            sms: self.sms,
+            smem_per_block: self.smem_per_block,
+        };
+        let groups = fit.groups(self.column_mode);
+        let width = portable::block_cols(groups);
         if !portable::KEY_DIMS.contains(&dims.key_dim) || !dims.value_dim.is_multiple_of(width) {
             return Ok(());
         }
-        let workers = self.portable_workers;
+        let workers = portable::workers(dims.key_dim, groups, self.sms, self.smem_per_sm);
         let schedule =
             Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);
         let Some(table) = schedule.table(&self.plan, dims.group()) else { return Ok(()) };
@@ -250,7 +277,7 @@ impl DevicePlan {
         let decided = SplitPlan::decide(&self.plan, &split_work, self.split_mode);
         let split = if decided.is_split() { split_device(stream, &decided, &dims, workers, width)? } else { None };
         let split_plan = if split.is_some() { decided } else { SplitPlan::unsplit(&self.plan) };
-        self.portable = Some(PortableDevice { work, split, split_plan });
+        self.portable = Some(PortableDevice { groups, workers, work, split, split_plan });
         Ok(())
     }
 
@@ -266,9 +293,16 @@ impl DevicePlan {
         if kernel == crate::Kernel::Portable { self.portable_split_plan() } else { self.split_plan.clone() }
     }
 
-    /// CTAs of the portable kernel's persistent grid on this plan's device.
+    /// CTAs of the portable kernel's persistent grid on this plan's device (0 when it does not
+    /// run the shape).
     pub fn portable_workers(&self) -> usize {
-        self.portable_workers
+        self.portable.as_ref().map_or(0, |p| p.workers)
+    }
+
+    /// Value columns of the portable kernel's blocks on this plan (`groups * BV`; one group's
+    /// when it does not run the shape).
+    pub fn portable_block_width(&self) -> usize {
+        portable::block_cols(self.portable.as_ref().map_or(1, |p| p.groups))
     }
 
     /// Plans the split `self.split_mode` asks for in the plan's columns, uploading its tables and

@@ -30,12 +30,12 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, Port
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE_ENTRIES,
-    PassCode, TensorMaps, hopper_for,
+    PassCode, TensorMaps, hopper_for, portable_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
 use kda_kernel::layout::hopper::BV;
-use kda_kernel::layout::portable::{BV as PORTABLE_BV, KEY_DIMS as PORTABLE_KEY_DIMS};
+use kda_kernel::layout::portable::BV as PORTABLE_BV;
 use std::sync::Arc;
 use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports, portable_supports};
 
@@ -205,7 +205,8 @@ impl Kda {
                 ),
             }),
             (Kernel::Portable, _) => {
-                let i = PORTABLE_KEY_DIMS.iter().position(|&k| k == key_dim).unwrap_or(1);
+                let abi = portable_for(key_dim, width / PORTABLE_BV).unwrap_or(&kda_kernel::abi::PORTABLE);
+                let i = PORTABLE_ENTRIES.iter().position(|&e| e.entry == abi.entry).unwrap_or(1);
                 Ok(&self.portable[i])
             }
             _ => Ok(&self.baseline),
@@ -374,7 +375,7 @@ impl Kda {
         plan: &DevicePlan,
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
-        let f = self.loaded_for(Kernel::Portable, dims.key_dim, PORTABLE_BV)?;
+        let f = self.loaded_for(Kernel::Portable, dims.key_dim, plan.portable_block_width())?;
         // `choose` checked that the plan has the portable passes.
         let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
         let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass);
