@@ -618,6 +618,20 @@ unsafe fn b_fragments(tile: u32, frag: Frag, k0: usize, n0: usize) -> [[u32; 2];
     [[r[0], r[1]], [r[2], r[3]]]
 }
 
+/// Runs `step` on the fragments `load` reads for each k16 step `0 .. steps` in order, with the
+/// next step's loaded before the current step's products are issued: the shared-memory latency
+/// of one step's `ldmatrix` hides under the tensor-core work of the step before, instead of
+/// every `mma` waiting for its own operands.
+#[inline(always)]
+fn pipelined<F: Copy>(steps: usize, load: impl Fn(usize) -> F, mut step: impl FnMut(F)) {
+    let mut current = load(0);
+    for ks in 0..steps {
+        let next = if ks + 1 < steps { load(ks + 1) } else { current };
+        step(current);
+        current = next;
+    }
+}
+
 /// The gate of the chunk's last valid token: `g[last]` when there is a scalar gate, else 0.
 ///
 /// # Safety
@@ -648,15 +662,19 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
     let mut acc = [[0.0f32; 4]; N_TILES];
     // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
     unsafe {
-        for ks in 0..Tiles::<K, MT, G>::VN_K_STEPS {
+        let load = |ks: usize| {
             let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
-            for pair in 0..N_TILES / N_TILES_PER_LOAD {
-                let b = b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N);
+            let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] =
+                core::array::from_fn(|pair| b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N));
+            (a, b)
+        };
+        pipelined(Tiles::<K, MT, G>::VN_K_STEPS, load, |(a, b)| {
+            for (pair, b) in b.iter().enumerate() {
                 for (i, b) in b.iter().enumerate() {
                     mma_m16n8k16_bf16(&mut acc[pair * N_TILES_PER_LOAD + i], a, *b);
                 }
             }
-        }
+        });
         // The two token rows this thread holds, and their scalar-gate factors.
         let t_rows: [usize; 2] = core::array::from_fn(|half| row0 + frag.place.g + 8 * half);
         let g_last = g_last(tiles, args, rows);
@@ -745,19 +763,23 @@ unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
             }
         }
         let warp_row0 = frag.warp() * Tiles::<K, MT, G>::STATE_ROWS_PER_WARP;
-        for ks in 0..STATE_K_STEPS {
+        let load = |ks: usize| {
             let a: [[u32; 4]; MT] = core::array::from_fn(|mt| {
                 let at = frag.place.ldmatrix_right_then_down(ks * MMA_K, warp_row0 + mt * MMA_M);
                 ldmatrix_x4_trans(Smem::bf16_at(tiles.k, row_stride, at))
             });
-            for pair in 0..N_TILES / N_TILES_PER_LOAD {
-                let b = b_fragments(smem.vn, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N);
+            let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] =
+                core::array::from_fn(|pair| b_fragments(smem.vn, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N));
+            (a, b)
+        };
+        pipelined(STATE_K_STEPS, load, |(a, b)| {
+            for (pair, b) in b.iter().enumerate() {
                 for (row, a) in state.iter_mut().zip(&a) {
                     for (i, b) in b.iter().enumerate() {
                         mma_m16n8k16_bf16(&mut row[pair * N_TILES_PER_LOAD + i], *a, *b);
                     }
                 }
             }
-        }
+        });
     }
 }

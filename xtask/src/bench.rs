@@ -14,7 +14,7 @@ use crate::proc::write_json;
 use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelShape, ModelView};
 use kda::split::SplitMode;
-use kda::{Dims, Kda, KdaError, Kernel, Outputs, Plan, Strides, inputs, reference, rel_error};
+use kda::{Dims, Kda, KdaError, KdaOptions, Kernel, Module, Outputs, Plan, Strides, inputs, reference, rel_error};
 use kda_cli::{gates_name, layout_name, model_bench_shapes, model_floor_us};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -95,10 +95,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let models = models.collect::<Result<Vec<_>, _>>()?;
     println!("\nmodel shapes:\n\n{}", model_table(&models));
     let layer_repeat = o.repeat.min(LAYER_REPEAT);
-    let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat)?;
+    let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat, "layer")?;
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
-    let decodes = decode_rows(&|d| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw), o.repeat)?;
-    let rows: Vec<Value> = rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).chain(decodes).collect();
+    let decodes = decode_rows(&|d| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw), o.repeat, "decode")?;
+    let mut rows: Vec<Value> =
+        rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).chain(decodes).collect();
+    // On a 9.x GPU, the layer and decode again with the portable module (what every other GPU
+    // runs: its recurrence kernel in the layer), as `"layer-portable"` and `"decode-portable"`.
+    if best == Kernel::Hopper {
+        let options = KdaOptions { module: Module::Portable, ..KdaOptions::from_env().map_err(text)? };
+        let portable = Kda::with_options(kda.context().clone(), options).map_err(text)?;
+        let time = |p: &kda::layer::LayerProblem| kda_cli::time_layer(&portable, &stream, p, layer_repeat, copy_bw);
+        rows.extend(layer_rows(&time, layer_repeat, "layer-portable")?);
+        let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&portable, &stream, d, o.repeat, copy_bw);
+        rows.extend(decode_rows(&time, o.repeat, "decode-portable")?);
+    }
     // The portable kernel's entries (`"kernel": "portable"`), where it ran the shape.
     let portable = shapes.iter().filter_map(|s| s.portable_record(o.repeat));
     let rows: Vec<Value> = rows.into_iter().chain(portable).collect();
@@ -565,10 +576,12 @@ const LAYER_REPEAT: usize = 20;
 
 /// The whole layer on the peers' shapes (`kda_cli::layer_bench_shapes`): each timed by `time`
 /// (`kda_cli::time_layer` over `repeat` launches) and its first run's `o` and final states checked against the f64
-/// definition (`kda::layer::layer_reference`); prints a table, returns a record per shape.
+/// definition (`kda::layer::layer_reference`); prints a table, returns a record per shape
+/// (`"kernel": kernel`).
 fn layer_rows(
     time: &dyn Fn(&kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
     repeat: usize,
+    kernel: &str,
 ) -> Result<Vec<Value>, String> {
     let mut rows = Vec::new();
     let mut lines = vec!["| layer shape | us | IO floor us | floor / time | rel err o | rel err ht |".to_string()];
@@ -584,22 +597,23 @@ fn layer_rows(
             t.us, t.floor_us, errs[0], errs[1]
         ));
         rows.push(json!({
-            "shape": format!("layer_{name}"), "kernel": "layer", "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
+            "shape": format!("layer_{name}"), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
             "rel_err_o": errs[0], "rel_err_ht": errs[1], "repeat": repeat, "lengths": lengths,
             "heads": shape.heads, "value_heads": shape.value_heads, "key_dim": shape.key_dim, "value_dim": shape.value_dim,
             "options": format!("{options:?}"),
         }));
     }
-    println!("\nthe layer:\n\n{}", lines.join("\n"));
+    println!("\nthe layer ({kernel}):\n\n{}", lines.join("\n"));
     Ok(rows)
 }
 
 /// The decode step on LAYER.md's decode shapes (`kda_cli::decode_bench_shapes`): each timed by
 /// `time` (`kda_cli::time_decode` over `repeat` calls, its first call checked against the f64
-/// layer over the pool); prints a table, returns a record per shape (`"kernel": "decode"`).
+/// layer over the pool); prints a table, returns a record per shape (`"kernel": kernel`).
 fn decode_rows(
     time: &dyn Fn(&kda_cli::DecodeShape) -> Result<kda_cli::DecodeTiming, KdaError>,
     repeat: usize,
+    kernel: &str,
 ) -> Result<Vec<Value>, String> {
     let mut rows = Vec::new();
     let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err ht |".to_string()];
@@ -613,13 +627,13 @@ fn decode_rows(
         ));
         let s = d.shape;
         rows.push(json!({
-            "shape": d.name, "kernel": "decode", "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
+            "shape": d.name, "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
             "rel_err_o": t.errors[0], "rel_err_ht": t.errors[1], "repeat": repeat, "seqs": d.seqs,
             "draft": d.draft, "heads": s.heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
             "value_dim": s.value_dim, "options": format!("{:?}", d.options),
         }));
     }
-    println!("\nthe decode step:\n\n{}", lines.join("\n"));
+    println!("\nthe decode step ({kernel}):\n\n{}", lines.join("\n"));
     Ok(rows)
 }
 
