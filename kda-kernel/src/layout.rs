@@ -512,27 +512,26 @@ pub mod portable {
         };
     }
 
-    /// Shared memory of the entry for key size `key_dim` and `groups` groups (one of
+    /// `(shared memory, stages)` of the entry for key size `key_dim` and `groups` groups (one of
     /// [`VARIANTS`]).
-    pub const fn smem_bytes(key_dim: usize, groups: usize) -> usize {
+    const fn sizes(key_dim: usize, groups: usize) -> (usize, usize) {
         match (key_dim, groups) {
-            (64, 1) => Tiles::<64, 1, 1>::SMEM_BYTES,
-            (128, 1) => Tiles::<128, 2, 1>::SMEM_BYTES,
-            (64, _) => Tiles::<64, 1, 2>::SMEM_BYTES,
-            (128, _) => Tiles::<128, 2, 2>::SMEM_BYTES,
-            _ => Tiles::<256, 4, 1>::SMEM_BYTES,
+            (64, 1) => (Tiles::<64, 1, 1>::SMEM_BYTES, Tiles::<64, 1, 1>::STAGES),
+            (128, 1) => (Tiles::<128, 2, 1>::SMEM_BYTES, Tiles::<128, 2, 1>::STAGES),
+            (64, _) => (Tiles::<64, 1, 2>::SMEM_BYTES, Tiles::<64, 1, 2>::STAGES),
+            (128, _) => (Tiles::<128, 2, 2>::SMEM_BYTES, Tiles::<128, 2, 2>::STAGES),
+            _ => (Tiles::<256, 4, 1>::SMEM_BYTES, Tiles::<256, 4, 1>::STAGES),
         }
+    }
+
+    /// Shared memory of the entry for key size `key_dim` and `groups` groups.
+    pub const fn smem_bytes(key_dim: usize, groups: usize) -> usize {
+        sizes(key_dim, groups).0
     }
 
     /// Stages of the ring of the entry for key size `key_dim` and `groups` groups.
     pub const fn stages(key_dim: usize, groups: usize) -> usize {
-        match (key_dim, groups) {
-            (64, 1) => Tiles::<64, 1, 1>::STAGES,
-            (128, 1) => Tiles::<128, 2, 1>::STAGES,
-            (64, _) => Tiles::<64, 1, 2>::STAGES,
-            (128, _) => Tiles::<128, 2, 2>::STAGES,
-            _ => Tiles::<256, 4, 1>::STAGES,
-        }
+        sizes(key_dim, groups).1
     }
 
     /// Whether the variant `(key_dim, groups)` is built.
