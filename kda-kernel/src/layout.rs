@@ -442,9 +442,12 @@ pub mod portable {
         (32 + groups * CONSUMERS) as u32
     }
 
-    /// Bytes of the `full` mbarriers at the start of shared memory: 8 per stage, rounded up so
+    /// Bytes of one mbarrier object in shared memory.
+    pub const MBARRIER_BYTES: usize = 8;
+
+    /// Bytes of the `full` mbarriers at the start of shared memory, one per stage, rounded up so
     /// that the tiles after them stay 16-byte aligned.
-    pub const FULL_BARRIERS_BYTES: usize = (MAX_STAGES * 8).next_multiple_of(16);
+    pub const FULL_BARRIERS_BYTES: usize = (MAX_STAGES * MBARRIER_BYTES).next_multiple_of(16);
 
     /// The shapes and shared-memory map of the kernel for key size `K`, whose consumer warps each
     /// hold `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
@@ -478,7 +481,7 @@ pub mod portable {
         pub const ROW_STRIDE: usize = K + PAD;
         /// Row stride of the `u` tile: the block's columns.
         pub const U_STRIDE: usize = G * BV + PAD;
-        /// The `full` mbarriers, stage `s`'s at `8 s`.
+        /// The `full` mbarriers, stage `s`'s at `s * MBARRIER_BYTES`.
         pub const FULL_OFFSET: usize = 0;
         /// Group 0's `st` and `vn` tiles; group `g`'s `g * GROUP_BYTES` after them.
         pub const ST_OFFSET: usize = Self::FULL_OFFSET + FULL_BARRIERS_BYTES;

@@ -39,7 +39,7 @@ use crate::arch::sm80::{
     st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, BV_STRIDE, CONSUMERS, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
+    BV, BV_STRIDE, CONSUMERS, MBARRIER_BYTES, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
     VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp, threads,
 };
 use crate::layout::CHUNK;
@@ -227,7 +227,7 @@ impl Smem {
 
     /// The `full` mbarrier of stage `stage`.
     fn full(self, stage: usize) -> u32 {
-        self.full + (stage * 8) as u32
+        self.full + (stage * MBARRIER_BYTES) as u32
     }
 
     /// The tiles of stage `stage` of the ring.
