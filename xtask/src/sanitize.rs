@@ -11,8 +11,9 @@
 //!   (`--split N`): the pre-scan, the segments and the merge kernel, on `ragged_h3`,
 //!   `ragged_many` and the generated `split_tails` (sequences of hundreds of tokens with tails,
 //!   no `h0`);
-//! - the portable kernel (`KDA_KERNEL=portable`) on those inputs, once each (it has no column
-//!   modes), and the baseline (`KDA_KERNEL=baseline`) on KDA's slice (`ragged_h3`,
+//! - the portable kernel (`KDA_KERNEL=portable`) on those inputs, once each as the launcher
+//!   plans it, and on KDA's inputs in CTAs of two consumer groups (`_portable_groups2`,
+//!   `--columns wide`), and the baseline (`KDA_KERNEL=baseline`) on KDA's slice (`ragged_h3`,
 //!   `two_seq_no_h0`, `ragged_many`);
 //! - the whole layer (`kda layer`: its prepare and output kernels around the recurrence) on four
 //!   layer fixtures, on the device's module and on the portable one (`KDA_MODULE=portable`);
@@ -22,7 +23,7 @@
 //!
 //! `--tools` runs a subset of the tools, `--only` the cases whose name contains one of the
 //! SUBSTRINGs (the names are in the table and the log files: `_wide`, `_narrow`, `_split`,
-//! `_portable_kernel`, `_baseline`, `_layer`, `gpu_` pick the groups above), so the matrix can be
+//! `_portable_kernel`, `_portable_groups2`, `_baseline`, `_layer`, `gpu_` pick the groups above), so the matrix can be
 //! split across shorter calls.
 //! Prints each run's summary line, and the log of a run that reports an error or hazard, fails or
 //! times out (the first and last 60 lines); then a table of every case's summary under each tool;
@@ -141,6 +142,11 @@ fn cases(files: &Files) -> Vec<Case> {
     let all_models: Vec<&'static str> = MODEL_FIXTURES.iter().chain(&NARROW_FIXTURES).copied().collect();
     for (name, input) in kda_inputs.iter().chain(&models(&all_models)) {
         v.push(files.kda(format!("{name}_portable_kernel"), "run", input, &[], &[(KERNEL_VAR, "portable")]));
+    }
+    // The portable kernel's two-group CTAs, which these small batches take only when forced.
+    for (name, input) in &kda_inputs {
+        let portable = [(KERNEL_VAR, "portable")];
+        v.push(files.kda(format!("{name}_portable_groups2"), "run", input, &["--columns", "wide"], &portable));
     }
     for (name, input) in &kda_inputs {
         v.push(files.kda(format!("{name}_baseline"), "run", input, &[], &[(KERNEL_VAR, "baseline")]));
@@ -334,9 +340,9 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "case names are unique: {names:?}");
         // Hopper: 3 KDA inputs and 5 models in two widths, K = 256 narrow; 3 splits on both
-        // kernels; portable on the 3 KDA inputs and 6 models; baseline on the 3 KDA inputs; 4
-        // layers on two modules; the test.
-        assert_eq!(all.len(), 8 * 2 + 1 + 3 * 2 + 9 + 3 + 4 * 2 + 1);
+        // kernels; portable on the 3 KDA inputs and 6 models, and on the 3 KDA inputs in two
+        // groups; baseline on the 3 KDA inputs; 4 layers on two modules; the test.
+        assert_eq!(all.len(), 8 * 2 + 1 + 3 * 2 + 9 + 3 + 3 + 4 * 2 + 1);
         for name in ["ragged_h3_wide", "ragged_many_narrow", "gdn_k256_v512_narrow", "split_tails_split2"] {
             assert!(names.contains(&name), "{name} in {names:?}");
         }
@@ -359,6 +365,11 @@ mod tests {
         assert_eq!(
             (args(c), c.env.clone()),
             ("run --inputs /in/models/gdn_k256_v512 --out /out.st".into(), vec![(KERNEL_VAR, "portable")])
+        );
+        let c = find("ragged_many_portable_groups2");
+        assert_eq!(
+            (args(c), c.env.clone()),
+            ("run --inputs /in/ragged_many --out /out.st --columns wide".into(), vec![(KERNEL_VAR, "portable")])
         );
         let c = find("two_seq_no_h0_baseline");
         assert_eq!(c.env, [(KERNEL_VAR, "baseline")]);
@@ -399,9 +410,10 @@ mod tests {
         );
         assert_eq!(only(&["layer_portable"]).unwrap().len(), LAYER_FIXTURES.len());
         // The groups the module docs name cover every case once.
-        let groups = ["_wide", "_narrow", "_split", "_portable_kernel", "_baseline", "_layer", "gpu_"];
+        let groups =
+            ["_wide", "_narrow", "_split", "_portable_kernel", "_portable_groups2", "_baseline", "_layer", "gpu_"];
         let sizes: Vec<usize> = groups.iter().map(|g| only(&[g]).unwrap().len()).collect();
-        assert_eq!(sizes, [8, 9, 6, 9, 3, 8, 1]);
+        assert_eq!(sizes, [8, 9, 6, 9, 3, 3, 8, 1]);
         assert_eq!(sizes.iter().sum::<usize>(), all_cases().len());
         assert_eq!(only(&["_split", "_baseline", "gpu_"]).unwrap().len(), 10);
         let e = only(&["_wide", "hoper"]).unwrap_err();
