@@ -375,11 +375,13 @@ unsafe fn produce<const K: usize, const MT: usize, const G: usize>(args: &Args, 
                     }
                 }
                 if !args.g.is_null() {
+                    // Rows past the end take the last valid row's `g`: their scale in
+                    // `corrected_values` is 1, never an overflow.
                     let mut t = lane;
                     while t < CHUNK {
-                        let (tok, bytes) = if t < rows { (tok0 + t, 4) } else { (last, 0) };
+                        let tok = if t < rows { tok0 + t } else { last };
                         let from = args.g.add(args.g_rows.row(tok, item.head)) as *const u8;
-                        cp_async_4(Smem::f32_at(tiles.g, t), from, bytes);
+                        cp_async_4(Smem::f32_at(tiles.g, t), from, 4);
                         t += 32;
                     }
                 }
@@ -584,24 +586,39 @@ const VECTORS_PER_BLOCK_ROW: usize = BV / VECTOR;
 /// Every consumer thread of the group calls it (`tid` its index in the group) after [`publish_state`]; `h_item` holds
 /// the item's block of the state, 16-byte aligned.
 #[inline(always)]
-unsafe fn store_h<const K: usize, const MT: usize, const G: usize>(smem: Smem, tid: usize, args: &Args, item: &Item, h_item: *mut u16) {
-    let mut idx = tid as u32;
-    // SAFETY (block): see the function's contract; every shared address is inside the `st` tile.
+unsafe fn store_h<const K: usize, const MT: usize, const G: usize>(
+    smem: Smem,
+    tid: usize,
+    args: &Args,
+    item: &Item,
+    h_item: *mut u16,
+) {
+    // SAFETY (block): see the function's contract; every shared address is inside the `st` tile,
+    // every store inside the item's block (the pointer steps past it only after the last one).
     unsafe {
-        while idx < (K * VECTORS_PER_BLOCK_ROW) as u32 {
-            let (row, col, vector) = if args.value_first {
-                // Keys `row .. row + VECTOR` of block column `col`.
-                let per_col = (K / VECTOR) as u32;
-                let (col, row) = ((idx / per_col) as usize, (idx % per_col) as usize * VECTOR);
-                let key = |i: usize| u32::from(ld_shared_u16(Smem::bf16_at(smem.st, BV_STRIDE, (row + i, col))));
-                (row, col, core::array::from_fn(|p| key(2 * p) | key(2 * p + 1) << 16))
-            } else {
-                let per_row = VECTORS_PER_BLOCK_ROW as u32;
-                let (row, col) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
-                (row, col, ld_shared_v4(Smem::bf16_at(smem.st, BV_STRIDE, (row, col))))
-            };
-            st_global_v4(h_item.add(state_index::<K>(args, item, row, col)), vector);
-            idx += CONSUMERS as u32;
+        if args.value_first {
+            // Keys `row .. row + VECTOR` of block columns `col0`, `col0 + cols_per_pass`, ...
+            let per_col = K / VECTOR;
+            let (col0, row, cols_per_pass) = (tid / per_col, tid % per_col * VECTOR, CONSUMERS / per_col);
+            let mut to = h_item.add(state_index::<K>(args, item, row, col0));
+            let mut col = col0 as u32;
+            while col < BV as u32 {
+                let key = |i: usize| u32::from(ld_shared_u16(Smem::bf16_at(smem.st, BV_STRIDE, (row + i, col as usize))));
+                st_global_v4(to, core::array::from_fn(|p| key(2 * p) | key(2 * p + 1) << 16));
+                to = to.wrapping_add(cols_per_pass * K);
+                col += cols_per_pass as u32;
+            }
+        } else {
+            // Columns `col .. col + VECTOR` of rows `row0`, `row0 + rows_per_pass`, ...
+            let (row0, col) = (tid / VECTORS_PER_BLOCK_ROW, tid % VECTORS_PER_BLOCK_ROW * VECTOR);
+            let rows_per_pass = CONSUMERS / VECTORS_PER_BLOCK_ROW;
+            let mut to = h_item.add(state_index::<K>(args, item, row0, col));
+            let mut row = row0 as u32;
+            while row < K as u32 {
+                st_global_v4(to, ld_shared_v4(Smem::bf16_at(smem.st, BV_STRIDE, (row as usize, col))));
+                to = to.wrapping_add(rows_per_pass * args.value_dim);
+                row += rows_per_pass as u32;
+            }
         }
     }
 }
@@ -684,18 +701,16 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
         for (nt, acc) in acc.iter().enumerate() {
             let col = nt * MMA_N + 2 * frag.place.t;
             for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
-                let pair = if t < rows {
-                    // This warp's own rows of `u`, read and overwritten by the same thread.
-                    let u = Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col));
-                    let given = ld_shared_u32(u);
-                    let lo = bf16_to_f32(given as u16) - acc[2 * half];
-                    let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
-                    let rounded = pack_bf16x2(lo, hi);
-                    st_shared_u32(u, rounded);
-                    if args.g.is_null() { rounded } else { pack_bf16x2(lo * scale, hi * scale) }
-                } else {
-                    0
-                };
+                // Every row, valid or not: past the chunk's end `u` and `w` are zero-filled, so
+                // `Vn` is zero there, and the scale is 1 (`g` holds the last valid row's value).
+                // This warp's own rows of `u`, read and overwritten by the same thread.
+                let u = Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col));
+                let given = ld_shared_u32(u);
+                let lo = bf16_to_f32(given as u16) - acc[2 * half];
+                let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
+                let rounded = pack_bf16x2(lo, hi);
+                st_shared_u32(u, rounded);
+                let pair = if args.g.is_null() { rounded } else { pack_bf16x2(lo * scale, hi * scale) };
                 st_shared_u32(Smem::bf16_at(smem.vn, BV_STRIDE, (t, col)), pair);
             }
         }
@@ -718,16 +733,22 @@ unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize>(
     tok0: usize,
     rows: usize,
 ) {
-    let per_row = VECTORS_PER_BLOCK_ROW as u32;
-    let mut idx = tid as u32;
-    while idx < rows as u32 * per_row {
-        let (t, col) = ((idx / per_row) as usize, (idx % per_row) as usize * VECTOR);
-        // SAFETY: see the function's contract; the shared address is inside the `u` tile.
-        unsafe {
-            let v_new = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0 + col);
-            st_global_v4(v_new, ld_shared_v4(Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col))));
+    // Columns `col .. col + VECTOR` of the chunk's rows `t0`, `t0 + rows_per_pass`, ...
+    let (t0, col) = (tid / VECTORS_PER_BLOCK_ROW, tid % VECTORS_PER_BLOCK_ROW * VECTOR);
+    let rows_per_pass = CONSUMERS / VECTORS_PER_BLOCK_ROW;
+    if t0 >= rows {
+        return;
+    }
+    // SAFETY (block): see the function's contract; the shared addresses are inside the `u` tile,
+    // the stores in the chunk's valid rows (the pointer steps past them only after the last).
+    unsafe {
+        let mut to = args.v_new.add(args.v_new_rows.row(tok0 + t0, item.head) + item.vcol0 + col);
+        let mut t = t0 as u32;
+        while t < rows as u32 {
+            st_global_v4(to, ld_shared_v4(Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t as usize, col))));
+            to = to.wrapping_add(rows_per_pass * args.v_new_rows.token);
+            t += rows_per_pass as u32;
         }
-        idx += CONSUMERS as u32;
     }
 }
 
