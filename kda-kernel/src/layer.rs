@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
-    ld_shared_v4, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
+    ld_shared_v2_f32, ld_shared_v4, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
     shfl_xor, st_global_v4, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
@@ -222,6 +222,25 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e >> shift, e & (cols - 1))
 }
 
+/// `$body` once for each row `$r` of a diagonal sub-block, `$r` a literal: the forward
+/// substitution's column, indexed by rows, stays in registers (every index a constant; a loop
+/// over the rows would index it at run time, which puts it in local memory).
+macro_rules! each_sub_row {
+    ($r:ident => $body:block) => {
+        each_sub_row!(@ $r $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $r:ident $body:block $($n:literal)*) => {
+        $({
+            let $r: usize = $n;
+            $body
+        })*
+    };
+}
+/// `each_sub_row!` lists the rows of a sub-block.
+const _: () = assert!(SUB == 16);
+/// The forward substitution reads rows of `-L` 16 bytes at a time.
+const _: () = assert!(MATRIX_ROW_WORDS.is_multiple_of(F32_VECTOR) && SUB.is_multiple_of(F32_VECTOR));
+
 /// A row of keys or queries is one 16-byte load per lane of a warp (the L2 norm's layout).
 const _: () = assert!(MAX_K <= LANES * F32_VECTOR);
 /// Every gate width (1 or a power-of-two `K <= MAX_K`) divides `THREADS`: a thread striding over
@@ -370,6 +389,17 @@ unsafe fn load_f32_rows(
     );
 }
 
+/// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `stride` words per row, in one
+/// 16-byte load.
+///
+/// # Safety
+/// The elements lie inside the tile; the tile, `stride` and `c` are 16-byte (4-word) aligned.
+#[inline(always)]
+unsafe fn row_words(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32; F32_VECTOR] {
+    // SAFETY: see the function's contract.
+    unsafe { ld_shared_v4(tile.add(r * stride + c).addr()) }.map(f32::from_bits)
+}
+
 /// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per row, in one
 /// 16-byte load.
 ///
@@ -494,9 +524,14 @@ fn tf32(x: f32) -> u32 {
 }
 
 /// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
-/// its `N` n8 tiles (TF32), A's element (m, k) `a(m, k)` and B_j's (k, n) `b(k, 8 j + n)`: A's
-/// fragment is read once per k-step for all of them. `N` is a constant, so the accumulators stay
-/// in registers.
+/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, n) and
+/// (k + 1, n) `b(k, 8 j + n)`, `k` even: A's fragment is read once per k-step for all of them.
+/// `N` is a constant, so the accumulators stay in registers.
+///
+/// A lane's two k slots of a k-step (the fragment's `t` and `t + 4`) hold the adjacent depths
+/// `k0 + 2 t` and `k0 + 2 t + 1`: a product sums over its depth in any order so long as A and B
+/// agree, and adjacent depths are one 8-byte load of a row (A's rows, and the gated products' B,
+/// whose rows are their depth's columns) where the fragment's own order takes two loads.
 ///
 /// # Safety
 /// The warp calls it together; the closures read only written shared memory.
@@ -505,18 +540,39 @@ unsafe fn mma_tiles<const N: usize>(
     acc: &mut [[f32; 4]; N],
     depth: usize,
     l: Lane,
-    a: impl Fn(usize, usize) -> f32,
-    b: impl Fn(usize, usize) -> f32,
+    a: impl Fn(usize, usize) -> [f32; 2],
+    b: impl Fn(usize, usize) -> [f32; 2],
 ) {
     let (g, t) = (l.g, l.t);
     for k0 in (0..depth).step_by(TILE_K) {
-        let af = [a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)].map(tf32);
+        let k = k0 + 2 * t;
+        let (upper, lower) = (a(g, k), a(g + 8, k));
+        let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
         for (j, acc) in acc.iter_mut().enumerate() {
-            let bf = [b(k0 + t, TILE_N * j + g), b(k0 + t + 4, TILE_N * j + g)].map(tf32);
+            let bf = b(k, TILE_N * j + g).map(tf32);
             // SAFETY: the warp is converged here (the caller's contract).
             unsafe { mma_m16n8k8_tf32(acc, af, bf) };
         }
     }
+}
+
+/// Every tile a product reads in pairs has an even row stride (and starts 8-byte aligned), so an
+/// even column's pair is one aligned 8-byte (f32) or 4-byte (bf16) load.
+const _: () = assert!(
+    ROW_WORDS.is_multiple_of(2)
+        && MATRIX_ROW_WORDS.is_multiple_of(2)
+        && INVERSE_ROW_WORDS.is_multiple_of(2)
+        && KEY_ROW.is_multiple_of(2)
+);
+
+/// f32 tile elements `(r, c)` and `(r, c + 1)` at `stride` words per row, in one 8-byte load.
+///
+/// # Safety
+/// The elements lie inside the tile; `stride` and `c` are even.
+#[inline(always)]
+unsafe fn pair_at(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32; 2] {
+    // SAFETY: see the function's contract (tiles start 8-byte aligned).
+    unsafe { ld_shared_v2_f32(tile.add(r * stride + c).addr()) }
 }
 
 /// n8 tiles of `o` per warp at `V = MAX_V` (a warp's row block and column half), and at the
@@ -541,6 +597,12 @@ trait RowTile: Copy {
     /// # Safety
     /// The element lies inside the tile and is written.
     unsafe fn get(self, r: usize, a: usize) -> f32;
+
+    /// Elements `(r, a)` and `(r, a + 1)`, `a` even, in one load.
+    ///
+    /// # Safety
+    /// As [`RowTile::get`].
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2];
 }
 
 /// An f32 tile at `ROW_WORDS` words per row.
@@ -552,6 +614,12 @@ impl RowTile for F32Rows {
     unsafe fn get(self, r: usize, a: usize) -> f32 {
         // SAFETY: the caller's contract.
         unsafe { at(self.0, ROW_WORDS, r, a) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: the caller's contract (`ROW_WORDS` is even).
+        unsafe { pair_at(self.0, ROW_WORDS, r, a) }
     }
 }
 
@@ -565,6 +633,13 @@ impl RowTile for Bf16Rows {
     unsafe fn get(self, r: usize, a: usize) -> f32 {
         // SAFETY: the caller's contract.
         unsafe { bf16_to_f32(self.0.add(r * KEY_ROW + a).ld()) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: the caller's contract (`KEY_ROW` and `a` even: 4-byte aligned).
+        let both: u32 = unsafe { self.0.add(r * KEY_ROW + a).cast::<u32>().ld() };
+        [bf16_to_f32(both as u16), bf16_to_f32((both >> 16) as u16)]
     }
 }
 
@@ -661,6 +736,16 @@ impl Gates {
         let col = if self.per_key { a } else { 0 };
         // SAFETY: see the function's contract.
         unsafe { self.tile.add(r * ROW_WORDS + col).ld() }
+    }
+
+    /// `G` at row `r`, keys `a` and `a + 1` (`a` even; a per-key gate's, in one 8-byte load).
+    ///
+    /// # Safety
+    /// As [`Gates::at`]; the gate is per key.
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: see the function's contract (`ROW_WORDS` is even).
+        unsafe { pair_at(self.tile, ROW_WORDS, r, a) }
     }
 
     /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends
@@ -766,15 +851,22 @@ unsafe fn gated_products(
                 // read once per k-step.
                 let mut acc = [[0.0f32; 4]; SUB / TILE_N];
                 if g.per_key {
+                    // A's rows and B's columns are rows of the tiles, two adjacent keys each.
                     mma_tiles(
                         &mut acc,
                         kd,
                         l,
-                        |m, a| x.get(r0 + m, a) * exp2(g.at(r0 + m, a) - g.at(f, a)),
-                        |a, n| y.get(s0 + n, a) * exp2(g.at(f, a) - g.at(s0 + n, a)),
+                        |m, a| {
+                            let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
+                            [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
+                        },
+                        |a, n| {
+                            let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
+                            [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
+                        },
                     );
                 } else {
-                    mma_tiles(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n, a));
+                    mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
                 }
                 for (j, acc) in acc.iter().enumerate() {
                     for (e, v) in acc.iter().enumerate() {
@@ -852,15 +944,21 @@ impl Solve {
                     *x = self.at(r0 + m, TILE_N * j + n).ld();
                 }
             }
-            mma_tiles(&mut acc, r0, l, |m, s| at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), |s, n| self.at(s, n).ld());
+            mma_tiles(
+                &mut acc,
+                r0,
+                l,
+                |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s),
+                |s, n| [self.at(s, n).ld(), self.at(s + 1, n).ld()],
+            );
             self.store(r0, &acc);
             let mut out = [[0.0f32; 4]; N];
             mma_tiles(
                 &mut out,
                 SUB,
                 l,
-                |m, s| at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                |s, n| self.at(r0 + s, n).ld(),
+                |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                |s, n| [self.at(r0 + s, n).ld(), self.at(r0 + s + 1, n).ld()],
             );
             self.store(r0, &out);
         }
@@ -993,18 +1091,28 @@ kernel_entry! {
             gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| -betas.add(r).ld());
 
             // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-            // thread by forward substitution.
+            // thread by forward substitution: the column in registers (its entries above the
+            // diagonal are zeros, so each row sums over every earlier row, with no per-thread
+            // bound), each row of -L read 16 bytes at a time (a block's 16 lanes read the same
+            // words: a broadcast).
             if tid < SUBS * SUB {
                 let (b, c) = (tid / SUB, tid % SUB);
                 let base = b * SUB;
-                for r in 0..SUB {
+                let mut column = [0.0f32; SUB];
+                each_sub_row!(r => {
                     let mut acc = if r == c { 1.0 } else { 0.0 };
-                    for s in c..r {
-                        let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
-                        acc = fma_f32(at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
+                    for q in 0..r.div_ceil(F32_VECTOR) {
+                        let row = row_words(lower, MATRIX_ROW_WORDS, base + r, base + F32_VECTOR * q);
+                        for (j, &l_rs) in row.iter().enumerate() {
+                            let s = F32_VECTOR * q + j;
+                            if s < r {
+                                acc = fma_f32(l_rs, column[s], acc);
+                            }
+                        }
                     }
-                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(acc);
-                }
+                    column[r] = acc;
+                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(column[r]);
+                });
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
