@@ -244,8 +244,9 @@ const _: () = assert!(MATRIX_ROW_WORDS.is_multiple_of(F32_VECTOR) && SUB.is_mult
 /// A row of keys or queries is one 16-byte load per lane of a warp (the L2 norm's layout).
 const _: () = assert!(MAX_K <= LANES * F32_VECTOR);
 /// Every gate width (1 or a power-of-two `K <= MAX_K`) divides `THREADS`: a thread striding over
-/// a gate tile by `THREADS` keeps its column.
-const _: () = assert!(THREADS.is_multiple_of(MAX_K));
+/// a gate tile by `THREADS` (or its 4 columns by `4 THREADS`) keeps its columns; and a chunk's rows
+/// of a per-head gate are a row per thread.
+const _: () = assert!(THREADS.is_multiple_of(MAX_K) && CHUNK <= THREADS);
 
 /// `start, start + THREADS, ..` below `n`, counted in 32 bits (every tile and row range is far
 /// below 2^32): a 64-bit counter costs the registers the products after these loops need.
@@ -1044,24 +1045,32 @@ kernel_entry! {
                 gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
-            // A thread's column is the same in every row it takes (`gw` divides `THREADS`), so its
-            // bias is read once, and the mode is chosen once, outside the loop.
-            let (row0, a) = split(tid, gw);
-            let row_step = (THREADS as u32).wrapping_shr(gw.trailing_zeros());
-            let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+            // A per-key gate 4 columns per thread (16 bytes), the same 4 in every row it takes
+            // (`4 THREADS` is a multiple of `K`), so their biases are read once; a per-head gate
+            // a row per thread. The mode is chosen once, outside the loop.
             let lower_bound = f32::from_bits(lower_bound_bits);
-            let activate_column = |mode: u32| {
-                let mut r = row0 as u32;
-                while r < rows as u32 {
-                    let x = gates.tile.add(r as usize * ROW_WORDS + a);
-                    x.st(activate_on(Sfu::Ftz, x.ld(), mode, strength, bias, lower_bound) * LOG2_E);
-                    r += row_step;
+            let bias_at = |a: usize| if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+            let activate_rows = |mode: u32| {
+                let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
+                if d.per_key_gate() {
+                    let (row0, a) = split(tid * F32_VECTOR, gw);
+                    let row_step = ((THREADS * F32_VECTOR) as u32).wrapping_shr(gw.trailing_zeros());
+                    let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| bias_at(a + j));
+                    let mut r = row0 as u32;
+                    while r < rows as u32 {
+                        let raw = row4(gates.tile, r as usize, a);
+                        set_row4(gates.tile, r as usize, a, core::array::from_fn(|j| act(raw[j], bias[j])));
+                        r += row_step;
+                    }
+                } else if tid < rows {
+                    let x = gates.tile.add(tid * ROW_WORDS);
+                    x.st(act(x.ld(), bias_at(0)));
                 }
             };
             match gate_mode {
-                GATE_SOFTPLUS => activate_column(GATE_SOFTPLUS),
-                GATE_LOWER_BOUND => activate_column(GATE_LOWER_BOUND),
-                _ => activate_column(GATE_LOG),
+                GATE_SOFTPLUS => activate_rows(GATE_SOFTPLUS),
+                GATE_LOWER_BOUND => activate_rows(GATE_LOWER_BOUND),
+                _ => activate_rows(GATE_LOG),
             }
             if tid < CHUNK {
                 let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
