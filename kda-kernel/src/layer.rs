@@ -25,14 +25,14 @@
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cvt_tf32, exp2_approx, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
-    log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rsqrt_approx, shfl_xor,
-    sync_threads, sync_warp, thread_idx_x, vote_any,
+    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
+    ld_shared_v2_f32, ld_shared_v4, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
+    shfl_xor, st_global_v4, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
-    ATTENTION_ROW, CHUNK_WORDS, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
+    ATTENTION_ROW, CHUNK_WORDS, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
     OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
     STAGED_ROW, SUB, SUBS, THREADS,
 };
@@ -52,23 +52,70 @@ const MMA_K: usize = 16;
 /// The sub-block pairs `(bi, bj)`, `bi > bj`, below the diagonal: one warp each.
 const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)];
 
+/// `2^x` on the SFU, a result below f32's smallest normal flushed to zero (it scales a product
+/// or a sum where it would add nothing): one instruction.
+#[inline(always)]
+fn exp2(x: f32) -> f32 {
+    exp2_approx_ftz(x)
+}
+
+/// Which forms of the SFU's `2^x` and `1 / x` a function runs on: the plain ones (the decode
+/// step's), or the `.ftz` ones (the layer's, one instruction each where the plain forms add a
+/// compare and multiplies around the SFU to keep subnormal results; a result below f32's smallest
+/// normal is zero, which changes no decay, gate or `beta` the layer uses).
+#[derive(Clone, Copy)]
+pub(crate) enum Sfu {
+    Plain,
+    Ftz,
+}
+
+impl Sfu {
+    #[inline(always)]
+    fn exp2(self, x: f32) -> f32 {
+        match self {
+            Self::Plain => exp2_approx(x),
+            Self::Ftz => exp2_approx_ftz(x),
+        }
+    }
+
+    #[inline(always)]
+    fn rcp(self, x: f32) -> f32 {
+        match self {
+            Self::Plain => rcp_approx(x),
+            Self::Ftz => rcp_approx_ftz(x),
+        }
+    }
+}
+
 /// `e^x` through the SFU's `exp2`.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    exp2_approx(x * LOG2_E)
+    exp_on(Sfu::Plain, x)
+}
+
+/// `e^x` on `sfu`.
+#[inline(always)]
+fn exp_on(sfu: Sfu, x: f32) -> f32 {
+    sfu.exp2(x * LOG2_E)
 }
 
 /// `1 / (1 + e^-x)`.
 #[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    rcp_approx(1.0 + exp(-x))
+    sigmoid_on(Sfu::Plain, x)
 }
 
-/// `ln(1 + e^x)` without overflow.
+/// `1 / (1 + e^-x)` on `sfu`.
 #[inline(always)]
-fn softplus(x: f32) -> f32 {
+fn sigmoid_on(sfu: Sfu, x: f32) -> f32 {
+    sfu.rcp(1.0 + exp_on(sfu, -x))
+}
+
+/// `ln(1 + e^x)` without overflow, on `sfu`.
+#[inline(always)]
+fn softplus(sfu: Sfu, x: f32) -> f32 {
     let (pos, abs) = if x > 0.0 { (x, x) } else { (0.0, -x) };
-    pos + log2_approx(1.0 + exp(-abs)) * LN_2
+    pos + log2_approx(1.0 + exp_on(sfu, -abs)) * LN_2
 }
 
 /// The decay in natural log from the gate's `raw` value as `gate_mode` gives it
@@ -76,9 +123,15 @@ fn softplus(x: f32) -> f32 {
 /// `lower_bound * sigmoid(strength * (raw + bias))`, `strength` being `exp(A_log)`.
 #[inline(always)]
 pub(crate) fn activate(raw: f32, gate_mode: u32, strength: f32, bias: f32, lower_bound: f32) -> f32 {
+    activate_on(Sfu::Plain, raw, gate_mode, strength, bias, lower_bound)
+}
+
+/// [`activate`] on `sfu`.
+#[inline(always)]
+fn activate_on(sfu: Sfu, raw: f32, gate_mode: u32, strength: f32, bias: f32, lower_bound: f32) -> f32 {
     match gate_mode {
-        GATE_SOFTPLUS => -strength * softplus(raw + bias),
-        GATE_LOWER_BOUND => lower_bound * sigmoid(strength * (raw + bias)),
+        GATE_SOFTPLUS => -strength * softplus(sfu, raw + bias),
+        GATE_LOWER_BOUND => lower_bound * sigmoid_on(sfu, strength * (raw + bias)),
         _ => raw,
     }
 }
@@ -169,6 +222,32 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e >> shift, e & (cols - 1))
 }
 
+/// `$body` once for each row `$r` of a diagonal sub-block, `$r` a literal: the forward
+/// substitution's column, indexed by rows, stays in registers (every index a constant; a loop
+/// over the rows would index it at run time, which puts it in local memory).
+macro_rules! each_sub_row {
+    ($r:ident => $body:block) => {
+        each_sub_row!(@ $r $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $r:ident $body:block $($n:literal)*) => {
+        $({
+            let $r: usize = $n;
+            $body
+        })*
+    };
+}
+/// `each_sub_row!` lists the rows of a sub-block.
+const _: () = assert!(SUB == 16);
+/// The forward substitution reads rows of `-L` 16 bytes at a time.
+const _: () = assert!(MATRIX_ROW_WORDS.is_multiple_of(F32_VECTOR) && SUB.is_multiple_of(F32_VECTOR));
+
+/// A row of keys or queries is one 16-byte load per lane of a warp (the L2 norm's layout).
+const _: () = assert!(MAX_K <= LANES * F32_VECTOR);
+/// Every gate width (1 or a power-of-two `K <= MAX_K`) divides `THREADS`: a thread striding over
+/// a gate tile by `THREADS` (or its 4 columns by `4 THREADS`) keeps its columns; and a chunk's rows
+/// of a per-head gate are a row per thread.
+const _: () = assert!(THREADS.is_multiple_of(MAX_K) && CHUNK <= THREADS);
+
 /// `start, start + THREADS, ..` below `n`, counted in 32 bits (every tile and row range is far
 /// below 2^32): a 64-bit counter costs the registers the products after these loops need.
 #[inline(always)]
@@ -223,7 +302,8 @@ const BF16_VECTOR: usize = 8;
 /// f32 elements of one 16-byte load.
 const F32_VECTOR: usize = 4;
 
-/// `store(r, c, x)` for every element of rows `r < filled` of `cols` bf16 elements each, row `r`
+/// `store(r, c, words)` for every 8 elements `c..c + BF16_VECTOR` (packed in pairs, the first in
+/// the low half) of rows `r < filled` of `cols` bf16 elements each, row `r`
 /// read from element `row_at(r)` of `src` when `r < valid` and zeros past it: 16-byte loads
 /// (`cols` a multiple of [`BF16_VECTOR`] whose quotient is a power of two), `VECTORS_IN_FLIGHT`
 /// of a thread's issued before its stores, so a tile takes one or two round trips to memory
@@ -238,7 +318,7 @@ unsafe fn load_bf16_rows(
     (filled, valid): (usize, usize),
     cols: usize,
     row_at: impl Fn(usize) -> usize,
-    mut store: impl FnMut(usize, usize, u16),
+    mut store: impl FnMut(usize, usize, [u32; 4]),
 ) {
     let per_row = cols / BF16_VECTOR;
     copy_in_batches::<_, VECTORS_IN_FLIGHT>(
@@ -250,13 +330,29 @@ unsafe fn load_bf16_rows(
         },
         |e, words: [u32; 4]| {
             let (r, v) = split(e, per_row);
-            for (j, word) in words.iter().enumerate() {
-                let c = v * BF16_VECTOR + 2 * j;
-                store(r, c, *word as u16);
-                store(r, c + 1, (*word >> 16) as u16);
-            }
+            store(r, v * BF16_VECTOR, words);
         },
     );
+}
+
+/// The 8 f32 values of 8 bf16 packed in pairs (the first in the low half).
+#[inline(always)]
+fn unpack_bf16x8(words: [u32; 4]) -> [f32; BF16_VECTOR] {
+    core::array::from_fn(|j| bf16_to_f32((words[j / 2] >> (16 * (j % 2))) as u16))
+}
+
+/// `x` stored at elements `c..c + BF16_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per
+/// row, in two 16-byte stores.
+///
+/// # Safety
+/// As [`row4`], `c` a multiple of [`BF16_VECTOR`].
+#[inline(always)]
+unsafe fn set_row8(tile: Shared<f32>, r: usize, c: usize, x: [f32; BF16_VECTOR]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        set_row4(tile, r, c, [x[0], x[1], x[2], x[3]]);
+        set_row4(tile, r, c + F32_VECTOR, [x[4], x[5], x[6], x[7]]);
+    }
 }
 
 /// As [`load_bf16_rows`] for `valid` rows of `cols` f32 (16-byte loads where `cols` is a multiple
@@ -292,6 +388,84 @@ unsafe fn load_f32_rows(
             }
         },
     );
+}
+
+/// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `stride` words per row, in one
+/// 16-byte load.
+///
+/// # Safety
+/// The elements lie inside the tile; the tile, `stride` and `c` are 16-byte (4-word) aligned.
+#[inline(always)]
+unsafe fn row_words(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32; F32_VECTOR] {
+    // SAFETY: see the function's contract.
+    unsafe { ld_shared_v4(tile.add(r * stride + c).addr()) }.map(f32::from_bits)
+}
+
+/// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per row, in one
+/// 16-byte load.
+///
+/// # Safety
+/// The elements lie inside the tile, `c` a multiple of [`F32_VECTOR`] (rows are 16-byte aligned:
+/// `ROW_WORDS` is a multiple of 4).
+#[inline(always)]
+unsafe fn row4(tile: Shared<f32>, r: usize, c: usize) -> [f32; F32_VECTOR] {
+    // SAFETY: see the function's contract.
+    unsafe { ld_shared_v4(tile.add(r * ROW_WORDS + c).addr()) }.map(f32::from_bits)
+}
+
+/// Elements `c..c + BF16_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per row, in two
+/// 16-byte loads.
+///
+/// # Safety
+/// As [`row4`], `c` a multiple of [`BF16_VECTOR`].
+#[inline(always)]
+unsafe fn row8(tile: Shared<f32>, r: usize, c: usize) -> [f32; BF16_VECTOR] {
+    // SAFETY: see the function's contract.
+    let (lo, hi) = unsafe { (row4(tile, r, c), row4(tile, r, c + F32_VECTOR)) };
+    core::array::from_fn(|j| if j < F32_VECTOR { lo[j] } else { hi[j - F32_VECTOR] })
+}
+
+/// `x` stored at elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per
+/// row, in one 16-byte store.
+///
+/// # Safety
+/// As [`row4`].
+#[inline(always)]
+unsafe fn set_row4(tile: Shared<f32>, r: usize, c: usize, x: [f32; F32_VECTOR]) {
+    // SAFETY: see the function's contract.
+    unsafe { st_shared_v4(tile.add(r * ROW_WORDS + c).addr(), x.map(f32::to_bits)) }
+}
+
+/// `x` rounded to bf16 and packed in pairs (the first in the low half).
+#[inline(always)]
+fn pack_bf16x8(x: [f32; BF16_VECTOR]) -> [u32; 4] {
+    core::array::from_fn(|j| pack_bf16x2(x[2 * j], x[2 * j + 1]))
+}
+
+/// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
+/// of `cols` elements of `dst`, row `r` from element `row_at(r)`: a thread's 8 elements packed
+/// into one 16-byte store, its row's offset formed once for them (a 2-byte store per element,
+/// each with its own 64-bit address, was most of a copy loop's instructions).
+///
+/// # Safety
+/// Each row's `cols` elements (a multiple of [`BF16_VECTOR`] whose quotient is a power of two)
+/// exist in `dst` from a 16-byte-aligned `row_at(r)`; `value` reads only written shared memory.
+#[inline(always)]
+unsafe fn store_bf16_rows(
+    dst: *mut u16,
+    rows: usize,
+    cols: usize,
+    row_at: impl Fn(usize) -> usize,
+    value: impl Fn(usize, usize) -> [f32; BF16_VECTOR],
+) {
+    let per_row = cols / BF16_VECTOR;
+    for e in strided(thread_idx_x(), rows * per_row) {
+        let (r, v) = split(e, per_row);
+        let c = v * BF16_VECTOR;
+        let x = value(r, c);
+        // SAFETY: see the function's contract.
+        unsafe { st_global_v4(dst.add(row_at(r) + c), pack_bf16x8(x)) };
+    }
 }
 
 /// `x` summed over the 32 lanes of the warp (every lane gets the sum), by butterfly shuffles.
@@ -336,10 +510,29 @@ impl Lane {
     }
 }
 
+/// Half of TF32's unit in the last place, in the low bits of an f32: the tensor cores read the
+/// 19 high bits of a TF32 operand and ignore the 13 below.
+const TF32_HALF_ULP: u32 = 1 << 12;
+
+/// `x` rounded to the nearest TF32 (ties away from zero) as `cvt.rna.tf32.f32` rounds a finite
+/// value, in one integer add (the carry runs into the kept bits; the tensor cores ignore the low
+/// ones): the conversion's check for infinities and NaNs costs two instructions per fragment
+/// element on sm_90, and every operand here is finite and far below f32's largest value
+/// (normalised keys and queries times decays of at most 1, `L`, the inverses and `[w | u]`).
+#[inline(always)]
+fn tf32(x: f32) -> u32 {
+    x.to_bits().wrapping_add(TF32_HALF_ULP)
+}
+
 /// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
-/// its `N` n8 tiles (TF32), A's element (m, k) `a(m, k)` and B_j's (k, n) `b(k, 8 j + n)`: A's
-/// fragment is read once per k-step for all of them. `N` is a constant, so the accumulators stay
-/// in registers.
+/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, n) and
+/// (k + 1, n) `b(k, 8 j + n)`, `k` even: A's fragment is read once per k-step for all of them.
+/// `N` is a constant, so the accumulators stay in registers.
+///
+/// A lane's two k slots of a k-step (the fragment's `t` and `t + 4`) hold the adjacent depths
+/// `k0 + 2 t` and `k0 + 2 t + 1`: a product sums over its depth in any order so long as A and B
+/// agree, and adjacent depths are one 8-byte load of a row (A's rows, and the gated products' B,
+/// whose rows are their depth's columns) where the fragment's own order takes two loads.
 ///
 /// # Safety
 /// The warp calls it together; the closures read only written shared memory.
@@ -348,18 +541,39 @@ unsafe fn mma_tiles<const N: usize>(
     acc: &mut [[f32; 4]; N],
     depth: usize,
     l: Lane,
-    a: impl Fn(usize, usize) -> f32,
-    b: impl Fn(usize, usize) -> f32,
+    a: impl Fn(usize, usize) -> [f32; 2],
+    b: impl Fn(usize, usize) -> [f32; 2],
 ) {
     let (g, t) = (l.g, l.t);
     for k0 in (0..depth).step_by(TILE_K) {
-        let af = [a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)].map(cvt_tf32);
+        let k = k0 + 2 * t;
+        let (upper, lower) = (a(g, k), a(g + 8, k));
+        let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
         for (j, acc) in acc.iter_mut().enumerate() {
-            let bf = [b(k0 + t, TILE_N * j + g), b(k0 + t + 4, TILE_N * j + g)].map(cvt_tf32);
+            let bf = b(k, TILE_N * j + g).map(tf32);
             // SAFETY: the warp is converged here (the caller's contract).
             unsafe { mma_m16n8k8_tf32(acc, af, bf) };
         }
     }
+}
+
+/// Every tile a product reads in pairs has an even row stride (and starts 8-byte aligned), so an
+/// even column's pair is one aligned 8-byte (f32) or 4-byte (bf16) load.
+const _: () = assert!(
+    ROW_WORDS.is_multiple_of(2)
+        && MATRIX_ROW_WORDS.is_multiple_of(2)
+        && INVERSE_ROW_WORDS.is_multiple_of(2)
+        && KEY_ROW.is_multiple_of(2)
+);
+
+/// f32 tile elements `(r, c)` and `(r, c + 1)` at `stride` words per row, in one 8-byte load.
+///
+/// # Safety
+/// The elements lie inside the tile; `stride` and `c` are even.
+#[inline(always)]
+unsafe fn pair_at(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32; 2] {
+    // SAFETY: see the function's contract (tiles start 8-byte aligned).
+    unsafe { ld_shared_v2_f32(tile.add(r * stride + c).addr()) }
 }
 
 /// n8 tiles of `o` per warp at `V = MAX_V` (a warp's row block and column half), and at the
@@ -384,6 +598,12 @@ trait RowTile: Copy {
     /// # Safety
     /// The element lies inside the tile and is written.
     unsafe fn get(self, r: usize, a: usize) -> f32;
+
+    /// Elements `(r, a)` and `(r, a + 1)`, `a` even, in one load.
+    ///
+    /// # Safety
+    /// As [`RowTile::get`].
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2];
 }
 
 /// An f32 tile at `ROW_WORDS` words per row.
@@ -395,6 +615,12 @@ impl RowTile for F32Rows {
     unsafe fn get(self, r: usize, a: usize) -> f32 {
         // SAFETY: the caller's contract.
         unsafe { at(self.0, ROW_WORDS, r, a) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: the caller's contract (`ROW_WORDS` is even).
+        unsafe { pair_at(self.0, ROW_WORDS, r, a) }
     }
 }
 
@@ -408,6 +634,13 @@ impl RowTile for Bf16Rows {
     unsafe fn get(self, r: usize, a: usize) -> f32 {
         // SAFETY: the caller's contract.
         unsafe { bf16_to_f32(self.0.add(r * KEY_ROW + a).ld()) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: the caller's contract (`KEY_ROW` and `a` even: 4-byte aligned).
+        let both: u32 = unsafe { self.0.add(r * KEY_ROW + a).cast::<u32>().ld() };
+        [bf16_to_f32(both as u16), bf16_to_f32((both >> 16) as u16)]
     }
 }
 
@@ -463,24 +696,22 @@ unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, h
             (CHUNK, w.rows),
             kd,
             |r| ((w.t0 + r) * heads + head) * kd,
-            |r, a, x| dst.add(r * ROW_WORDS + a).st(bf16_to_f32(x)),
+            |r, a, words| set_row8(dst, r, a, unpack_bf16x8(words)),
         );
         sync_threads();
         if l2norm {
-            // A warp per row at a time: each lane its columns `lane, lane + 32, ..` (consecutive
-            // lanes on consecutive banks), the squares summed across the warp by shuffles.
+            // A warp per row at a time: each lane its 4 columns from `4 lane` in one 16-byte load
+            // (a row is one load per lane: `MAX_K <= 4 * 32`), the squares summed across the warp
+            // by shuffles. 32-bit row counter.
             let (warp, lane) = (tid / LANES, tid % LANES);
-            for r in (warp..w.rows).step_by(THREADS / LANES) {
-                let row = dst.add(r * ROW_WORDS);
-                let mut sum = 0.0;
-                for a in (lane..kd).step_by(LANES) {
-                    let x = row.add(a).ld();
-                    sum = fma_f32(x, x, sum);
-                }
+            let a = lane * F32_VECTOR;
+            for r in (warp as u32..w.rows as u32).step_by(THREADS / LANES) {
+                let r = r as usize;
+                let x = if a < kd { row4(dst, r, a) } else { [0.0; F32_VECTOR] };
+                let sum = x.iter().fold(0.0, |sum, &x| fma_f32(x, x, sum));
                 let inverse = rsqrt_approx(warp_sum(sum) + L2NORM_EPS);
-                for a in (lane..kd).step_by(LANES) {
-                    let x = row.add(a);
-                    x.st(x.ld() * inverse);
+                if a < kd {
+                    set_row4(dst, r, a, x.map(|x| x * inverse));
                 }
             }
             sync_threads();
@@ -488,7 +719,8 @@ unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, h
     }
 }
 
-/// The tile of `G` (`[CHUNK][ROW_WORDS]` f32, natural log) and how to read it.
+/// The tile of `G` (`[CHUNK][ROW_WORDS]` f32, in log2: `exp2` of a difference is the decay,
+/// without a multiply by `log2(e)` per element) and how to read it.
 #[derive(Clone, Copy)]
 struct Gates {
     tile: Shared<f32>,
@@ -505,6 +737,16 @@ impl Gates {
         let col = if self.per_key { a } else { 0 };
         // SAFETY: see the function's contract.
         unsafe { self.tile.add(r * ROW_WORDS + col).ld() }
+    }
+
+    /// `G` at row `r`, keys `a` and `a + 1` (`a` even; a per-key gate's, in one 8-byte load).
+    ///
+    /// # Safety
+    /// As [`Gates::at`]; the gate is per key.
+    #[inline(always)]
+    unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
+        // SAFETY: see the function's contract (`ROW_WORDS` is even).
+        unsafe { pair_at(self.tile, ROW_WORDS, r, a) }
     }
 
     /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends
@@ -538,22 +780,22 @@ unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gat
     unsafe {
         if g.per_key {
             for a in 0..kd {
-                let decay = exp(g.at(r, a) - g.at(s, a));
+                let decay = exp2(g.at(r, a) - g.at(s, a));
                 acc = fma_f32(x.get(r, a) * y.get(s, a), decay, acc);
             }
         } else {
             for a in 0..kd {
                 acc = fma_f32(x.get(r, a), y.get(s, a), acc);
             }
-            acc *= exp(g.at(r, 0) - g.at(s, 0));
+            acc *= exp2(g.at(r, 0) - g.at(s, 0));
         }
     }
     acc
 }
 
-/// The largest exponent a factor of a diagonal sub-block's product may take: `exp` of it stays
-/// far below f32's largest value (`e^88.7`), even summed over `MAX_K` products.
-const SAFE_EXPONENT: f32 = 80.0;
+/// The largest exponent (log2) a factor of a diagonal sub-block's product may take: `2^115`
+/// stays far below f32's largest value (`2^128`), even summed over `MAX_K` (`2^7`) products.
+const SAFE_EXPONENT: f32 = 115.0;
 
 /// Units of work of [`gated_products`]: the six sub-block pairs below the diagonal, then the four
 /// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
@@ -564,7 +806,10 @@ const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
 /// pair below the diagonal factored through the first row `f` of the lower block (both factors
 /// at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves more than
 /// `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping `s <= r`
-/// (`s < r` when `strict`); zeros above. Ends with the CTA synchronised.
+/// (`s < r` when `strict`) and zeros above it inside the diagonal sub-blocks. The sub-blocks
+/// above the diagonal are left unwritten: no product reads them (the solve's `L_b,<b` and the
+/// output's attention by `v_new` stop at the row block's own diagonal sub-block). Ends with the
+/// CTA synchronised.
 ///
 /// # Safety
 /// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
@@ -578,7 +823,7 @@ unsafe fn gated_products(
     strict: bool,
     row_scale: impl Fn(usize) -> f32,
 ) {
-    let (tid, warp, l) = Lane::this_thread();
+    let (_, warp, l) = Lane::this_thread();
     let warps = THREADS / LANES;
     // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
     // one warp's, converged.
@@ -607,15 +852,22 @@ unsafe fn gated_products(
                 // read once per k-step.
                 let mut acc = [[0.0f32; 4]; SUB / TILE_N];
                 if g.per_key {
+                    // A's rows and B's columns are rows of the tiles, two adjacent keys each.
                     mma_tiles(
                         &mut acc,
                         kd,
                         l,
-                        |m, a| x.get(r0 + m, a) * exp(g.at(r0 + m, a) - g.at(f, a)),
-                        |a, n| y.get(s0 + n, a) * exp(g.at(f, a) - g.at(s0 + n, a)),
+                        |m, a| {
+                            let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
+                            [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
+                        },
+                        |a, n| {
+                            let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
+                            [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
+                        },
                     );
                 } else {
-                    mma_tiles(&mut acc, kd, l, |m, a| x.get(r0 + m, a), |a, n| y.get(s0 + n, a));
+                    mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
                 }
                 for (j, acc) in acc.iter().enumerate() {
                     for (e, v) in acc.iter().enumerate() {
@@ -625,7 +877,7 @@ unsafe fn gated_products(
                         let value = if !kept {
                             0.0
                         } else {
-                            let decay = if g.per_key { 1.0 } else { exp(g.at(r, 0) - g.at(s, 0)) };
+                            let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
                             v * decay * row_scale(r)
                         };
                         out.put(r, s, value);
@@ -641,13 +893,6 @@ unsafe fn gated_products(
                 }
             }
         }
-        // Zeros above the diagonal sub-blocks.
-        for e in strided(tid, CHUNK * CHUNK) {
-            let (r, s) = split(e, CHUNK);
-            if s / SUB > r / SUB {
-                out.put(r, s, 0.0);
-            }
-        }
         sync_threads();
     }
 }
@@ -659,7 +904,7 @@ unsafe fn gated_products(
 struct Solve {
     keys: Shared<f32>,
     values: Shared<f32>,
-    /// The strictly lower `L`, `[CHUNK][MATRIX_ROW_WORDS]`.
+    /// `-L` (strictly lower), `[CHUNK][MATRIX_ROW_WORDS]`.
     lower: Shared<f32>,
     /// The inverses of `I + L`'s diagonal sub-blocks, `[CHUNK][INVERSE_ROW_WORDS]`.
     inverse: Shared<f32>,
@@ -669,13 +914,17 @@ struct Solve {
 }
 
 impl Solve {
-    /// The address of element `(r, n)` of the warp's columns (`n` from `col0`).
+    /// The address of element `(r, n)` of the warp's columns (`n` from `col0`): its n8 tile's
+    /// first column chosen between `w`'s and `u`'s (a tile lies in one of them, `K` being a
+    /// multiple of `TILE_N`; the choice is the warp's, in 32 bits, once per tile rather than
+    /// per element), then the element's row and column in it.
     #[inline(always)]
     fn at(self, r: usize, n: usize) -> Shared<f32> {
-        let col = self.col0 + n;
-        let (tile, c) = if col < self.kd { (self.keys, col) } else { (self.values, col - self.kd) };
+        let first = (self.col0 + n / TILE_N * TILE_N) as u32;
+        let kd = self.kd as u32;
+        let tile = if first < kd { self.keys.add(first as usize) } else { self.values.add((first - kd) as usize) };
         // The element lies in its tile (`Dims::valid`); only the address is formed here.
-        tile.add(r * ROW_WORDS + c)
+        tile.add(r * ROW_WORDS + n % TILE_N)
     }
 
     /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
@@ -696,15 +945,21 @@ impl Solve {
                     *x = self.at(r0 + m, TILE_N * j + n).ld();
                 }
             }
-            mma_tiles(&mut acc, r0, l, |m, s| -at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), |s, n| self.at(s, n).ld());
+            mma_tiles(
+                &mut acc,
+                r0,
+                l,
+                |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s),
+                |s, n| [self.at(s, n).ld(), self.at(s + 1, n).ld()],
+            );
             self.store(r0, &acc);
             let mut out = [[0.0f32; 4]; N];
             mma_tiles(
                 &mut out,
                 SUB,
                 l,
-                |m, s| at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                |s, n| self.at(r0 + s, n).ld(),
+                |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
+                |s, n| [self.at(r0 + s, n).ld(), self.at(r0 + s + 1, n).ld()],
             );
             self.store(r0, &out);
         }
@@ -782,7 +1037,7 @@ kernel_entry! {
 
             load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
 
-            // The decay per row (natural log), activated when raw; `beta` (zero past the valid rows).
+            // The decay per row (log2), activated when raw; `beta` (zero past the valid rows).
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
             // The raw gate into the tile, then activated in place (one activation's code in the
             // kernel, not one per element of a vector).
@@ -790,11 +1045,32 @@ kernel_entry! {
                 gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
-            for e in strided(tid, rows * gw) {
-                let (r, a) = split(e, gw);
-                let bias = if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
-                let x = gates.tile.add(r * ROW_WORDS + a);
-                x.st(activate(x.ld(), gate_mode, strength, bias, f32::from_bits(lower_bound_bits)));
+            // A per-key gate 4 columns per thread (16 bytes), the same 4 in every row it takes
+            // (`4 THREADS` is a multiple of `K`), so their biases are read once; a per-head gate
+            // a row per thread. The mode is chosen once, outside the loop.
+            let lower_bound = f32::from_bits(lower_bound_bits);
+            let bias_at = |a: usize| if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+            let activate_rows = |mode: u32| {
+                let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
+                if d.per_key_gate() {
+                    let (row0, a) = split(tid * F32_VECTOR, gw);
+                    let row_step = ((THREADS * F32_VECTOR) as u32).wrapping_shr(gw.trailing_zeros());
+                    let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| bias_at(a + j));
+                    let mut r = row0 as u32;
+                    while r < rows as u32 {
+                        let raw = row4(gates.tile, r as usize, a);
+                        set_row4(gates.tile, r as usize, a, core::array::from_fn(|j| act(raw[j], bias[j])));
+                        r += row_step;
+                    }
+                } else if tid < rows {
+                    let x = gates.tile.add(tid * ROW_WORDS);
+                    x.st(act(x.ld(), bias_at(0)));
+                }
+            };
+            match gate_mode {
+                GATE_SOFTPLUS => activate_rows(GATE_SOFTPLUS),
+                GATE_LOWER_BOUND => activate_rows(GATE_LOWER_BOUND),
+                _ => activate_rows(GATE_LOG),
             }
             if tid < CHUNK {
                 let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
@@ -819,53 +1095,81 @@ kernel_entry! {
             sync_threads();
             gates.pad(rows, gw);
 
-            // L = strictly_lower(diag(beta) (k Γ) (k / Γ)^T).
-            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| betas.add(r).ld());
+            // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
+            // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
+            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| -betas.add(r).ld());
 
             // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-            // thread by forward substitution.
+            // thread by forward substitution: the column in registers (its entries above the
+            // diagonal are zeros, so each row sums over every earlier row, with no per-thread
+            // bound), each row of -L read 16 bytes at a time (a block's 16 lanes read the same
+            // words: a broadcast).
             if tid < SUBS * SUB {
                 let (b, c) = (tid / SUB, tid % SUB);
                 let base = b * SUB;
-                for r in 0..SUB {
+                let mut column = [0.0f32; SUB];
+                each_sub_row!(r => {
                     let mut acc = if r == c { 1.0 } else { 0.0 };
-                    for s in c..r {
-                        let x = at(inverse, INVERSE_ROW_WORDS, base + s, c);
-                        acc = fma_f32(-at(lower, MATRIX_ROW_WORDS, base + r, base + s), x, acc);
+                    for q in 0..r.div_ceil(F32_VECTOR) {
+                        let row = row_words(lower, MATRIX_ROW_WORDS, base + r, base + F32_VECTOR * q);
+                        for (j, &l_rs) in row.iter().enumerate() {
+                            let s = F32_VECTOR * q + j;
+                            if s < r {
+                                acc = fma_f32(l_rs, column[s], acc);
+                            }
+                        }
                     }
-                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(acc);
-                }
+                    column[r] = acc;
+                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(column[r]);
+                });
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
-            for e in strided(tid, rows * kd) {
-                let (r, a) = split(e, kd);
-                let key = at(keys, ROW_WORDS, r, a);
-                if d.per_key_gate() {
-                    let to_end = exp(gates.at(last, a) - gates.at(r, a));
-                    *k_rec.add(((t0 + r) * hv + i) * kd + a) = f32_to_bf16(key * to_end);
-                } else if i.checked_rem(d.group()) == Some(0) {
-                    // GDN's keys are the key head's, written by the first value head of its group.
-                    *k_rec.add(((t0 + r) * d.heads + wk.j) * kd + a) = f32_to_bf16(key);
+            let row_at = |r: usize| ((t0 + r) * hv + i) * kd;
+            if d.per_key_gate() {
+                store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
+                    let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
+                    core::array::from_fn(|j| key[j] * exp2(to[j] - from[j]))
+                });
+            } else if i.checked_rem(d.group()) == Some(0) {
+                // GDN's keys are the key head's, written by the first value head of its group.
+                store_bf16_rows(k_rec, rows, kd, |r| ((t0 + r) * d.heads + wk.j) * kd, |r, a| row8(keys, r, a));
+            }
+            if d.per_key_gate() {
+                for e in strided(tid, rows * kd / F32_VECTOR) {
+                    let (r, a) = split(e * F32_VECTOR, kd);
+                    let words = row4(gates.tile, r, a).map(f32::to_bits);
+                    st_global_v4(gate_out.add(row_at(r) + a).cast::<u16>(), words);
                 }
+            } else if tid < rows {
+                *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
             }
-            for e in strided(tid, rows * gw) {
-                let (r, a) = split(e, gw);
-                *gate_out.add(((t0 + r) * hv + i) * gw + a) = gates.at(r, a) * LOG2_E;
-            }
-            // The right-hand side in place: diag(beta) k Γ over the keys (each thread its own
-            // elements), then, once no thread reads G any more, diag(beta) v over the gate tile
-            // (zeros past the valid rows). The solution [w | u] stays there: w's columns in the key
-            // tile, u's in the gate tile.
-            for e in strided(tid, CHUNK * kd) {
-                let (r, col) = split(e, kd);
-                let x = if r < rows { betas.add(r).ld() * at(keys, ROW_WORDS, r, col) * exp(gates.at(r, col)) } else { 0.0 };
-                keys.add(r * ROW_WORDS + col).st(x);
+            // The right-hand side in place: diag(beta) k Γ over the keys (each thread the same
+            // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
+            // another still reads), then, once no thread reads G any more, diag(beta) v over the
+            // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
+            // in the key tile, u's in the gate tile.
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, col) = split(e * BF16_VECTOR, kd);
+                let x = if r >= rows {
+                    [0.0; BF16_VECTOR]
+                } else {
+                    let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
+                    if d.per_key_gate() {
+                        let gate = row8(gates.tile, r, col);
+                        core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
+                    } else {
+                        let scale = b * exp2(gates.at(r, 0));
+                        key.map(|k| scale * k)
+                    }
+                };
+                set_row8(keys, r, col, x);
             }
             sync_threads();
             let values = gates.tile;
-            load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, value| {
-                values.add(r * ROW_WORDS + col).st(betas.add(r).ld() * bf16_to_f32(value));
+            load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+                let b = betas.add(r).ld();
+                set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
             });
             sync_threads();
 
@@ -884,14 +1188,8 @@ kernel_entry! {
             sync_threads();
 
             // w and u.
-            for e in strided(tid, rows * kd) {
-                let (r, col) = split(e, kd);
-                *w_out.add(((t0 + r) * hv + i) * kd + col) = f32_to_bf16(at(keys, ROW_WORDS, r, col));
-            }
-            for e in strided(tid, rows * vd) {
-                let (r, col) = split(e, vd);
-                *u_out.add(((t0 + r) * hv + i) * vd + col) = f32_to_bf16(at(values, ROW_WORDS, r, col));
-            }
+            store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
+            store_bf16_rows(u_out, rows, vd, |r| ((t0 + r) * hv + i) * vd, |r, col| row8(values, r, col));
         }
     }
 }
@@ -923,12 +1221,13 @@ struct OutputBlock {
 impl OutputBlock {
     /// `(q Γ) h + P v_new` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every operand
     /// read with `ldmatrix`: the A fragment once per k-step for all tiles, the B fragments two
-    /// tiles at a time), each valid element through `store(row, column, value)`.
+    /// tiles at a time), each valid row's pair of adjacent elements (an accumulator's two halves
+    /// of a row) through `store(row, column, [value, value at column + 1])`.
     ///
     /// # Safety
     /// The warp calls it together, the tiles written for the chunk.
     #[inline(always)]
-    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, f32)) {
+    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, [f32; 2])) {
         let (r0, c0, l) = (self.r0, self.c0, self.l);
         let place = Place::of(thread_idx_x());
         let address = |tile: Shared<u16>, stride: usize, (r, c): (usize, usize)| tile.add(r * stride + c).addr();
@@ -955,10 +1254,10 @@ impl OutputBlock {
         product(t.qg, KEY_ROW, t.staged_h, kd);
         product(t.attention, ATTENTION_ROW, t.staged_v, r0 + SUB);
         for (j, acc) in acc.iter().enumerate() {
-            for (e, x) in acc.iter().enumerate() {
-                let (m, n) = l.acc_at(e);
+            for half in 0..2 {
+                let (m, n) = l.acc_at(2 * half);
                 if r0 + m < self.rows {
-                    store(r0 + m, c0 + TILE_N * j + n, *x);
+                    store(r0 + m, c0 + TILE_N * j + n, [acc[2 * half], acc[2 * half + 1]]);
                 }
             }
         }
@@ -1018,14 +1317,14 @@ kernel_entry! {
             // The keys (normalised when asked) through the query tile into their bf16 tile, then the
             // queries.
             load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
-            for e in strided(tid, CHUNK * kd) {
-                let (r, a) = split(e, kd);
-                keys.add(r * KEY_ROW + a).st(f32_to_bf16(at(queries, ROW_WORDS, r, a)));
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, a) = split(e * BF16_VECTOR, kd);
+                st_shared_v4(keys.add(r * KEY_ROW + a).addr(), pack_bf16x8(row8(queries, r, a)));
             }
             sync_threads();
             load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
             load_f32_rows(gate, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, x| {
-                gates.tile.add(r * ROW_WORDS + a).st(x * LN_2);
+                gates.tile.add(r * ROW_WORDS + a).st(x);
             });
             sync_threads();
             gates.pad(rows, gw);
@@ -1033,12 +1332,18 @@ kernel_entry! {
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
             // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
-            // two elements at a time.
-            for e in strided(tid, CHUNK * kd / 2) {
-                let (r, a) = split(2 * e, kd);
-                let q0 = at(queries, ROW_WORDS, r, a) * exp(gates.at(r, a));
-                let q1 = at(queries, ROW_WORDS, r, a + 1) * exp(gates.at(r, a + 1));
-                qg.add(r * KEY_ROW + a).cast::<u32>().st(pack_bf16x2(q0, q1));
+            // eight elements at a time.
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, a) = split(e * BF16_VECTOR, kd);
+                let query = row8(queries, r, a);
+                let x = if d.per_key_gate() {
+                    let gate = row8(gates.tile, r, a);
+                    core::array::from_fn(|j| query[j] * exp2(gate[j]))
+                } else {
+                    let decay = exp2(gates.at(r, 0));
+                    query.map(|x| x * decay)
+                };
+                st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).
@@ -1046,12 +1351,25 @@ kernel_entry! {
             let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
             // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
             let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
-            load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |r, c, x| {
-                let (a, col) = if value_first { (c, r) } else { (r, c) };
-                staged_h.add(a * STAGED_ROW + col).st(x);
-            });
-            load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, x| {
-                staged_v.add(r * STAGED_ROW + col).st(x);
+            // Key-first rows are the tile's rows, 16 bytes at a time; value-first ones are
+            // transposed element by element.
+            let to_staged = |tile: Shared<u16>, r: usize, c: usize, words: [u32; 4]| {
+                st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words);
+            };
+            if value_first {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |col, a, words| {
+                    for (j, word) in words.iter().enumerate() {
+                        staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
+                        staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
+                    }
+                });
+            } else {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |a, col, words| {
+                    to_staged(staged_h, a, col, words);
+                });
+            }
+            load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+                to_staged(staged_v, r, col, words);
             });
             sync_threads();
 
@@ -1061,11 +1379,14 @@ kernel_entry! {
             let r0 = rb * SUB;
             let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
             let tiles = Tiles { qg, attention, staged_h, staged_v };
-            let row_of = |r: usize| ((t0 + r) * hv + i) * vd;
+            // A pair's two bf16 in one 4-byte store (`c` is even, `V` a multiple of 2).
+            let store = |r: usize, c: usize, x: [f32; 2]| {
+                *o.add(((t0 + r) * hv + i) * vd + c).cast::<u32>() = pack_bf16x2(scale * x[0], scale * x[1]);
+            };
             if vd == MAX_V {
-                block.run::<OUTPUT_TILES>(tiles, kd, |r, c, x| *o.add(row_of(r) + c) = f32_to_bf16(scale * x));
+                block.run::<OUTPUT_TILES>(tiles, kd, store);
             } else {
-                block.run::<OUTPUT_TILES_V64>(tiles, kd, |r, c, x| *o.add(row_of(r) + c) = f32_to_bf16(scale * x));
+                block.run::<OUTPUT_TILES_V64>(tiles, kd, store);
             }
         }
     }

@@ -82,9 +82,21 @@ pub fn exp2_approx(x: f32) -> f32 {
     (x as f64).exp2() as f32
 }
 
+/// `ex2.approx.ftz.f32`: subnormal inputs and results flushed to zero.
+pub fn exp2_approx_ftz(x: f32) -> f32 {
+    let y = exp2_approx(if x.is_subnormal() { 0.0 } else { x });
+    if y.is_subnormal() { 0.0 } else { y }
+}
+
 /// `lg2.approx.f32`.
 pub fn log2_approx(x: f32) -> f32 {
     (x as f64).log2() as f32
+}
+
+/// `rcp.approx.ftz.f32`: subnormal inputs and results flushed to zero.
+pub fn rcp_approx_ftz(x: f32) -> f32 {
+    let y = rcp_approx(if x.is_subnormal() { 0.0f32.copysign(x) } else { x });
+    if y.is_subnormal() { 0.0f32.copysign(y) } else { y }
 }
 
 /// `rsqrt.approx.f32`.

@@ -101,6 +101,20 @@ pub fn exp2_approx(x: f32) -> f32 {
     y
 }
 
+/// `ex2.approx.ftz.f32 y, x;` (PTX 1.0): [`exp2_approx`] with subnormal inputs and results
+/// flushed to zero, one SFU instruction (the form without `.ftz` scales its input and result
+/// around the SFU to keep subnormal results: a compare and two multiplies more).
+#[inline(always)]
+pub fn exp2_approx_ftz(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
 /// `lg2.approx.f32 y, x;` (PTX 1.0): `log2(x)` with at most 2 ulp error (the SFU's log2).
 #[inline(always)]
 pub fn log2_approx(x: f32) -> f32 {
@@ -108,6 +122,20 @@ pub fn log2_approx(x: f32) -> f32 {
     // SAFETY: a register-only instruction.
     unsafe {
         asm!("lg2.approx.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
+/// `rcp.approx.ftz.f32 y, x;` (PTX 1.0): [`rcp_approx`] with subnormal inputs and results
+/// flushed to zero, one SFU instruction (the form without `.ftz` scales its input around the SFU
+/// to keep subnormal results: two compares, two selects and two multiplies more).
+#[inline(always)]
+pub fn rcp_approx_ftz(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a register-only instruction.
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
              options(pure, nomem, nostack))
     };
     y
