@@ -49,8 +49,6 @@ const TILE_N: usize = 8;
 const TILE_K: usize = 8;
 /// Depth of one bf16 `mma` (`m16n8k16`), the output's products.
 const MMA_K: usize = 16;
-/// The sub-block pairs `(bi, bj)`, `bi > bj`, below the diagonal: one warp each.
-const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)];
 
 /// `2^x` on the SFU, a result below f32's smallest normal flushed to zero (it scales a product
 /// or a sum where it would add nothing): one instruction.
@@ -797,9 +795,82 @@ unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gat
 /// stays far below f32's largest value (`2^128`), even summed over `MAX_K` (`2^7`) products.
 const SAFE_EXPONENT: f32 = 115.0;
 
-/// Units of work of [`gated_products`]: the six sub-block pairs below the diagonal, then the four
-/// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
-const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
+/// Row blocks with sub-blocks below the diagonal (every block but the first).
+const LOWER_ROW_BLOCKS: usize = SUBS - 1;
+
+/// Units of work of [`gated_products`], one warp each: the row blocks `SUBS - 1` down to 1, each
+/// with all its sub-blocks below the diagonal at once (its A fragment and A's exponentials read
+/// once per k-step for all of them), then the four diagonal sub-blocks.
+const PRODUCT_UNITS: usize = LOWER_ROW_BLOCKS + SUBS;
+const _: () = assert!(PRODUCT_UNITS <= THREADS / LANES && SUBS == 4);
+
+/// One factored unit of [`gated_products`]: rows `r0..r0 + SUB`, columns from `s0`, the factors
+/// taken at row `f`; a diagonal sub-block keeps `s <= r` (`s < r` when `strict`).
+#[derive(Clone, Copy)]
+struct UnitTiles {
+    r0: usize,
+    s0: usize,
+    f: usize,
+    diagonal: bool,
+    strict: bool,
+    l: Lane,
+}
+
+impl UnitTiles {
+    /// The unit's `N` n8 tiles of the gated product into `out`, each row times `row_scale(r)`.
+    ///
+    /// # Safety
+    /// As [`gated_products`]; the warp calls it together.
+    #[inline(always)]
+    unsafe fn product<const N: usize>(
+        self,
+        out: impl MatrixTile,
+        x: impl RowTile,
+        y: impl RowTile,
+        g: Gates,
+        kd: usize,
+        row_scale: &impl Fn(usize) -> f32,
+    ) {
+        let Self { r0, s0, f, diagonal, strict, l } = self;
+        let mut acc = [[0.0f32; 4]; N];
+        // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns (the
+        // caller's); the warp is converged.
+        unsafe {
+            if g.per_key {
+                // A's rows and B's columns are rows of the tiles, two adjacent keys each.
+                mma_tiles(
+                    &mut acc,
+                    kd,
+                    l,
+                    |m, a| {
+                        let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
+                        [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
+                    },
+                    |a, n| {
+                        let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
+                        [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
+                    },
+                );
+            } else {
+                mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                for (e, v) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    let (r, s) = (r0 + m, s0 + TILE_N * j + n);
+                    let kept = !diagonal || if strict { s < r } else { s <= r };
+                    let value = if !kept {
+                        0.0
+                    } else {
+                        let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
+                        v * decay * row_scale(r)
+                    };
+                    out.put(r, s, value);
+                }
+            }
+        }
+    }
+}
 
 /// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`,
 /// each times `row_scale(r)`, on the tensor cores: a sub-block
@@ -824,17 +895,19 @@ unsafe fn gated_products(
     row_scale: impl Fn(usize) -> f32,
 ) {
     let (_, warp, l) = Lane::this_thread();
-    let warps = THREADS / LANES;
     // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
     // one warp's, converged.
     unsafe {
-        for unit in (warp..PRODUCT_UNITS).step_by(warps) {
-            // The unit's sub-blocks and the row its factors are taken at.
-            let (r0, s0, f, diagonal) = if unit < LOWER_PAIRS.len() {
-                let (bi, bj) = LOWER_PAIRS[unit];
-                (bi * SUB, bj * SUB, bi * SUB, false)
+        if warp < PRODUCT_UNITS {
+            let unit = warp;
+            // The unit's rows, its first column, the row its factors are taken at and its n8
+            // tiles: a row block's columns `0..r0` (the sub-blocks left of its diagonal, the
+            // heaviest block first), or a diagonal sub-block.
+            let (r0, s0, f, diagonal) = if unit < LOWER_ROW_BLOCKS {
+                let bi = LOWER_ROW_BLOCKS - unit;
+                (bi * SUB, 0, bi * SUB, false)
             } else {
-                let b = unit - LOWER_PAIRS.len();
+                let b = unit - LOWER_ROW_BLOCKS;
                 (b * SUB, b * SUB, b * SUB + SUB / 2, true)
             };
             let factored = !diagonal || !g.per_key || {
@@ -848,40 +921,13 @@ unsafe fn gated_products(
                 !vote_any(far)
             };
             if factored {
-                // Both n8 tiles of the sub-block at once: the A fragment (and its exponentials)
-                // read once per k-step.
-                let mut acc = [[0.0f32; 4]; SUB / TILE_N];
-                if g.per_key {
-                    // A's rows and B's columns are rows of the tiles, two adjacent keys each.
-                    mma_tiles(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| {
-                            let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
-                            [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
-                        },
-                        |a, n| {
-                            let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
-                            [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
-                        },
-                    );
-                } else {
-                    mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
-                }
-                for (j, acc) in acc.iter().enumerate() {
-                    for (e, v) in acc.iter().enumerate() {
-                        let (m, n) = l.acc_at(e);
-                        let (r, s) = (r0 + m, s0 + TILE_N * j + n);
-                        let kept = !diagonal || if strict { s < r } else { s <= r };
-                        let value = if !kept {
-                            0.0
-                        } else {
-                            let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
-                            v * decay * row_scale(r)
-                        };
-                        out.put(r, s, value);
-                    }
+                // The unit's n8 tiles at once (a row block's `2 bi`, a diagonal sub-block's 2): the
+                // A fragment (and its exponentials) read once per k-step for all of them.
+                let tiles = UnitTiles { r0, s0, f, diagonal, strict, l };
+                match if diagonal { SUB } else { r0 } / TILE_N {
+                    2 => tiles.product::<2>(out, x, y, g, kd, &row_scale),
+                    4 => tiles.product::<4>(out, x, y, g, kd, &row_scale),
+                    _ => tiles.product::<6>(out, x, y, g, kd, &row_scale),
                 }
             } else {
                 for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
