@@ -134,6 +134,9 @@ fn activate_on(sfu: Sfu, raw: f32, gate_mode: u32, strength: f32, bias: f32, low
     }
 }
 
+/// The smallest `K` and `V` the layer takes (`Dims::valid`).
+const MIN_DIM: usize = 64;
+
 /// A launch's head counts and sizes.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -167,9 +170,9 @@ impl Dims {
             && self.value_heads > 0
             && self.value_heads.is_multiple_of(self.heads)
             && self.key_dim.is_power_of_two()
-            && (64..=MAX_K).contains(&self.key_dim)
+            && (MIN_DIM..=MAX_K).contains(&self.key_dim)
             && self.value_dim.is_power_of_two()
-            && (64..=MAX_V).contains(&self.value_dim)
+            && (MIN_DIM..=MAX_V).contains(&self.value_dim)
             && (self.gate_width == 1 || self.gate_width == self.key_dim)
     }
 
@@ -220,6 +223,26 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e >> shift, e & (cols - 1))
 }
 
+/// Where a tensor's rows start, in elements: row `r` at `first + r * stride`. A copy loop steps
+/// a pointer by whole strides rather than forming each row's 64-bit offset from its index.
+#[derive(Clone, Copy)]
+struct RowsAt {
+    first: usize,
+    stride: usize,
+}
+
+impl RowsAt {
+    /// The chunk's rows of head `head` of a `[T, heads, width]` tensor.
+    fn heads(w: &Work, heads: usize, head: usize, width: usize) -> Self {
+        Self { first: (w.t0 * heads + head) * width, stride: heads * width }
+    }
+
+    /// Row `r`'s first element.
+    fn at(self, r: usize) -> usize {
+        self.first + r * self.stride
+    }
+}
+
 /// `$body` once for each row `$r` of a diagonal sub-block, `$r` a literal: the forward
 /// substitution's column, indexed by rows, stays in registers (every index a constant; a loop
 /// over the rows would index it at run time, which puts it in local memory).
@@ -239,8 +262,6 @@ const _: () = assert!(SUB == 16);
 /// The forward substitution reads rows of `-L` 16 bytes at a time.
 const _: () = assert!(MATRIX_ROW_WORDS.is_multiple_of(F32_VECTOR) && SUB.is_multiple_of(F32_VECTOR));
 
-/// A row of keys or queries is one 16-byte load per lane of a warp (the L2 norm's layout).
-const _: () = assert!(MAX_K <= LANES * F32_VECTOR);
 /// Every gate width (1 or a power-of-two `K <= MAX_K`) divides `THREADS`: a thread striding over
 /// a gate tile by `THREADS` (or its 4 columns by `4 THREADS`) keeps its columns; and a chunk's rows
 /// of a per-head gate are a row per thread.
@@ -300,37 +321,64 @@ const BF16_VECTOR: usize = 8;
 /// f32 elements of one 16-byte load.
 const F32_VECTOR: usize = 4;
 
-/// `store(r, c, words)` for every 8 elements `c..c + BF16_VECTOR` (packed in pairs, the first in
-/// the low half) of rows `r < filled` of `cols` bf16 elements each, row `r`
-/// read from element `row_at(r)` of `src` when `r < valid` and zeros past it: 16-byte loads
-/// (`cols` a multiple of [`BF16_VECTOR`] whose quotient is a power of two), `VECTORS_IN_FLIGHT`
-/// of a thread's issued before its stores, so a tile takes one or two round trips to memory
-/// instead of one per element.
+/// `store(r, c, words)` for every `vector` elements `c..c + vector` (one 16-byte word group) of
+/// rows `r < filled` of `cols` elements each, row `r` read from `rows.at(r)` of `src` when
+/// `r < valid` and zeros past it: 16-byte loads (`cols / vector` a power of two dividing
+/// `THREADS`: each thread keeps its column and steps down the rows by `THREADS / (cols / vector)`,
+/// its pointer by as many strides), `VECTORS_IN_FLIGHT` of a thread's issued before its stores, so
+/// a tile takes one or two round trips to memory instead of one per element.
 ///
 /// # Safety
-/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `row_at(r)`; the CTA
+/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `rows.at(r)`; the CTA
 /// calls it together.
+#[inline(always)]
+unsafe fn load_rows_v4<T>(
+    src: *const T,
+    (filled, valid): (usize, usize),
+    (cols, vector): (usize, usize),
+    rows: RowsAt,
+    mut store: impl FnMut(usize, usize, [u32; 4]),
+) {
+    let per_row = cols / vector;
+    let (r0, v) = split(thread_idx_x(), per_row);
+    let c = v * vector;
+    let step = THREADS >> per_row.trailing_zeros();
+    // The thread's element of row `r0`, then of each row it takes (formed, not read, past the
+    // valid rows). 32-bit row counters.
+    let mut at = src.wrapping_add(rows.at(r0) + c);
+    let jump = step * rows.stride;
+    let (filled, valid, step) = (filled as u32, valid as u32, step as u32);
+    let mut r = r0 as u32;
+    while r < filled {
+        let words: [[u32; 4]; VECTORS_IN_FLIGHT] = core::array::from_fn(|j| {
+            // SAFETY: see the function's contract (a valid row's elements).
+            if r + j as u32 * step < valid { unsafe { ld_global_v4(at.wrapping_add(j * jump) as *const u32) } } else { [0; 4] }
+        });
+        for (j, &words) in words.iter().enumerate() {
+            let rj = r + j as u32 * step;
+            if rj < filled {
+                store(rj as usize, c, words);
+            }
+        }
+        r += VECTORS_IN_FLIGHT as u32 * step;
+        at = at.wrapping_add(VECTORS_IN_FLIGHT * jump);
+    }
+}
+
+/// [`load_rows_v4`] for bf16 rows, 8 elements (`BF16_VECTOR`) a load.
+///
+/// # Safety
+/// As [`load_rows_v4`].
 #[inline(always)]
 unsafe fn load_bf16_rows(
     src: *const u16,
-    (filled, valid): (usize, usize),
+    filled_valid: (usize, usize),
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
-    mut store: impl FnMut(usize, usize, [u32; 4]),
+    rows: RowsAt,
+    store: impl FnMut(usize, usize, [u32; 4]),
 ) {
-    let per_row = cols / BF16_VECTOR;
-    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
-        filled * per_row,
-        |e| {
-            let (r, v) = split(e, per_row);
-            // SAFETY: see the function's contract.
-            if r < valid { unsafe { ld_global_v4(src.add(row_at(r) + v * BF16_VECTOR) as *const u32) } } else { [0; 4] }
-        },
-        |e, words: [u32; 4]| {
-            let (r, v) = split(e, per_row);
-            store(r, v * BF16_VECTOR, words);
-        },
-    );
+    // SAFETY: the caller's contract.
+    unsafe { load_rows_v4(src, filled_valid, (cols, BF16_VECTOR), rows, store) }
 }
 
 /// The 8 f32 values of 8 bf16 packed in pairs (the first in the low half).
@@ -363,29 +411,22 @@ unsafe fn load_f32_rows(
     src: *const f32,
     valid: usize,
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
+    rows: RowsAt,
     mut store: impl FnMut(usize, usize, f32),
 ) {
     if cols < F32_VECTOR {
         // SAFETY: see the function's contract.
-        copy_strided(valid * cols, |e| unsafe { *src.add(row_at(e)) }, |e, x| store(e, 0, x));
+        copy_strided(valid * cols, |e| unsafe { *src.add(rows.at(e)) }, |e, x| store(e, 0, x));
         return;
     }
-    let per_row = cols / F32_VECTOR;
-    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
-        valid * per_row,
-        |e| {
-            let (r, v) = split(e, per_row);
-            // SAFETY: see the function's contract.
-            unsafe { ld_global_v4(src.add(row_at(r) + v * F32_VECTOR) as *const u32) }
-        },
-        |e, words: [u32; 4]| {
-            let (r, v) = split(e, per_row);
+    // SAFETY: see the function's contract.
+    unsafe {
+        load_rows_v4(src, (valid, valid), (cols, F32_VECTOR), rows, |r, c, words| {
             for (j, word) in words.iter().enumerate() {
-                store(r, v * F32_VECTOR + j, f32::from_bits(*word));
+                store(r, c + j, f32::from_bits(*word));
             }
-        },
-    );
+        })
+    }
 }
 
 /// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `stride` words per row, in one
@@ -441,40 +482,58 @@ fn pack_bf16x8(x: [f32; BF16_VECTOR]) -> [u32; 4] {
 }
 
 /// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
-/// of `cols` elements of `dst`, row `r` from element `row_at(r)`: a thread's 8 elements packed
-/// into one 16-byte store, its row's offset formed once for them (a 2-byte store per element,
-/// each with its own 64-bit address, was most of a copy loop's instructions).
+/// of `cols` elements of `dst`, row `r` from element `at.at(r)`: a thread's 8 elements packed
+/// into one 16-byte store; each thread keeps its column and steps down the rows, its pointer by
+/// whole strides (a 2-byte store per element, each with its own 64-bit address, was most of a
+/// copy loop's instructions). 32-bit row counter.
 ///
 /// # Safety
-/// Each row's `cols` elements (a multiple of [`BF16_VECTOR`] whose quotient is a power of two)
-/// exist in `dst` from a 16-byte-aligned `row_at(r)`; `value` reads only written shared memory.
+/// Each row's `cols` elements (a multiple of [`BF16_VECTOR`] whose quotient is a power of two
+/// dividing `THREADS`) exist in `dst` from a 16-byte-aligned `at.at(r)`; `value` reads only
+/// written shared memory.
 #[inline(always)]
 unsafe fn store_bf16_rows(
     dst: *mut u16,
     rows: usize,
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
+    at: RowsAt,
     value: impl Fn(usize, usize) -> [f32; BF16_VECTOR],
 ) {
     let per_row = cols / BF16_VECTOR;
-    for e in strided(thread_idx_x(), rows * per_row) {
-        let (r, v) = split(e, per_row);
-        let c = v * BF16_VECTOR;
-        let x = value(r, c);
-        // SAFETY: see the function's contract.
-        unsafe { st_global_v4(dst.add(row_at(r) + c), pack_bf16x8(x)) };
+    let (r0, v) = split(thread_idx_x(), per_row);
+    let c = v * BF16_VECTOR;
+    let step = THREADS >> per_row.trailing_zeros();
+    // Formed, not written, past the rows.
+    let mut to = dst.wrapping_add(at.at(r0) + c);
+    let jump = step * at.stride;
+    let mut r = r0 as u32;
+    while r < rows as u32 {
+        let x = value(r as usize, c);
+        // SAFETY: see the function's contract (`r` is a row).
+        unsafe { st_global_v4(to, pack_bf16x8(x)) };
+        r += step as u32;
+        to = to.wrapping_add(jump);
     }
 }
 
-/// `x` summed over the 32 lanes of the warp (every lane gets the sum), by butterfly shuffles.
+/// Lanes of half a warp (the L2 norm's lanes per row), the rows a warp normalises per pass, and
+/// the columns a half-warp's first 16-byte loads cover (its second ones start there).
+const HALF_WARP: usize = LANES / 2;
+const ROWS_PER_WARP_PASS: usize = LANES / HALF_WARP;
+const HALF_WARP_COLUMNS: usize = HALF_WARP * F32_VECTOR;
+const _: () = assert!(MAX_K <= 2 * HALF_WARP_COLUMNS && HALF_WARP_COLUMNS == MIN_DIM);
+
+/// `x` summed over the lanes of each half of the warp (every lane gets its half's sum), by
+/// butterfly shuffles.
 ///
 /// # Safety
 /// Every lane of the warp calls it together.
 #[inline(always)]
-unsafe fn warp_sum(mut x: f32) -> f32 {
-    let mut mask = LANES as u32 / 2;
+unsafe fn half_warp_sum(mut x: f32) -> f32 {
+    let mut mask = HALF_WARP as u32 / 2;
     while mask > 0 {
-        // SAFETY: the warp is converged (the caller's contract); `mask` is below 32.
+        // SAFETY: the warp is converged (the caller's contract); `mask` is below 16, so each
+        // lane exchanges within its half.
         x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), mask) });
         mask /= 2;
     }
@@ -543,8 +602,7 @@ unsafe fn mma_tiles<const N: usize>(
     b: impl Fn(usize, usize) -> [f32; 2],
 ) {
     let (g, t) = (l.g, l.t);
-    for k0 in (0..depth).step_by(TILE_K) {
-        let k = k0 + 2 * t;
+    let mut step = |k: usize| {
         let (upper, lower) = (a(g, k), a(g + 8, k));
         let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
         for (j, acc) in acc.iter_mut().enumerate() {
@@ -552,8 +610,18 @@ unsafe fn mma_tiles<const N: usize>(
             // SAFETY: the warp is converged here (the caller's contract).
             unsafe { mma_m16n8k8_tf32(acc, af, bf) };
         }
+    };
+    for k0 in (0..depth).step_by(MMA_UNROLL * TILE_K) {
+        for u in 0..MMA_UNROLL {
+            step(k0 + u * TILE_K + 2 * t);
+        }
     }
 }
+
+/// k-steps of [`mma_tiles`] per loop pass: every depth it takes is a multiple of `SUB` (the
+/// solve's) or of 64 (a key dimension), so two passes of `TILE_K` halve the loop's counter,
+/// branch and address steps.
+const MMA_UNROLL: usize = SUB / TILE_K;
 
 /// Every tile a product reads in pairs has an even row stride (and starts 8-byte aligned), so an
 /// even column's pair is one aligned 8-byte (f32) or 4-byte (bf16) load.
@@ -577,7 +645,7 @@ unsafe fn pair_at(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32;
 /// n8 tiles of `o` per warp at `V = MAX_V` (a warp's row block and column half), and at the
 /// smallest `V` (64).
 const OUTPUT_TILES: usize = MAX_V / 2 / TILE_N;
-const OUTPUT_TILES_V64: usize = 64 / 2 / TILE_N;
+const OUTPUT_TILES_V64: usize = MIN_DIM / 2 / TILE_N;
 
 /// f32 tile element `(r, c)` at `stride` words per row.
 ///
@@ -693,24 +761,37 @@ unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, h
             src,
             (CHUNK, w.rows),
             kd,
-            |r| ((w.t0 + r) * heads + head) * kd,
+            RowsAt::heads(w, heads, head, kd),
             |r, a, words| set_row8(dst, r, a, unpack_bf16x8(words)),
         );
         sync_threads();
         if l2norm {
-            // A warp per row at a time: each lane its 4 columns from `4 lane` in one 16-byte load
-            // (a row is one load per lane: `MAX_K <= 4 * 32`), the squares summed across the warp
-            // by shuffles. 32-bit row counter.
+            // Half a warp per row, two rows per warp at a time: each lane its 4 columns from
+            // `4 (lane % 16)` and, at `K = 128`, the 4 from `64` past them, one or two 16-byte
+            // loads (a row is two loads per lane of its half: `MAX_K <= 2 * 64`; each
+            // quarter-warp's 16-byte accesses contiguous), the squares summed across the half by
+            // shuffles. The first 64 columns are always keys (`MIN_DIM`). Rows past the valid ones
+            // are zeros and stay zeros. 32-bit row counter; the two widths' loops apart.
             let (warp, lane) = (tid / LANES, tid % LANES);
-            let a = lane * F32_VECTOR;
-            for r in (warp as u32..w.rows as u32).step_by(THREADS / LANES) {
-                let r = r as usize;
-                let x = if a < kd { row4(dst, r, a) } else { [0.0; F32_VECTOR] };
-                let sum = x.iter().fold(0.0, |sum, &x| fma_f32(x, x, sum));
-                let inverse = rsqrt_approx(warp_sum(sum) + L2NORM_EPS);
-                if a < kd {
-                    set_row4(dst, r, a, x.map(|x| x * inverse));
+            let first = dst.add(lane / HALF_WARP * ROW_WORDS + lane % HALF_WARP * F32_VECTOR);
+            let normalise = |both: bool| {
+                let rows = ROWS_PER_WARP_PASS as u32 * warp as u32..w.rows as u32;
+                for r in rows.step_by(THREADS / LANES * ROWS_PER_WARP_PASS) {
+                    let (at, zero) = (first.add(r as usize * ROW_WORDS), [0.0; F32_VECTOR]);
+                    let x = ld_shared_v4(at.addr()).map(f32::from_bits);
+                    let y = if both { ld_shared_v4(at.add(HALF_WARP_COLUMNS).addr()).map(f32::from_bits) } else { zero };
+                    let sum = x.iter().chain(y.iter()).fold(0.0, |sum, &x| fma_f32(x, x, sum));
+                    let inverse = rsqrt_approx(half_warp_sum(sum) + L2NORM_EPS);
+                    st_shared_v4(at.addr(), x.map(|x| (x * inverse).to_bits()));
+                    if both {
+                        st_shared_v4(at.add(HALF_WARP_COLUMNS).addr(), y.map(|x| (x * inverse).to_bits()));
+                    }
                 }
+            };
+            if kd > HALF_WARP_COLUMNS {
+                normalise(true);
+            } else {
+                normalise(false);
             }
             sync_threads();
         }
@@ -1087,7 +1168,7 @@ kernel_entry! {
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
             // The raw gate into the tile, then activated in place (one activation's code in the
             // kernel, not one per element of a vector).
-            load_f32_rows(g, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, raw| {
+            load_f32_rows(g, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, raw| {
                 gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
@@ -1171,7 +1252,7 @@ kernel_entry! {
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
-            let row_at = |r: usize| ((t0 + r) * hv + i) * kd;
+            let row_at = RowsAt::heads(&wk, hv, i, kd);
             if d.per_key_gate() {
                 store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
                     let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
@@ -1179,13 +1260,13 @@ kernel_entry! {
                 });
             } else if i.checked_rem(d.group()) == Some(0) {
                 // GDN's keys are the key head's, written by the first value head of its group.
-                store_bf16_rows(k_rec, rows, kd, |r| ((t0 + r) * d.heads + wk.j) * kd, |r, a| row8(keys, r, a));
+                store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
             }
             if d.per_key_gate() {
                 for e in strided(tid, rows * kd / F32_VECTOR) {
                     let (r, a) = split(e * F32_VECTOR, kd);
                     let words = row4(gates.tile, r, a).map(f32::to_bits);
-                    st_global_v4(gate_out.add(row_at(r) + a).cast::<u16>(), words);
+                    st_global_v4(gate_out.add(row_at.at(r) + a).cast::<u16>(), words);
                 }
             } else if tid < rows {
                 *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
@@ -1213,7 +1294,7 @@ kernel_entry! {
             }
             sync_threads();
             let values = gates.tile;
-            load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+            load_bf16_rows(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
                 let b = betas.add(r).ld();
                 set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
             });
@@ -1235,7 +1316,7 @@ kernel_entry! {
 
             // w and u.
             store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
-            store_bf16_rows(u_out, rows, vd, |r| ((t0 + r) * hv + i) * vd, |r, col| row8(values, r, col));
+            store_bf16_rows(u_out, rows, vd, RowsAt::heads(&wk, hv, i, vd), |r, col| row8(values, r, col));
         }
     }
 }
@@ -1369,7 +1450,7 @@ kernel_entry! {
             }
             sync_threads();
             load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-            load_f32_rows(gate, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, x| {
+            load_f32_rows(gate, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, x| {
                 gates.tile.add(r * ROW_WORDS + a).st(x);
             });
             sync_threads();
@@ -1403,18 +1484,18 @@ kernel_entry! {
                 st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words);
             };
             if value_first {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |col, a, words| {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |col, a, words| {
                     for (j, word) in words.iter().enumerate() {
                         staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
                         staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
                     }
                 });
             } else {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |a, col, words| {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |a, col, words| {
                     to_staged(staged_h, a, col, words);
                 });
             }
-            load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+            load_bf16_rows(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
                 to_staged(staged_v, r, col, words);
             });
             sync_threads();
