@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
-    ld_shared_v2_f32, ld_shared_v4, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
+    ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
     shfl_xor, st_global_v4, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
@@ -581,9 +581,10 @@ fn tf32(x: f32) -> u32 {
     x.to_bits().wrapping_add(TF32_HALF_ULP)
 }
 
-/// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
-/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, n) and
-/// (k + 1, n) `b(k, 8 j + n)`, `k` even: A's fragment is read once per k-step for all of them.
+/// `acc[j] += A B_j` over depth `depth` (a multiple of `SUB`) for the warp's 16-row block and
+/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, g) and
+/// (k + 1, g) `b(k, j)` (`g` the lane's fragment column), `k` even: A's fragment is read once per
+/// k-step for all of them.
 /// `N` is a constant, so the accumulators stay in registers.
 ///
 /// A lane's two k slots of a k-step (the fragment's `t` and `t + 4`) hold the adjacent depths
@@ -606,7 +607,7 @@ unsafe fn mma_tiles<const N: usize>(
         let (upper, lower) = (a(g, k), a(g + 8, k));
         let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
         for (j, acc) in acc.iter_mut().enumerate() {
-            let bf = b(k, TILE_N * j + g).map(tf32);
+            let bf = b(k, j).map(tf32);
             // SAFETY: the warp is converged here (the caller's contract).
             unsafe { mma_m16n8k8_tf32(acc, af, bf) };
         }
@@ -927,13 +928,14 @@ impl UnitTiles {
                         let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
                         [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
                     },
-                    |a, n| {
+                    |a, j| {
+                        let n = TILE_N * j + l.g;
                         let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
                         [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
                     },
                 );
             } else {
-                mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
+                mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, j| y.pair(s0 + TILE_N * j + l.g, a));
             }
             for (j, acc) in acc.iter().enumerate() {
                 for (e, v) in acc.iter().enumerate() {
@@ -1040,76 +1042,100 @@ struct Solve {
     l: Lane,
 }
 
-impl Solve {
-    /// The address of element `(r, n)` of the warp's columns (`n` from `col0`): its n8 tile's
-    /// first column chosen between `w`'s and `u`'s (a tile lies in one of them, `K` being a
-    /// multiple of `TILE_N`; the choice is the warp's, in 32 bits, once per tile rather than
-    /// per element), then the element's row and column in it.
-    #[inline(always)]
-    fn at(self, r: usize, n: usize) -> Shared<f32> {
-        let first = (self.col0 + n / TILE_N * TILE_N) as u32;
-        let kd = self.kd as u32;
-        let tile = if first < kd { self.keys.add(first as usize) } else { self.values.add((first - kd) as usize) };
-        // The element lies in its tile (`Dims::valid`); only the address is formed here.
-        tile.add(r * ROW_WORDS + n % TILE_N)
-    }
+/// A warp's `N` n8 tiles of `[w | u]`, each lane's addresses in them formed once for the
+/// whole solve (a tile's first column chosen between `w`'s and `u`'s once, not per element and
+/// block): the accumulator's element `(g, 2 t)` and B's `(0, g)` of each tile.
+#[derive(Clone, Copy)]
+struct SolveTiles<const N: usize> {
+    acc: [Shared<f32>; N],
+    b: [Shared<f32>; N],
+}
 
-    /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
-    /// `X_b = (I + L_bb)^-1 Y`, each product's A fragment read once per k-step for all tiles.
-    ///
-    /// # Safety
-    /// The warp calls it together, blocks in order, `L` and the inverses written.
+impl Solve {
+    /// The warp's `N` tiles: tile `j` from column `col0 + 8 j` of `[w | u]`, in `w`'s tile or
+    /// `u`'s (a tile lies in one of them, `K` being a multiple of `TILE_N`; the choice in 32
+    /// bits).
     #[inline(always)]
-    unsafe fn block<const N: usize>(self, b: usize) {
-        let (r0, l) = (b * SUB, self.l);
-        // SAFETY (block): every row below `CHUNK`, every column the warp's; the warp is
-        // converged, and `sync_warp` orders its lanes' shared-memory accesses.
-        unsafe {
-            let mut acc = [[0.0f32; 4]; N];
-            for (j, acc) in acc.iter_mut().enumerate() {
-                for (e, x) in acc.iter_mut().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *x = self.at(r0 + m, TILE_N * j + n).ld();
-                }
-            }
-            mma_tiles(
-                &mut acc,
-                r0,
-                l,
-                |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s),
-                |s, n| [self.at(s, n).ld(), self.at(s + 1, n).ld()],
-            );
-            self.store(r0, &acc);
-            let mut out = [[0.0f32; 4]; N];
-            mma_tiles(
-                &mut out,
-                SUB,
-                l,
-                |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                |s, n| [self.at(r0 + s, n).ld(), self.at(r0 + s + 1, n).ld()],
-            );
-            self.store(r0, &out);
+    fn tiles<const N: usize>(self) -> SolveTiles<N> {
+        let (kd, l) = (self.kd as u32, self.l);
+        let tile = |j: usize| {
+            let first = (self.col0 + TILE_N * j) as u32;
+            if first < kd { self.keys.add(first as usize) } else { self.values.add((first - kd) as usize) }
+        };
+        SolveTiles {
+            acc: core::array::from_fn(|j| tile(j).add(l.g * ROW_WORDS + 2 * l.t)),
+            b: core::array::from_fn(|j| tile(j).add(l.g)),
         }
     }
 
-    /// The warp's `N` accumulator tiles into rows `r0..r0 + SUB` of its columns, between two
-    /// warp barriers (every lane has read what it overwrites, and reads what the others wrote).
+    /// Every sub-block in order, over the warp's `N` n8 tiles.
     ///
     /// # Safety
     /// As [`Solve::block`].
     #[inline(always)]
-    unsafe fn store<const N: usize>(self, r0: usize, acc: &[[f32; 4]; N]) {
+    unsafe fn run<const N: usize>(self) {
+        let t = self.tiles::<N>();
+        for b in 0..SUBS {
+            // SAFETY: the caller's contract; blocks in order.
+            unsafe { self.block(t, b) };
+        }
+    }
+
+    /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
+    /// `X_b = (I + L_bb)^-1 Y`, each product's A fragment read once per k-step for all tiles,
+    /// the accumulators' rows read and written 8 bytes at a time.
+    ///
+    /// # Safety
+    /// The warp calls it together, blocks in order, `L` and the inverses written.
+    #[inline(always)]
+    unsafe fn block<const N: usize>(self, t: SolveTiles<N>, b: usize) {
+        let (r0, l) = (b * SUB, self.l);
+        // SAFETY (block): every row below `CHUNK`, every column the warp's; the warp is
+        // converged, and `sync_warp` orders its lanes' shared-memory accesses.
+        unsafe {
+            let mut acc: [[f32; 4]; N] = core::array::from_fn(|j| {
+                let at = t.acc[j].add(r0 * ROW_WORDS);
+                let (upper, lower) = (ld_shared_v2_f32(at.addr()), ld_shared_v2_f32(at.add(ACC_ROWS_APART).addr()));
+                [upper[0], upper[1], lower[0], lower[1]]
+            });
+            let b_pair = |s: usize, j: usize| {
+                let at = t.b[j].add(s * ROW_WORDS);
+                [at.ld(), at.add(ROW_WORDS).ld()]
+            };
+            mma_tiles(&mut acc, r0, l, |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), b_pair);
+            Self::store(t, r0, &acc);
+            let mut out = [[0.0f32; 4]; N];
+            mma_tiles(&mut out, SUB, l, |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s), |s, j| {
+                b_pair(r0 + s, j)
+            });
+            Self::store(t, r0, &out);
+        }
+    }
+
+    /// The warp's `N` accumulator tiles into rows `r0..r0 + SUB` of its columns (a row's two
+    /// elements in one 8-byte store), between two warp barriers (every lane has read what it
+    /// overwrites, and reads what the others wrote).
+    ///
+    /// # Safety
+    /// As [`Solve::block`].
+    #[inline(always)]
+    unsafe fn store<const N: usize>(t: SolveTiles<N>, r0: usize, acc: &[[f32; 4]; N]) {
         sync_warp();
-        for (j, acc) in acc.iter().enumerate() {
-            for (e, x) in acc.iter().enumerate() {
-                let (m, n) = self.l.acc_at(e);
-                // SAFETY: see the function's contract.
-                unsafe { self.at(r0 + m, TILE_N * j + n).st(*x) };
+        for (at, acc) in t.acc.iter().zip(acc) {
+            let at = at.add(r0 * ROW_WORDS);
+            // SAFETY: see the function's contract (`ROW_WORDS` even, the column `2 t`: 8-byte
+            // aligned).
+            unsafe {
+                st_shared_v2_f32(at.addr(), [acc[0], acc[1]]);
+                st_shared_v2_f32(at.add(ACC_ROWS_APART).addr(), [acc[2], acc[3]]);
             }
         }
         sync_warp();
     }
 }
+
+/// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
+const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
 kernel_entry! {
     /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
@@ -1305,12 +1331,10 @@ kernel_entry! {
             let cols_per_warp = (kd + vd) / (THREADS / LANES);
             let solve = Solve { keys, values, lower, inverse, kd, col0: warp * cols_per_warp, l };
             // One instantiation per count of n8 tiles a warp holds (`K`, `V` of 64 or 128).
-            for b in 0..SUBS {
-                match cols_per_warp / TILE_N {
-                    2 => solve.block::<2>(b),
-                    3 => solve.block::<3>(b),
-                    _ => solve.block::<4>(b),
-                }
+            match cols_per_warp / TILE_N {
+                2 => solve.run::<2>(),
+                3 => solve.run::<3>(),
+                _ => solve.run::<4>(),
             }
             sync_threads();
 
@@ -1346,15 +1370,17 @@ struct OutputBlock {
 }
 
 impl OutputBlock {
-    /// `(q Γ) h + P v_new` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every operand
-    /// read with `ldmatrix`: the A fragment once per k-step for all tiles, the B fragments two
-    /// tiles at a time), each valid row's pair of adjacent elements (an accumulator's two halves
-    /// of a row) through `store(row, column, [value, value at column + 1])`.
+    /// `scale ((q Γ) h + P v_new)` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every
+    /// operand read with `ldmatrix`: the A fragment once per k-step for all tiles, the B
+    /// fragments two tiles at a time) into the valid rows of `o` (rows at `o_rows`): each of a
+    /// lane's two rows from one pointer formed once, a pair of adjacent elements (an
+    /// accumulator's two halves of a row) per 4-byte store at a constant offset from it.
     ///
     /// # Safety
-    /// The warp calls it together, the tiles written for the chunk.
+    /// The warp calls it together, the tiles written for the chunk; `o`'s valid rows hold `V`
+    /// elements from `o_rows.at(r)`.
     #[inline(always)]
-    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, [f32; 2])) {
+    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, (o, o_rows): (*mut u16, RowsAt), scale: f32) {
         let (r0, c0, l) = (self.r0, self.c0, self.l);
         let place = Place::of(thread_idx_x());
         let address = |tile: Shared<u16>, stride: usize, (r, c): (usize, usize)| tile.add(r * stride + c).addr();
@@ -1380,11 +1406,16 @@ impl OutputBlock {
         // block's own (the attention is zero past its diagonal).
         product(t.qg, KEY_ROW, t.staged_h, kd);
         product(t.attention, ATTENTION_ROW, t.staged_v, r0 + SUB);
-        for (j, acc) in acc.iter().enumerate() {
-            for half in 0..2 {
-                let (m, n) = l.acc_at(2 * half);
-                if r0 + m < self.rows {
-                    store(r0 + m, c0 + TILE_N * j + n, [acc[2 * half], acc[2 * half + 1]]);
+        for half in 0..2 {
+            let (m, n) = l.acc_at(2 * half);
+            if r0 + m < self.rows {
+                // The pair at column `c0 + n` (even) of row `r0 + m`, then every n8 tile's.
+                let row = o.wrapping_add(o_rows.at(r0 + m) + c0 + n).cast::<u32>();
+                for (j, acc) in acc.iter().enumerate() {
+                    let pair = pack_bf16x2(scale * acc[2 * half], scale * acc[2 * half + 1]);
+                    // SAFETY: a valid row's element `c0 + 8 j + n < V` and the next (the
+                    // function's contract; 4-byte aligned: `V`, `c0` and `n` even).
+                    unsafe { *row.wrapping_add(TILE_N / 2 * j) = pair };
                 }
             }
         }
@@ -1429,7 +1460,7 @@ kernel_entry! {
         // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
-            let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+            let (i, rows) = (wk.i, wk.rows);
             let base = Shared::<u8>::base();
             let keys = base.cast::<u16>();
             let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
@@ -1506,14 +1537,11 @@ kernel_entry! {
             let r0 = rb * SUB;
             let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
             let tiles = Tiles { qg, attention, staged_h, staged_v };
-            // A pair's two bf16 in one 4-byte store (`c` is even, `V` a multiple of 2).
-            let store = |r: usize, c: usize, x: [f32; 2]| {
-                *o.add(((t0 + r) * hv + i) * vd + c).cast::<u32>() = pack_bf16x2(scale * x[0], scale * x[1]);
-            };
+            let out = (o, RowsAt::heads(&wk, hv, i, vd));
             if vd == MAX_V {
-                block.run::<OUTPUT_TILES>(tiles, kd, store);
+                block.run::<OUTPUT_TILES>(tiles, kd, out, scale);
             } else {
-                block.run::<OUTPUT_TILES_V64>(tiles, kd, store);
+                block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
             }
         }
     }
