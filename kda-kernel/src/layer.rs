@@ -481,16 +481,46 @@ fn pack_bf16x8(x: [f32; BF16_VECTOR]) -> [u32; 4] {
     core::array::from_fn(|j| pack_bf16x2(x[2 * j], x[2 * j + 1]))
 }
 
-/// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
-/// of `cols` elements of `dst`, row `r` from element `at.at(r)`: a thread's 8 elements packed
-/// into one 16-byte store; each thread keeps its column and steps down the rows, its pointer by
-/// whole strides (a 2-byte store per element, each with its own 64-bit address, was most of a
-/// copy loop's instructions). 32-bit row counter.
+/// `words(r, c)` (elements `c..c + vector` of row `r`, 16 bytes) into the `rows` rows of `cols`
+/// elements of `dst` (`T` the element), row `r` from element `at.at(r)`, one 16-byte store per
+/// thread and pass; each thread keeps its column and steps down the rows, its pointer by whole
+/// strides (a store per element, each with its own 64-bit address, was most of a copy loop's
+/// instructions). 32-bit row counter.
 ///
 /// # Safety
-/// Each row's `cols` elements (a multiple of [`BF16_VECTOR`] whose quotient is a power of two
-/// dividing `THREADS`) exist in `dst` from a 16-byte-aligned `at.at(r)`; `value` reads only
-/// written shared memory.
+/// Each row's `cols` elements (`cols / vector` a power of two dividing `THREADS`) exist in `dst`
+/// from a 16-byte-aligned `at.at(r)`; `words` reads only written shared memory.
+#[inline(always)]
+unsafe fn store_rows_v4<T>(
+    dst: *mut T,
+    rows: usize,
+    (cols, vector): (usize, usize),
+    at: RowsAt,
+    words: impl Fn(usize, usize) -> [u32; 4],
+) {
+    let per_row = cols / vector;
+    let (r0, v) = split(thread_idx_x(), per_row);
+    let c = v * vector;
+    let step = THREADS >> per_row.trailing_zeros();
+    // Formed, not written, past the rows.
+    let mut to = dst.wrapping_add(at.at(r0) + c);
+    let jump = step * at.stride;
+    let mut r = r0 as u32;
+    while r < rows as u32 {
+        let x = words(r as usize, c);
+        // SAFETY: see the function's contract (`r` is a row).
+        unsafe { st_global_v4(to.cast::<u16>(), x) };
+        r += step as u32;
+        to = to.wrapping_add(jump);
+    }
+}
+
+/// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
+/// of `cols` elements of `dst`, row `r` from element `at.at(r)`: a thread's 8 elements packed
+/// into one 16-byte store ([`store_rows_v4`]).
+///
+/// # Safety
+/// As [`store_rows_v4`].
 #[inline(always)]
 unsafe fn store_bf16_rows(
     dst: *mut u16,
@@ -499,21 +529,8 @@ unsafe fn store_bf16_rows(
     at: RowsAt,
     value: impl Fn(usize, usize) -> [f32; BF16_VECTOR],
 ) {
-    let per_row = cols / BF16_VECTOR;
-    let (r0, v) = split(thread_idx_x(), per_row);
-    let c = v * BF16_VECTOR;
-    let step = THREADS >> per_row.trailing_zeros();
-    // Formed, not written, past the rows.
-    let mut to = dst.wrapping_add(at.at(r0) + c);
-    let jump = step * at.stride;
-    let mut r = r0 as u32;
-    while r < rows as u32 {
-        let x = value(r as usize, c);
-        // SAFETY: see the function's contract (`r` is a row).
-        unsafe { st_global_v4(to, pack_bf16x8(x)) };
-        r += step as u32;
-        to = to.wrapping_add(jump);
-    }
+    // SAFETY: the caller's contract.
+    unsafe { store_rows_v4(dst, rows, (cols, BF16_VECTOR), at, |r, c| pack_bf16x8(value(r, c))) }
 }
 
 /// Lanes of half a warp (the L2 norm's lanes per row), the rows a warp normalises per pass, and
@@ -1289,11 +1306,9 @@ kernel_entry! {
                 store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
             }
             if d.per_key_gate() {
-                for e in strided(tid, rows * kd / F32_VECTOR) {
-                    let (r, a) = split(e * F32_VECTOR, kd);
-                    let words = row4(gates.tile, r, a).map(f32::to_bits);
-                    st_global_v4(gate_out.add(row_at.at(r) + a).cast::<u16>(), words);
-                }
+                store_rows_v4(gate_out, rows, (kd, F32_VECTOR), row_at, |r, a| {
+                    row4(gates.tile, r, a).map(f32::to_bits)
+                });
             } else if tid < rows {
                 *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
             }
@@ -1301,20 +1316,17 @@ kernel_entry! {
             // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
             // another still reads), then, once no thread reads G any more, diag(beta) v over the
             // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
-            // in the key tile, u's in the gate tile.
+            // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
+            // without a branch: their keys and `beta` are zeros, their G the last valid row's.
             for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
                 let (r, col) = split(e * BF16_VECTOR, kd);
-                let x = if r >= rows {
-                    [0.0; BF16_VECTOR]
+                let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
+                let x = if d.per_key_gate() {
+                    let gate = row8(gates.tile, r, col);
+                    core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
                 } else {
-                    let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
-                    if d.per_key_gate() {
-                        let gate = row8(gates.tile, r, col);
-                        core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
-                    } else {
-                        let scale = b * exp2(gates.at(r, 0));
-                        key.map(|k| scale * k)
-                    }
+                    let scale = b * exp2(gates.at(r, 0));
+                    key.map(|k| scale * k)
                 };
                 set_row8(keys, r, col, x);
             }
