@@ -1317,18 +1317,26 @@ kernel_entry! {
             // another still reads), then, once no thread reads G any more, diag(beta) v over the
             // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
             // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
-            // without a branch: their keys and `beta` are zeros, their G the last valid row's.
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, col) = split(e * BF16_VECTOR, kd);
-                let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
-                let x = if d.per_key_gate() {
-                    let gate = row8(gates.tile, r, col);
-                    core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
-                } else {
-                    let scale = b * exp2(gates.at(r, 0));
-                    key.map(|k| scale * k)
-                };
-                set_row8(keys, r, col, x);
+            // without a branch: their keys and `beta` are zeros, their G the last valid row's. The
+            // gate's kind chosen once, outside the loop.
+            let right_hand_side = |per_key: bool| {
+                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                    let (r, col) = split(e * BF16_VECTOR, kd);
+                    let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
+                    let x = if per_key {
+                        let gate = row8(gates.tile, r, col);
+                        core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
+                    } else {
+                        let scale = b * exp2(gates.at(r, 0));
+                        key.map(|k| scale * k)
+                    };
+                    set_row8(keys, r, col, x);
+                }
+            };
+            if d.per_key_gate() {
+                right_hand_side(true);
+            } else {
+                right_hand_side(false);
             }
             sync_threads();
             let values = gates.tile;
@@ -1502,18 +1510,25 @@ kernel_entry! {
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
             // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
-            // eight elements at a time.
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, a) = split(e * BF16_VECTOR, kd);
-                let query = row8(queries, r, a);
-                let x = if d.per_key_gate() {
-                    let gate = row8(gates.tile, r, a);
-                    core::array::from_fn(|j| query[j] * exp2(gate[j]))
-                } else {
-                    let decay = exp2(gates.at(r, 0));
-                    query.map(|x| x * decay)
-                };
-                st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
+            // eight elements at a time; the gate's kind chosen once, outside the loop.
+            let scale_queries = |per_key: bool| {
+                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                    let (r, a) = split(e * BF16_VECTOR, kd);
+                    let query = row8(queries, r, a);
+                    let x = if per_key {
+                        let gate = row8(gates.tile, r, a);
+                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
+                    } else {
+                        let decay = exp2(gates.at(r, 0));
+                        query.map(|x| x * decay)
+                    };
+                    st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
+                }
+            };
+            if d.per_key_gate() {
+                scale_queries(true);
+            } else {
+                scale_queries(false);
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).
