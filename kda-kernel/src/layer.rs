@@ -26,7 +26,7 @@
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
-    ld_shared_v2_f32, ld_shared_v4, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
+    ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
     shfl_xor, st_global_v4, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
@@ -49,8 +49,6 @@ const TILE_N: usize = 8;
 const TILE_K: usize = 8;
 /// Depth of one bf16 `mma` (`m16n8k16`), the output's products.
 const MMA_K: usize = 16;
-/// The sub-block pairs `(bi, bj)`, `bi > bj`, below the diagonal: one warp each.
-const LOWER_PAIRS: [(usize, usize); 6] = [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)];
 
 /// `2^x` on the SFU, a result below f32's smallest normal flushed to zero (it scales a product
 /// or a sum where it would add nothing): one instruction.
@@ -136,6 +134,9 @@ fn activate_on(sfu: Sfu, raw: f32, gate_mode: u32, strength: f32, bias: f32, low
     }
 }
 
+/// The smallest `K` and `V` the layer takes (`Dims::valid`).
+const MIN_DIM: usize = 64;
+
 /// A launch's head counts and sizes.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -169,9 +170,9 @@ impl Dims {
             && self.value_heads > 0
             && self.value_heads.is_multiple_of(self.heads)
             && self.key_dim.is_power_of_two()
-            && (64..=MAX_K).contains(&self.key_dim)
+            && (MIN_DIM..=MAX_K).contains(&self.key_dim)
             && self.value_dim.is_power_of_two()
-            && (64..=MAX_V).contains(&self.value_dim)
+            && (MIN_DIM..=MAX_V).contains(&self.value_dim)
             && (self.gate_width == 1 || self.gate_width == self.key_dim)
     }
 
@@ -222,6 +223,26 @@ fn split(e: usize, cols: usize) -> (usize, usize) {
     (e >> shift, e & (cols - 1))
 }
 
+/// Where a tensor's rows start, in elements: row `r` at `first + r * stride`. A copy loop steps
+/// a pointer by whole strides rather than forming each row's 64-bit offset from its index.
+#[derive(Clone, Copy)]
+struct RowsAt {
+    first: usize,
+    stride: usize,
+}
+
+impl RowsAt {
+    /// The chunk's rows of head `head` of a `[T, heads, width]` tensor.
+    fn heads(w: &Work, heads: usize, head: usize, width: usize) -> Self {
+        Self { first: (w.t0 * heads + head) * width, stride: heads * width }
+    }
+
+    /// Row `r`'s first element.
+    fn at(self, r: usize) -> usize {
+        self.first + r * self.stride
+    }
+}
+
 /// `$body` once for each row `$r` of a diagonal sub-block, `$r` a literal: the forward
 /// substitution's column, indexed by rows, stays in registers (every index a constant; a loop
 /// over the rows would index it at run time, which puts it in local memory).
@@ -241,8 +262,6 @@ const _: () = assert!(SUB == 16);
 /// The forward substitution reads rows of `-L` 16 bytes at a time.
 const _: () = assert!(MATRIX_ROW_WORDS.is_multiple_of(F32_VECTOR) && SUB.is_multiple_of(F32_VECTOR));
 
-/// A row of keys or queries is one 16-byte load per lane of a warp (the L2 norm's layout).
-const _: () = assert!(MAX_K <= LANES * F32_VECTOR);
 /// Every gate width (1 or a power-of-two `K <= MAX_K`) divides `THREADS`: a thread striding over
 /// a gate tile by `THREADS` (or its 4 columns by `4 THREADS`) keeps its columns; and a chunk's rows
 /// of a per-head gate are a row per thread.
@@ -302,37 +321,64 @@ const BF16_VECTOR: usize = 8;
 /// f32 elements of one 16-byte load.
 const F32_VECTOR: usize = 4;
 
-/// `store(r, c, words)` for every 8 elements `c..c + BF16_VECTOR` (packed in pairs, the first in
-/// the low half) of rows `r < filled` of `cols` bf16 elements each, row `r`
-/// read from element `row_at(r)` of `src` when `r < valid` and zeros past it: 16-byte loads
-/// (`cols` a multiple of [`BF16_VECTOR`] whose quotient is a power of two), `VECTORS_IN_FLIGHT`
-/// of a thread's issued before its stores, so a tile takes one or two round trips to memory
-/// instead of one per element.
+/// `store(r, c, words)` for every `vector` elements `c..c + vector` (one 16-byte word group) of
+/// rows `r < filled` of `cols` elements each, row `r` read from `rows.at(r)` of `src` when
+/// `r < valid` and zeros past it: 16-byte loads (`cols / vector` a power of two dividing
+/// `THREADS`: each thread keeps its column and steps down the rows by `THREADS / (cols / vector)`,
+/// its pointer by as many strides), `VECTORS_IN_FLIGHT` of a thread's issued before its stores, so
+/// a tile takes one or two round trips to memory instead of one per element.
 ///
 /// # Safety
-/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `row_at(r)`; the CTA
+/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `rows.at(r)`; the CTA
 /// calls it together.
+#[inline(always)]
+unsafe fn load_rows_v4<T>(
+    src: *const T,
+    (filled, valid): (usize, usize),
+    (cols, vector): (usize, usize),
+    rows: RowsAt,
+    mut store: impl FnMut(usize, usize, [u32; 4]),
+) {
+    let per_row = cols / vector;
+    let (r0, v) = split(thread_idx_x(), per_row);
+    let c = v * vector;
+    let step = THREADS >> per_row.trailing_zeros();
+    // The thread's element of row `r0`, then of each row it takes (formed, not read, past the
+    // valid rows). 32-bit row counters.
+    let mut at = src.wrapping_add(rows.at(r0) + c);
+    let jump = step * rows.stride;
+    let (filled, valid, step) = (filled as u32, valid as u32, step as u32);
+    let mut r = r0 as u32;
+    while r < filled {
+        let words: [[u32; 4]; VECTORS_IN_FLIGHT] = core::array::from_fn(|j| {
+            // SAFETY: see the function's contract (a valid row's elements).
+            if r + j as u32 * step < valid { unsafe { ld_global_v4(at.wrapping_add(j * jump) as *const u32) } } else { [0; 4] }
+        });
+        for (j, &words) in words.iter().enumerate() {
+            let rj = r + j as u32 * step;
+            if rj < filled {
+                store(rj as usize, c, words);
+            }
+        }
+        r += VECTORS_IN_FLIGHT as u32 * step;
+        at = at.wrapping_add(VECTORS_IN_FLIGHT * jump);
+    }
+}
+
+/// [`load_rows_v4`] for bf16 rows, 8 elements (`BF16_VECTOR`) a load.
+///
+/// # Safety
+/// As [`load_rows_v4`].
 #[inline(always)]
 unsafe fn load_bf16_rows(
     src: *const u16,
-    (filled, valid): (usize, usize),
+    filled_valid: (usize, usize),
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
-    mut store: impl FnMut(usize, usize, [u32; 4]),
+    rows: RowsAt,
+    store: impl FnMut(usize, usize, [u32; 4]),
 ) {
-    let per_row = cols / BF16_VECTOR;
-    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
-        filled * per_row,
-        |e| {
-            let (r, v) = split(e, per_row);
-            // SAFETY: see the function's contract.
-            if r < valid { unsafe { ld_global_v4(src.add(row_at(r) + v * BF16_VECTOR) as *const u32) } } else { [0; 4] }
-        },
-        |e, words: [u32; 4]| {
-            let (r, v) = split(e, per_row);
-            store(r, v * BF16_VECTOR, words);
-        },
-    );
+    // SAFETY: the caller's contract.
+    unsafe { load_rows_v4(src, filled_valid, (cols, BF16_VECTOR), rows, store) }
 }
 
 /// The 8 f32 values of 8 bf16 packed in pairs (the first in the low half).
@@ -365,29 +411,22 @@ unsafe fn load_f32_rows(
     src: *const f32,
     valid: usize,
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
+    rows: RowsAt,
     mut store: impl FnMut(usize, usize, f32),
 ) {
     if cols < F32_VECTOR {
         // SAFETY: see the function's contract.
-        copy_strided(valid * cols, |e| unsafe { *src.add(row_at(e)) }, |e, x| store(e, 0, x));
+        copy_strided(valid * cols, |e| unsafe { *src.add(rows.at(e)) }, |e, x| store(e, 0, x));
         return;
     }
-    let per_row = cols / F32_VECTOR;
-    copy_in_batches::<_, VECTORS_IN_FLIGHT>(
-        valid * per_row,
-        |e| {
-            let (r, v) = split(e, per_row);
-            // SAFETY: see the function's contract.
-            unsafe { ld_global_v4(src.add(row_at(r) + v * F32_VECTOR) as *const u32) }
-        },
-        |e, words: [u32; 4]| {
-            let (r, v) = split(e, per_row);
+    // SAFETY: see the function's contract.
+    unsafe {
+        load_rows_v4(src, (valid, valid), (cols, F32_VECTOR), rows, |r, c, words| {
             for (j, word) in words.iter().enumerate() {
-                store(r, v * F32_VECTOR + j, f32::from_bits(*word));
+                store(r, c + j, f32::from_bits(*word));
             }
-        },
-    );
+        })
+    }
 }
 
 /// Elements `c..c + F32_VECTOR` of row `r` of an f32 tile at `stride` words per row, in one
@@ -442,41 +481,76 @@ fn pack_bf16x8(x: [f32; BF16_VECTOR]) -> [u32; 4] {
     core::array::from_fn(|j| pack_bf16x2(x[2 * j], x[2 * j + 1]))
 }
 
-/// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
-/// of `cols` elements of `dst`, row `r` from element `row_at(r)`: a thread's 8 elements packed
-/// into one 16-byte store, its row's offset formed once for them (a 2-byte store per element,
-/// each with its own 64-bit address, was most of a copy loop's instructions).
+/// `words(r, c)` (elements `c..c + vector` of row `r`, 16 bytes) into the `rows` rows of `cols`
+/// elements of `dst` (`T` the element), row `r` from element `at.at(r)`, one 16-byte store per
+/// thread and pass; each thread keeps its column and steps down the rows, its pointer by whole
+/// strides (a store per element, each with its own 64-bit address, was most of a copy loop's
+/// instructions). 32-bit row counter.
 ///
 /// # Safety
-/// Each row's `cols` elements (a multiple of [`BF16_VECTOR`] whose quotient is a power of two)
-/// exist in `dst` from a 16-byte-aligned `row_at(r)`; `value` reads only written shared memory.
+/// Each row's `cols` elements (`cols / vector` a power of two dividing `THREADS`) exist in `dst`
+/// from a 16-byte-aligned `at.at(r)`; `words` reads only written shared memory.
+#[inline(always)]
+unsafe fn store_rows_v4<T>(
+    dst: *mut T,
+    rows: usize,
+    (cols, vector): (usize, usize),
+    at: RowsAt,
+    words: impl Fn(usize, usize) -> [u32; 4],
+) {
+    let per_row = cols / vector;
+    let (r0, v) = split(thread_idx_x(), per_row);
+    let c = v * vector;
+    let step = THREADS >> per_row.trailing_zeros();
+    // Formed, not written, past the rows.
+    let mut to = dst.wrapping_add(at.at(r0) + c);
+    let jump = step * at.stride;
+    let mut r = r0 as u32;
+    while r < rows as u32 {
+        let x = words(r as usize, c);
+        // SAFETY: see the function's contract (`r` is a row).
+        unsafe { st_global_v4(to.cast::<u16>(), x) };
+        r += step as u32;
+        to = to.wrapping_add(jump);
+    }
+}
+
+/// `value(r, c)` (elements `c..c + BF16_VECTOR` of row `r`) rounded to bf16 into the `rows` rows
+/// of `cols` elements of `dst`, row `r` from element `at.at(r)`: a thread's 8 elements packed
+/// into one 16-byte store ([`store_rows_v4`]).
+///
+/// # Safety
+/// As [`store_rows_v4`].
 #[inline(always)]
 unsafe fn store_bf16_rows(
     dst: *mut u16,
     rows: usize,
     cols: usize,
-    row_at: impl Fn(usize) -> usize,
+    at: RowsAt,
     value: impl Fn(usize, usize) -> [f32; BF16_VECTOR],
 ) {
-    let per_row = cols / BF16_VECTOR;
-    for e in strided(thread_idx_x(), rows * per_row) {
-        let (r, v) = split(e, per_row);
-        let c = v * BF16_VECTOR;
-        let x = value(r, c);
-        // SAFETY: see the function's contract.
-        unsafe { st_global_v4(dst.add(row_at(r) + c), pack_bf16x8(x)) };
-    }
+    // SAFETY: the caller's contract.
+    unsafe { store_rows_v4(dst, rows, (cols, BF16_VECTOR), at, |r, c| pack_bf16x8(value(r, c))) }
 }
 
-/// `x` summed over the 32 lanes of the warp (every lane gets the sum), by butterfly shuffles.
+/// Lanes of half a warp (the L2 norm's lanes per row), the rows a warp normalises per pass, and
+/// the columns a half-warp's first 16-byte loads cover (its second ones start there).
+const HALF_WARP: usize = LANES / 2;
+const ROWS_PER_WARP_PASS: usize = LANES / HALF_WARP;
+const HALF_WARP_COLUMNS: usize = HALF_WARP * F32_VECTOR;
+const _: () = assert!(MAX_K <= 2 * HALF_WARP_COLUMNS && HALF_WARP_COLUMNS == MIN_DIM);
+
+/// `x` summed over the lanes of each half of the warp (every lane gets its half's sum), by
+/// butterfly shuffles.
 ///
 /// # Safety
 /// Every lane of the warp calls it together.
 #[inline(always)]
-unsafe fn warp_sum(mut x: f32) -> f32 {
-    let mut mask = LANES as u32 / 2;
+unsafe fn half_warp_sum(mut x: f32) -> f32 {
+    let mut mask = HALF_WARP as u32 / 2;
     while mask > 0 {
-        // SAFETY: the warp is converged (the caller's contract); `mask` is below 32.
+        // SAFETY: the warp is converged (the caller's contract); `mask` is below 16, so each
+        // lane exchanges within its half.
         x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), mask) });
         mask /= 2;
     }
@@ -524,9 +598,10 @@ fn tf32(x: f32) -> u32 {
     x.to_bits().wrapping_add(TF32_HALF_ULP)
 }
 
-/// `acc[j] += A B_j` over depth `depth` (a multiple of `TILE_K`) for the warp's 16-row block and
-/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, n) and
-/// (k + 1, n) `b(k, 8 j + n)`, `k` even: A's fragment is read once per k-step for all of them.
+/// `acc[j] += A B_j` over depth `depth` (a multiple of `SUB`) for the warp's 16-row block and
+/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, g) and
+/// (k + 1, g) `b(k, j)` (`g` the lane's fragment column), `k` even: A's fragment is read once per
+/// k-step for all of them.
 /// `N` is a constant, so the accumulators stay in registers.
 ///
 /// A lane's two k slots of a k-step (the fragment's `t` and `t + 4`) hold the adjacent depths
@@ -545,17 +620,26 @@ unsafe fn mma_tiles<const N: usize>(
     b: impl Fn(usize, usize) -> [f32; 2],
 ) {
     let (g, t) = (l.g, l.t);
-    for k0 in (0..depth).step_by(TILE_K) {
-        let k = k0 + 2 * t;
+    let mut step = |k: usize| {
         let (upper, lower) = (a(g, k), a(g + 8, k));
         let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
         for (j, acc) in acc.iter_mut().enumerate() {
-            let bf = b(k, TILE_N * j + g).map(tf32);
+            let bf = b(k, j).map(tf32);
             // SAFETY: the warp is converged here (the caller's contract).
             unsafe { mma_m16n8k8_tf32(acc, af, bf) };
         }
+    };
+    for k0 in (0..depth).step_by(MMA_UNROLL * TILE_K) {
+        for u in 0..MMA_UNROLL {
+            step(k0 + u * TILE_K + 2 * t);
+        }
     }
 }
+
+/// k-steps of [`mma_tiles`] per loop pass: every depth it takes is a multiple of `SUB` (the
+/// solve's) or of 64 (a key dimension), so two passes of `TILE_K` halve the loop's counter,
+/// branch and address steps.
+const MMA_UNROLL: usize = SUB / TILE_K;
 
 /// Every tile a product reads in pairs has an even row stride (and starts 8-byte aligned), so an
 /// even column's pair is one aligned 8-byte (f32) or 4-byte (bf16) load.
@@ -579,7 +663,7 @@ unsafe fn pair_at(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f32;
 /// n8 tiles of `o` per warp at `V = MAX_V` (a warp's row block and column half), and at the
 /// smallest `V` (64).
 const OUTPUT_TILES: usize = MAX_V / 2 / TILE_N;
-const OUTPUT_TILES_V64: usize = 64 / 2 / TILE_N;
+const OUTPUT_TILES_V64: usize = MIN_DIM / 2 / TILE_N;
 
 /// f32 tile element `(r, c)` at `stride` words per row.
 ///
@@ -695,24 +779,37 @@ unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, h
             src,
             (CHUNK, w.rows),
             kd,
-            |r| ((w.t0 + r) * heads + head) * kd,
+            RowsAt::heads(w, heads, head, kd),
             |r, a, words| set_row8(dst, r, a, unpack_bf16x8(words)),
         );
         sync_threads();
         if l2norm {
-            // A warp per row at a time: each lane its 4 columns from `4 lane` in one 16-byte load
-            // (a row is one load per lane: `MAX_K <= 4 * 32`), the squares summed across the warp
-            // by shuffles. 32-bit row counter.
+            // Half a warp per row, two rows per warp at a time: each lane its 4 columns from
+            // `4 (lane % 16)` and, at `K = 128`, the 4 from `64` past them, one or two 16-byte
+            // loads (a row is two loads per lane of its half: `MAX_K <= 2 * 64`; each
+            // quarter-warp's 16-byte accesses contiguous), the squares summed across the half by
+            // shuffles. The first 64 columns are always keys (`MIN_DIM`). Rows past the valid ones
+            // are zeros and stay zeros. 32-bit row counter; the two widths' loops apart.
             let (warp, lane) = (tid / LANES, tid % LANES);
-            let a = lane * F32_VECTOR;
-            for r in (warp as u32..w.rows as u32).step_by(THREADS / LANES) {
-                let r = r as usize;
-                let x = if a < kd { row4(dst, r, a) } else { [0.0; F32_VECTOR] };
-                let sum = x.iter().fold(0.0, |sum, &x| fma_f32(x, x, sum));
-                let inverse = rsqrt_approx(warp_sum(sum) + L2NORM_EPS);
-                if a < kd {
-                    set_row4(dst, r, a, x.map(|x| x * inverse));
+            let first = dst.add(lane / HALF_WARP * ROW_WORDS + lane % HALF_WARP * F32_VECTOR);
+            let normalise = |both: bool| {
+                let rows = ROWS_PER_WARP_PASS as u32 * warp as u32..w.rows as u32;
+                for r in rows.step_by(THREADS / LANES * ROWS_PER_WARP_PASS) {
+                    let (at, zero) = (first.add(r as usize * ROW_WORDS), [0.0; F32_VECTOR]);
+                    let x = ld_shared_v4(at.addr()).map(f32::from_bits);
+                    let y = if both { ld_shared_v4(at.add(HALF_WARP_COLUMNS).addr()).map(f32::from_bits) } else { zero };
+                    let sum = x.iter().chain(y.iter()).fold(0.0, |sum, &x| fma_f32(x, x, sum));
+                    let inverse = rsqrt_approx(half_warp_sum(sum) + L2NORM_EPS);
+                    st_shared_v4(at.addr(), x.map(|x| (x * inverse).to_bits()));
+                    if both {
+                        st_shared_v4(at.add(HALF_WARP_COLUMNS).addr(), y.map(|x| (x * inverse).to_bits()));
+                    }
                 }
+            };
+            if kd > HALF_WARP_COLUMNS {
+                normalise(true);
+            } else {
+                normalise(false);
             }
             sync_threads();
         }
@@ -797,9 +894,83 @@ unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gat
 /// stays far below f32's largest value (`2^128`), even summed over `MAX_K` (`2^7`) products.
 const SAFE_EXPONENT: f32 = 115.0;
 
-/// Units of work of [`gated_products`]: the six sub-block pairs below the diagonal, then the four
-/// diagonal sub-blocks; warp `w` takes units `w` and `w + 8`.
-const PRODUCT_UNITS: usize = LOWER_PAIRS.len() + SUBS;
+/// Row blocks with sub-blocks below the diagonal (every block but the first).
+const LOWER_ROW_BLOCKS: usize = SUBS - 1;
+
+/// Units of work of [`gated_products`], one warp each: the row blocks `SUBS - 1` down to 1, each
+/// with all its sub-blocks below the diagonal at once (its A fragment and A's exponentials read
+/// once per k-step for all of them), then the four diagonal sub-blocks.
+const PRODUCT_UNITS: usize = LOWER_ROW_BLOCKS + SUBS;
+const _: () = assert!(PRODUCT_UNITS <= THREADS / LANES && SUBS == 4);
+
+/// One factored unit of [`gated_products`]: rows `r0..r0 + SUB`, columns from `s0`, the factors
+/// taken at row `f`; a diagonal sub-block keeps `s <= r` (`s < r` when `strict`).
+#[derive(Clone, Copy)]
+struct UnitTiles {
+    r0: usize,
+    s0: usize,
+    f: usize,
+    diagonal: bool,
+    strict: bool,
+    l: Lane,
+}
+
+impl UnitTiles {
+    /// The unit's `N` n8 tiles of the gated product into `out`, each row times `row_scale(r)`.
+    ///
+    /// # Safety
+    /// As [`gated_products`]; the warp calls it together.
+    #[inline(always)]
+    unsafe fn product<const N: usize>(
+        self,
+        out: impl MatrixTile,
+        x: impl RowTile,
+        y: impl RowTile,
+        g: Gates,
+        kd: usize,
+        row_scale: &impl Fn(usize) -> f32,
+    ) {
+        let Self { r0, s0, f, diagonal, strict, l } = self;
+        let mut acc = [[0.0f32; 4]; N];
+        // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns (the
+        // caller's); the warp is converged.
+        unsafe {
+            if g.per_key {
+                // A's rows and B's columns are rows of the tiles, two adjacent keys each.
+                mma_tiles(
+                    &mut acc,
+                    kd,
+                    l,
+                    |m, a| {
+                        let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
+                        [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
+                    },
+                    |a, j| {
+                        let n = TILE_N * j + l.g;
+                        let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
+                        [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
+                    },
+                );
+            } else {
+                mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, j| y.pair(s0 + TILE_N * j + l.g, a));
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                for (e, v) in acc.iter().enumerate() {
+                    let (m, n) = l.acc_at(e);
+                    let (r, s) = (r0 + m, s0 + TILE_N * j + n);
+                    let kept = !diagonal || if strict { s < r } else { s <= r };
+                    let value = if !kept {
+                        0.0
+                    } else {
+                        let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
+                        v * decay * row_scale(r)
+                    };
+                    out.put(r, s, value);
+                }
+            }
+        }
+    }
+}
 
 /// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`,
 /// each times `row_scale(r)`, on the tensor cores: a sub-block
@@ -824,17 +995,19 @@ unsafe fn gated_products(
     row_scale: impl Fn(usize) -> f32,
 ) {
     let (_, warp, l) = Lane::this_thread();
-    let warps = THREADS / LANES;
     // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
     // one warp's, converged.
     unsafe {
-        for unit in (warp..PRODUCT_UNITS).step_by(warps) {
-            // The unit's sub-blocks and the row its factors are taken at.
-            let (r0, s0, f, diagonal) = if unit < LOWER_PAIRS.len() {
-                let (bi, bj) = LOWER_PAIRS[unit];
-                (bi * SUB, bj * SUB, bi * SUB, false)
+        if warp < PRODUCT_UNITS {
+            let unit = warp;
+            // The unit's rows, its first column, the row its factors are taken at and its n8
+            // tiles: a row block's columns `0..r0` (the sub-blocks left of its diagonal, the
+            // heaviest block first), or a diagonal sub-block.
+            let (r0, s0, f, diagonal) = if unit < LOWER_ROW_BLOCKS {
+                let bi = LOWER_ROW_BLOCKS - unit;
+                (bi * SUB, 0, bi * SUB, false)
             } else {
-                let b = unit - LOWER_PAIRS.len();
+                let b = unit - LOWER_ROW_BLOCKS;
                 (b * SUB, b * SUB, b * SUB + SUB / 2, true)
             };
             let factored = !diagonal || !g.per_key || {
@@ -848,40 +1021,13 @@ unsafe fn gated_products(
                 !vote_any(far)
             };
             if factored {
-                // Both n8 tiles of the sub-block at once: the A fragment (and its exponentials)
-                // read once per k-step.
-                let mut acc = [[0.0f32; 4]; SUB / TILE_N];
-                if g.per_key {
-                    // A's rows and B's columns are rows of the tiles, two adjacent keys each.
-                    mma_tiles(
-                        &mut acc,
-                        kd,
-                        l,
-                        |m, a| {
-                            let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
-                            [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
-                        },
-                        |a, n| {
-                            let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
-                            [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
-                        },
-                    );
-                } else {
-                    mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, n| y.pair(s0 + n, a));
-                }
-                for (j, acc) in acc.iter().enumerate() {
-                    for (e, v) in acc.iter().enumerate() {
-                        let (m, n) = l.acc_at(e);
-                        let (r, s) = (r0 + m, s0 + TILE_N * j + n);
-                        let kept = !diagonal || if strict { s < r } else { s <= r };
-                        let value = if !kept {
-                            0.0
-                        } else {
-                            let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
-                            v * decay * row_scale(r)
-                        };
-                        out.put(r, s, value);
-                    }
+                // The unit's n8 tiles at once (a row block's `2 bi`, a diagonal sub-block's 2): the
+                // A fragment (and its exponentials) read once per k-step for all of them.
+                let tiles = UnitTiles { r0, s0, f, diagonal, strict, l };
+                match if diagonal { SUB } else { r0 } / TILE_N {
+                    2 => tiles.product::<2>(out, x, y, g, kd, &row_scale),
+                    4 => tiles.product::<4>(out, x, y, g, kd, &row_scale),
+                    _ => tiles.product::<6>(out, x, y, g, kd, &row_scale),
                 }
             } else {
                 for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
@@ -913,76 +1059,100 @@ struct Solve {
     l: Lane,
 }
 
-impl Solve {
-    /// The address of element `(r, n)` of the warp's columns (`n` from `col0`): its n8 tile's
-    /// first column chosen between `w`'s and `u`'s (a tile lies in one of them, `K` being a
-    /// multiple of `TILE_N`; the choice is the warp's, in 32 bits, once per tile rather than
-    /// per element), then the element's row and column in it.
-    #[inline(always)]
-    fn at(self, r: usize, n: usize) -> Shared<f32> {
-        let first = (self.col0 + n / TILE_N * TILE_N) as u32;
-        let kd = self.kd as u32;
-        let tile = if first < kd { self.keys.add(first as usize) } else { self.values.add((first - kd) as usize) };
-        // The element lies in its tile (`Dims::valid`); only the address is formed here.
-        tile.add(r * ROW_WORDS + n % TILE_N)
-    }
+/// A warp's `N` n8 tiles of `[w | u]`, each lane's addresses in them formed once for the
+/// whole solve (a tile's first column chosen between `w`'s and `u`'s once, not per element and
+/// block): the accumulator's element `(g, 2 t)` and B's `(0, g)` of each tile.
+#[derive(Clone, Copy)]
+struct SolveTiles<const N: usize> {
+    acc: [Shared<f32>; N],
+    b: [Shared<f32>; N],
+}
 
-    /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
-    /// `X_b = (I + L_bb)^-1 Y`, each product's A fragment read once per k-step for all tiles.
-    ///
-    /// # Safety
-    /// The warp calls it together, blocks in order, `L` and the inverses written.
+impl Solve {
+    /// The warp's `N` tiles: tile `j` from column `col0 + 8 j` of `[w | u]`, in `w`'s tile or
+    /// `u`'s (a tile lies in one of them, `K` being a multiple of `TILE_N`; the choice in 32
+    /// bits).
     #[inline(always)]
-    unsafe fn block<const N: usize>(self, b: usize) {
-        let (r0, l) = (b * SUB, self.l);
-        // SAFETY (block): every row below `CHUNK`, every column the warp's; the warp is
-        // converged, and `sync_warp` orders its lanes' shared-memory accesses.
-        unsafe {
-            let mut acc = [[0.0f32; 4]; N];
-            for (j, acc) in acc.iter_mut().enumerate() {
-                for (e, x) in acc.iter_mut().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    *x = self.at(r0 + m, TILE_N * j + n).ld();
-                }
-            }
-            mma_tiles(
-                &mut acc,
-                r0,
-                l,
-                |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s),
-                |s, n| [self.at(s, n).ld(), self.at(s + 1, n).ld()],
-            );
-            self.store(r0, &acc);
-            let mut out = [[0.0f32; 4]; N];
-            mma_tiles(
-                &mut out,
-                SUB,
-                l,
-                |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s),
-                |s, n| [self.at(r0 + s, n).ld(), self.at(r0 + s + 1, n).ld()],
-            );
-            self.store(r0, &out);
+    fn tiles<const N: usize>(self) -> SolveTiles<N> {
+        let (kd, l) = (self.kd as u32, self.l);
+        let tile = |j: usize| {
+            let first = (self.col0 + TILE_N * j) as u32;
+            if first < kd { self.keys.add(first as usize) } else { self.values.add((first - kd) as usize) }
+        };
+        SolveTiles {
+            acc: core::array::from_fn(|j| tile(j).add(l.g * ROW_WORDS + 2 * l.t)),
+            b: core::array::from_fn(|j| tile(j).add(l.g)),
         }
     }
 
-    /// The warp's `N` accumulator tiles into rows `r0..r0 + SUB` of its columns, between two
-    /// warp barriers (every lane has read what it overwrites, and reads what the others wrote).
+    /// Every sub-block in order, over the warp's `N` n8 tiles.
     ///
     /// # Safety
     /// As [`Solve::block`].
     #[inline(always)]
-    unsafe fn store<const N: usize>(self, r0: usize, acc: &[[f32; 4]; N]) {
+    unsafe fn run<const N: usize>(self) {
+        let t = self.tiles::<N>();
+        for b in 0..SUBS {
+            // SAFETY: the caller's contract; blocks in order.
+            unsafe { self.block(t, b) };
+        }
+    }
+
+    /// Sub-block `b` of the warp's `N` n8 tiles: `Y = R_b - L_b,<b X_<b`, then
+    /// `X_b = (I + L_bb)^-1 Y`, each product's A fragment read once per k-step for all tiles,
+    /// the accumulators' rows read and written 8 bytes at a time.
+    ///
+    /// # Safety
+    /// The warp calls it together, blocks in order, `L` and the inverses written.
+    #[inline(always)]
+    unsafe fn block<const N: usize>(self, t: SolveTiles<N>, b: usize) {
+        let (r0, l) = (b * SUB, self.l);
+        // SAFETY (block): every row below `CHUNK`, every column the warp's; the warp is
+        // converged, and `sync_warp` orders its lanes' shared-memory accesses.
+        unsafe {
+            let mut acc: [[f32; 4]; N] = core::array::from_fn(|j| {
+                let at = t.acc[j].add(r0 * ROW_WORDS);
+                let (upper, lower) = (ld_shared_v2_f32(at.addr()), ld_shared_v2_f32(at.add(ACC_ROWS_APART).addr()));
+                [upper[0], upper[1], lower[0], lower[1]]
+            });
+            let b_pair = |s: usize, j: usize| {
+                let at = t.b[j].add(s * ROW_WORDS);
+                [at.ld(), at.add(ROW_WORDS).ld()]
+            };
+            mma_tiles(&mut acc, r0, l, |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), b_pair);
+            Self::store(t, r0, &acc);
+            let mut out = [[0.0f32; 4]; N];
+            mma_tiles(&mut out, SUB, l, |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s), |s, j| {
+                b_pair(r0 + s, j)
+            });
+            Self::store(t, r0, &out);
+        }
+    }
+
+    /// The warp's `N` accumulator tiles into rows `r0..r0 + SUB` of its columns (a row's two
+    /// elements in one 8-byte store), between two warp barriers (every lane has read what it
+    /// overwrites, and reads what the others wrote).
+    ///
+    /// # Safety
+    /// As [`Solve::block`].
+    #[inline(always)]
+    unsafe fn store<const N: usize>(t: SolveTiles<N>, r0: usize, acc: &[[f32; 4]; N]) {
         sync_warp();
-        for (j, acc) in acc.iter().enumerate() {
-            for (e, x) in acc.iter().enumerate() {
-                let (m, n) = self.l.acc_at(e);
-                // SAFETY: see the function's contract.
-                unsafe { self.at(r0 + m, TILE_N * j + n).st(*x) };
+        for (at, acc) in t.acc.iter().zip(acc) {
+            let at = at.add(r0 * ROW_WORDS);
+            // SAFETY: see the function's contract (`ROW_WORDS` even, the column `2 t`: 8-byte
+            // aligned).
+            unsafe {
+                st_shared_v2_f32(at.addr(), [acc[0], acc[1]]);
+                st_shared_v2_f32(at.add(ACC_ROWS_APART).addr(), [acc[2], acc[3]]);
             }
         }
         sync_warp();
     }
 }
+
+/// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
+const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
 kernel_entry! {
     /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
@@ -1041,7 +1211,7 @@ kernel_entry! {
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
             // The raw gate into the tile, then activated in place (one activation's code in the
             // kernel, not one per element of a vector).
-            load_f32_rows(g, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, raw| {
+            load_f32_rows(g, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, raw| {
                 gates.tile.add(r * ROW_WORDS + a).st(raw);
             });
             sync_threads();
@@ -1125,7 +1295,7 @@ kernel_entry! {
             }
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
-            let row_at = |r: usize| ((t0 + r) * hv + i) * kd;
+            let row_at = RowsAt::heads(&wk, hv, i, kd);
             if d.per_key_gate() {
                 store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
                     let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
@@ -1133,14 +1303,12 @@ kernel_entry! {
                 });
             } else if i.checked_rem(d.group()) == Some(0) {
                 // GDN's keys are the key head's, written by the first value head of its group.
-                store_bf16_rows(k_rec, rows, kd, |r| ((t0 + r) * d.heads + wk.j) * kd, |r, a| row8(keys, r, a));
+                store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
             }
             if d.per_key_gate() {
-                for e in strided(tid, rows * kd / F32_VECTOR) {
-                    let (r, a) = split(e * F32_VECTOR, kd);
-                    let words = row4(gates.tile, r, a).map(f32::to_bits);
-                    st_global_v4(gate_out.add(row_at(r) + a).cast::<u16>(), words);
-                }
+                store_rows_v4(gate_out, rows, (kd, F32_VECTOR), row_at, |r, a| {
+                    row4(gates.tile, r, a).map(f32::to_bits)
+                });
             } else if tid < rows {
                 *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
             }
@@ -1148,26 +1316,31 @@ kernel_entry! {
             // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
             // another still reads), then, once no thread reads G any more, diag(beta) v over the
             // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
-            // in the key tile, u's in the gate tile.
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, col) = split(e * BF16_VECTOR, kd);
-                let x = if r >= rows {
-                    [0.0; BF16_VECTOR]
-                } else {
+            // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
+            // without a branch: their keys and `beta` are zeros, their G the last valid row's. The
+            // gate's kind chosen once, outside the loop.
+            let right_hand_side = |per_key: bool| {
+                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                    let (r, col) = split(e * BF16_VECTOR, kd);
                     let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
-                    if d.per_key_gate() {
+                    let x = if per_key {
                         let gate = row8(gates.tile, r, col);
                         core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
                     } else {
                         let scale = b * exp2(gates.at(r, 0));
                         key.map(|k| scale * k)
-                    }
-                };
-                set_row8(keys, r, col, x);
+                    };
+                    set_row8(keys, r, col, x);
+                }
+            };
+            if d.per_key_gate() {
+                right_hand_side(true);
+            } else {
+                right_hand_side(false);
             }
             sync_threads();
             let values = gates.tile;
-            load_bf16_rows(v, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+            load_bf16_rows(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
                 let b = betas.add(r).ld();
                 set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
             });
@@ -1178,18 +1351,16 @@ kernel_entry! {
             let cols_per_warp = (kd + vd) / (THREADS / LANES);
             let solve = Solve { keys, values, lower, inverse, kd, col0: warp * cols_per_warp, l };
             // One instantiation per count of n8 tiles a warp holds (`K`, `V` of 64 or 128).
-            for b in 0..SUBS {
-                match cols_per_warp / TILE_N {
-                    2 => solve.block::<2>(b),
-                    3 => solve.block::<3>(b),
-                    _ => solve.block::<4>(b),
-                }
+            match cols_per_warp / TILE_N {
+                2 => solve.run::<2>(),
+                3 => solve.run::<3>(),
+                _ => solve.run::<4>(),
             }
             sync_threads();
 
             // w and u.
             store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
-            store_bf16_rows(u_out, rows, vd, |r| ((t0 + r) * hv + i) * vd, |r, col| row8(values, r, col));
+            store_bf16_rows(u_out, rows, vd, RowsAt::heads(&wk, hv, i, vd), |r, col| row8(values, r, col));
         }
     }
 }
@@ -1219,15 +1390,17 @@ struct OutputBlock {
 }
 
 impl OutputBlock {
-    /// `(q Γ) h + P v_new` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every operand
-    /// read with `ldmatrix`: the A fragment once per k-step for all tiles, the B fragments two
-    /// tiles at a time), each valid row's pair of adjacent elements (an accumulator's two halves
-    /// of a row) through `store(row, column, [value, value at column + 1])`.
+    /// `scale ((q Γ) h + P v_new)` over the block's `N` n8 tiles (bf16 `mma.m16n8k16`, every
+    /// operand read with `ldmatrix`: the A fragment once per k-step for all tiles, the B
+    /// fragments two tiles at a time) into the valid rows of `o` (rows at `o_rows`): each of a
+    /// lane's two rows from one pointer formed once, a pair of adjacent elements (an
+    /// accumulator's two halves of a row) per 4-byte store at a constant offset from it.
     ///
     /// # Safety
-    /// The warp calls it together, the tiles written for the chunk.
+    /// The warp calls it together, the tiles written for the chunk; `o`'s valid rows hold `V`
+    /// elements from `o_rows.at(r)`.
     #[inline(always)]
-    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, mut store: impl FnMut(usize, usize, [f32; 2])) {
+    unsafe fn run<const N: usize>(self, t: Tiles, kd: usize, (o, o_rows): (*mut u16, RowsAt), scale: f32) {
         let (r0, c0, l) = (self.r0, self.c0, self.l);
         let place = Place::of(thread_idx_x());
         let address = |tile: Shared<u16>, stride: usize, (r, c): (usize, usize)| tile.add(r * stride + c).addr();
@@ -1253,11 +1426,16 @@ impl OutputBlock {
         // block's own (the attention is zero past its diagonal).
         product(t.qg, KEY_ROW, t.staged_h, kd);
         product(t.attention, ATTENTION_ROW, t.staged_v, r0 + SUB);
-        for (j, acc) in acc.iter().enumerate() {
-            for half in 0..2 {
-                let (m, n) = l.acc_at(2 * half);
-                if r0 + m < self.rows {
-                    store(r0 + m, c0 + TILE_N * j + n, [acc[2 * half], acc[2 * half + 1]]);
+        for half in 0..2 {
+            let (m, n) = l.acc_at(2 * half);
+            if r0 + m < self.rows {
+                // The pair at column `c0 + n` (even) of row `r0 + m`, then every n8 tile's.
+                let row = o.wrapping_add(o_rows.at(r0 + m) + c0 + n).cast::<u32>();
+                for (j, acc) in acc.iter().enumerate() {
+                    let pair = pack_bf16x2(scale * acc[2 * half], scale * acc[2 * half + 1]);
+                    // SAFETY: a valid row's element `c0 + 8 j + n < V` and the next (the
+                    // function's contract; 4-byte aligned: `V`, `c0` and `n` even).
+                    unsafe { *row.wrapping_add(TILE_N / 2 * j) = pair };
                 }
             }
         }
@@ -1302,7 +1480,7 @@ kernel_entry! {
         // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
-            let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+            let (i, rows) = (wk.i, wk.rows);
             let base = Shared::<u8>::base();
             let keys = base.cast::<u16>();
             let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
@@ -1323,7 +1501,7 @@ kernel_entry! {
             }
             sync_threads();
             load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-            load_f32_rows(gate, rows, gw, |r| ((t0 + r) * hv + i) * gw, |r, a, x| {
+            load_f32_rows(gate, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, x| {
                 gates.tile.add(r * ROW_WORDS + a).st(x);
             });
             sync_threads();
@@ -1332,18 +1510,25 @@ kernel_entry! {
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
             // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
-            // eight elements at a time.
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, a) = split(e * BF16_VECTOR, kd);
-                let query = row8(queries, r, a);
-                let x = if d.per_key_gate() {
-                    let gate = row8(gates.tile, r, a);
-                    core::array::from_fn(|j| query[j] * exp2(gate[j]))
-                } else {
-                    let decay = exp2(gates.at(r, 0));
-                    query.map(|x| x * decay)
-                };
-                st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
+            // eight elements at a time; the gate's kind chosen once, outside the loop.
+            let scale_queries = |per_key: bool| {
+                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                    let (r, a) = split(e * BF16_VECTOR, kd);
+                    let query = row8(queries, r, a);
+                    let x = if per_key {
+                        let gate = row8(gates.tile, r, a);
+                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
+                    } else {
+                        let decay = exp2(gates.at(r, 0));
+                        query.map(|x| x * decay)
+                    };
+                    st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
+                }
+            };
+            if d.per_key_gate() {
+                scale_queries(true);
+            } else {
+                scale_queries(false);
             }
             sync_threads();
             // The entry state and the chunk's v_new (zeros past the valid rows).
@@ -1357,18 +1542,18 @@ kernel_entry! {
                 st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words);
             };
             if value_first {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |col, a, words| {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |col, a, words| {
                     for (j, word) in words.iter().enumerate() {
                         staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
                         staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
                     }
                 });
             } else {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, |r| r * block_cols, |a, col, words| {
+                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |a, col, words| {
                     to_staged(staged_h, a, col, words);
                 });
             }
-            load_bf16_rows(v_new, (CHUNK, rows), vd, |r| ((t0 + r) * hv + i) * vd, |r, col, words| {
+            load_bf16_rows(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
                 to_staged(staged_v, r, col, words);
             });
             sync_threads();
@@ -1379,14 +1564,11 @@ kernel_entry! {
             let r0 = rb * SUB;
             let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
             let tiles = Tiles { qg, attention, staged_h, staged_v };
-            // A pair's two bf16 in one 4-byte store (`c` is even, `V` a multiple of 2).
-            let store = |r: usize, c: usize, x: [f32; 2]| {
-                *o.add(((t0 + r) * hv + i) * vd + c).cast::<u32>() = pack_bf16x2(scale * x[0], scale * x[1]);
-            };
+            let out = (o, RowsAt::heads(&wk, hv, i, vd));
             if vd == MAX_V {
-                block.run::<OUTPUT_TILES>(tiles, kd, store);
+                block.run::<OUTPUT_TILES>(tiles, kd, out, scale);
             } else {
-                block.run::<OUTPUT_TILES_V64>(tiles, kd, store);
+                block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
             }
         }
     }

@@ -300,6 +300,14 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     [f32::from_bits(v as u32), f32::from_bits((v >> 32) as u32)]
 }
 
+/// `st.shared.v2.f32`.
+///
+/// # Safety
+/// None beyond the GPU's: the simulator checks the address.
+pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
+    store(addr, u64::from(v[0].to_bits()) | (u64::from(v[1].to_bits()) << 32))
+}
+
 /// The b16 element `col` of the 8 x 8 matrix row that starts at shared address `row`.
 fn row_element(row: u32, col: usize) -> u32 {
     load::<u16>(row + 2 * col as u32) as u32

@@ -443,6 +443,19 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     [a, b]
 }
 
+/// `st.shared.v2.f32` (PTX 1.0): two adjacent f32 into shared memory.
+///
+/// # Safety
+/// `addr` is an 8-byte-aligned shared address inside the CTA's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!("st.shared.v2.f32 [{p}], {{{x}, {y}}};", p = in(reg32) addr, x = in(reg32) v[0], y = in(reg32) v[1],
+             options(nostack))
+    }
+}
+
 /// `ld.global.v4.b32` (PTX 1.0): 16 bytes from global memory in one request.
 ///
 /// # Safety
