@@ -241,6 +241,28 @@ impl RowsAt {
     fn at(self, r: usize) -> usize {
         self.first + r * self.stride
     }
+
+    /// This thread's walk down rows of `cols` elements in vectors of `vector` (`cols / vector`
+    /// a power of two dividing `THREADS`): it keeps one column and steps down the rows by
+    /// `THREADS / (cols / vector)`, its element offset by as many strides.
+    fn walk(self, cols: usize, vector: usize) -> RowWalk {
+        let per_row = cols / vector;
+        let (r0, v) = split(thread_idx_x(), per_row);
+        let step = THREADS >> per_row.trailing_zeros();
+        RowWalk { r0: r0 as u32, col: v * vector, step: step as u32, first: self.at(r0) + v * vector, jump: step * self.stride }
+    }
+}
+
+/// A thread's walk down a tile's rows ([`RowsAt::walk`]): its first row, its column, the rows
+/// between its passes, its first element's offset and the offset between its passes. 32-bit row
+/// counters.
+#[derive(Clone, Copy)]
+struct RowWalk {
+    r0: u32,
+    col: usize,
+    step: u32,
+    first: usize,
+    jump: usize,
 }
 
 /// `$body` once for each row `$r` of a diagonal sub-block, `$r` a literal: the forward
@@ -339,16 +361,12 @@ unsafe fn load_rows_v4<T>(
     rows: RowsAt,
     mut store: impl FnMut(usize, usize, [u32; 4]),
 ) {
-    let per_row = cols / vector;
-    let (r0, v) = split(thread_idx_x(), per_row);
-    let c = v * vector;
-    let step = THREADS >> per_row.trailing_zeros();
+    let RowWalk { r0, col: c, step, first, jump } = rows.walk(cols, vector);
     // The thread's element of row `r0`, then of each row it takes (formed, not read, past the
-    // valid rows). 32-bit row counters.
-    let mut at = src.wrapping_add(rows.at(r0) + c);
-    let jump = step * rows.stride;
-    let (filled, valid, step) = (filled as u32, valid as u32, step as u32);
-    let mut r = r0 as u32;
+    // valid rows).
+    let mut at = src.wrapping_add(first);
+    let (filled, valid) = (filled as u32, valid as u32);
+    let mut r = r0;
     while r < filled {
         let words: [[u32; 4]; VECTORS_IN_FLIGHT] = core::array::from_fn(|j| {
             // SAFETY: see the function's contract (a valid row's elements).
@@ -498,19 +516,15 @@ unsafe fn store_rows_v4<T>(
     at: RowsAt,
     words: impl Fn(usize, usize) -> [u32; 4],
 ) {
-    let per_row = cols / vector;
-    let (r0, v) = split(thread_idx_x(), per_row);
-    let c = v * vector;
-    let step = THREADS >> per_row.trailing_zeros();
+    let RowWalk { r0, col: c, step, first, jump } = at.walk(cols, vector);
     // Formed, not written, past the rows.
-    let mut to = dst.wrapping_add(at.at(r0) + c);
-    let jump = step * at.stride;
-    let mut r = r0 as u32;
+    let mut to = dst.wrapping_add(first);
+    let mut r = r0;
     while r < rows as u32 {
         let x = words(r as usize, c);
         // SAFETY: see the function's contract (`r` is a row).
         unsafe { st_global_v4(to.cast::<u16>(), x) };
-        r += step as u32;
+        r += step;
         to = to.wrapping_add(jump);
     }
 }
