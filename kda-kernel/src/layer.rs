@@ -405,17 +405,41 @@ fn unpack_bf16x8(words: [u32; 4]) -> [f32; BF16_VECTOR] {
     core::array::from_fn(|j| bf16_to_f32((words[j / 2] >> (16 * (j % 2))) as u16))
 }
 
+/// Which half of the 8 columns from `c` (a multiple of [`BF16_VECTOR`]) an access of 8 f32
+/// takes first: the second where `c / 32` is odd. The 8 lanes of a quarter-warp take 8
+/// consecutive such groups of a row; if every lane took its first half first, the groups 32
+/// columns apart would meet on the same 4 banks (16 of the 32 banks used, two wavefronts per
+/// 16-byte access); so the lanes of odd 32-column spans start with their second half.
+#[inline(always)]
+fn first_half(c: usize) -> usize {
+    (c / SHARED_BANKS) % 2 * F32_VECTOR
+}
+
+/// Shared-memory banks (4 bytes each): f32 words `SHARED_BANKS` apart share a bank.
+const SHARED_BANKS: usize = 32;
+
+/// The two halves of 8 values in the order [`first_half`] accesses them (the same swap undoes
+/// it).
+#[inline(always)]
+fn in_access_order(first: usize, x: [f32; BF16_VECTOR]) -> ([f32; F32_VECTOR], [f32; F32_VECTOR]) {
+    let (lo, hi): ([f32; F32_VECTOR], [f32; F32_VECTOR]) =
+        (core::array::from_fn(|j| x[j]), core::array::from_fn(|j| x[F32_VECTOR + j]));
+    if first == 0 { (lo, hi) } else { (hi, lo) }
+}
+
 /// `x` stored at elements `c..c + BF16_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per
-/// row, in two 16-byte stores.
+/// row, in two 16-byte stores ([`first_half`] first).
 ///
 /// # Safety
 /// As [`row4`], `c` a multiple of [`BF16_VECTOR`].
 #[inline(always)]
 unsafe fn set_row8(tile: Shared<f32>, r: usize, c: usize, x: [f32; BF16_VECTOR]) {
+    let first = first_half(c);
+    let (a, b) = in_access_order(first, x);
     // SAFETY: see the function's contract.
     unsafe {
-        set_row4(tile, r, c, [x[0], x[1], x[2], x[3]]);
-        set_row4(tile, r, c + F32_VECTOR, [x[4], x[5], x[6], x[7]]);
+        set_row4(tile, r, c + first, a);
+        set_row4(tile, r, c + (first ^ F32_VECTOR), b);
     }
 }
 
@@ -471,14 +495,17 @@ unsafe fn row4(tile: Shared<f32>, r: usize, c: usize) -> [f32; F32_VECTOR] {
 }
 
 /// Elements `c..c + BF16_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per row, in two
-/// 16-byte loads.
+/// 16-byte loads ([`first_half`] first).
 ///
 /// # Safety
 /// As [`row4`], `c` a multiple of [`BF16_VECTOR`].
 #[inline(always)]
 unsafe fn row8(tile: Shared<f32>, r: usize, c: usize) -> [f32; BF16_VECTOR] {
+    let first = first_half(c);
     // SAFETY: see the function's contract.
-    let (lo, hi) = unsafe { (row4(tile, r, c), row4(tile, r, c + F32_VECTOR)) };
+    let (a, b) = unsafe { (row4(tile, r, c + first), row4(tile, r, c + (first ^ F32_VECTOR))) };
+    let joined: [f32; BF16_VECTOR] = core::array::from_fn(|j| if j < F32_VECTOR { a[j] } else { b[j - F32_VECTOR] });
+    let (lo, hi) = in_access_order(first, joined);
     core::array::from_fn(|j| if j < F32_VECTOR { lo[j] } else { hi[j - F32_VECTOR] })
 }
 
@@ -612,16 +639,46 @@ fn tf32(x: f32) -> u32 {
     x.to_bits().wrapping_add(TF32_HALF_ULP)
 }
 
+/// Which two depths of a k-step (`k0..k0 + 8`) a lane's two k slots (the fragment's `t` and
+/// `t + 4`) hold. A product sums over its depth in any order so long as A and B agree, so each
+/// product takes the order its tiles read without bank conflicts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Depths {
+    /// `k0 + 2 t` and `k0 + 2 t + 1`: one 8-byte load of a row, for tiles whose depth runs
+    /// along their rows at `ROW_WORDS` (8 words apart mod 32 banks): A's rows, and the gated
+    /// products' B, whose rows are their depth's columns.
+    Adjacent,
+    /// `k0 + t` and `k0 + t + 4`, the fragment's own order: two 4-byte loads, for tiles at a
+    /// stride of 4 words mod 32 (the solve's `L` and inverses) and for a B read down its columns
+    /// (the solve's right-hand side).
+    Split,
+}
+
+impl Depths {
+    /// The lane's first depth of the k-step at `k0`.
+    #[inline(always)]
+    fn first(self, k0: usize, l: Lane) -> usize {
+        match self {
+            Depths::Adjacent => k0 + 2 * l.t,
+            Depths::Split => k0 + l.t,
+        }
+    }
+
+    /// How far the lane's second depth lies past its first.
+    #[inline(always)]
+    fn apart(self) -> usize {
+        match self {
+            Depths::Adjacent => 1,
+            Depths::Split => TILE_K / 2,
+        }
+    }
+}
+
 /// `acc[j] += A B_j` over depth `depth` (a multiple of `SUB`) for the warp's 16-row block and
-/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + 1) `a(m, k)` and B_j's (k, g) and
-/// (k + 1, g) `b(k, j)` (`g` the lane's fragment column), `k` even: A's fragment is read once per
-/// k-step for all of them.
+/// its `N` n8 tiles (TF32), A's elements (m, k) and (m, k + apart) `a(m, k)` and B_j's (k, g)
+/// and (k + apart, g) `b(k, j)` (`g` the lane's fragment column; `k` the lane's first depth of a
+/// k-step and `apart` as `depths` says): A's fragment is read once per k-step for all of them.
 /// `N` is a constant, so the accumulators stay in registers.
-///
-/// A lane's two k slots of a k-step (the fragment's `t` and `t + 4`) hold the adjacent depths
-/// `k0 + 2 t` and `k0 + 2 t + 1`: a product sums over its depth in any order so long as A and B
-/// agree, and adjacent depths are one 8-byte load of a row (A's rows, and the gated products' B,
-/// whose rows are their depth's columns) where the fragment's own order takes two loads.
 ///
 /// # Safety
 /// The warp calls it together; the closures read only written shared memory.
@@ -629,11 +686,11 @@ fn tf32(x: f32) -> u32 {
 unsafe fn mma_tiles<const N: usize>(
     acc: &mut [[f32; 4]; N],
     depth: usize,
-    l: Lane,
+    (l, depths): (Lane, Depths),
     a: impl Fn(usize, usize) -> [f32; 2],
     b: impl Fn(usize, usize) -> [f32; 2],
 ) {
-    let (g, t) = (l.g, l.t);
+    let g = l.g;
     let mut step = |k: usize| {
         let (upper, lower) = (a(g, k), a(g + 8, k));
         let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
@@ -645,7 +702,7 @@ unsafe fn mma_tiles<const N: usize>(
     };
     for k0 in (0..depth).step_by(MMA_UNROLL * TILE_K) {
         for u in 0..MMA_UNROLL {
-            step(k0 + u * TILE_K + 2 * t);
+            step(depths.first(k0 + u * TILE_K, l));
         }
     }
 }
@@ -657,12 +714,7 @@ const MMA_UNROLL: usize = SUB / TILE_K;
 
 /// Every tile a product reads in pairs has an even row stride (and starts 8-byte aligned), so an
 /// even column's pair is one aligned 8-byte (f32) or 4-byte (bf16) load.
-const _: () = assert!(
-    ROW_WORDS.is_multiple_of(2)
-        && MATRIX_ROW_WORDS.is_multiple_of(2)
-        && INVERSE_ROW_WORDS.is_multiple_of(2)
-        && KEY_ROW.is_multiple_of(2)
-);
+const _: () = assert!(ROW_WORDS.is_multiple_of(2) && KEY_ROW.is_multiple_of(2));
 
 /// f32 tile elements `(r, c)` and `(r, c + 1)` at `stride` words per row, in one 8-byte load.
 ///
@@ -954,7 +1006,7 @@ impl UnitTiles {
                 mma_tiles(
                     &mut acc,
                     kd,
-                    l,
+                    (l, Depths::Adjacent),
                     |m, a| {
                         let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
                         [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
@@ -966,7 +1018,9 @@ impl UnitTiles {
                     },
                 );
             } else {
-                mma_tiles(&mut acc, kd, l, |m, a| x.pair(r0 + m, a), |a, j| y.pair(s0 + TILE_N * j + l.g, a));
+                mma_tiles(&mut acc, kd, (l, Depths::Adjacent), |m, a| x.pair(r0 + m, a), |a, j| {
+                    y.pair(s0 + TILE_N * j + l.g, a)
+                });
             }
             for (j, acc) in acc.iter().enumerate() {
                 for (e, v) in acc.iter().enumerate() {
@@ -1129,14 +1183,21 @@ impl Solve {
                 let (upper, lower) = (ld_shared_v2_f32(at.addr()), ld_shared_v2_f32(at.add(ACC_ROWS_APART).addr()));
                 [upper[0], upper[1], lower[0], lower[1]]
             });
+            // Every operand in the fragment's own depth order: `L`'s and the inverses' rows are
+            // 4 words apart mod 32 banks, and B is read down its columns.
+            let depths = Depths::Split;
+            let apart = depths.apart();
             let b_pair = |s: usize, j: usize| {
                 let at = t.b[j].add(s * ROW_WORDS);
-                [at.ld(), at.add(ROW_WORDS).ld()]
+                [at.ld(), at.add(apart * ROW_WORDS).ld()]
             };
-            mma_tiles(&mut acc, r0, l, |m, s| pair_at(self.lower, MATRIX_ROW_WORDS, r0 + m, s), b_pair);
+            let a_pair = |tile: Shared<f32>, stride: usize, r: usize, s: usize| {
+                [at(tile, stride, r, s), at(tile, stride, r, s + apart)]
+            };
+            mma_tiles(&mut acc, r0, (l, depths), |m, s| a_pair(self.lower, MATRIX_ROW_WORDS, r0 + m, s), b_pair);
             Self::store(t, r0, &acc);
             let mut out = [[0.0f32; 4]; N];
-            mma_tiles(&mut out, SUB, l, |m, s| pair_at(self.inverse, INVERSE_ROW_WORDS, r0 + m, s), |s, j| {
+            mma_tiles(&mut out, SUB, (l, depths), |m, s| a_pair(self.inverse, INVERSE_ROW_WORDS, r0 + m, s), |s, j| {
                 b_pair(r0 + s, j)
             });
             Self::store(t, r0, &out);

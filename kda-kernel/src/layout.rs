@@ -148,20 +148,26 @@ pub mod layer {
     pub const SUB: usize = 16;
     /// Sub-blocks per chunk.
     pub const SUBS: usize = CHUNK / SUB;
-    /// f32 words between the rows of a `[CHUNK][MAX_K]` tile: `MAX_K + 4`, so the rows a warp's
-    /// `mma` fragment reads (8 rows, 4 columns) fall on 32 different banks.
-    pub const ROW_WORDS: usize = MAX_K + 4;
-    /// f32 words between the rows of a `[CHUNK][CHUNK]` matrix (the strictly lower `L`, the
-    /// attention), for the same reason.
+    /// f32 words between the rows of a `[CHUNK][MAX_K]` tile: `MAX_K + 8`, 8 words apart mod 32
+    /// banks, so the 8-byte pairs a half-warp's `mma` fragment reads along its rows (4 rows, a
+    /// lane's two adjacent depths at 4 columns) fall on 32 different banks, and so do the words a
+    /// warp reads down its columns at depths `t` and `t + 4` (8 columns, 4 rows: the solve's
+    /// right-hand operand). At `MAX_K + 4` each such 8-byte load took 4 wavefronts, not 2.
+    pub const ROW_WORDS: usize = MAX_K + 8;
+    /// f32 words between the rows of the strictly lower `[CHUNK][CHUNK]` matrix `L`: 4 words
+    /// apart mod 32 banks, so the solve's A fragment, read one word at a time at depths `t` and
+    /// `t + 4` (8 rows, 4 columns), falls on 32 different banks.
     pub const MATRIX_ROW_WORDS: usize = CHUNK + 4;
-    /// f32 words between the rows of a sub-block's inverse (`[SUB][SUB]`).
+    /// f32 words between the rows of a sub-block's inverse (`[SUB][SUB]`): 20, an odd multiple
+    /// of 4 words, for the same reason.
     pub const INVERSE_ROW_WORDS: usize = SUB + 4;
     /// bf16 elements between the rows of the output kernel's staged `h` and `v_new`: `MAX_V + 8`
     /// (rows 16-byte aligned for `ldmatrix`, and 4 words apart mod 32 banks, so the 8 rows of
     /// one 8 x 8 matrix fall on different banks).
     pub const STAGED_ROW: usize = MAX_V + 8;
-    /// bf16 elements between the rows of the output kernel's key tile: `MAX_K + 8` (a
-    /// 4-words-mod-32 stride, as `ROW_WORDS`).
+    /// bf16 elements between the rows of the output kernel's key tile: `MAX_K + 8`, 4 words
+    /// apart mod 32 banks (a fragment reads a lane's two adjacent depths as one 4-byte word, 8
+    /// rows by 4 words).
     pub const KEY_ROW: usize = MAX_K + 8;
     /// bf16 elements between the rows of the output kernel's causal attention (`[CHUNK][CHUNK]`,
     /// bf16 as FLA rounds it before the product with `v_new`): `CHUNK + 8`, a 4-words-mod-32
@@ -171,7 +177,7 @@ pub mod layer {
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
     /// (`[CHUNK][ROW_WORDS]` each; then the solution `[w | u]`, `w` over the keys and `u` over the
     /// gate), `beta` (`[CHUNK]`), the strictly lower matrix `L` and the inverses of its diagonal
-    /// sub-blocks plus identity: about 90 KB, two CTAs per SM.
+    /// sub-blocks plus identity: about 92 KB, two CTAs per SM.
     pub const PREPARE_WORDS: usize =
         2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * MATRIX_ROW_WORDS + SUBS * SUB * INVERSE_ROW_WORDS;
     /// Bytes of the prepare kernel's shared memory.
@@ -180,7 +186,7 @@ pub mod layer {
     /// queries (`[CHUNK][ROW_WORDS]` f32), cumulative gate (`[CHUNK][ROW_WORDS]` f32) and causal
     /// attention (`[CHUNK][ATTENTION_ROW]` bf16). Once the attention is formed, `q Γ` (bf16, the
     /// keys' shape) replaces the keys, and `h` (`[MAX_K][STAGED_ROW]`) and `v_new`
-    /// (`[CHUNK][STAGED_ROW]`, bf16) are staged over the queries and the gate. 92 KB: every
+    /// (`[CHUNK][STAGED_ROW]`, bf16) are staged over the queries and the gate. 96 KB: every
     /// sm_80+ GPU holds it, two CTAs per SM on 9.x.
     pub const OUTPUT_WORDS: usize = OUTPUT_ATTENTION_AT / 4 + CHUNK * ATTENTION_ROW / 2;
     /// Byte offsets in the output kernel's shared memory (see [`OUTPUT_WORDS`]); the keys (then
