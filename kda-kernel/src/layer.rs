@@ -296,108 +296,91 @@ fn strided(start: usize, n: usize) -> impl Iterator<Item = usize> {
     (start as u32..n as u32).step_by(THREADS).map(|e| e as usize)
 }
 
-/// Global loads a thread issues before storing any of them: a copy loop that stored each element
-/// before loading the next waited one round trip to memory per element.
-const LOADS_IN_FLIGHT: usize = 8;
-
-/// 16-byte loads a thread issues before storing any of them: 16 registers, so that the prepare
-/// kernel stays within its 128 without spilling; a chunk's bf16 tile is one such batch per
-/// thread, an f32 one two.
-const VECTORS_IN_FLIGHT: usize = 4;
-
-/// `store(e, load(e))` for every `e` of `tid, tid + THREADS, ..` below `n`, `LOADS_IN_FLIGHT`
-/// loads at a time issued before their stores.
-#[inline(always)]
-fn copy_strided<T: Copy + Default>(n: usize, load: impl Fn(usize) -> T, store: impl FnMut(usize, T)) {
-    copy_in_batches::<T, LOADS_IN_FLIGHT>(n, load, store)
-}
-
-/// [`copy_strided`] with `IN_FLIGHT` loads at a time.
-#[inline(always)]
-fn copy_in_batches<T: Copy + Default, const IN_FLIGHT: usize>(
-    n: usize,
-    load: impl Fn(usize) -> T,
-    mut store: impl FnMut(usize, T),
-) {
-    // 32-bit counters (a tile has fewer than 2^16 elements): 64-bit ones cost registers the
-    // solve after the copy needs.
-    let n = n as u32;
-    let mut base = thread_idx_x() as u32;
-    while base < n {
-        let values: [T; IN_FLIGHT] = core::array::from_fn(|j| {
-            let e = base + (j * THREADS) as u32;
-            if e < n { load(e as usize) } else { T::default() }
-        });
-        for (j, &v) in values.iter().enumerate() {
-            let e = base + (j * THREADS) as u32;
-            if e < n {
-                store(e as usize, v);
-            }
-        }
-        base += (IN_FLIGHT * THREADS) as u32;
-    }
-}
-
 /// bf16 elements of one 16-byte load.
 const BF16_VECTOR: usize = 8;
 /// f32 elements of one 16-byte load.
 const F32_VECTOR: usize = 4;
 
-/// `store(r, c, words)` for every `vector` elements `c..c + vector` (one 16-byte word group) of
-/// rows `r < filled` of `cols` elements each, row `r` read from `rows.at(r)` of `src` when
-/// `r < valid` and zeros past it: 16-byte loads (`cols / vector` a power of two dividing
-/// `THREADS`: each thread keeps its column and steps down the rows by `THREADS / (cols / vector)`,
-/// its pointer by as many strides), `VECTORS_IN_FLIGHT` of a thread's issued before its stores, so
-/// a tile takes one or two round trips to memory instead of one per element.
-///
-/// # Safety
-/// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `rows.at(r)`; the CTA
-/// calls it together.
-#[inline(always)]
-unsafe fn load_rows_v4<T>(
-    src: *const T,
-    (filled, valid): (usize, usize),
-    (cols, vector): (usize, usize),
-    rows: RowsAt,
-    mut store: impl FnMut(usize, usize, [u32; 4]),
-) {
-    let RowWalk { r0, col: c, step, first, jump } = rows.walk(cols, vector);
-    // The thread's element of row `r0`, then of each row it takes (formed, not read, past the
-    // valid rows).
-    let mut at = src.wrapping_add(first);
-    let (filled, valid) = (filled as u32, valid as u32);
-    let mut r = r0;
-    while r < filled {
-        let words: [[u32; 4]; VECTORS_IN_FLIGHT] = core::array::from_fn(|j| {
-            // SAFETY: see the function's contract (a valid row's elements).
-            if r + j as u32 * step < valid { unsafe { ld_global_v4(at.wrapping_add(j * jump) as *const u32) } } else { [0; 4] }
+/// A thread's share of a tile's rows in registers: one 16-byte vector (`vector` elements from
+/// its column) of each of up to `N` rows, `step` rows apart ([`RowsAt::walk`]: `cols / vector` a
+/// power of two dividing `THREADS`), zeros past the valid rows. The loads are issued when it is
+/// made and stored later: a kernel that issues all of a chunk's tiles before storing any waits
+/// for memory once for all of them, where a load-then-store loop per tile (and per batch of a
+/// tile) waited once each.
+#[derive(Clone, Copy)]
+struct Fetched<const N: usize> {
+    words: [[u32; 4]; N],
+    walk: RowWalk,
+    filled: u32,
+}
+
+impl<const N: usize> Fetched<N> {
+    /// Rows `< filled` of `cols` elements, row `r` read from `rows.at(r)` of `src` when
+    /// `r < valid` (zeros past it).
+    ///
+    /// # Safety
+    /// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `rows.at(r)`; `N`
+    /// vectors cover the thread's rows (`filled * cols <= N * vector * THREADS`: the `*_VECTORS`
+    /// constants, checked against the largest tiles).
+    #[inline(always)]
+    unsafe fn issue<T>(src: *const T, (filled, valid): (usize, usize), (cols, vector): (usize, usize), rows: RowsAt) -> Self {
+        let walk = rows.walk(cols, vector);
+        // The thread's element of its first row, then of each row it takes (formed, not read,
+        // past the valid rows).
+        let at = src.wrapping_add(walk.first);
+        let valid = valid as u32;
+        let words = core::array::from_fn(|j| {
+            if walk.r0 + j as u32 * walk.step < valid {
+                // SAFETY: see the function's contract (a valid row's elements).
+                unsafe { ld_global_v4(at.wrapping_add(j * walk.jump) as *const u32) }
+            } else {
+                [0; 4]
+            }
         });
-        for (j, &words) in words.iter().enumerate() {
-            let rj = r + j as u32 * step;
-            if rj < filled {
-                store(rj as usize, c, words);
+        Self { words, walk, filled: filled as u32 }
+    }
+
+    /// No rows (nothing loaded; [`Fetched::store`] stores nothing).
+    #[inline(always)]
+    fn none() -> Self {
+        Self { words: [[0; 4]; N], walk: RowWalk { r0: 0, col: 0, step: 1, first: 0, jump: 0 }, filled: 0 }
+    }
+
+    /// [`Fetched::issue`] for bf16 rows, 8 elements (`BF16_VECTOR`) a load.
+    ///
+    /// # Safety
+    /// As [`Fetched::issue`].
+    #[inline(always)]
+    unsafe fn bf16(src: *const u16, filled_valid: (usize, usize), cols: usize, rows: RowsAt) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { Self::issue(src, filled_valid, (cols, BF16_VECTOR), rows) }
+    }
+
+    /// `store(r, c, words)` for each of the thread's rows below `filled` (elements `c..c + vector`
+    /// of row `r`).
+    #[inline(always)]
+    fn store(&self, mut store: impl FnMut(usize, usize, [u32; 4])) {
+        for (j, &words) in self.words.iter().enumerate() {
+            let r = self.walk.r0 + j as u32 * self.walk.step;
+            if r < self.filled {
+                store(r as usize, self.walk.col, words);
             }
         }
-        r += VECTORS_IN_FLIGHT as u32 * step;
-        at = at.wrapping_add(VECTORS_IN_FLIGHT * jump);
     }
 }
 
-/// [`load_rows_v4`] for bf16 rows, 8 elements (`BF16_VECTOR`) a load.
-///
-/// # Safety
-/// As [`load_rows_v4`].
-#[inline(always)]
-unsafe fn load_bf16_rows(
-    src: *const u16,
-    filled_valid: (usize, usize),
-    cols: usize,
-    rows: RowsAt,
-    store: impl FnMut(usize, usize, [u32; 4]),
-) {
-    // SAFETY: the caller's contract.
-    unsafe { load_rows_v4(src, filled_valid, (cols, BF16_VECTOR), rows, store) }
-}
+/// Vectors a thread holds of a chunk's bf16 rows of `K` or `V` elements (`k`, `q`, `v`,
+/// `v_new`), of its f32 rows of a per-key gate, and of a bf16 state (`K x V`), at the largest
+/// sizes (smaller ones take fewer).
+const ROW_VECTORS: usize = CHUNK * MAX_K / BF16_VECTOR / THREADS;
+const GATE_VECTORS: usize = CHUNK * MAX_K / F32_VECTOR / THREADS;
+const STATE_VECTORS: usize = MAX_K * MAX_V / BF16_VECTOR / THREADS;
+const _: () = assert!(
+    ROW_VECTORS * BF16_VECTOR * THREADS == CHUNK * MAX_K
+        && MAX_V <= MAX_K
+        && GATE_VECTORS * F32_VECTOR * THREADS == CHUNK * MAX_K
+        && STATE_VECTORS * BF16_VECTOR * THREADS == MAX_K * MAX_V
+);
 
 /// The 8 f32 values of 8 bf16 packed in pairs (the first in the low half).
 #[inline(always)]
@@ -440,34 +423,6 @@ unsafe fn set_row8(tile: Shared<f32>, r: usize, c: usize, x: [f32; BF16_VECTOR])
     unsafe {
         set_row4(tile, r, c + first, a);
         set_row4(tile, r, c + (first ^ F32_VECTOR), b);
-    }
-}
-
-/// As [`load_bf16_rows`] for `valid` rows of `cols` f32 (16-byte loads where `cols` is a multiple
-/// of [`F32_VECTOR`], one element at a time for a one-column gate).
-///
-/// # Safety
-/// As [`load_bf16_rows`] (4-byte alignment for one column).
-#[inline(always)]
-unsafe fn load_f32_rows(
-    src: *const f32,
-    valid: usize,
-    cols: usize,
-    rows: RowsAt,
-    mut store: impl FnMut(usize, usize, f32),
-) {
-    if cols < F32_VECTOR {
-        // SAFETY: see the function's contract.
-        copy_strided(valid * cols, |e| unsafe { *src.add(rows.at(e)) }, |e, x| store(e, 0, x));
-        return;
-    }
-    // SAFETY: see the function's contract.
-    unsafe {
-        load_rows_v4(src, (valid, valid), (cols, F32_VECTOR), rows, |r, c, words| {
-            for (j, word) in words.iter().enumerate() {
-                store(r, c + j, f32::from_bits(*word));
-            }
-        })
     }
 }
 
@@ -829,25 +784,28 @@ impl MatrixTile for Bf16Matrix {
     }
 }
 
-/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor into `dst`
-/// (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm when `l2norm`; rows past the
-/// valid ones are zeros. Ends with the CTA synchronised.
+/// The chunk's rows of head `head` of a `[T, heads, kd]` bf16 tensor (`k` or `q`), their loads
+/// issued ([`put_rows`] stores them).
 ///
 /// # Safety
-/// The CTA calls it together; the valid rows exist in `src`; `dst` is a free tile.
+/// The valid rows exist in `src`, 16-byte aligned.
 #[inline(always)]
-unsafe fn load_rows(dst: Shared<f32>, src: *const u16, w: &Work, heads: usize, head: usize, kd: usize, l2norm: bool) {
+unsafe fn fetch_rows(src: *const u16, w: &Work, heads: usize, head: usize, kd: usize) -> Fetched<ROW_VECTORS> {
+    // SAFETY: see the function's contract; `kd <= MAX_K`, so `ROW_VECTORS` cover the rows.
+    unsafe { Fetched::bf16(src, (CHUNK, w.rows), kd, RowsAt::heads(w, heads, head, kd)) }
+}
+
+/// [`fetch_rows`]' rows into `dst` (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm
+/// when `l2norm`; rows past the valid ones are zeros. Ends with the CTA synchronised.
+///
+/// # Safety
+/// The CTA calls it together; `dst` is a free tile.
+#[inline(always)]
+unsafe fn put_rows(dst: Shared<f32>, rows: &Fetched<ROW_VECTORS>, w: &Work, kd: usize, l2norm: bool) {
     let tid = thread_idx_x();
-    // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`; global rows only below
-    // `w.rows`.
+    // SAFETY (block): rows `< CHUNK` of the tile, columns `< kd <= MAX_K`.
     unsafe {
-        load_bf16_rows(
-            src,
-            (CHUNK, w.rows),
-            kd,
-            RowsAt::heads(w, heads, head, kd),
-            |r, a, words| set_row8(dst, r, a, unpack_bf16x8(words)),
-        );
+        rows.store(|r, a, words| set_row8(dst, r, a, unpack_bf16x8(words)));
         sync_threads();
         if l2norm {
             // Half a warp per row, two rows per warp at a time: each lane its 4 columns from
@@ -1280,36 +1238,50 @@ kernel_entry! {
             let lower = betas.add(CHUNK);
             let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
 
-            load_rows(keys, k, &wk, d.heads, wk.j, kd, options & OPT_L2NORM != 0);
-
-            // The decay per row (log2), activated when raw; `beta` (zero past the valid rows).
+            // Every input of the chunk's first steps in flight at once (one wait for memory, not
+            // one per tile): the keys, the gate (a per-key gate's rows in the layout its
+            // activation takes, 4 columns per thread; a per-head gate a row per thread), `beta`
+            // and the activation's scalars.
+            let per_key = d.per_key_gate();
+            let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
+            let gate_at = RowsAt::heads(&wk, hv, i, gw);
+            let gate_rows = if per_key {
+                Fetched::<GATE_VECTORS>::issue(g, (rows, rows), (gw, F32_VECTOR), gate_at)
+            } else {
+                Fetched::none()
+            };
+            let head_gate = if !per_key && tid < rows { *g.add(gate_at.at(tid)) } else { 0.0 };
+            let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
-            // The raw gate into the tile, then activated in place (one activation's code in the
-            // kernel, not one per element of a vector).
-            load_f32_rows(g, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, raw| {
-                gates.tile.add(r * ROW_WORDS + a).st(raw);
+            // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
+            // multiple of `K`), so their biases are read once.
+            let bias_col = if per_key { gate_rows.walk.col } else { 0 };
+            let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| {
+                if dt_bias.is_null() || j >= gw { 0.0 } else { *dt_bias.add(i * gw + bias_col + j) }
             });
-            sync_threads();
-            // A per-key gate 4 columns per thread (16 bytes), the same 4 in every row it takes
-            // (`4 THREADS` is a multiple of `K`), so their biases are read once; a per-head gate
-            // a row per thread. The mode is chosen once, outside the loop.
+
+            put_rows(keys, &key_rows, &wk, kd, options & OPT_L2NORM != 0);
+
+            // The decay per row (log2), activated when raw, into the tile; `beta` (zero past the
+            // valid rows). The mode is chosen once, outside the loop (one activation's code in
+            // the kernel, not one per element of a vector).
             let lower_bound = f32::from_bits(lower_bound_bits);
-            let bias_at = |a: usize| if dt_bias.is_null() { 0.0 } else { *dt_bias.add(i * gw + a) };
+            // A per-key gate's raw rows into the tile, then each thread activates its own
+            // elements in place (the same walk: no barrier between); the activation inside the
+            // store's loop would index the fetched vectors at run time (a loop too long to unroll).
+            gate_rows.store(|r, a, raw| set_row4(gates.tile, r, a, raw.map(f32::from_bits)));
             let activate_rows = |mode: u32| {
                 let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
-                if d.per_key_gate() {
-                    let (row0, a) = split(tid * F32_VECTOR, gw);
-                    let row_step = ((THREADS * F32_VECTOR) as u32).wrapping_shr(gw.trailing_zeros());
-                    let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| bias_at(a + j));
-                    let mut r = row0 as u32;
+                if per_key {
+                    let RowWalk { r0, col: a, step, .. } = gate_rows.walk;
+                    let mut r = r0;
                     while r < rows as u32 {
                         let raw = row4(gates.tile, r as usize, a);
                         set_row4(gates.tile, r as usize, a, core::array::from_fn(|j| act(raw[j], bias[j])));
-                        r += row_step;
+                        r += step;
                     }
                 } else if tid < rows {
-                    let x = gates.tile.add(tid * ROW_WORDS);
-                    x.st(act(x.ld(), bias_at(0)));
+                    gates.tile.add(tid * ROW_WORDS).st(act(head_gate, bias[0]));
                 }
             };
             match gate_mode {
@@ -1318,13 +1290,12 @@ kernel_entry! {
                 _ => activate_rows(GATE_LOG),
             }
             if tid < CHUNK {
-                let b = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
                 betas.add(tid).st(if tid >= rows {
                     0.0
                 } else if options & OPT_BETA_SIGMOID != 0 {
-                    sigmoid(b)
+                    sigmoid(raw_beta)
                 } else {
-                    b
+                    raw_beta
                 });
             }
             sync_threads();
@@ -1368,6 +1339,9 @@ kernel_entry! {
                     inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(column[r]);
                 });
             }
+            // The values' loads issued here, to arrive while the keys and gate go out and the
+            // right-hand side is formed.
+            let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
             let row_at = RowsAt::heads(&wk, hv, i, kd);
@@ -1415,7 +1389,7 @@ kernel_entry! {
             }
             sync_threads();
             let values = gates.tile;
-            load_bf16_rows(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
+            value_rows.store(|r, col, words| {
                 let b = betas.add(r).ld();
                 set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
             });
@@ -1567,23 +1541,47 @@ kernel_entry! {
             let staged_h = base.add(OUTPUT_STAGED_AT).cast::<u16>();
             let staged_v = staged_h.add(MAX_K * STAGED_ROW);
 
-            // The keys (normalised when asked) through the query tile into their bf16 tile, then the
-            // queries.
-            load_rows(queries, k, &wk, d.heads, wk.j, kd, l2norm);
+            // Every input of the attention in flight at once (one wait for memory, not one per
+            // tile): the keys, the queries and the gate (a per-key gate's rows 4 columns per
+            // thread, a per-head gate a row per thread).
+            let per_key = d.per_key_gate();
+            let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
+            let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
+            let gate_at = RowsAt::heads(&wk, hv, i, gw);
+            let gate_rows = if per_key {
+                Fetched::<GATE_VECTORS>::issue(gate, (rows, rows), (gw, F32_VECTOR), gate_at)
+            } else {
+                Fetched::none()
+            };
+            let head_gate = if !per_key && tid < rows { *gate.add(gate_at.at(tid)) } else { 0.0 };
+
+            // The gate into its tile; the keys (normalised when asked) through the query tile into
+            // their bf16 tile, then the queries.
+            gate_rows.store(|r, a, words| set_row4(gates.tile, r, a, words.map(f32::from_bits)));
+            if !per_key && tid < rows {
+                gates.tile.add(tid * ROW_WORDS).st(head_gate);
+            }
+            put_rows(queries, &key_rows, &wk, kd, l2norm);
             for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
                 let (r, a) = split(e * BF16_VECTOR, kd);
                 st_shared_v4(keys.add(r * KEY_ROW + a).addr(), pack_bf16x8(row8(queries, r, a)));
             }
             sync_threads();
-            load_rows(queries, q, &wk, d.heads, wk.j, kd, l2norm);
-            load_f32_rows(gate, rows, gw, RowsAt::heads(&wk, hv, i, gw), |r, a, x| {
-                gates.tile.add(r * ROW_WORDS + a).st(x);
-            });
-            sync_threads();
+            put_rows(queries, &query_rows, &wk, kd, l2norm);
             gates.pad(rows, gw);
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
             gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
+            // The entry state and the chunk's v_new (zeros past the valid rows): their loads
+            // issued here, to arrive while q Γ is formed; stored once it is (they are staged over
+            // the queries and the gate it reads).
+            let block = h.add((wk.chunk * hv + i) * kd * vd);
+            let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
+            // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
+            let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
+            let block_at = RowsAt { first: 0, stride: block_cols };
+            let state_rows = Fetched::<STATE_VECTORS>::bf16(block, (block_rows, block_rows), block_cols, block_at);
+            let new_rows = Fetched::<ROW_VECTORS>::bf16(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
             // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
             // eight elements at a time; the gate's kind chosen once, outside the loop.
             let scale_queries = |per_key: bool| {
@@ -1600,37 +1598,28 @@ kernel_entry! {
                     st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
                 }
             };
-            if d.per_key_gate() {
+            if per_key {
                 scale_queries(true);
             } else {
                 scale_queries(false);
             }
             sync_threads();
-            // The entry state and the chunk's v_new (zeros past the valid rows).
-            let block = h.add((wk.chunk * hv + i) * kd * vd);
-            let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
-            // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
-            let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
             // Key-first rows are the tile's rows, 16 bytes at a time; value-first ones are
             // transposed element by element.
             let to_staged = |tile: Shared<u16>, r: usize, c: usize, words: [u32; 4]| {
                 st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words);
             };
             if value_first {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |col, a, words| {
+                state_rows.store(|col, a, words| {
                     for (j, word) in words.iter().enumerate() {
                         staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
                         staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
                     }
                 });
             } else {
-                load_bf16_rows(block, (block_rows, block_rows), block_cols, RowsAt { first: 0, stride: block_cols }, |a, col, words| {
-                    to_staged(staged_h, a, col, words);
-                });
+                state_rows.store(|a, col, words| to_staged(staged_h, a, col, words));
             }
-            load_bf16_rows(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd), |r, col, words| {
-                to_staged(staged_v, r, col, words);
-            });
+            new_rows.store(|r, col, words| to_staged(staged_v, r, col, words));
             sync_threads();
 
             // o = scale ((q Γ) h + P v_new): warp (row block, column half).
