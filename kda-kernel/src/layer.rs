@@ -918,14 +918,26 @@ unsafe fn gated_dot(x: impl RowTile, r: usize, y: impl RowTile, s: usize, g: Gat
 /// stays far below f32's largest value (`2^128`), even summed over `MAX_K` (`2^7`) products.
 const SAFE_EXPONENT: f32 = 115.0;
 
-/// Row blocks with sub-blocks below the diagonal (every block but the first).
-const LOWER_ROW_BLOCKS: usize = SUBS - 1;
+/// Units of work of [`gated_products`] below the diagonal, one warp each, as (row block, first
+/// column, n8 tiles): the last row block's sub-blocks left of its diagonal in two halves of 3
+/// tiles, then row blocks 2 and 1 whole (4 and 2 tiles); the four diagonal sub-blocks (2 tiles
+/// each) follow. A unit's A fragment and its exponentials are formed once per k-step for all its
+/// tiles, so the last row block in one unit saved one A pass but kept its warp on 6 tiles while
+/// warp 7 idled; in halves no warp takes more than 4.
+const LOWER_UNITS: usize = 4;
+const PRODUCT_UNITS: usize = LOWER_UNITS + SUBS;
+const _: () = assert!(PRODUCT_UNITS == THREADS / LANES && SUBS == 4);
 
-/// Units of work of [`gated_products`], one warp each: the row blocks `SUBS - 1` down to 1, each
-/// with all its sub-blocks below the diagonal at once (its A fragment and A's exponentials read
-/// once per k-step for all of them), then the four diagonal sub-blocks.
-const PRODUCT_UNITS: usize = LOWER_ROW_BLOCKS + SUBS;
-const _: () = assert!(PRODUCT_UNITS <= THREADS / LANES && SUBS == 4);
+/// Lower unit `unit`'s (row block, first column, n8 tiles); [`LOWER_UNITS`] says why.
+#[inline(always)]
+fn lower_unit(unit: usize) -> (usize, usize, usize) {
+    match unit {
+        0 => (3, 0, 3),
+        1 => (3, 3 * TILE_N, 3),
+        2 => (2, 0, 4),
+        _ => (1, 0, 2),
+    }
+}
 
 /// One factored unit of [`gated_products`]: rows `r0..r0 + SUB`, columns from `s0`, the factors
 /// taken at row `f`; a diagonal sub-block keeps `s <= r` (`s < r` when `strict`).
@@ -1019,6 +1031,7 @@ unsafe fn gated_products(
     kd: usize,
     strict: bool,
     row_scale: impl Fn(usize) -> f32,
+    diagonal_then: impl Fn(usize),
 ) {
     let (_, warp, l) = Lane::this_thread();
     // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns; each unit is
@@ -1027,14 +1040,14 @@ unsafe fn gated_products(
         if warp < PRODUCT_UNITS {
             let unit = warp;
             // The unit's rows, its first column, the row its factors are taken at and its n8
-            // tiles: a row block's columns `0..r0` (the sub-blocks left of its diagonal, the
-            // heaviest block first), or a diagonal sub-block.
-            let (r0, s0, f, diagonal) = if unit < LOWER_ROW_BLOCKS {
-                let bi = LOWER_ROW_BLOCKS - unit;
-                (bi * SUB, 0, bi * SUB, false)
+            // tiles: sub-blocks left of a row block's diagonal ([`lower_unit`]), or a diagonal
+            // sub-block.
+            let (r0, s0, f, diagonal, tiles) = if unit < LOWER_UNITS {
+                let (rb, s0, tiles) = lower_unit(unit);
+                (rb * SUB, s0, rb * SUB, false, tiles)
             } else {
-                let b = unit - LOWER_ROW_BLOCKS;
-                (b * SUB, b * SUB, b * SUB + SUB / 2, true)
+                let b = unit - LOWER_UNITS;
+                (b * SUB, b * SUB, b * SUB + SUB / 2, true, SUB / TILE_N)
             };
             let factored = !diagonal || !g.per_key || {
                 // Whether any key's gate moves more than SAFE_EXPONENT from the middle row to
@@ -1047,13 +1060,13 @@ unsafe fn gated_products(
                 !vote_any(far)
             };
             if factored {
-                // The unit's n8 tiles at once (a row block's `2 bi`, a diagonal sub-block's 2): the
-                // A fragment (and its exponentials) read once per k-step for all of them.
-                let tiles = UnitTiles { r0, s0, f, diagonal, strict, l };
-                match if diagonal { SUB } else { r0 } / TILE_N {
-                    2 => tiles.product::<2>(out, x, y, g, kd, &row_scale),
-                    4 => tiles.product::<4>(out, x, y, g, kd, &row_scale),
-                    _ => tiles.product::<6>(out, x, y, g, kd, &row_scale),
+                // The unit's n8 tiles at once: the A fragment (and its exponentials) read once
+                // per k-step for all of them.
+                let unit_tiles = UnitTiles { r0, s0, f, diagonal, strict, l };
+                match tiles {
+                    2 => unit_tiles.product::<2>(out, x, y, g, kd, &row_scale),
+                    3 => unit_tiles.product::<3>(out, x, y, g, kd, &row_scale),
+                    _ => unit_tiles.product::<4>(out, x, y, g, kd, &row_scale),
                 }
             } else {
                 for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
@@ -1064,8 +1077,51 @@ unsafe fn gated_products(
                     out.put(r, s, value);
                 }
             }
+            if diagonal {
+                // The warp's own sub-block is complete once its lanes' stores are ordered.
+                sync_warp();
+                diagonal_then(unit - LOWER_UNITS);
+            }
         }
         sync_threads();
+    }
+}
+
+/// The inverse of diagonal sub-block `b` of `I + L` (unit lower triangular) into `inverse`
+/// (`[CHUNK][INVERSE_ROW_WORDS]`), by forward substitution, a column per lane of lanes 0 to 15
+/// of the calling warp: the column in registers (its entries above the diagonal are zeros, so
+/// each row sums over every earlier row, with no per-lane bound), each row of `-L` read 16 bytes
+/// at a time (the 16 lanes read the same words: a broadcast). Run by the warp that formed the
+/// sub-block, right after it ([`gated_products`]' `diagonal_then`), so that it overlaps the
+/// longer products of the other warps instead of following them.
+///
+/// # Safety
+/// Sub-block `b` of `lower` (`-L`, `[CHUNK][MATRIX_ROW_WORDS]`) is written and visible to the
+/// calling lanes.
+#[inline(always)]
+unsafe fn invert_diagonal_block(lower: Shared<f32>, inverse: Shared<f32>, b: usize) {
+    let c = thread_idx_x() % LANES;
+    if c >= SUB {
+        return;
+    }
+    let base = b * SUB;
+    let mut column = [0.0f32; SUB];
+    // SAFETY (block): rows and columns of sub-block `b` (the function's contract).
+    unsafe {
+        each_sub_row!(r => {
+            let mut acc = if r == c { 1.0 } else { 0.0 };
+            for q in 0..r.div_ceil(F32_VECTOR) {
+                let row = row_words(lower, MATRIX_ROW_WORDS, base + r, base + F32_VECTOR * q);
+                for (j, &l_rs) in row.iter().enumerate() {
+                    let s = F32_VECTOR * q + j;
+                    if s < r {
+                        acc = fma_f32(l_rs, column[s], acc);
+                    }
+                }
+            }
+            column[r] = acc;
+            inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(column[r]);
+        });
     }
 }
 
@@ -1313,32 +1369,11 @@ kernel_entry! {
 
             // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
             // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
-            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| -betas.add(r).ld());
+            // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
+            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| -betas.add(r).ld(), |b| {
+                invert_diagonal_block(lower, inverse, b)
+            });
 
-            // The inverse of each diagonal sub-block of I + L (unit lower triangular), a column per
-            // thread by forward substitution: the column in registers (its entries above the
-            // diagonal are zeros, so each row sums over every earlier row, with no per-thread
-            // bound), each row of -L read 16 bytes at a time (a block's 16 lanes read the same
-            // words: a broadcast).
-            if tid < SUBS * SUB {
-                let (b, c) = (tid / SUB, tid % SUB);
-                let base = b * SUB;
-                let mut column = [0.0f32; SUB];
-                each_sub_row!(r => {
-                    let mut acc = if r == c { 1.0 } else { 0.0 };
-                    for q in 0..r.div_ceil(F32_VECTOR) {
-                        let row = row_words(lower, MATRIX_ROW_WORDS, base + r, base + F32_VECTOR * q);
-                        for (j, &l_rs) in row.iter().enumerate() {
-                            let s = F32_VECTOR * q + j;
-                            if s < r {
-                                acc = fma_f32(l_rs, column[s], acc);
-                            }
-                        }
-                    }
-                    column[r] = acc;
-                    inverse.add((base + r) * INVERSE_ROW_WORDS + c).st(column[r]);
-                });
-            }
             // The values' loads issued here, to arrive while the keys and gate go out and the
             // right-hand side is formed.
             let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
@@ -1571,7 +1606,7 @@ kernel_entry! {
             gates.pad(rows, gw);
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
-            gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0);
+            gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0, |_| {});
             // The entry state and the chunk's v_new (zeros past the valid rows): their loads
             // issued here, to arrive while q Γ is formed; stored once it is (they are staged over
             // the queries and the gate it reads).
