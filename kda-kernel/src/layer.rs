@@ -1025,8 +1025,7 @@ impl UnitTiles {
 #[inline(always)]
 unsafe fn gated_products(
     out: impl MatrixTile,
-    x: impl RowTile,
-    y: impl RowTile,
+    (x, y): (impl RowTile, impl RowTile),
     g: Gates,
     kd: usize,
     strict: bool,
@@ -1370,7 +1369,7 @@ kernel_entry! {
             // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
             // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
             // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
-            gated_products(F32Matrix(lower), F32Rows(keys), F32Rows(keys), gates, kd, true, |r| -betas.add(r).ld(), |b| {
+            gated_products(F32Matrix(lower), (F32Rows(keys), F32Rows(keys)), gates, kd, true, |r| -betas.add(r).ld(), |b| {
                 invert_diagonal_block(lower, inverse, b)
             });
 
@@ -1606,7 +1605,7 @@ kernel_entry! {
             gates.pad(rows, gw);
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
-            gated_products(Bf16Matrix(attention), F32Rows(queries), Bf16Rows(keys), gates, kd, false, |_| 1.0, |_| {});
+            gated_products(Bf16Matrix(attention), (F32Rows(queries), Bf16Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
             // The entry state and the chunk's v_new (zeros past the valid rows): their loads
             // issued here, to arrive while q Γ is formed; stored once it is (they are staged over
             // the queries and the gate it reads).
