@@ -795,6 +795,26 @@ unsafe fn fetch_rows(src: *const u16, w: &Work, heads: usize, head: usize, kd: u
     unsafe { Fetched::bf16(src, (CHUNK, w.rows), kd, RowsAt::heads(w, heads, head, kd)) }
 }
 
+/// The chunk's rows of value head `w.i` of a `[T, HV, gate_width]` f32 gate, their loads issued:
+/// a per-key gate's rows 4 columns per thread (the layout its activation takes), a per-head
+/// gate's row `tid` in one register (zero past the valid rows; no rows fetched).
+///
+/// # Safety
+/// The valid rows exist in `g`, 16-byte aligned for a per-key gate.
+#[inline(always)]
+unsafe fn fetch_gate(g: *const f32, w: &Work, d: &Dims) -> (Fetched<GATE_VECTORS>, f32) {
+    let (gw, tid) = (d.gate_width, thread_idx_x());
+    let at = RowsAt::heads(w, d.value_heads, w.i, gw);
+    // SAFETY: see the function's contract; `gw <= MAX_K`, so `GATE_VECTORS` cover the rows.
+    unsafe {
+        if d.per_key_gate() {
+            (Fetched::issue(g, (w.rows, w.rows), (gw, F32_VECTOR), at), 0.0)
+        } else {
+            (Fetched::none(), if tid < w.rows { *g.add(at.at(tid)) } else { 0.0 })
+        }
+    }
+}
+
 /// [`fetch_rows`]' rows into `dst` (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm
 /// when `l2norm`; rows past the valid ones are zeros. Ends with the CTA synchronised.
 ///
@@ -1299,13 +1319,7 @@ kernel_entry! {
             // and the activation's scalars.
             let per_key = d.per_key_gate();
             let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
-            let gate_at = RowsAt::heads(&wk, hv, i, gw);
-            let gate_rows = if per_key {
-                Fetched::<GATE_VECTORS>::issue(g, (rows, rows), (gw, F32_VECTOR), gate_at)
-            } else {
-                Fetched::none()
-            };
-            let head_gate = if !per_key && tid < rows { *g.add(gate_at.at(tid)) } else { 0.0 };
+            let (gate_rows, head_gate) = fetch_gate(g, &wk, &d);
             let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
             // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
@@ -1581,13 +1595,7 @@ kernel_entry! {
             let per_key = d.per_key_gate();
             let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
             let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
-            let gate_at = RowsAt::heads(&wk, hv, i, gw);
-            let gate_rows = if per_key {
-                Fetched::<GATE_VECTORS>::issue(gate, (rows, rows), (gw, F32_VECTOR), gate_at)
-            } else {
-                Fetched::none()
-            };
-            let head_gate = if !per_key && tid < rows { *gate.add(gate_at.at(tid)) } else { 0.0 };
+            let (gate_rows, head_gate) = fetch_gate(gate, &wk, &d);
 
             // The gate into its tile; the keys (normalised when asked) through the query tile into
             // their bf16 tile, then the queries.
