@@ -32,7 +32,7 @@ use crate::arch::sm80::{
 use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
-    ATTENTION_ROW, CHUNK_WORDS, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
+    ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
     OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
     STAGED_ROW, SUB, SUBS, THREADS,
 };
@@ -388,20 +388,7 @@ fn unpack_bf16x8(words: [u32; 4]) -> [f32; BF16_VECTOR] {
     core::array::from_fn(|j| bf16_to_f32((words[j / 2] >> (16 * (j % 2))) as u16))
 }
 
-/// Which half of the 8 columns from `c` (a multiple of [`BF16_VECTOR`]) an access of 8 f32
-/// takes first: the second where `c / 32` is odd. The 8 lanes of a quarter-warp take 8
-/// consecutive such groups of a row; if every lane took its first half first, the groups 32
-/// columns apart would meet on the same 4 banks (16 of the 32 banks used, two wavefronts per
-/// 16-byte access); so the lanes of odd 32-column spans start with their second half.
-#[inline(always)]
-fn first_half(c: usize) -> usize {
-    (c / SHARED_BANKS) % 2 * F32_VECTOR
-}
-
-/// Shared-memory banks (4 bytes each): f32 words `SHARED_BANKS` apart share a bank.
-const SHARED_BANKS: usize = 32;
-
-/// The two halves of 8 values in the order [`first_half`] accesses them (the same swap undoes
+/// The two halves of 8 values in the order [`first_half`] (`layout::layer`) accesses them (the same swap undoes
 /// it).
 #[inline(always)]
 fn in_access_order(first: usize, x: [f32; BF16_VECTOR]) -> ([f32; F32_VECTOR], [f32; F32_VECTOR]) {

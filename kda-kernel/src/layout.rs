@@ -174,6 +174,20 @@ pub mod layer {
     /// stride.
     pub const ATTENTION_ROW: usize = CHUNK + 8;
 
+    /// Shared-memory banks (4 bytes each): f32 words `SHARED_BANKS` apart share a bank.
+    pub const SHARED_BANKS: usize = 32;
+
+    /// Which half (the word offset, 0 or 4) of the 8 f32 columns from `c` (a multiple of 8) an
+    /// access of 8 f32 takes first, in two 16-byte accesses: the second half where `c / 32` is
+    /// odd. The 8 lanes of a quarter-warp take 8 consecutive such groups of a row; if every lane
+    /// took its first half first, the groups 32 columns apart would meet on the same 4 banks (16
+    /// of the 32 banks used, two wavefronts per 16-byte access); so the lanes of odd 32-column
+    /// spans start with their second half.
+    #[inline(always)]
+    pub const fn first_half(c: usize) -> usize {
+        (c / SHARED_BANKS) % 2 * 4
+    }
+
     /// f32 words of the prepare kernel's shared memory: the chunk's keys and cumulative gate
     /// (`[CHUNK][ROW_WORDS]` each; then the solution `[w | u]`, `w` over the keys and `u` over the
     /// gate), `beta` (`[CHUNK]`), the strictly lower matrix `L` and the inverses of its diagonal

@@ -328,3 +328,70 @@ mod random {
         }
     }
 }
+
+/// The layer kernels' shared-memory access patterns against the bank rule: a warp's access is
+/// served in phases (4-byte words: the whole warp; 8 bytes: each half-warp; 16 bytes: each
+/// quarter-warp), and a phase takes as many wavefronts as the most distinct words that fall on
+/// one of the 32 banks. Every pattern the kernels issue in their loops takes one wavefront per
+/// phase at the layout's strides (bench/RESULTS.md, sixth session: 39% of the prepare kernel's
+/// wavefronts were excess at rows 4 words apart mod 32).
+mod banks {
+    use kda::layout::layer::{INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, ROW_WORDS, SHARED_BANKS, first_half};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// Wavefronts of one warp access: lane `lane`'s first word `word(lane)`, `words` consecutive
+    /// words per lane.
+    fn wavefronts(words: usize, word: impl Fn(usize) -> usize) -> usize {
+        let lanes_per_phase = 32 / words;
+        (0..32 / lanes_per_phase)
+            .map(|phase| {
+                let mut banks: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+                for lane in phase * lanes_per_phase..(phase + 1) * lanes_per_phase {
+                    for w in word(lane)..word(lane) + words {
+                        banks.entry(w % SHARED_BANKS).or_default().insert(w);
+                    }
+                }
+                banks.values().map(BTreeSet::len).max().unwrap()
+            })
+            .sum()
+    }
+
+    /// A lane's place in an `mma` fragment: `g = lane / 4`, `t = lane % 4`.
+    fn gt(lane: usize) -> (usize, usize) {
+        (lane / 4, lane % 4)
+    }
+
+    #[test]
+    fn the_layer_kernels_shared_accesses_are_conflict_free() {
+        // The gated products' fragments and the solve's accumulators: a lane's two adjacent
+        // depths (columns 2t, 2t + 1) of row g, one 8-byte load, at every k-step.
+        for k0 in (0..128).step_by(8) {
+            assert_eq!(wavefronts(2, |l| gt(l).0 * ROW_WORDS + k0 + 2 * gt(l).1), 2, "pairs at k0 {k0}");
+        }
+        // The solve in the fragment's own depth order: A (`L`, the inverses) at columns t and
+        // t + 4 of row g; B (`[w | u]`) down column g at rows t and t + 4.
+        for stride in [MATRIX_ROW_WORDS, INVERSE_ROW_WORDS] {
+            for apart in [0, 4] {
+                assert_eq!(wavefronts(1, |l| gt(l).0 * stride + gt(l).1 + apart), 1, "A at stride {stride}");
+            }
+        }
+        for apart in [0, 4] {
+            assert_eq!(wavefronts(1, |l| (gt(l).1 + apart) * ROW_WORDS + gt(l).0), 1, "B down a column");
+        }
+        // A row's 8-column groups, a lane each (16 lanes a row at K = 128, 8 at K = 64), each
+        // group's two 16-byte halves in `first_half`'s order; and what it avoids.
+        for per_row in [8, 16] {
+            for second in [false, true] {
+                let word = |l: usize| {
+                    let (r, c) = (l / per_row, 8 * (l % per_row));
+                    let half = if second { first_half(c) ^ 4 } else { first_half(c) };
+                    r * ROW_WORDS + c + half
+                };
+                assert_eq!(wavefronts(4, word), 4, "8-column groups, {per_row} a row");
+            }
+            assert_eq!(wavefronts(4, |l| l / per_row * ROW_WORDS + 8 * (l % per_row)), 8, "both first halves");
+        }
+        // Rows 4 words apart mod 32 took two wavefronts per half-warp for the adjacent pairs.
+        assert_eq!(wavefronts(2, |l| gt(l).0 * (ROW_WORDS - 4) + 2 * gt(l).1), 4);
+    }
+}
