@@ -111,27 +111,75 @@ impl DeviceLayer {
     }
 }
 
-/// The layer shapes the peers are measured on (`../shared/LAYER.md`): KDA at fixed_8192 with 64
-/// heads in FlashKDA's configuration (gate activated inside with lower bound -5, L2 norm and
-/// `beta`'s sigmoid inside), Gated DeltaNet at qwen3_next_8192 (16 key and 32 value heads, `g`
-/// given in log space). Each as (name, shape, options, lengths).
-pub fn layer_bench_shapes() -> Vec<(&'static str, LayerShape, LayerOptions, Vec<usize>)> {
+/// One of the layer's bench shapes (`../shared/LAYER.md`, issue 21's tables).
+#[derive(Clone, Debug)]
+pub struct LayerBenchShape {
+    /// The shape's name (recorded as `layer_<name>`).
+    pub name: &'static str,
+    /// Kind, heads and sizes.
+    pub shape: LayerShape,
+    /// The configuration the peers were measured in.
+    pub options: LayerOptions,
+    /// Sequence lengths.
+    pub lengths: Vec<usize>,
+    /// Short prompts, where launches and planning dominate: timed from the host over
+    /// [`HOST_TIMED_CALLS`] back-to-back calls, planning included ([`time_layer_calls`]), as the
+    /// peers' figures were taken, rather than by device events.
+    pub host_timed: bool,
+}
+
+/// The layer shapes the peers are measured on (`../shared/LAYER.md`): KDA with the gate activated
+/// inside (lower bound -5), L2 norm and `beta`'s sigmoid inside (FlashKDA's configuration) on
+/// fixed_8192 and mixed_6's lengths at 64 heads and on one 131072-token prompt at 4 heads; Gated
+/// DeltaNet (`g` in log space, 16 key and 32 value heads: Qwen3-Next) on 8192 tokens and mixed_6's
+/// lengths, and its 2 / 4-head shard on 65536 tokens; and the short prompts (128 and 1000 tokens,
+/// KDA at 32 heads, Gated DeltaNet at 16 / 32), host-timed.
+pub fn layer_bench_shapes() -> Vec<LayerBenchShape> {
     let scale = (PEER_HEAD_SIZE as f64).powf(-0.5);
     let size = PEER_HEAD_SIZE;
+    let kda_options = LayerOptions { scale, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::LowerBound(-5.0) };
+    let gdn_options = LayerOptions { scale, l2norm_qk: false, beta_sigmoid: false, gate: GateInput::Log };
+    let kda =
+        |heads: usize| LayerShape { kind: LayerKind::Kda, heads, value_heads: heads, key_dim: size, value_dim: size };
+    let gdn = |heads: usize| LayerShape {
+        kind: LayerKind::Gdn,
+        heads,
+        value_heads: 2 * heads,
+        key_dim: size,
+        value_dim: size,
+    };
+    let mixed = crate::bench_shapes().into_iter().find(|s| s.0 == "mixed_6").map(|s| s.1).unwrap_or_default();
+    let of = |name, shape: LayerShape, lengths: Vec<usize>, host_timed| {
+        let options = if shape.kind == LayerKind::Kda { kda_options } else { gdn_options };
+        LayerBenchShape { name, shape, options, lengths, host_timed }
+    };
     vec![
-        (
-            "kda_fixed_8192",
-            LayerShape { kind: LayerKind::Kda, heads: 64, value_heads: 64, key_dim: size, value_dim: size },
-            LayerOptions { scale, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::LowerBound(-5.0) },
-            vec![8192],
-        ),
-        (
-            "gdn_qwen3_next_8192",
-            LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: size, value_dim: size },
-            LayerOptions { scale, l2norm_qk: false, beta_sigmoid: false, gate: GateInput::Log },
-            vec![8192],
-        ),
+        of("kda_fixed_8192", kda(64), vec![8192], false),
+        of("kda_mixed_6", kda(64), mixed.clone(), false),
+        of("kda_tp_long_h4", kda(4), vec![131072], false),
+        of("gdn_qwen3_next_8192", gdn(16), vec![8192], false),
+        of("gdn_qwen3_next_mixed6", gdn(16), mixed, false),
+        of("gdn_tp_qwen3_next_h2", gdn(2), vec![65536], false),
+        of("kda_short_128", kda(32), vec![128], true),
+        of("kda_short_1000", kda(32), vec![1000], true),
+        of("gdn_short_128", gdn(16), vec![128], true),
+        of("gdn_short_1000", gdn(16), vec![1000], true),
     ]
+}
+
+/// The largest relative errors of `o` and `ht` a bench shape may show against the f64 reference
+/// on its sampled heads ([`reference_heads`]; issue 21's precision bound for the bench shapes).
+pub const BENCH_ERROR_BOUNDS: [f64; 2] = [8e-3, 5e-3];
+
+/// Back-to-back calls a host-timed shape's time is the mean of.
+pub const HOST_TIMED_CALLS: usize = 100;
+
+/// The key heads a large shape's f64 reference is computed on (every sequence, so every
+/// sequence's last chunk): the first and the last (all of them at two heads or fewer). Heads are
+/// independent, so a sample checks the same arithmetic as the whole at a fraction of the CPU
+/// time ([`LayerProblem::key_heads`]).
+pub fn reference_heads(shape: &LayerShape) -> Vec<usize> {
+    if shape.heads <= 2 { (0..shape.heads).collect() } else { vec![0, shape.heads - 1] }
 }
 
 /// The head size of the peers' layer shapes.
@@ -160,6 +208,21 @@ pub struct LayerTiming {
     pub outputs: LayerOutputs,
 }
 
+/// Uploads `p` and runs it once; every element of `o` and `ht` must be finite.
+fn checked_first_run(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    p: &LayerProblem,
+) -> Result<(DeviceLayer, LayerOutputs), KdaError> {
+    let mut dev = DeviceLayer::upload(stream, p)?;
+    dev.launch(kda, stream)?;
+    let out = dev.download(stream)?;
+    if let Some(bad) = out.o.iter().chain(&out.ht).position(|x| !x.is_finite()) {
+        return Err(KdaError::Argument { name: "layer", reason: format!("output element {bad} is not finite") });
+    }
+    Ok((dev, out))
+}
+
 /// Runs `p` once (every element of `o` and `ht` must be finite), then times `repeat` launches.
 pub fn time_layer(
     kda: &Kda,
@@ -168,12 +231,83 @@ pub fn time_layer(
     repeat: usize,
     bandwidth: f64,
 ) -> Result<LayerTiming, KdaError> {
-    let mut dev = DeviceLayer::upload(stream, p)?;
-    dev.launch(kda, stream)?;
-    let out = dev.download(stream)?;
-    if let Some(bad) = out.o.iter().chain(&out.ht).position(|x| !x.is_finite()) {
-        return Err(KdaError::Argument { name: "layer", reason: format!("output element {bad} is not finite") });
-    }
+    let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
     let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
-    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs: out })
+    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+}
+
+/// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
+/// planning the batch afresh (`LayerPlan::new`: its tables built and uploaded) and launching the
+/// layer, and returns the host's wall time per call until the stream has finished them: what a
+/// serving engine pays per layer for a short prompt, launches and planning included.
+pub fn time_layer_calls(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    p: &LayerProblem,
+    calls: usize,
+    bandwidth: f64,
+) -> Result<LayerTiming, KdaError> {
+    let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
+    let start = std::time::Instant::now();
+    for _ in 0..calls {
+        dev.plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?;
+        dev.launch(kda, stream)?;
+    }
+    stream.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
+    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+}
+
+/// [`time_layer`], or [`time_layer_calls`] over [`HOST_TIMED_CALLS`] for a host-timed shape.
+pub fn time_layer_shape(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    (shape, p): (&LayerBenchShape, &LayerProblem),
+    repeat: usize,
+    bandwidth: f64,
+) -> Result<LayerTiming, KdaError> {
+    if shape.host_timed {
+        time_layer_calls(kda, stream, p, HOST_TIMED_CALLS, bandwidth)
+    } else {
+        time_layer(kda, stream, p, repeat, bandwidth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layer_bench_has_every_shape_of_the_issue_once() {
+        let shapes = layer_bench_shapes();
+        let names: Vec<&str> = shapes.iter().map(|s| s.name).collect();
+        let want = [
+            "kda_fixed_8192",
+            "kda_mixed_6",
+            "kda_tp_long_h4",
+            "gdn_qwen3_next_8192",
+            "gdn_qwen3_next_mixed6",
+            "gdn_tp_qwen3_next_h2",
+            "kda_short_128",
+            "kda_short_1000",
+            "gdn_short_128",
+            "gdn_short_1000",
+        ];
+        assert_eq!(names, want);
+        for s in &shapes {
+            s.shape.validate().unwrap();
+            // Short prompts are host-timed, and only they; Qwen3-Next's value heads are twice its
+            // key heads; KDA's configuration activates the gate inside.
+            assert_eq!(s.host_timed, s.name.contains("short"), "{}", s.name);
+            assert_eq!(s.shape.group(), if s.shape.kind == LayerKind::Gdn { 2 } else { 1 }, "{}", s.name);
+            assert_eq!(s.options.gate == GateInput::Log, s.shape.kind == LayerKind::Gdn, "{}", s.name);
+            assert!(!s.lengths.is_empty() && s.lengths.iter().all(|&l| l > 0), "{}", s.name);
+            let heads = reference_heads(&s.shape);
+            assert!(heads.contains(&0) && heads.contains(&(s.shape.heads - 1)) && heads.len() <= 2, "{}", s.name);
+        }
+        let long = shapes.iter().find(|s| s.name == "kda_tp_long_h4").unwrap();
+        assert_eq!((long.shape.heads, long.lengths.as_slice()), (4, &[131072][..]));
+        let mixed = shapes.iter().find(|s| s.name == "kda_mixed_6").unwrap();
+        assert_eq!(mixed.lengths.len(), 6);
+    }
 }

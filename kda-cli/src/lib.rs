@@ -28,7 +28,10 @@ pub use decode::{DecodeShape, DecodeTiming, decode_bench_shapes, decode_floor_by
 pub use device::DeviceProblem;
 pub use floor::{floor_bytes, floor_us, model_floor_bytes, model_floor_us};
 pub use interrupt::RemoveOnInterrupt;
-pub use layer::{DeviceLayer, LayerTiming, layer_bench_shapes, layer_floor_bytes, time_layer};
+pub use layer::{
+    BENCH_ERROR_BOUNDS, DeviceLayer, HOST_TIMED_CALLS, LayerBenchShape, LayerTiming, layer_bench_shapes,
+    layer_floor_bytes, reference_heads, time_layer, time_layer_calls, time_layer_shape,
+};
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

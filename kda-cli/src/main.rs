@@ -74,8 +74,11 @@ const SUBCOMMANDS: [(&str, &str); 4] = [
     (
         "layer",
         "  kda layer --bench [NAME,...] [--repeat N]
-      The peers' layer shapes (kda_fixed_8192, gdn_qwen3_next_8192) on random inputs on the GPU:
-      a checked first run, then the median time of N launches against the IO floor.
+      The peers' layer shapes (kda_fixed_8192, kda_mixed_6, kda_tp_long_h4, gdn_qwen3_next_8192,
+      gdn_qwen3_next_mixed6, gdn_tp_qwen3_next_h2; the short prompts kda_short_128, kda_short_1000,
+      gdn_short_128, gdn_short_1000) on random inputs on the GPU: a checked first run, then the
+      median time of N launches (the short prompts: the host's time per call over 100 calls back
+      to back, planning included) against the IO floor.
   kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
       the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
@@ -389,21 +392,25 @@ fn layer(args: &[String]) -> Result<(), CliError> {
 /// `LAYER_BENCH_REPEAT`) against the IO floor at the measured copy bandwidth.
 fn layer_bench(args: &[String]) -> Result<(), CliError> {
     let shapes = kda_cli::layer_bench_shapes();
-    let known: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+    let known: Vec<&str> = shapes.iter().map(|s| s.name).collect();
     let (names, repeat) = parse_bench("layer", args, &known, LAYER_BENCH_REPEAT).map_err(CliError::Usage)?;
     let (kda, stream) = Kda::open(0)?;
     let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
     say!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
-    for (name, shape, options, lengths) in
-        shapes.into_iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.0))
-    {
-        let p = kda::inputs::random_layer_problem(&lengths, shape, options, false, LAYER_BENCH_SEED);
-        let t = kda_cli::time_layer(&kda, &stream, &p, repeat, bandwidth)?;
-        let fields = json!({ "shape": name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
-            "repeat": repeat, "copy_bw_Bps": bandwidth });
+    for s in shapes.iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.name)) {
+        let p = kda::inputs::random_layer_problem(&s.lengths, s.shape, s.options, false, LAYER_BENCH_SEED);
+        let t = kda_cli::time_layer_shape(&kda, &stream, (s, &p), repeat, bandwidth)?;
+        let timing = if s.host_timed {
+            format!("mean of {} calls from the host, planning included", kda_cli::HOST_TIMED_CALLS)
+        } else {
+            format!("median over {repeat} launches")
+        };
+        let fields = json!({ "shape": s.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
+            "repeat": repeat, "host_timed": s.host_timed, "copy_bw_Bps": bandwidth });
         record("layer-bench", fields);
         say!(
-            "layer {name}: median {:.1} us over {repeat} launches, IO floor {:.1} us ({:.3} of it)",
+            "layer {}: {:.1} us ({timing}), IO floor {:.1} us ({:.3} of it)",
+            s.name,
             t.us,
             t.floor_us,
             t.floor_us / t.us

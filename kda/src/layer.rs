@@ -233,6 +233,32 @@ impl LayerOutputs {
     pub fn errors(&self, reference: &LayerOutputs) -> [f64; 2] {
         [crate::rel_error(&self.o, &reference.o), crate::rel_error(&self.ht, &reference.ht)]
     }
+
+    /// The outputs of `p`'s key heads `keep` (their value heads), laid out as those of
+    /// [`LayerProblem::key_heads`]`(keep)`.
+    ///
+    /// # Panics
+    /// When a head in `keep` is not below `H`, or the outputs are not `p`'s size.
+    pub fn key_heads(&self, p: &LayerProblem, keep: &[usize]) -> LayerOutputs {
+        let s = p.shape;
+        assert!(keep.iter().all(|&j| j < s.heads), "key heads {keep:?} of {}", s.heads);
+        let group = s.group();
+        let value_heads: Vec<usize> = keep.iter().flat_map(|&j| j * group..(j + 1) * group).collect();
+        let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
+        LayerOutputs {
+            o: heads_of(&self.o, t, s.value_heads, s.value_dim, &value_heads),
+            ht: heads_of(&self.ht, n, s.value_heads, s.key_dim * s.value_dim, &value_heads),
+        }
+    }
+}
+
+/// Heads `keep` of `x` `[rows, heads, width]`, as `[rows, keep.len(), width]`.
+///
+/// # Panics
+/// When `x` is not `rows * heads * width` long.
+fn heads_of<T: Copy>(x: &[T], rows: usize, heads: usize, width: usize, keep: &[usize]) -> Vec<T> {
+    assert_eq!(x.len(), rows * heads * width, "a [{rows}, {heads}, {width}] tensor");
+    (0..rows).flat_map(|r| keep.iter().flat_map(move |&h| &x[(r * heads + h) * width..][..width])).copied().collect()
 }
 
 /// Where [`layer_chunked`] rounds.
@@ -307,6 +333,35 @@ impl LayerProblem {
             options: self.options,
             a_log: self.a_log.clone(),
             dt_bias: self.dt_bias.clone(),
+        }
+    }
+
+    /// The same batch restricted to the key heads `keep` (in that order), each with its group of
+    /// value heads: heads are independent, so the f64 reference of a large batch can be computed
+    /// on a sample of them and compared with the same heads of a kernel's outputs
+    /// ([`LayerOutputs::key_heads`]).
+    ///
+    /// # Panics
+    /// When a head in `keep` is not below `H`.
+    pub fn key_heads(&self, keep: &[usize]) -> LayerProblem {
+        let s = self.shape;
+        assert!(keep.iter().all(|&j| j < s.heads), "key heads {keep:?} of {}", s.heads);
+        let group = s.group();
+        let value_heads: Vec<usize> = keep.iter().flat_map(|&j| j * group..(j + 1) * group).collect();
+        let (t, n) = (self.plan.tokens(), self.plan.num_seqs());
+        let (kd, vd, gw) = (s.key_dim, s.value_dim, s.gate_width());
+        LayerProblem {
+            plan: self.plan.clone(),
+            shape: LayerShape { heads: keep.len(), value_heads: value_heads.len(), ..s },
+            options: self.options,
+            q: heads_of(&self.q, t, s.heads, kd, keep),
+            k: heads_of(&self.k, t, s.heads, kd, keep),
+            v: heads_of(&self.v, t, s.value_heads, vd, &value_heads),
+            g: heads_of(&self.g, t, s.value_heads, gw, &value_heads),
+            beta: heads_of(&self.beta, t, s.value_heads, 1, &value_heads),
+            a_log: self.a_log.as_ref().map(|x| heads_of(x, 1, s.value_heads, 1, &value_heads)),
+            dt_bias: self.dt_bias.as_ref().map(|x| heads_of(x, 1, s.value_heads, gw, &value_heads)),
+            h0: self.h0.as_ref().map(|x| heads_of(x, n, s.value_heads, kd * vd, &value_heads)),
         }
     }
 

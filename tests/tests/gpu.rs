@@ -665,17 +665,31 @@ fn prefill_and_checkpoint(
 
 /// The GPU layer on the peers' shapes (`kda layer --bench`'s, `../shared/LAYER.md`): a checked
 /// first run (every element of `o` and `ht` finite, and, through `run_layer_guarded`, written and
-/// nothing outside them), then the median of 20 event-timed launches against the IO floor,
-/// printed for bench/RESULTS.md.
+/// nothing outside them), `o` and `ht` within the bench's bounds of the f64 reference on the
+/// sampled key heads (every sequence), then the median of 20 event-timed launches (the short
+/// prompts: the host's time per call, planning included) against the IO floor, printed for
+/// bench/RESULTS.md.
 #[test]
 fn layer_speed_on_the_peer_shapes() {
     let gpu = Gpu::open();
     let bandwidth = kda_cli::copy_bandwidth(&gpu.stream, 10).unwrap();
-    for (name, shape, options, lengths) in kda_cli::layer_bench_shapes() {
-        let p = kda_tests::random_layer_problem(&lengths, shape, options, false, 5);
+    for s in kda_cli::layer_bench_shapes() {
+        let p = kda_tests::random_layer_problem(&s.lengths, s.shape, s.options, false, 5);
         kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-        let t = kda_cli::time_layer(&gpu.kda, &gpu.stream, &p, 20, bandwidth).unwrap();
-        println!("{name}: layer {:.1} us, IO floor {:.1} us ({:.3} of it)", t.us, t.floor_us, t.floor_us / t.us);
+        let t = kda_cli::time_layer_shape(&gpu.kda, &gpu.stream, (&s, &p), 20, bandwidth).unwrap();
+        let heads = kda_cli::reference_heads(&s.shape);
+        let want = kda::layer::layer_reference(&p.key_heads(&heads)).unwrap();
+        let errs = t.outputs.key_heads(&p, &heads).errors(&want);
+        println!(
+            "{}: layer {:.1} us, IO floor {:.1} us ({:.3} of it); heads {heads:?}: o {:.2e} ht {:.2e}",
+            s.name,
+            t.us,
+            t.floor_us,
+            t.floor_us / t.us,
+            errs[0],
+            errs[1]
+        );
+        assert!(errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b), "{}: {errs:?}", s.name);
     }
 }
 

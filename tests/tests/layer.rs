@@ -395,3 +395,22 @@ mod banks {
         assert_eq!(wavefronts(2, |l| gt(l).0 * (ROW_WORDS - 4) + 2 * gt(l).1), 4);
     }
 }
+
+/// A sample of key heads (with their value heads) is a problem of its own: its f64 reference is
+/// the same heads of the whole batch's (what the bench compares its large shapes on).
+#[test]
+fn a_sample_of_key_heads_is_the_same_heads_of_the_whole_reference() {
+    let mut checked = 0;
+    for (name, p) in kda_tests::random_layer_cases().into_iter().filter(|(_, p)| p.shape.heads > 1) {
+        let whole = layer_reference(&p).unwrap();
+        for keep in [vec![p.shape.heads - 1], vec![p.shape.heads - 1, 0]] {
+            let sample = p.key_heads(&keep);
+            sample.validate().unwrap();
+            let (got, want) = (layer_reference(&sample).unwrap(), whole.key_heads(&p, &keep));
+            assert_eq!(got, want, "{name}: heads {keep:?}");
+            assert_ne!(got.o, whole.o[..got.o.len()], "{name}: heads {keep:?} are not the first ones");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{checked} samples");
+}

@@ -65,7 +65,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     for s in &shapes {
         match bench_shape(s) {
             Some(("layer", name)) => {
-                if !kda_cli::layer_bench_shapes().iter().any(|l| l.0 == name) {
+                if !kda_cli::layer_bench_shapes().iter().any(|l| l.name == name) {
                     return Err(format!("ab: unknown layer shape {name}"));
                 }
             }

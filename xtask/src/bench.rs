@@ -95,7 +95,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let models = models.collect::<Result<Vec<_>, _>>()?;
     println!("\nmodel shapes:\n\n{}", model_table(&models));
     let layer_repeat = o.repeat.min(LAYER_REPEAT);
-    let layers = layer_rows(&|p| kda_cli::time_layer(&kda, &stream, p, layer_repeat, copy_bw), layer_repeat, "layer")?;
+    let layer_cases = layer_cases()?;
+    let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
+        kda_cli::time_layer_shape(&kda, &stream, (s, p), layer_repeat, copy_bw)
+    };
+    let layers = layer_rows(&layer_cases, &time, layer_repeat, "layer")?;
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let decodes = decode_rows(&|d| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw), o.repeat, "decode")?;
     let mut rows: Vec<Value> =
@@ -105,8 +109,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if best == Kernel::Hopper {
         let options = KdaOptions { module: Module::Portable, ..KdaOptions::from_env().map_err(text)? };
         let portable = Kda::with_options(kda.context().clone(), options).map_err(text)?;
-        let time = |p: &kda::layer::LayerProblem| kda_cli::time_layer(&portable, &stream, p, layer_repeat, copy_bw);
-        rows.extend(layer_rows(&time, layer_repeat, "layer-portable")?);
+        let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
+            kda_cli::time_layer_shape(&portable, &stream, (s, p), layer_repeat, copy_bw)
+        };
+        rows.extend(layer_rows(&layer_cases, &time, layer_repeat, "layer-portable")?);
         let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&portable, &stream, d, o.repeat, copy_bw);
         rows.extend(decode_rows(&time, o.repeat, "decode-portable")?);
     }
@@ -574,33 +580,72 @@ fn other_cell(us: Option<f64>, floor_us: f64) -> String {
 /// Launches timed per layer shape: a layer launch takes milliseconds, not microseconds.
 const LAYER_REPEAT: usize = 20;
 
+/// A layer bench shape's problem and its f64 reference on the sampled key heads
+/// (`kda_cli::reference_heads`), built once for both modules' rows.
+struct LayerCase {
+    shape: kda_cli::LayerBenchShape,
+    problem: kda::layer::LayerProblem,
+    heads: Vec<usize>,
+    want: kda::layer::LayerOutputs,
+}
+
+/// Every layer bench shape's [`LayerCase`].
+fn layer_cases() -> Result<Vec<LayerCase>, String> {
+    let cases = kda_cli::layer_bench_shapes().into_iter().map(|shape| {
+        let problem = inputs::random_layer_problem(&shape.lengths, shape.shape, shape.options, false, SEED);
+        let heads = kda_cli::reference_heads(&shape.shape);
+        let want = kda::layer::layer_reference(&problem.key_heads(&heads)).map_err(text)?;
+        Ok(LayerCase { shape, problem, heads, want })
+    });
+    cases.collect()
+}
+
 /// The whole layer on the peers' shapes (`kda_cli::layer_bench_shapes`): each timed by `time`
-/// (`kda_cli::time_layer` over `repeat` launches) and its first run's `o` and final states checked against the f64
-/// definition (`kda::layer::layer_reference`); prints a table, returns a record per shape
+/// (`kda_cli::time_layer_shape`: the median of `repeat` launches, or for the short prompts the
+/// host's time per call over `HOST_TIMED_CALLS`, planning included) and its first run's `o` and
+/// final states checked against the f64 definition on the sampled heads; prints a table (a
+/// shape over `kda_cli::BENCH_ERROR_BOUNDS` marked), returns a record per shape
 /// (`"kernel": kernel`).
 fn layer_rows(
-    time: &dyn Fn(&kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
+    cases: &[LayerCase],
+    time: &dyn Fn(&kda_cli::LayerBenchShape, &kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
     repeat: usize,
     kernel: &str,
 ) -> Result<Vec<Value>, String> {
     let mut rows = Vec::new();
-    let mut lines = vec!["| layer shape | us | IO floor us | floor / time | rel err o | rel err ht |".to_string()];
-    lines.push("|---|---:|---:|---:|---:|---:|".into());
-    for (name, shape, options, lengths) in kda_cli::layer_bench_shapes() {
-        let p = inputs::random_layer_problem(&lengths, shape, options, false, SEED);
-        let t = time(&p).map_err(text)?;
-        let want = kda::layer::layer_reference(&p).map_err(text)?;
-        let errs = t.outputs.errors(&want);
+    let mut lines = vec![
+        "| layer shape | us | IO floor us | floor / time | timing | rel err o | rel err ht | heads checked |"
+            .to_string(),
+    ];
+    lines.push("|---|---:|---:|---:|---|---:|---:|---|".into());
+    for c in cases {
+        let (s, p) = (&c.shape, &c.problem);
+        let t = time(s, p).map_err(text)?;
+        let errs = t.outputs.key_heads(p, &c.heads).errors(&c.want);
+        let within = errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b);
         let ratio = t.floor_us / t.us;
+        let timing = if s.host_timed {
+            format!("host, {} calls", kda_cli::HOST_TIMED_CALLS)
+        } else {
+            format!("median of {repeat}")
+        };
         lines.push(format!(
-            "| layer_{name} | {:.1} | {:.1} | {ratio:.3} | {:.2e} | {:.2e} |",
-            t.us, t.floor_us, errs[0], errs[1]
+            "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {timing} | {:.2e}{} | {:.2e} | {:?} of {} |",
+            s.name,
+            t.us,
+            t.floor_us,
+            errs[0],
+            if within { "" } else { " (over the bound)" },
+            errs[1],
+            c.heads,
+            s.shape.heads
         ));
         rows.push(json!({
-            "shape": format!("layer_{name}"), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
-            "rel_err_o": errs[0], "rel_err_ht": errs[1], "repeat": repeat, "lengths": lengths,
-            "heads": shape.heads, "value_heads": shape.value_heads, "key_dim": shape.key_dim, "value_dim": shape.value_dim,
-            "options": format!("{options:?}"),
+            "shape": format!("layer_{}", s.name), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
+            "rel_err_o": errs[0], "rel_err_ht": errs[1], "within_bounds": within, "reference_heads": c.heads,
+            "repeat": if s.host_timed { kda_cli::HOST_TIMED_CALLS } else { repeat }, "host_timed": s.host_timed,
+            "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
+            "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
         }));
     }
     println!("\nthe layer ({kernel}):\n\n{}", lines.join("\n"));
