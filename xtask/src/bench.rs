@@ -99,9 +99,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
         kda_cli::time_layer_shape(&kda, &stream, (s, p), layer_repeat, copy_bw)
     };
-    let layers = layer_rows(&layer_cases, &time, layer_repeat, "layer")?;
+    // A layer or decode shape that fails is reported in its table and fails the bench after the
+    // results are written, so one shape does not cost the run's other numbers.
+    let mut failed = Vec::new();
+    let layers = layer_rows(&layer_cases, &time, layer_repeat, "layer", &mut failed);
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
-    let decodes = decode_rows(&|d| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw), o.repeat, "decode")?;
+    let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw);
+    let decodes = decode_rows(&time, o.repeat, "decode", &mut failed);
     let mut rows: Vec<Value> =
         rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).chain(decodes).collect();
     // On a 9.x GPU, the layer and decode again with the portable module (what every other GPU
@@ -112,9 +116,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
             kda_cli::time_layer_shape(&portable, &stream, (s, p), layer_repeat, copy_bw)
         };
-        rows.extend(layer_rows(&layer_cases, &time, layer_repeat, "layer-portable")?);
+        rows.extend(layer_rows(&layer_cases, &time, layer_repeat, "layer-portable", &mut failed));
         let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&portable, &stream, d, o.repeat, copy_bw);
-        rows.extend(decode_rows(&time, o.repeat, "decode-portable")?);
+        rows.extend(decode_rows(&time, o.repeat, "decode-portable", &mut failed));
     }
     // The portable kernel's entries (`"kernel": "portable"`), where it ran the shape.
     let portable = shapes.iter().filter_map(|s| s.portable_record(o.repeat));
@@ -124,7 +128,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if o.plot {
         crate::chart::write(&doc, &o.out_dir.join("chart.svg"))?;
     }
-    Ok(())
+    if failed.is_empty() { Ok(()) } else { Err(format!("bench: shapes failed: {}", failed.join("; "))) }
 }
 
 /// The GPU work runs in this process: a watchdog thread ends it at `limit`.
@@ -604,14 +608,15 @@ fn layer_cases() -> Result<Vec<LayerCase>, String> {
 /// (`kda_cli::time_layer_shape`: the median of `repeat` launches, or for the short prompts the
 /// host's time per call over `HOST_TIMED_CALLS`, planning included) and its first run's `o` and
 /// final states checked against the f64 definition on the sampled heads; prints a table (a
-/// shape over `kda_cli::BENCH_ERROR_BOUNDS` marked), returns a record per shape
-/// (`"kernel": kernel`).
+/// shape over `kda_cli::BENCH_ERROR_BOUNDS` marked, a shape that fails named in `failed`),
+/// returns a record per shape timed (`"kernel": kernel`).
 fn layer_rows(
     cases: &[LayerCase],
     time: &dyn Fn(&kda_cli::LayerBenchShape, &kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
     repeat: usize,
     kernel: &str,
-) -> Result<Vec<Value>, String> {
+    failed: &mut Vec<String>,
+) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut lines = vec![
         "| layer shape | us | IO floor us | floor / time | timing | rel err o | rel err ht | heads checked |"
@@ -620,7 +625,14 @@ fn layer_rows(
     lines.push("|---|---:|---:|---:|---|---:|---:|---|".into());
     for c in cases {
         let (s, p) = (&c.shape, &c.problem);
-        let t = time(s, p).map_err(text)?;
+        let t = match time(s, p) {
+            Ok(t) => t,
+            Err(e) => {
+                lines.push(format!("| layer_{} | failed: {e} |", s.name));
+                failed.push(format!("layer_{} ({kernel}): {e}", s.name));
+                continue;
+            }
+        };
         let errs = t.outputs.key_heads(p, &c.heads).errors(&c.want);
         let within = errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b);
         let ratio = t.floor_us / t.us;
@@ -649,22 +661,31 @@ fn layer_rows(
         }));
     }
     println!("\nthe layer ({kernel}):\n\n{}", lines.join("\n"));
-    Ok(rows)
+    rows
 }
 
 /// The decode step on LAYER.md's decode shapes (`kda_cli::decode_bench_shapes`): each timed by
 /// `time` (`kda_cli::time_decode` over `repeat` calls, its first call checked against the f64
-/// layer over the pool); prints a table, returns a record per shape (`"kernel": kernel`).
+/// layer over the pool); prints a table (a shape that fails named in `failed`), returns a record
+/// per shape timed (`"kernel": kernel`).
 fn decode_rows(
     time: &dyn Fn(&kda_cli::DecodeShape) -> Result<kda_cli::DecodeTiming, KdaError>,
     repeat: usize,
     kernel: &str,
-) -> Result<Vec<Value>, String> {
+    failed: &mut Vec<String>,
+) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err ht |".to_string()];
     lines.push("|---|---:|---:|---:|---:|---:|".into());
     for d in kda_cli::decode_bench_shapes() {
-        let t = time(&d).map_err(text)?;
+        let t = match time(&d) {
+            Ok(t) => t,
+            Err(e) => {
+                lines.push(format!("| {} | failed: {e} |", d.name));
+                failed.push(format!("{} ({kernel}): {e}", d.name));
+                continue;
+            }
+        };
         let ratio = t.floor_us / t.us;
         lines.push(format!(
             "| {} | {:.1} | {:.1} | {ratio:.3} | {:.2e} | {:.2e} |",
@@ -679,7 +700,7 @@ fn decode_rows(
         }));
     }
     println!("\nthe decode step ({kernel}):\n\n{}", lines.join("\n"));
-    Ok(rows)
+    rows
 }
 
 /// Writes `doc` to `out_dir/results.json`.
