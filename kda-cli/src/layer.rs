@@ -200,8 +200,12 @@ pub fn layer_floor_bytes(p: &LayerProblem) -> usize {
 /// (every output finite), its IO floor at `bandwidth` bytes per second, and the first run's
 /// outputs.
 pub struct LayerTiming {
-    /// Median of the event-timed launches, us.
+    /// Median of the event-timed launches, us (a host-timed shape: the host's time per call,
+    /// planning included).
     pub us: f64,
+    /// A host-timed shape's time per call with the plan built once and reused, as every layer
+    /// of a model reuses its batch's plan (`None` for a device-timed shape).
+    pub plan_reused_us: Option<f64>,
     /// The IO floor, us.
     pub floor_us: f64,
     /// `o` and the final states of the first run.
@@ -233,13 +237,15 @@ pub fn time_layer(
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
     let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
-    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+    Ok(LayerTiming { us, plan_reused_us: None, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
 }
 
 /// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
 /// planning the batch afresh (`LayerPlan::new`: its tables built and uploaded) and launching the
 /// layer, and returns the host's wall time per call until the stream has finished them: what a
-/// serving engine pays per layer for a short prompt, launches and planning included.
+/// serving engine pays per layer for a short prompt, launches and planning included; then the
+/// same with the plan built once and reused by every call (what the other layers of a model
+/// pay).
 pub fn time_layer_calls(
     kda: &Kda,
     stream: &Arc<CudaStream>,
@@ -248,14 +254,20 @@ pub fn time_layer_calls(
     bandwidth: f64,
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
-    let start = std::time::Instant::now();
-    for _ in 0..calls {
-        dev.plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?;
-        dev.launch(kda, stream)?;
-    }
-    stream.synchronize()?;
-    let us = start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
-    Ok(LayerTiming { us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+    let mut per_call = |plan_each: bool| -> Result<f64, KdaError> {
+        let start = std::time::Instant::now();
+        for _ in 0..calls {
+            if plan_each {
+                dev.plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?;
+            }
+            dev.launch(kda, stream)?;
+        }
+        stream.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
+    };
+    let us = per_call(true)?;
+    let plan_reused_us = Some(per_call(false)?);
+    Ok(LayerTiming { us, plan_reused_us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
 }
 
 /// [`time_layer`], or [`time_layer_calls`] over [`HOST_TIMED_CALLS`] for a host-timed shape.

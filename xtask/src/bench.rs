@@ -636,10 +636,12 @@ fn layer_rows(
         let errs = t.outputs.key_heads(p, &c.heads).errors(&c.want);
         let within = errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b);
         let ratio = t.floor_us / t.us;
-        let timing = if s.host_timed {
-            format!("host, {} calls", kda_cli::HOST_TIMED_CALLS)
-        } else {
-            format!("median of {repeat}")
+        let timing = match t.plan_reused_us {
+            Some(reused) => format!(
+                "host, {} calls, planning included ({reused:.1} with the plan reused)",
+                kda_cli::HOST_TIMED_CALLS
+            ),
+            None => format!("median of {repeat}"),
         };
         lines.push(format!(
             "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {timing} | {:.2e}{} | {:.2e} | {:?} of {} |",
@@ -656,6 +658,7 @@ fn layer_rows(
             "shape": format!("layer_{}", s.name), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
             "rel_err_o": errs[0], "rel_err_ht": errs[1], "within_bounds": within, "reference_heads": c.heads,
             "repeat": if s.host_timed { kda_cli::HOST_TIMED_CALLS } else { repeat }, "host_timed": s.host_timed,
+            "plan_reused_us": t.plan_reused_us,
             "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
         }));
