@@ -378,12 +378,10 @@ fn unpack_bf16x8(words: [u32; 4]) -> [f32; BF16_VECTOR] {
     core::array::from_fn(|j| bf16_to_f32((words[j / 2] >> (16 * (j % 2))) as u16))
 }
 
-/// The two halves of 8 values in the order [`first_half`] (`layout::layer`) accesses them (the same swap undoes
-/// it).
+/// Two halves of 8 values swapped when [`first_half`] (`layout::layer`) says the second half
+/// goes first: from value order into access order, and back.
 #[inline(always)]
-fn in_access_order(first: usize, x: [f32; BF16_VECTOR]) -> ([f32; F32_VECTOR], [f32; F32_VECTOR]) {
-    let (lo, hi): ([f32; F32_VECTOR], [f32; F32_VECTOR]) =
-        (core::array::from_fn(|j| x[j]), core::array::from_fn(|j| x[F32_VECTOR + j]));
+fn in_access_order<T>(first: usize, (lo, hi): (T, T)) -> (T, T) {
     if first == 0 { (lo, hi) } else { (hi, lo) }
 }
 
@@ -395,7 +393,8 @@ fn in_access_order(first: usize, x: [f32; BF16_VECTOR]) -> ([f32; F32_VECTOR], [
 #[inline(always)]
 unsafe fn set_row8(tile: Shared<f32>, r: usize, c: usize, x: [f32; BF16_VECTOR]) {
     let first = first_half(c);
-    let (a, b) = in_access_order(first, x);
+    let halves = (core::array::from_fn(|j| x[j]), core::array::from_fn(|j| x[F32_VECTOR + j]));
+    let (a, b) = in_access_order(first, halves);
     // SAFETY: see the function's contract.
     unsafe {
         set_row4(tile, r, c + first, a);
@@ -423,7 +422,7 @@ unsafe fn row_words(tile: Shared<f32>, stride: usize, r: usize, c: usize) -> [f3
 #[inline(always)]
 unsafe fn row4(tile: Shared<f32>, r: usize, c: usize) -> [f32; F32_VECTOR] {
     // SAFETY: see the function's contract.
-    unsafe { ld_shared_v4(tile.add(r * ROW_WORDS + c).addr()) }.map(f32::from_bits)
+    unsafe { row_words(tile, ROW_WORDS, r, c) }
 }
 
 /// Elements `c..c + BF16_VECTOR` of row `r` of an f32 tile at `ROW_WORDS` words per row, in two
@@ -435,9 +434,8 @@ unsafe fn row4(tile: Shared<f32>, r: usize, c: usize) -> [f32; F32_VECTOR] {
 unsafe fn row8(tile: Shared<f32>, r: usize, c: usize) -> [f32; BF16_VECTOR] {
     let first = first_half(c);
     // SAFETY: see the function's contract.
-    let (a, b) = unsafe { (row4(tile, r, c + first), row4(tile, r, c + (first ^ F32_VECTOR))) };
-    let joined: [f32; BF16_VECTOR] = core::array::from_fn(|j| if j < F32_VECTOR { a[j] } else { b[j - F32_VECTOR] });
-    let (lo, hi) = in_access_order(first, joined);
+    let accessed = unsafe { (row4(tile, r, c + first), row4(tile, r, c + (first ^ F32_VECTOR))) };
+    let (lo, hi) = in_access_order(first, accessed);
     core::array::from_fn(|j| if j < F32_VECTOR { lo[j] } else { hi[j - F32_VECTOR] })
 }
 
@@ -860,6 +858,25 @@ impl Gates {
     unsafe fn pair(self, r: usize, a: usize) -> [f32; 2] {
         // SAFETY: see the function's contract (`ROW_WORDS` is even).
         unsafe { pair_at(self.tile, ROW_WORDS, r, a) }
+    }
+
+    /// [`fetch_gate`]'s values into the tile as they were read: a per-key gate's rows (each
+    /// thread its own 4 columns of its rows, 16 bytes a row), or a per-head gate's row `tid`
+    /// (threads below `rows`). Each thread stores the elements [`fetch_gate`] gave it, so it may
+    /// read them back (to activate them) without a barrier.
+    ///
+    /// # Safety
+    /// `fetched` and `head` are this thread's from [`fetch_gate`] on a chunk of `rows` valid rows.
+    #[inline(always)]
+    unsafe fn put(self, (fetched, head): &(Fetched<GATE_VECTORS>, f32), rows: usize) {
+        let tid = thread_idx_x();
+        // SAFETY: see the function's contract; rows below `rows <= CHUNK`.
+        unsafe {
+            fetched.store(|r, a, words| set_row4(self.tile, r, a, words.map(f32::from_bits)));
+            if !self.per_key && tid < rows {
+                self.tile.add(tid * ROW_WORDS).st(*head);
+            }
+        }
     }
 
     /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends

@@ -128,7 +128,8 @@ kernel_entry! {
             let base = Shared::<u8>::base();
             let keys = base.cast::<u16>();
             let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
-            let gates = Gates { tile: base.add(OUTPUT_GATES_AT).cast::<f32>(), per_key: d.per_key_gate() };
+            let per_key = d.per_key_gate();
+            let gates = Gates { tile: base.add(OUTPUT_GATES_AT).cast::<f32>(), per_key };
             let attention = base.add(OUTPUT_ATTENTION_AT).cast::<u16>();
             // Once the attention is formed: `q Γ` over the keys, `h` and `v_new` over the queries
             // and the gate (bf16; `layout::layer::OUTPUT_WORDS`).
@@ -139,17 +140,13 @@ kernel_entry! {
             // Every input of the attention in flight at once (one wait for memory, not one per
             // tile): the keys, the queries and the gate (a per-key gate's rows 4 columns per
             // thread, a per-head gate a row per thread).
-            let per_key = d.per_key_gate();
             let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
             let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
-            let (gate_rows, head_gate) = fetch_gate(gate, &wk, &d);
+            let gate_values = fetch_gate(gate, &wk, &d);
 
             // The gate into its tile; the keys (normalised when asked) through the query tile into
             // their bf16 tile, then the queries.
-            gate_rows.store(|r, a, words| set_row4(gates.tile, r, a, words.map(f32::from_bits)));
-            if !per_key && tid < rows {
-                gates.tile.add(tid * ROW_WORDS).st(head_gate);
-            }
+            gates.put(&gate_values, rows);
             put_rows(queries, &key_rows, &wk, kd, l2norm);
             for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
                 let (r, a) = split(e * BF16_VECTOR, kd);

@@ -224,8 +224,9 @@ kernel_entry! {
         unsafe {
             let wk = Work::of_this_cta(chunks, &d);
             let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+            let per_key = d.per_key_gate();
             let keys = Shared::<f32>::base();
-            let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key: d.per_key_gate() };
+            let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key };
             let betas = gates.tile.add(CHUNK * ROW_WORDS);
             let lower = betas.add(CHUNK);
             let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
@@ -234,14 +235,14 @@ kernel_entry! {
             // one per tile): the keys, the gate (a per-key gate's rows in the layout its
             // activation takes, 4 columns per thread; a per-head gate a row per thread), `beta`
             // and the activation's scalars.
-            let per_key = d.per_key_gate();
             let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
-            let (gate_rows, head_gate) = fetch_gate(g, &wk, &d);
+            let gate_values = fetch_gate(g, &wk, &d);
             let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
             let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
             // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
             // multiple of `K`), so their biases are read once.
-            let bias_col = if per_key { gate_rows.walk.col } else { 0 };
+            let gate_walk = gate_values.0.walk;
+            let bias_col = if per_key { gate_walk.col } else { 0 };
             let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| {
                 if dt_bias.is_null() || j >= gw { 0.0 } else { *dt_bias.add(i * gw + bias_col + j) }
             });
@@ -252,14 +253,14 @@ kernel_entry! {
             // valid rows). The mode is chosen once, outside the loop (one activation's code in
             // the kernel, not one per element of a vector).
             let lower_bound = f32::from_bits(lower_bound_bits);
-            // A per-key gate's raw rows into the tile, then each thread activates its own
-            // elements in place (the same walk: no barrier between); the activation inside the
-            // store's loop would index the fetched vectors at run time (a loop too long to unroll).
-            gate_rows.store(|r, a, raw| set_row4(gates.tile, r, a, raw.map(f32::from_bits)));
+            // The raw gate into the tile, then each thread activates its own elements in place
+            // (`Gates::put`: no barrier between); the activation inside the store's loop would
+            // index the fetched vectors at run time (a loop too long to unroll).
+            gates.put(&gate_values, rows);
             let activate_rows = |mode: u32| {
                 let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
                 if per_key {
-                    let RowWalk { r0, col: a, step, .. } = gate_rows.walk;
+                    let RowWalk { r0, col: a, step, .. } = gate_walk;
                     let mut r = r0;
                     while r < rows as u32 {
                         let raw = row4(gates.tile, r as usize, a);
@@ -267,7 +268,8 @@ kernel_entry! {
                         r += step;
                     }
                 } else if tid < rows {
-                    gates.tile.add(tid * ROW_WORDS).st(act(head_gate, bias[0]));
+                    let x = gates.tile.add(tid * ROW_WORDS);
+                    x.st(act(x.ld(), bias[0]));
                 }
             };
             match gate_mode {
@@ -310,7 +312,7 @@ kernel_entry! {
             // The recurrence's keys and gate, while the key and gate tiles still hold them.
             let last = rows - 1;
             let row_at = RowsAt::heads(&wk, hv, i, kd);
-            if d.per_key_gate() {
+            if per_key {
                 store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
                     let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
                     core::array::from_fn(|j| key[j] * exp2(to[j] - from[j]))
@@ -319,7 +321,7 @@ kernel_entry! {
                 // GDN's keys are the key head's, written by the first value head of its group.
                 store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
             }
-            if d.per_key_gate() {
+            if per_key {
                 store_rows_v4(gate_out, rows, (kd, F32_VECTOR), row_at, |r, a| {
                     row4(gates.tile, r, a).map(f32::to_bits)
                 });
@@ -347,7 +349,7 @@ kernel_entry! {
                     set_row8(keys, r, col, x);
                 }
             };
-            if d.per_key_gate() {
+            if per_key {
                 right_hand_side(true);
             } else {
                 right_hand_side(false);
