@@ -206,10 +206,24 @@ pub struct LayerTiming {
     /// A host-timed shape's time per call with the plan built once and reused, as every layer
     /// of a model reuses its batch's plan (`None` for a device-timed shape).
     pub plan_reused_us: Option<f64>,
+    /// Launches (device-timed) or calls (host-timed) behind `us`.
+    pub timed: usize,
     /// The IO floor, us.
     pub floor_us: f64,
     /// `o` and the final states of the first run.
     pub outputs: LayerOutputs,
+}
+
+impl LayerTiming {
+    /// How `us` was taken, for tables and logs.
+    pub fn method(&self) -> String {
+        match self.plan_reused_us {
+            Some(reused) => {
+                format!("host time per call of {}, planning included ({reused:.1} us with the plan reused)", self.timed)
+            }
+            None => format!("median of {} launches", self.timed),
+        }
+    }
 }
 
 /// Uploads `p` and runs it once; every element of `o` and `ht` must be finite.
@@ -237,7 +251,13 @@ pub fn time_layer(
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
     let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
-    Ok(LayerTiming { us, plan_reused_us: None, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+    Ok(LayerTiming {
+        us,
+        plan_reused_us: None,
+        timed: repeat,
+        floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
+        outputs,
+    })
 }
 
 /// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
@@ -267,7 +287,13 @@ pub fn time_layer_calls(
     };
     let us = per_call(true)?;
     let plan_reused_us = Some(per_call(false)?);
-    Ok(LayerTiming { us, plan_reused_us, floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6, outputs })
+    Ok(LayerTiming {
+        us,
+        plan_reused_us,
+        timed: calls,
+        floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
+        outputs,
+    })
 }
 
 /// [`time_layer`], or [`time_layer_calls`] over [`HOST_TIMED_CALLS`] for a host-timed shape.

@@ -400,20 +400,14 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
     for s in shapes.iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.name)) {
         let p = kda::inputs::random_layer_problem(&s.lengths, s.shape, s.options, false, LAYER_BENCH_SEED);
         let t = kda_cli::time_layer_shape(&kda, &stream, (s, &p), repeat, bandwidth)?;
-        let timing = match t.plan_reused_us {
-            Some(reused) => format!(
-                "per call of {} from the host, planning included; {reused:.1} us with the plan reused",
-                kda_cli::HOST_TIMED_CALLS
-            ),
-            None => format!("median over {repeat} launches"),
-        };
         let fields = json!({ "shape": s.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
-            "repeat": repeat, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "copy_bw_Bps": bandwidth });
+            "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "copy_bw_Bps": bandwidth });
         record("layer-bench", fields);
         say!(
-            "layer {}: {:.1} us ({timing}), IO floor {:.1} us ({:.3} of it)",
+            "layer {}: {:.1} us ({}), IO floor {:.1} us ({:.3} of it)",
             s.name,
             t.us,
+            t.method(),
             t.floor_us,
             t.floor_us / t.us
         );

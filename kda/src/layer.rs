@@ -99,6 +99,16 @@ impl LayerShape {
         self.value_heads / self.heads.max(1)
     }
 
+    /// The value heads of key heads `keep`, each key head's group in order.
+    ///
+    /// # Panics
+    /// When a head in `keep` is not below `H`.
+    fn value_heads_of(&self, keep: &[usize]) -> Vec<usize> {
+        assert!(keep.iter().all(|&j| j < self.heads), "key heads {keep:?} of {}", self.heads);
+        let group = self.group();
+        keep.iter().flat_map(|&j| j * group..(j + 1) * group).collect()
+    }
+
     /// Gate values per token and value head: `K` for KDA, 1 for Gated DeltaNet.
     pub fn gate_width(&self) -> usize {
         match self.kind {
@@ -241,9 +251,7 @@ impl LayerOutputs {
     /// When a head in `keep` is not below `H`, or the outputs are not `p`'s size.
     pub fn key_heads(&self, p: &LayerProblem, keep: &[usize]) -> LayerOutputs {
         let s = p.shape;
-        assert!(keep.iter().all(|&j| j < s.heads), "key heads {keep:?} of {}", s.heads);
-        let group = s.group();
-        let value_heads: Vec<usize> = keep.iter().flat_map(|&j| j * group..(j + 1) * group).collect();
+        let value_heads = s.value_heads_of(keep);
         let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
         LayerOutputs {
             o: heads_of(&self.o, t, s.value_heads, s.value_dim, &value_heads),
@@ -345,9 +353,7 @@ impl LayerProblem {
     /// When a head in `keep` is not below `H`.
     pub fn key_heads(&self, keep: &[usize]) -> LayerProblem {
         let s = self.shape;
-        assert!(keep.iter().all(|&j| j < s.heads), "key heads {keep:?} of {}", s.heads);
-        let group = s.group();
-        let value_heads: Vec<usize> = keep.iter().flat_map(|&j| j * group..(j + 1) * group).collect();
+        let value_heads = s.value_heads_of(keep);
         let (t, n) = (self.plan.tokens(), self.plan.num_seqs());
         let (kd, vd, gw) = (s.key_dim, s.value_dim, s.gate_width());
         LayerProblem {

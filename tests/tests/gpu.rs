@@ -681,10 +681,10 @@ fn layer_speed_on_the_peer_shapes() {
         let want = kda::layer::layer_reference(&p.key_heads(&heads)).unwrap();
         let errs = t.outputs.key_heads(&p, &heads).errors(&want);
         println!(
-            "{}: layer {:.1} us (with the plan reused: {:?}), IO floor {:.1} us ({:.3} of it); heads {heads:?}: o {:.2e} ht {:.2e}",
+            "{}: layer {:.1} us ({}), IO floor {:.1} us ({:.3} of it); heads {heads:?}: o {:.2e} ht {:.2e}",
             s.name,
             t.us,
-            t.plan_reused_us,
+            t.method(),
             t.floor_us,
             t.floor_us / t.us,
             errs[0],

@@ -102,7 +102,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // A layer or decode shape that fails is reported in its table and fails the bench after the
     // results are written, so one shape does not cost the run's other numbers.
     let mut failed = Vec::new();
-    let layers = layer_rows(&layer_cases, &time, layer_repeat, "layer", &mut failed);
+    let layers = layer_rows(&layer_cases, &time, "layer", &mut failed);
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw);
     let decodes = decode_rows(&time, o.repeat, "decode", &mut failed);
@@ -116,7 +116,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
             kda_cli::time_layer_shape(&portable, &stream, (s, p), layer_repeat, copy_bw)
         };
-        rows.extend(layer_rows(&layer_cases, &time, layer_repeat, "layer-portable", &mut failed));
+        rows.extend(layer_rows(&layer_cases, &time, "layer-portable", &mut failed));
         let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&portable, &stream, d, o.repeat, copy_bw);
         rows.extend(decode_rows(&time, o.repeat, "decode-portable", &mut failed));
     }
@@ -605,7 +605,7 @@ fn layer_cases() -> Result<Vec<LayerCase>, String> {
 }
 
 /// The whole layer on the peers' shapes (`kda_cli::layer_bench_shapes`): each timed by `time`
-/// (`kda_cli::time_layer_shape`: the median of `repeat` launches, or for the short prompts the
+/// (`kda_cli::time_layer_shape`: the median of its launches, or for the short prompts the
 /// host's time per call over `HOST_TIMED_CALLS`, planning included) and its first run's `o` and
 /// final states checked against the f64 definition on the sampled heads; prints a table (a
 /// shape over `kda_cli::BENCH_ERROR_BOUNDS` marked, a shape that fails named in `failed`),
@@ -613,7 +613,6 @@ fn layer_cases() -> Result<Vec<LayerCase>, String> {
 fn layer_rows(
     cases: &[LayerCase],
     time: &dyn Fn(&kda_cli::LayerBenchShape, &kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
-    repeat: usize,
     kernel: &str,
     failed: &mut Vec<String>,
 ) -> Vec<Value> {
@@ -636,18 +635,12 @@ fn layer_rows(
         let errs = t.outputs.key_heads(p, &c.heads).errors(&c.want);
         let within = errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b);
         let ratio = t.floor_us / t.us;
-        let timing = match t.plan_reused_us {
-            Some(reused) => format!(
-                "host, {} calls, planning included ({reused:.1} with the plan reused)",
-                kda_cli::HOST_TIMED_CALLS
-            ),
-            None => format!("median of {repeat}"),
-        };
         lines.push(format!(
-            "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {timing} | {:.2e}{} | {:.2e} | {:?} of {} |",
+            "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {} | {:.2e}{} | {:.2e} | {:?} of {} |",
             s.name,
             t.us,
             t.floor_us,
+            t.method(),
             errs[0],
             if within { "" } else { " (over the bound)" },
             errs[1],
@@ -657,7 +650,7 @@ fn layer_rows(
         rows.push(json!({
             "shape": format!("layer_{}", s.name), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
             "rel_err_o": errs[0], "rel_err_ht": errs[1], "within_bounds": within, "reference_heads": c.heads,
-            "repeat": if s.host_timed { kda_cli::HOST_TIMED_CALLS } else { repeat }, "host_timed": s.host_timed,
+            "repeat": t.timed, "host_timed": s.host_timed,
             "plan_reused_us": t.plan_reused_us,
             "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
