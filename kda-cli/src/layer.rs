@@ -49,8 +49,13 @@ impl InputBuffers {
 impl DeviceLayer {
     /// Validates `p`, plans it and copies it to the device on `stream`, with zeroed outputs.
     pub fn upload(stream: &Arc<CudaStream>, p: &LayerProblem) -> Result<Self, KdaError> {
+        Self::upload_on(stream, p, kda::OutputPath::Auto)
+    }
+
+    /// [`DeviceLayer::upload`] with the layer's output formed as `path` says.
+    pub fn upload_on(stream: &Arc<CudaStream>, p: &LayerProblem, path: kda::OutputPath) -> Result<Self, KdaError> {
         p.validate()?;
-        let plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?;
+        let plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?.with_output_path(stream, path)?;
         let workspace = plan.workspace(stream)?;
         let s = p.shape;
         let (t, n) = (p.plan.tokens(), p.plan.num_seqs());

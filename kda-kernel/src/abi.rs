@@ -54,10 +54,20 @@ pub enum MapSlot {
     /// `h0` as a 3-D `[N * H][K][V]` f32 tensor in unswizzled `[1][K][BV]` boxes (all zero bytes,
     /// and never used, when the launch has no initial states).
     H0,
+    /// The fused layer pass's `q Γ` (`[T][HV][K]` bf16), as `W` (all zero bytes, and never used,
+    /// outside the fused pass; so are the three below).
+    Q,
+    /// `q Γ` in one-token boxes.
+    QRow,
+    /// The fused pass's causal attention `P` (`[T][HV][CHUNK]` bf16: each token's row of its
+    /// chunk's `P`) in `[CHUNK][1][64]` boxes, 128-byte swizzled.
+    P,
+    /// `P` in one-token boxes.
+    PRow,
 }
 
 /// Tensor maps per Hopper launch.
-pub const TENSOR_MAPS: usize = MapSlot::H0 as usize + 1;
+pub const TENSOR_MAPS: usize = MapSlot::PRow as usize + 1;
 
 /// The Hopper kernel's tensor maps, indexed by [`MapSlot`]: its first parameter, passed by
 /// value and handed to TMA by address (`cvta.param`), so each map's address is the parameter's
@@ -380,6 +390,30 @@ pub const PORTABLE_PARAMS: [Param; 26] = [
     Param::u32("v_new_head_stride"),
 ];
 
+/// The fused layer pass's parameters ([`HOPPER_FUSED`]): [`HOPPER_PARAMS`] with the layer's
+/// output `o` (`[T, HV, V]` bf16, the tail chunk's valid rows; the `VNew` map its full boxes) in
+/// place of `v_new`, then `scale_bits`, the output scale as f32 bits.
+pub const HOPPER_FUSED_PARAMS: [Param; 18] = [
+    Param { name: "maps", kind: ParamKind::TensorMaps },
+    Param::pointer("g"),
+    Param::pointer("gk"),
+    Param::pointer("h0"),
+    Param::pointer("o"),
+    Param::pointer("ht"),
+    Param::pointer("work"),
+    Param::u32("heads"),
+    Param::u32("value_dim"),
+    Param::u32("state_layout"),
+    Param::u32("pass"),
+    Param::u32("g_token_stride"),
+    Param::u32("g_head_stride"),
+    Param::u32("gk_token_stride"),
+    Param::u32("gk_head_stride"),
+    Param::u32("o_token_stride"),
+    Param::u32("o_head_stride"),
+    Param::u32("scale_bits"),
+];
+
 /// The Hopper target: wgmma, TMA and mbarrier transaction counts are `sm_90a` features.
 pub const SM90A: &str = "sm_90a";
 /// The portable target, JIT-compiled by the driver for every newer GPU.
@@ -436,6 +470,43 @@ pub const HOPPER_K64_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k64_narr
 
 /// The warp-specialized kernel at `K = 256`, in narrow blocks (its only width).
 pub const HOPPER_K256_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k256_narrow", 256, hopper::NARROW_BV);
+
+/// Register budget of the fused layer pass: the recurrence's plus the output's 32 accumulator
+/// registers, while product 1's A fragments stay live until the output's first product is done.
+/// At 240 the `K = 128` entry spilled 40 bytes; 255 (256 per thread as allocated) still fits
+/// the 5-warp CTA: at most 2 of its warps share an SM sub-partition, 2 x 32 x 256 = 16384
+/// registers, the sub-partition's file.
+pub const HOPPER_FUSED_MAX_REGISTERS: u32 = 255;
+
+/// One entry of the fused layer pass (sm_90a, [`HOPPER_FUSED_PARAMS`]): the recurrence in wide
+/// blocks with the layer's output `o` computed in its chunk loop.
+const fn hopper_fused_entry(entry: &'static str, key_dim: usize) -> KernelAbi {
+    KernelAbi {
+        entry,
+        params: &HOPPER_FUSED_PARAMS,
+        threads: hopper::THREADS,
+        smem_bytes: hopper::fused_smem_bytes(key_dim),
+        max_registers: Some(HOPPER_FUSED_MAX_REGISTERS),
+        targets: &[SM90A],
+    }
+}
+
+/// The fused layer pass at `K = 128` (`layout::hopper::Fused` blocks).
+pub const HOPPER_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper", crate::layout::K_DIM);
+/// The fused layer pass at `K = 64`.
+pub const HOPPER_K64_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper_k64", 64);
+
+/// Every entry of the fused layer pass.
+pub const HOPPER_FUSED_ENTRIES: [&KernelAbi; 2] = [&HOPPER_FUSED, &HOPPER_K64_FUSED];
+
+/// The fused layer pass's entry for key size `key_dim`, if it has one.
+pub const fn hopper_fused_for(key_dim: usize) -> Option<&'static KernelAbi> {
+    match key_dim {
+        64 => Some(&HOPPER_K64_FUSED),
+        crate::layout::K_DIM => Some(&HOPPER_FUSED),
+        _ => None,
+    }
+}
 
 /// Every entry of the warp-specialized kernel.
 pub const HOPPER_ENTRIES: [&KernelAbi; 5] =
@@ -522,6 +593,23 @@ pub const LAYER_MAX_REGISTERS: u32 = 128;
 
 /// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
 /// f32 arithmetic, every target).
+/// The fused layer's attention kernel's parameters ([`LAYER_ATTENTION`]): as
+/// [`LAYER_OUTPUT_PARAMS`]' first inputs, writing `q Γ` (`qg`, `[T, HV, K]` bf16) and the causal
+/// attention (`attention`, `[T, HV, CHUNK]` bf16) for the fused recurrence.
+pub const LAYER_ATTENTION_PARAMS: [Param; 12] = [
+    Param::pointer("q"),
+    Param::pointer("k"),
+    Param::pointer("gate"),
+    Param::pointer("qg"),
+    Param::pointer("attention"),
+    Param::pointer("chunks"),
+    Param::u32("heads"),
+    Param::u32("value_heads"),
+    Param::u32("key_dim"),
+    Param::u32("value_dim"),
+    Param::u32("gate_width"),
+    Param::u32("options"),
+];
 pub const LAYER_PREPARE: KernelAbi = KernelAbi {
     entry: "kda_layer_prepare",
     params: &LAYER_PREPARE_PARAMS,
@@ -536,6 +624,16 @@ pub const LAYER_PREPARE: KernelAbi = KernelAbi {
 pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     entry: "kda_layer_output",
     params: &LAYER_OUTPUT_PARAMS,
+    threads: crate::layout::layer::THREADS,
+    smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
+    max_registers: Some(LAYER_MAX_REGISTERS),
+    targets: &[SM90A, SM80],
+};
+/// The fused layer's attention kernel: grid and threads as [`LAYER_OUTPUT`], whose tiles it
+/// uses up to the attention.
+pub const LAYER_ATTENTION: KernelAbi = KernelAbi {
+    entry: "kda_layer_attention",
+    params: &LAYER_ATTENTION_PARAMS,
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
     max_registers: Some(LAYER_MAX_REGISTERS),
@@ -580,7 +678,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 17] = [
+pub const KERNELS: [KernelAbi; 20] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -592,9 +690,12 @@ pub const KERNELS: [KernelAbi; 17] = [
     HOPPER_NARROW,
     HOPPER_K64_NARROW,
     HOPPER_K256_NARROW,
+    HOPPER_FUSED,
+    HOPPER_K64_FUSED,
     MERGE,
     LAYER_PREPARE,
     LAYER_OUTPUT,
+    LAYER_ATTENTION,
     DECODE,
     ADVANCE,
     POOL_COPY,

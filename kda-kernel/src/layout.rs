@@ -692,6 +692,10 @@ pub mod hopper {
     /// Ring stages at `K = 256`, where a stage's `k` and `w` tiles take 64 KB: three would not
     /// fit beside the rest (narrow blocks only).
     pub const K256_STAGES: usize = 2;
+    /// Ring stages of the fused layer pass ([`Fused`] blocks): a stage there also holds the
+    /// chunk's `q Γ` and causal attention (64 KB in all at `K = 128`), so two fit beside the
+    /// staging tiles and the `h0` slot, not three.
+    pub const FUSED_STAGES: usize = 2;
 
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
     /// the 128-byte swizzle allows.
@@ -750,6 +754,9 @@ pub mod hopper {
     pub trait Block {
         /// Value columns per block.
         const BV: usize;
+        /// Whether the block runs the fused layer pass: its stages hold `q Γ` and the causal
+        /// attention, and the consumer writes `o` instead of `h` and `v_new`.
+        const OUTPUT: bool = false;
         /// Bytes of one row of the `v_new` staging tile (`BV` bf16): its TMA swizzle span.
         const ROW_BYTES: usize = Self::BV * 2;
         /// Bytes of a full chunk's `u` box (`[CHUNK][BV]`, in the stage's `u` tile).
@@ -767,11 +774,23 @@ pub mod hopper {
 
     /// 64-column blocks, the state transposed in registers.
     pub struct Wide;
+    /// 64-column blocks of the fused layer pass: a wide block whose chunk also gives the layer's
+    /// output `o = scale ((q Γ) bf16(S) + P bf16(Vn))` (docs/DESIGN.md, "The layer on the GPU").
+    pub struct Fused;
     /// 32-column blocks, the state key-major in registers.
     pub struct Narrow;
 
     impl Block for Wide {
         const BV: usize = BV;
+        type StateBox = StateBox;
+        type ValueTile = ValueTile;
+        type OperandBox = NoTile;
+        type InitialBox = InitialStateBox;
+    }
+
+    impl Block for Fused {
+        const BV: usize = BV;
+        const OUTPUT: bool = true;
         type StateBox = StateBox;
         type ValueTile = ValueTile;
         type OperandBox = NoTile;
@@ -792,24 +811,32 @@ pub mod hopper {
     /// always `BOX_COLS` wide (a narrow block's 32 columns and their neighbours', 128-byte
     /// swizzled: a 64-byte row's box would need a destination 128-byte aligned, which every
     /// other row is not).
+    /// In the fused layer pass (`O = 1`) a stage also holds the chunk's `q Γ` (`[CHUNK][K]`, as
+    /// `k`) and causal attention `P` (`[CHUNK][CHUNK]`, one box), both K-major operands of the
+    /// output's products; `O = 0` gives them no bytes.
     #[repr(C, align(1024))]
-    pub struct Stage<const KB: usize> {
+    pub struct Stage<const KB: usize, const O: usize> {
         /// `k`, column boxes side by side.
         pub k: [TileBox; KB],
         /// `w`, column boxes side by side.
         pub w: [TileBox; KB],
         /// `u`, the box of this CTA's value columns.
         pub u: TileBox,
+        /// Fused: `q Γ`, column boxes side by side.
+        pub q: [[TileBox; KB]; O],
+        /// Fused: the causal attention.
+        pub p: [TileBox; O],
     }
 
     /// The CTA's dynamic shared memory for key size `K` (`KB = K / BOX_COLS` boxes), block
-    /// width `B`, `R` ring stages and `G` staging buffers. Never constructed: the kernel takes
-    /// the field offsets (`core::mem::offset_of!`) as shared-memory addresses, and the launcher
-    /// allocates [`smem_bytes`].
+    /// width `B`, `R` ring stages, `G` staging buffers and `O` output tile sets per stage (1 in
+    /// the fused layer pass, else 0). Never constructed: the kernel takes the field offsets
+    /// (`core::mem::offset_of!`) as shared-memory addresses, and the launcher allocates
+    /// [`smem_bytes`].
     #[repr(C)]
-    pub struct SharedStorage<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize> {
+    pub struct SharedStorage<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize> {
         /// The ring of chunk tiles the producer loads and the consumer reads.
-        pub stages: [Stage<KB>; R],
+        pub stages: [Stage<KB, O>; R],
         /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
         /// row plus its last `g`; ones without gates), written by the producer.
         pub decay: [[f32; K]; R],
@@ -820,7 +847,8 @@ pub mod hopper {
         /// `bf16(S)` staging for the `h` stores (`KB` boxes: `[K][BV]` key-first, `[BV][K]` as
         /// boxes of 64 keys value-first).
         pub h_staging: [[B::StateBox; KB]; G],
-        /// `bf16(Vn)` staging for the `v_new` stores.
+        /// `bf16(Vn)` staging for the `v_new` stores (`bf16(o)` for the `o` stores in the fused
+        /// pass).
         pub vn_staging: [B::ValueTile; G],
         /// Narrow blocks: `bf16(S)^T`, product 1's `B` (read within the chunk, so one buffer).
         pub s_operand: [B::OperandBox; KB],
@@ -840,11 +868,18 @@ pub mod hopper {
         pub h0_empty: u64,
     }
 
-    /// Dynamic shared memory of one CTA of key size `K`, block width `B`, `R` ring stages and `G`
-    /// staging buffers: up to the end of the last barrier (the struct's size would round up to
-    /// its 1024-byte alignment, which no field needs).
-    pub const fn storage_bytes<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize>() -> usize {
-        core::mem::offset_of!(SharedStorage<K, KB, B, R, G>, h0_empty) + 8
+    /// Dynamic shared memory of one CTA of key size `K`, block width `B`, `R` ring stages, `G`
+    /// staging buffers and `O` output tile sets: up to the end of the last barrier (the
+    /// struct's size would round up to its 1024-byte alignment, which no field needs).
+    pub const fn storage_bytes<
+        const K: usize,
+        const KB: usize,
+        B: Block,
+        const R: usize,
+        const G: usize,
+        const O: usize,
+    >() -> usize {
+        core::mem::offset_of!(SharedStorage<K, KB, B, R, G, O>, h0_empty) + 8
     }
 
     /// Dynamic shared memory of one CTA for key size `key_dim` (one of [`KEY_DIMS`]; 0 for any
@@ -852,11 +887,21 @@ pub mod hopper {
     /// in wide blocks).
     pub const fn smem_bytes(key_dim: usize, bv: usize) -> usize {
         match (key_dim, bv) {
-            (64, BV) => storage_bytes::<64, 1, Wide, STAGES, STAGING>(),
-            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING>(),
-            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow, STAGES, STAGING>(),
-            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING>(),
-            (256, NARROW_BV) => storage_bytes::<256, 4, Narrow, K256_STAGES, K256_STAGING>(),
+            (64, BV) => storage_bytes::<64, 1, Wide, STAGES, STAGING, 0>(),
+            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING, 0>(),
+            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow, STAGES, STAGING, 0>(),
+            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING, 0>(),
+            (256, NARROW_BV) => storage_bytes::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0>(),
+            _ => 0,
+        }
+    }
+
+    /// Dynamic shared memory of one CTA of the fused layer pass at key size `key_dim` (64 or
+    /// [`K_DIM`]; 0 for any other).
+    pub const fn fused_smem_bytes(key_dim: usize) -> usize {
+        match key_dim {
+            64 => storage_bytes::<64, 1, Fused, FUSED_STAGES, STAGING, 1>(),
+            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>(),
             _ => 0,
         }
     }
@@ -869,21 +914,26 @@ pub mod hopper {
     pub const CTAS_PER_SM: usize = 1;
 
     /// Compile-time checks of one key size's layout.
-    const fn check<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize>() {
-        let bytes = storage_bytes::<K, KB, B, R, G>();
+    const fn check<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize>() {
+        let bytes = storage_bytes::<K, KB, B, R, G, O>();
         assert!(K == KB * BOX_COLS, "a k or w tile is KB boxes");
-        assert!(core::mem::size_of::<Stage<KB>>() == (2 * KB + 1) * BOX_BYTES, "a stage is exactly its boxes");
+        assert!(
+            core::mem::size_of::<Stage<KB, O>>() == (2 * KB + 1 + O * (KB + 1)) * BOX_BYTES,
+            "a stage is exactly its boxes"
+        );
         assert!(core::mem::size_of::<[B::StateBox; KB]>() == K * B::BV * 2);
         assert!(core::mem::size_of::<B::ValueTile>() == CHUNK * B::BV * 2);
         assert!(core::mem::size_of::<[B::InitialBox; KB]>() == K * B::BV * 4);
         assert!(bytes <= 227 * 1024, "one CTA may use at most 227 KB");
-        assert!(core::mem::size_of::<SharedStorage<K, KB, B, R, G>>() - bytes < 1024);
+        assert!(core::mem::size_of::<SharedStorage<K, KB, B, R, G, O>>() - bytes < 1024);
     }
-    const _: () = check::<64, 1, Wide, STAGES, STAGING>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING>();
-    const _: () = check::<64, 1, Narrow, STAGES, STAGING>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING>();
-    const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING>();
+    const _: () = check::<64, 1, Wide, STAGES, STAGING, 0>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING, 0>();
+    const _: () = check::<64, 1, Narrow, STAGES, STAGING, 0>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING, 0>();
+    const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0>();
+    const _: () = check::<64, 1, Fused, FUSED_STAGES, STAGING, 1>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));

@@ -31,7 +31,7 @@ pub use half::bf16;
 pub use launch::{
     CODE_VAR, CheckpointPlan, Code, DecodeInputs, DecodePlan, DevicePlan, KERNEL_VAR, Kda, KdaInputs, KdaOptions,
     KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerPool, LayerWorkspace, MODULE_VAR, Module,
-    ModuleCode, PooledStates, TENSOR_ALIGN,
+    ModuleCode, OUTPUT_VAR, OutputPath, PooledStates, TENSOR_ALIGN,
 };
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};

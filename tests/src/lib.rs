@@ -301,6 +301,17 @@ pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, Kd
     run_layer_guarded_in(gpu, p, StateLayout::KeyFirst)
 }
 
+/// The output paths this GPU runs the layer on: the fused one (9.x, when the plan's key size has
+/// it) and the separate one.
+pub fn output_paths(gpu: &Gpu, p: &LayerProblem) -> Vec<kda::OutputPath> {
+    let fused = gpu.kda.compute_capability().0 == 9 && kda::OutputPath::fused_runs(&p.shape);
+    let mut paths = vec![kda::OutputPath::Separate];
+    if fused {
+        paths.insert(0, kda::OutputPath::Fused);
+    }
+    paths
+}
+
 /// Each `[K, V]` state of `states` (`[.., K, V]` f32) as `[V, K]`, or back with `inverse`.
 pub fn transpose_states(states: &[f32], key_dim: usize, value_dim: usize, inverse: bool) -> Vec<f32> {
     let (rows, cols) = if inverse { (value_dim, key_dim) } else { (key_dim, value_dim) };
@@ -318,9 +329,21 @@ pub fn transpose_states(states: &[f32], key_dim: usize, value_dim: usize, invers
 /// [`run_layer_guarded`] with the plan's states in `layout`: `p.h0` (key-first) goes up in that
 /// layout and the final states come back key-first.
 pub fn run_layer_guarded_in(gpu: &Gpu, p: &LayerProblem, layout: StateLayout) -> Result<LayerOutputs, KdaError> {
+    run_layer_guarded_on(gpu, p, layout, kda::OutputPath::Auto)
+}
+
+/// [`run_layer_guarded_in`] on output path `path`.
+pub fn run_layer_guarded_on(
+    gpu: &Gpu,
+    p: &LayerProblem,
+    layout: StateLayout,
+    path: kda::OutputPath,
+) -> Result<LayerOutputs, KdaError> {
     use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan};
     let s = &gpu.stream;
-    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?.with_state_layout(s, layout)?;
+    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?
+        .with_output_path(s, path)?
+        .with_state_layout(s, layout)?;
     let (kd_, vd_) = (p.shape.key_dim, p.shape.value_dim);
     let value_first = layout == StateLayout::ValueFirst;
     let h0_laid = p.h0.as_ref().map(|h0| if value_first { transpose_states(h0, kd_, vd_, false) } else { h0.clone() });

@@ -575,24 +575,28 @@ fn split_launch_is_deterministic_and_graph_capturable(kernel: Kernel) {
     assert!(replayed == first, "{kernel:?}: the captured split launch gave different bits");
 }
 
-/// The layer forward on the GPU (prepare, recurrence, output) reproduces FLA's layer fixtures
-/// within the layer's bound, every element of `o` and `ht` written and nothing outside them.
+/// The layer forward on the GPU, on each output path the device runs (fused; prepare,
+/// recurrence, output), reproduces FLA's layer fixtures within the layer's bound, every element
+/// of `o` and `ht` written and nothing outside them.
 #[test]
 fn layer_fixtures() {
     let gpu = Gpu::open();
     for name in LAYER_FIXTURES {
         let (p, golden) = kda::layer::read_layer_fixture(&fixture(&format!("layer/{name}"))).unwrap();
-        let out = kda_tests::run_layer_guarded(&gpu, &p).unwrap();
-        let errs = out.errors(&golden.reference);
-        let [fo, fh] = golden.fla_errors;
-        println!(
-            "{name}: GPU layer o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
-            errs[0],
-            errs[0] / fo,
-            errs[1],
-            errs[1] / fh
-        );
-        assert!(errs[0] <= LAYER_BOUND_OVER_FLA * fo && errs[1] <= LAYER_BOUND_OVER_FLA * fh, "{name}: {errs:?}");
+        for path in kda_tests::output_paths(&gpu, &p) {
+            let out = kda_tests::run_layer_guarded_on(&gpu, &p, StateLayout::KeyFirst, path).unwrap();
+            let errs = out.errors(&golden.reference);
+            let [fo, fh] = golden.fla_errors;
+            println!(
+                "{name} {path:?}: GPU layer o {:.2e} ({:.2}x FLA's) ht {:.2e} ({:.2}x FLA's)",
+                errs[0],
+                errs[0] / fo,
+                errs[1],
+                errs[1] / fh
+            );
+            let within = errs[0] <= LAYER_BOUND_OVER_FLA * fo && errs[1] <= LAYER_BOUND_OVER_FLA * fh;
+            assert!(within, "{name} {path:?}: {errs:?}");
+        }
     }
 }
 
@@ -604,12 +608,14 @@ fn layer_random() {
     let gpu = Gpu::open();
     let cases = kda_tests::random_layer_cases();
     for (name, p) in &cases {
-        let out = kda_tests::run_layer_guarded(&gpu, p).unwrap();
         let want = layer_reference(p).unwrap();
-        let errs = out.errors(&want);
         let bounds = kda_tests::layer_bounds(p, &want);
-        println!("{name}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
-        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name}: {errs:?} over {bounds:?}");
+        for path in kda_tests::output_paths(&gpu, p) {
+            let out = kda_tests::run_layer_guarded_on(&gpu, p, StateLayout::KeyFirst, path).unwrap();
+            let errs = out.errors(&want);
+            println!("{name} {path:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {path:?}: {errs:?} over {bounds:?}");
+        }
     }
     println!("{} random layers", cases.len());
 }
@@ -646,7 +652,7 @@ fn prefill_and_checkpoint(
 ) -> kda_cli::DeviceLayer {
     use kda::pool::{PoolShape, StateDtype};
     let p = &case.p;
-    let mut dev = kda_cli::DeviceLayer::upload(&gpu.stream, p).unwrap();
+    let mut dev = kda_cli::DeviceLayer::upload_on(&gpu.stream, p, kda::OutputPath::Separate).unwrap();
     dev.launch(&gpu.kda, &gpu.stream).unwrap();
     let shape = PoolShape::for_layer(&p.shape, case.slots, StateLayout::KeyFirst, dtype);
     let plan = kda::CheckpointPlan::new(&gpu.stream, &dev.plan, shape, &case.checkpoints).unwrap();
@@ -713,13 +719,16 @@ fn layer_value_first_states() {
         let want = layer_reference(&p).unwrap();
         let bounds = kda_tests::layer_bounds(&p, &want);
         for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
-            let out = kda_tests::run_layer_guarded_in(&gpu, &p, layout).unwrap();
-            let errs = out.errors(&want);
-            println!(
-                "{kind:?} {layout:?}: o {:.2e} ht {:.2e} (bounds {:.2e} {:.2e})",
-                errs[0], errs[1], bounds[0], bounds[1]
-            );
-            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{kind:?} {layout:?}: {errs:?} over {bounds:?}");
+            for path in kda_tests::output_paths(&gpu, &p) {
+                let out = kda_tests::run_layer_guarded_on(&gpu, &p, layout, path).unwrap();
+                let errs = out.errors(&want);
+                println!(
+                    "{kind:?} {layout:?} {path:?}: o {:.2e} ht {:.2e} (bounds {:.2e} {:.2e})",
+                    errs[0], errs[1], bounds[0], bounds[1]
+                );
+                let within = errs.iter().zip(&bounds).all(|(e, b)| e <= b);
+                assert!(within, "{kind:?} {layout:?} {path:?}: {errs:?} over {bounds:?}");
+            }
         }
     }
 }

@@ -510,19 +510,31 @@ enum LayerRecurrence {
     Portable,
 }
 
+/// How the simulated layer forms `o`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LayerOutput {
+    /// The output kernel, from the recurrence's `h` and `v_new` (the separate path).
+    Kernel,
+    /// The attention kernel's `q Γ` and `P`, combined with `bf16(S)` and `bf16(Vn)` in f32 as
+    /// the fused recurrence's two output products do (the fused path's arithmetic; the Hopper
+    /// kernel itself runs only on the GPU).
+    Fused,
+}
+
 /// The layer on the simulator as the launcher runs it, its states (`h`, and `h0`, `ht` at the
 /// recurrence) in `layout`: the prepare kernel, the recurrence (here the f64 reference of the
 /// contract, on the prepare kernel's bf16 outputs), the output kernel. Returns key-first `ht`.
 fn run_layer(p: &LayerProblem, layout: StateLayout, recurrence: LayerRecurrence) -> LayerOutputs {
-    run_layer_keeping_h(p, layout, recurrence).0
+    run_layer_keeping_h(p, layout, recurrence, LayerOutput::Kernel).0
 }
 
 /// [`run_layer`], and the chunk entry states `h` its recurrence left (`[NT, HV, K, V]` bf16 in
-/// `layout`), as the workspace keeps them.
+/// `layout`), as the workspace keeps them, `o` formed as `output` says.
 fn run_layer_keeping_h(
     p: &LayerProblem,
     layout: StateLayout,
     recurrence: LayerRecurrence,
+    output: LayerOutput,
 ) -> (LayerOutputs, Vec<bf16>) {
     let s = p.shape;
     let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
@@ -594,6 +606,11 @@ fn run_layer_keeping_h(
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
     let gate_in = ptr(&gate);
+    if output == LayerOutput::Fused {
+        let o = fused_output(p, (q_in, k_in, gate_in, chunks), &recurrence.h, &recurrence.v_new, layout);
+        let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
+        return (LayerOutputs { o, ht }, recurrence.h);
+    }
     // SAFETY: as above; `h` holds a state per (chunk, value head) in the table's order.
     unsafe {
         sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
@@ -622,19 +639,88 @@ fn run_layer_keeping_h(
     (LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }, recurrence.h)
 }
 
+/// The attention kernel (`kda_layer_attention`) on the simulator, then `o` as the fused
+/// recurrence forms it: `scale (qg bf16(S) + P bf16(Vn))` in f32 per chunk, `bf16(S)` the chunk's
+/// entry state `h` and `bf16(Vn)` its `v_new` (both as the recurrence rounds them), rounded to
+/// bf16. Checks that the kernel wrote every valid row of `qg` and `P` and that each row of `P`
+/// is zero past its diagonal.
+fn fused_output(
+    p: &LayerProblem,
+    (q_in, k_in, gate_in, chunks): (sim::Ptr<bf16>, sim::Ptr<bf16>, sim::Ptr<f32>, sim::Ptr<u32>),
+    h: &[bf16],
+    v_new: &[bf16],
+    layout: StateLayout,
+) -> Vec<f32> {
+    let s = p.shape;
+    let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
+    let chunk = kda_kernel::layout::CHUNK;
+    let dims = [s.heads, hv, kd, vd, gw].map(|x| x as u32);
+    let poison_bf = bf16::from_bits(POISON_BF16);
+    let (mut qg, mut attention) = (vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * chunk]);
+    let (qg_out, attention_out) = (ptr_mut(&mut qg), ptr_mut(&mut attention));
+    // SAFETY: every buffer holds the layer's rows for this plan and shape; the gate is the
+    // prepare kernel's.
+    unsafe {
+        sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
+            kda_kernel::layer::kda_layer_attention(
+                q_in.ptr() as *const u16,
+                k_in.ptr() as *const u16,
+                gate_in.ptr(),
+                qg_out.mut_ptr() as *mut u16,
+                attention_out.mut_ptr() as *mut u16,
+                chunks.ptr(),
+                dims[0],
+                dims[1],
+                dims[2],
+                dims[3],
+                dims[4],
+                p.options.codes().options,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("attention: {e}"));
+    assert!(qg.iter().chain(&attention).all(|x| x.to_bits() != POISON_BF16), "attention left rows unwritten");
+    let scale = f32::from_bits(p.options.codes().scale_bits);
+    let value_first = layout == StateLayout::ValueFirst;
+    let mut o = vec![0.0f32; t * hv * vd];
+    for (c, (t0, rows)) in chunk_table(&p.plan).unwrap().chunks(2).map(|w| (w[0] as usize, w[1] as usize)).enumerate() {
+        for i in 0..hv {
+            let state = &h[(c * hv + i) * kd * vd..][..kd * vd];
+            let s_at = |a: usize, v: usize| state[if value_first { v * kd + a } else { a * vd + v }].to_f32();
+            for r in 0..rows {
+                let row = (t0 + r) * hv + i;
+                let p_row = &attention[row * chunk..][..chunk];
+                for (j, x) in p_row.iter().enumerate().skip(r + 1) {
+                    assert_eq!(x.to_f32(), 0.0, "P[{r}][{j}] of chunk {c}, head {i}: past the diagonal");
+                }
+                for v in 0..vd {
+                    let inter: f32 = (0..kd).map(|a| qg[row * kd + a].to_f32() * s_at(a, v)).sum();
+                    let intra: f32 =
+                        (0..=r).map(|j| p_row[j].to_f32() * v_new[((t0 + j) * hv + i) * vd + v].to_f32()).sum();
+                    o[row * vd + v] = bf16::from_f32(scale * (inter + intra)).to_f32();
+                }
+            }
+        }
+    }
+    o
+}
+
 /// The layer's token-parallel kernels on the GPU suite's random layers (both kinds, grouped
 /// heads, every gate form and option, partial chunks, empty sequences) against the f64
-/// definition, within the bounds the GPU suite holds the whole layer to; every third case with
-/// value-first states.
+/// definition, within the bounds the GPU suite holds the whole layer to, `o` formed by the
+/// output kernel and as the fused pass forms it; every third case with value-first states.
 #[test]
 fn the_layer_kernels_match_the_definition() {
     for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate() {
         let layout = if i % 3 == 2 { StateLayout::ValueFirst } else { StateLayout::KeyFirst };
         let want = layer_reference(&p).unwrap();
-        let errs = run_layer(&p, layout, LayerRecurrence::Reference).errors(&want);
         let bounds = layer_bounds(&p, &want);
-        println!("{name} {layout:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
-        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
+        for output in [LayerOutput::Kernel, LayerOutput::Fused] {
+            let errs = run_layer_keeping_h(&p, layout, LayerRecurrence::Reference, output).0.errors(&want);
+            println!("{name} {layout:?} {output:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+            let within = errs.iter().zip(&bounds).all(|(e, b)| e <= b);
+            assert!(within, "{name} {layout:?} {output:?}: {errs:?} over {bounds:?}");
+        }
     }
 }
 
@@ -1138,7 +1224,7 @@ fn checkpoints_match_the_prompts_cut_there() {
     for (i, case) in kda_tests::checkpoint_cases().into_iter().enumerate() {
         let p = &case.p;
         let (kd, vd) = (p.shape.key_dim, p.shape.value_dim);
-        let (_, h) = run_layer_keeping_h(p, StateLayout::KeyFirst, LayerRecurrence::Portable);
+        let (_, h) = run_layer_keeping_h(p, StateLayout::KeyFirst, LayerRecurrence::Portable, LayerOutput::Kernel);
         let pool_shape = PoolShape::for_layer(&p.shape, case.slots, StateLayout::KeyFirst, StateDtype::F32);
         let tables = checkpoint_tables(&p.plan, &case.checkpoints, &pool_shape).unwrap();
         let mut pool = vec![f32::from_bits(POISON_F32); pool_shape.len().unwrap()];
@@ -1150,7 +1236,8 @@ fn checkpoints_match_the_prompts_cut_there() {
             case.check(StateDtype::Bf16, &pool);
         } else {
             // A value-first layer's `h` into a value-first pool.
-            let (_, h) = run_layer_keeping_h(p, StateLayout::ValueFirst, LayerRecurrence::Portable);
+            let (_, h) =
+                run_layer_keeping_h(p, StateLayout::ValueFirst, LayerRecurrence::Portable, LayerOutput::Kernel);
             let mut pool = vec![f32::from_bits(POISON_F32); pool_shape.len().unwrap()];
             sim_advance(p, (&h, StateLayout::ValueFirst), &tables, (&mut pool, StateLayout::ValueFirst));
             case.check(StateDtype::F32, &transposed(&pool, vd, kd));

@@ -364,6 +364,60 @@ pub unsafe fn wgmma_m64n64k16x4_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4]
     }
 }
 
+/// `acc = acc + A @ B` over K = 128 (PTX 8.0, sm_90a; the fused layer's `o^T += bf16(S^T) @ (q Γ)^T`
+/// at `K = 128`): as [`wgmma_m64n64k16x8_sub_start`] with `imm-scale-a = 1`, B a K-major tile
+/// of two `[64][64]` boxes (the stage's `q Γ`). [`wgmma_wait_m64n64`] or
+/// [`wgmma_wait_older_m64n64`] completes them.
+///
+/// # Safety
+/// As for [`wgmma_m64n64k16x8_sub_start`].
+#[inline(always)]
+pub unsafe fn wgmma_m64n64k16x8_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        wgmma_start!(
+            shape "m64n64k16", scale_a "1", trans_b "0",
+            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a a, desc desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+                4: [48 49 50 51] + 512,
+                5: [52 53 54 55] + 514,
+                6: [56 57 58 59] + 516,
+                7: [60 61 62 63] + 518,
+            ]
+        )
+    }
+}
+
+/// `acc = acc + A @ B` over K = 64 with B K-major (PTX 8.0, sm_90a; the fused layer's
+/// `o^T += bf16(Vn^T) @ P^T`, and `o^T += bf16(S^T) @ (q Γ)^T` at `K = 64`): four
+/// `wgmma.mma_async.m64n64k16.f32.bf16.bf16` over one `[64][64]` K-major box (k-step `i` starts
+/// 32 bytes further). [`wgmma_wait_m64n64`] or [`wgmma_wait_older_m64n64`] completes them.
+///
+/// # Safety
+/// As for [`wgmma_m64n64k16x4_sub_start`].
+#[inline(always)]
+pub unsafe fn wgmma_m64n64k16x4_add_kmajor_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4], desc: u64) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        wgmma_start!(
+            shape "m64n64k16", scale_a "1", trans_b "0",
+            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a a, desc desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+            ]
+        )
+    }
+}
+
 /// One warpgroup MMA group of four `m64n32k16` k-steps with both operands from shared memory,
 /// started: `wgmma.fence`, the four `wgmma.mma_async`, `commit_group`. Step `i` adds
 /// `$a_off[i]` and `$b_off[i]` (16-byte units) to the descriptors `$a` and `$b`; the
@@ -434,18 +488,33 @@ pub unsafe fn wgmma_m64n32k16x4_add_ta(acc: &mut [f32; 16], a: u64, b: u64) {
     unsafe { wgmma_ss_m64n32_x4!(scale_a "1", trans_a "1", trans_b "0", acc acc, a a [0 128 256 384], b b [0 2 4 6]) }
 }
 
-/// `wgmma.wait_group.sync.aligned 0;` with the accumulator registers `$acc[$i]` as `inout`
+/// `wgmma.wait_group.sync.aligned $pending;` with the accumulator registers `$acc[$i]` as `inout`
 /// operands (named in a PTX comment), so the compiler keeps them untouched between a start and
 /// this wait.
-macro_rules! wgmma_wait_group_0 {
-    ($acc:ident; $($i:literal)*) => {
+macro_rules! wgmma_wait_group {
+    ($pending:literal; $acc:ident; $($i:literal)*) => {
         asm!(
-            "wgmma.wait_group.sync.aligned 0;",
+            concat!("wgmma.wait_group.sync.aligned ", stringify!($pending), ";"),
             concat!("// accumulators", $(" {", stringify!($i), "}"),*),
             $(inout(reg32) $acc[$i],)*
             options(nostack),
         )
     };
+}
+
+/// `wgmma.wait_group.sync.aligned 1;` (PTX 8.0, sm_90a): returns once every committed group but
+/// the newest has completed, `acc` being the accumulator of one of those older groups (named
+/// as `inout` operands, as in [`wgmma_wait_m64n64`]); the newest group runs on.
+///
+/// # Safety
+/// The warpgroup's 128 threads call this together; the groups on `acc` were all committed
+/// before the newest group.
+#[inline(always)]
+pub unsafe fn wgmma_wait_older_m64n64(acc: &mut [f32; 32]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        wgmma_wait_group!(1; acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+    }
 }
 
 /// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after any start on a 32-register
@@ -457,7 +526,7 @@ macro_rules! wgmma_wait_group_0 {
 pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
     // SAFETY: see the function's contract.
     unsafe {
-        wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+        wgmma_wait_group!(0; acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
     }
 }
 
@@ -469,7 +538,7 @@ pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
 #[inline(always)]
 pub unsafe fn wgmma_wait_m64n32(acc: &mut [f32; 16]) {
     // SAFETY: see the function's contract.
-    unsafe { wgmma_wait_group_0!(acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) }
+    unsafe { wgmma_wait_group!(0; acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) }
 }
 
 /// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n128k16x4_add_start`]:
@@ -481,7 +550,7 @@ pub unsafe fn wgmma_wait_m64n32(acc: &mut [f32; 16]) {
 pub unsafe fn wgmma_wait_m64n128(acc: &mut [f32; 64]) {
     // SAFETY: see the function's contract.
     unsafe {
-        wgmma_wait_group_0!(acc;
+        wgmma_wait_group!(0; acc;
             0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
             32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63)
     }

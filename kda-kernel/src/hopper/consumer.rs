@@ -22,10 +22,10 @@ use super::tail;
 use crate::arch::sm80::{ld_shared_f32, ld_shared_v2_f32, ldmatrix_x4_trans, named_barrier, thread_idx_x_fresh};
 use crate::arch::sm90::{
     bulk_commit_group, bulk_wait_group_read, fence_proxy_async, stmatrix_x4, stmatrix_x4_trans, sw128_desc,
-    tma_store_3d, wgmma_wait_m64n64,
+    tma_store_3d, wgmma_m64n64k16x4_add_kmajor_start, wgmma_wait_m64n64, wgmma_wait_older_m64n64,
 };
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, StateBox, Wide};
+use crate::layout::hopper::{BOX_BYTES, BOX_COLS, Block, CONSUMER_THREADS, StateBox};
 use crate::pipeline::PipelineState;
 use crate::schedule::{Item, Work};
 
@@ -58,23 +58,42 @@ pub struct Variant {
 /// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
 /// launch's outputs.
 #[inline(always)]
-pub unsafe fn run<C: WideKey>(work: &Work, smem: Smem<C, Wide>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+pub unsafe fn run<C: WideKey, B: Block>(
+    work: &Work,
+    smem: Smem<C, B>,
+    tid: usize,
+    out: Outputs,
+    has_h0: bool,
+    kind: Variant,
+) {
     // SAFETY: as this function's.
-    unsafe { for_variant!(kind, consume::<C>(work, smem, tid, out), has_h0) }
+    unsafe {
+        if B::OUTPUT {
+            // The fused layer pass is never a pre-scan (its entry's contract).
+            match (kind.scalar_gate, kind.value_first) {
+                (false, false) => consume::<C, B, false, false, false>(work, smem, tid, out, has_h0),
+                (false, true) => consume::<C, B, false, true, false>(work, smem, tid, out, has_h0),
+                (true, false) => consume::<C, B, true, false, false>(work, smem, tid, out, has_h0),
+                (true, true) => consume::<C, B, true, true, false>(work, smem, tid, out, has_h0),
+            }
+        } else {
+            for_variant!(kind, consume::<C, B>(work, smem, tid, out), has_h0)
+        }
+    }
 }
 
-/// Calls `$consume::<$key, SCALAR_GATE, VALUE_FIRST, PRESCAN>($args.., has_h0)` for the variant
-/// `$kind` (the pre-scan's states are key-first and start from no `h0`): the one dispatch of a
-/// consumer, so that its chunk loop carries no branch on the variant.
+/// Calls `$consume::<$types.., SCALAR_GATE, VALUE_FIRST, PRESCAN>($args.., has_h0)` for the
+/// variant `$kind` (the pre-scan's states are key-first and start from no `h0`): the one dispatch
+/// of a consumer, so that its chunk loop carries no branch on the variant.
 macro_rules! for_variant {
-    ($kind:expr, $consume:ident::<$key:ty>($($arg:expr),*), $has_h0:expr) => {
+    ($kind:expr, $consume:ident::<$($ty:ty),+>($($arg:expr),*), $has_h0:expr) => {
         match ($kind.prescan, $kind.scalar_gate, $kind.value_first) {
-            (false, false, false) => $consume::<$key, false, false, false>($($arg),*, $has_h0),
-            (false, false, true) => $consume::<$key, false, true, false>($($arg),*, $has_h0),
-            (false, true, false) => $consume::<$key, true, false, false>($($arg),*, $has_h0),
-            (false, true, true) => $consume::<$key, true, true, false>($($arg),*, $has_h0),
-            (true, false, _) => $consume::<$key, false, false, true>($($arg),*, false),
-            (true, true, _) => $consume::<$key, true, false, true>($($arg),*, false),
+            (false, false, false) => $consume::<$($ty),+, false, false, false>($($arg),*, $has_h0),
+            (false, false, true) => $consume::<$($ty),+, false, true, false>($($arg),*, $has_h0),
+            (false, true, false) => $consume::<$($ty),+, true, false, false>($($arg),*, $has_h0),
+            (false, true, true) => $consume::<$($ty),+, true, true, false>($($arg),*, $has_h0),
+            (true, false, _) => $consume::<$($ty),+, false, false, true>($($arg),*, false),
+            (true, true, _) => $consume::<$($ty),+, true, false, true>($($arg),*, false),
         }
     };
 }
@@ -85,9 +104,9 @@ pub(super) use for_variant;
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
 #[inline(always)]
-unsafe fn consume<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume<C: WideKey, B: Block, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     work: &Work,
-    smem: Smem<C, Wide>,
+    smem: Smem<C, B>,
     tid: usize,
     out: Outputs,
     has_h0: bool,
@@ -95,8 +114,8 @@ unsafe fn consume<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     let state = ItemState { zero: C::zero_state, flat: wide_flat::<C>, coords: |e| wide_coords(tid, e) };
     // SAFETY: as this function's; each chunk runs at the consumer's positions.
     unsafe {
-        walk_items::<C, Wide, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
-            consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
+        walk_items::<C, B, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
+            consume_chunk::<C, B, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
         })
     }
 }
@@ -257,14 +276,23 @@ pub(super) struct ChunkAt<'a> {
     pub buf: usize,
 }
 
-/// One chunk.
+/// One chunk. In the fused layer pass (`B::OUTPUT`) the chunk also gives the layer's output
+/// from the same operands, two more products beside the recurrence's:
+///
+/// ```text
+/// o^T  = bf16(S^T) @ (q Γ)^T       m64 n64 kK   (A = product 1's A, B = the stage's q Γ tile)
+/// o^T += bf16(Vn^T) @ P^T           m64 n64 k64  (A = v_new's fragments, B = the attention tile)
+/// ```
+///
+/// both started beside products 1 and 2 (wgmma groups complete in order: each wait below lets
+/// the newest group run on), and `scale o` is stored in place of `h` and `v_new`.
 ///
 /// # Safety
 /// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-unsafe fn consume_chunk<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume_chunk<C: WideKey, B: Block, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     at: ChunkAt<'_>,
-    smem: Smem<C, Wide>,
+    smem: Smem<C, B>,
     out: Outputs,
     s: &mut C::State,
 ) {
@@ -273,6 +301,9 @@ unsafe fn consume_chunk<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: 
     let tiles = smem.stage(stage.index());
     let rows = item.rows(c);
     let tid = thread_idx_x_fresh();
+    // The recurrence's own outputs: neither in the pre-scan nor in the fused pass.
+    let stores = !PRESCAN && !B::OUTPUT;
+    let operand = |tile: u32| sw128_desc(tile, UNUSED_LEADING, ATOM_BYTES);
     // SAFETY (block): the stage's tiles are read only between the full wait and the release;
     // each wgmma's accumulator and A fragments are left alone between its start and its wait;
     // the staging buffers are rewritten only after the stores that read them (`staging` chunks
@@ -288,23 +319,30 @@ unsafe fn consume_chunk<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: 
         let zero_u = PRESCAN && item.u_col.is_none();
         let mut vn = if zero_u { [0.0; VN_REGS] } else { load_u_transposed(tiles.u(), tid) };
         let a1 = C::state_fragments(s);
-        if !PRESCAN {
+        if stores {
             stage_state::<VALUE_FIRST>(smem.h(buf), a1.as_ref(), tid, smem.staging_buffers());
         }
 
-        // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T. (The decay is
-        //    written before the product starts: ptxas waits for an in-flight wgmma before any
-        //    write to registers a wgmma defined, the state's included.)
+        // 2. The state's decay per key column, then Vn^T = u^T - bf16(S^T) @ w^T (and, fused,
+        //    o^T = bf16(S^T) @ (q Γ)^T behind it). (The decay is written before the products
+        //    start: ptxas waits for an in-flight wgmma before any write to registers a wgmma
+        //    defined, the state's included.)
         decay_state(s.as_mut(), smem.decay(stage.index()), tid);
-        C::product1_start(&mut vn, &a1, sw128_desc(tiles.w(0), UNUSED_LEADING, ATOM_BYTES));
-        wgmma_wait_m64n64(&mut vn);
+        C::product1_start(&mut vn, &a1, operand(tiles.w(0)));
+        let mut o = [0.0f32; VN_REGS];
+        if B::OUTPUT {
+            C::output_start(&mut o, &a1, operand(tiles.q(0)));
+            wgmma_wait_older_m64n64(&mut vn);
+        } else {
+            wgmma_wait_m64n64(&mut vn);
+        }
 
         // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn^T) staged for `v_new`; with
         //    `g`, each token's row scaled by exp2(g_last - g[r]) after (v_new is stored
         //    unscaled); bf16 of the result as product 2's A fragments.
         tail::zero_rows_past_end(&mut vn, rows, tid);
         let staged: [[u32; 4]; CHUNK / 16] = a_fragments(&vn);
-        if !PRESCAN {
+        if stores {
             stage_transposed(smem.vn(buf), &staged, tid);
         }
         let a2 = if SCALAR_GATE {
@@ -314,21 +352,70 @@ unsafe fn consume_chunk<C: WideKey, const SCALAR_GATE: bool, const VALUE_FIRST: 
             staged
         };
 
-        // 4. S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave.
+        // 4. Fused: o^T += bf16(Vn^T) @ P^T (v_new unscaled, as the output takes it). Then
+        //    S^T += bf16(Vn^T) @ k, and meanwhile `h` and `v_new` leave (fused: `o` once its
+        //    products are done).
+        if B::OUTPUT {
+            wgmma_m64n64k16x4_add_kmajor_start(&mut o, &staged, operand(tiles.p()));
+        }
         C::product2_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
-        if !PRESCAN {
+        if B::OUTPUT {
+            wgmma_wait_older_m64n64(&mut o);
+            store_output::<B>(&mut o, item, c, smem.vn(buf), smem.staging_buffers(), out, tid);
+        } else if !PRESCAN {
             fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
             let staged = Staged { h: smem.h(buf), vn: smem.vn(buf), boxes: C::KB, box_bytes: STATE_BOX_BYTES };
             store_outputs::<VALUE_FIRST>(item, c, out.maps, staged, tid);
             if rows < CHUNK {
-                tail::store_value_rows::<Wide>(smem.vn(buf), out, item, item.first_token(c), rows, tid);
+                tail::store_value_rows::<B>(smem.vn(buf), out, item, item.first_token(c), rows, tid);
             }
         }
 
         // 5. The state is the next chunk's; the stage goes back to the producer.
         C::product2_wait(s);
         ring.consumer_release(stage);
+    }
+}
+
+/// The fused pass's output of chunk `c` of `item`: `scale o^T` rounded to bf16, staged
+/// transposed (`[CHUNK][BV]`, as `v_new`) in `tile` once the stores of `buffers` chunks back
+/// have read it, then stored by TMA (a full chunk) or as the valid rows (a partial one) to `o`
+/// (`out.v_new` in the fused pass), as one bulk group.
+///
+/// # Safety
+/// The warpgroup calls it together, `o` complete; `tile` is this chunk's staging buffer.
+#[inline(always)]
+unsafe fn store_output<B: Block>(
+    o: &mut [f32; VN_REGS],
+    item: &Item,
+    c: usize,
+    tile: u32,
+    buffers: usize,
+    out: Outputs,
+    tid: usize,
+) {
+    let (rows, tok0) = (item.rows(c), item.first_token(c));
+    for x in o.iter_mut() {
+        *x *= out.scale;
+    }
+    let frags: [[u32; 4]; CHUNK / 16] = a_fragments(o);
+    // SAFETY: the buffer is free once `acquire_staging` returns; the box lies inside the
+    // sequence's rows of `o` (a full chunk), the tail's rows are the sequence's.
+    unsafe {
+        acquire_staging(tid, buffers);
+        stage_transposed(tile, &frags, tid);
+        fence_proxy_async();
+        named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
+        if tid == STORE_THREAD {
+            if rows == CHUNK {
+                tma_store_3d(out.maps.v_new, item.vcol0 as i32, item.head as i32, tok0 as i32, tile);
+            }
+            bulk_commit_group();
+        }
+        if rows < CHUNK {
+            tail::store_value_rows::<B>(tile, out, item, tok0, rows, tid);
+        }
     }
 }
 

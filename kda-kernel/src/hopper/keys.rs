@@ -6,11 +6,12 @@
 
 use super::fragments::a_fragments;
 use crate::arch::sm90::{
-    wgmma_m64n64k16x4_add_start, wgmma_m64n64k16x4_sub_start, wgmma_m64n64k16x8_sub_start,
-    wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64, wgmma_wait_m64n128,
+    wgmma_m64n64k16x4_add_kmajor_start, wgmma_m64n64k16x4_add_start, wgmma_m64n64k16x4_sub_start,
+    wgmma_m64n64k16x8_add_start, wgmma_m64n64k16x8_sub_start, wgmma_m64n128k16x4_add_start, wgmma_wait_m64n64,
+    wgmma_wait_m64n128,
 };
 use crate::layout::hopper::{
-    Block, CONSUMER_THREADS, K256_STAGES, K256_STAGING, NARROW_BV, STAGES, STAGING, SharedStorage, Stage,
+    Block, CONSUMER_THREADS, FUSED_STAGES, K256_STAGES, K256_STAGING, NARROW_BV, STAGES, STAGING, SharedStorage, Stage,
 };
 use crate::layout::{CHUNK, K_DIM};
 use core::mem::{offset_of, size_of};
@@ -46,25 +47,27 @@ pub struct Offsets {
     pub staging: u32,
 }
 
-/// The offsets of `SharedStorage<K, KB, B, R, G>`.
-const fn offsets<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize>() -> Offsets {
-    type S<const K: usize, const KB: usize, B, const R: usize, const G: usize> = SharedStorage<K, KB, B, R, G>;
+/// The offsets of `SharedStorage<K, KB, B, R, G, O>`.
+const fn offsets<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize>() -> Offsets
+{
+    type S<const K: usize, const KB: usize, B, const R: usize, const G: usize, const O: usize> =
+        SharedStorage<K, KB, B, R, G, O>;
     Offsets {
-        stages: offset_of!(S<K, KB, B, R, G>, stages) as u32,
-        stage_bytes: size_of::<Stage<KB>>() as u32,
-        decay: offset_of!(S<K, KB, B, R, G>, decay) as u32,
-        row_scale: offset_of!(S<K, KB, B, R, G>, row_scale) as u32,
-        h_staging: offset_of!(S<K, KB, B, R, G>, h_staging) as u32,
+        stages: offset_of!(S<K, KB, B, R, G, O>, stages) as u32,
+        stage_bytes: size_of::<Stage<KB, O>>() as u32,
+        decay: offset_of!(S<K, KB, B, R, G, O>, decay) as u32,
+        row_scale: offset_of!(S<K, KB, B, R, G, O>, row_scale) as u32,
+        h_staging: offset_of!(S<K, KB, B, R, G, O>, h_staging) as u32,
         state_tile_bytes: size_of::<[B::StateBox; KB]>() as u32,
-        vn_staging: offset_of!(S<K, KB, B, R, G>, vn_staging) as u32,
+        vn_staging: offset_of!(S<K, KB, B, R, G, O>, vn_staging) as u32,
         value_tile_bytes: size_of::<B::ValueTile>() as u32,
-        s_operand: offset_of!(S<K, KB, B, R, G>, s_operand) as u32,
-        vn_operand: offset_of!(S<K, KB, B, R, G>, vn_operand) as u32,
-        h0: offset_of!(S<K, KB, B, R, G>, h0) as u32,
-        full: offset_of!(S<K, KB, B, R, G>, full) as u32,
-        empty: offset_of!(S<K, KB, B, R, G>, empty) as u32,
-        h0_full: offset_of!(S<K, KB, B, R, G>, h0_full) as u32,
-        h0_empty: offset_of!(S<K, KB, B, R, G>, h0_empty) as u32,
+        s_operand: offset_of!(S<K, KB, B, R, G, O>, s_operand) as u32,
+        vn_operand: offset_of!(S<K, KB, B, R, G, O>, vn_operand) as u32,
+        h0: offset_of!(S<K, KB, B, R, G, O>, h0) as u32,
+        full: offset_of!(S<K, KB, B, R, G, O>, full) as u32,
+        empty: offset_of!(S<K, KB, B, R, G, O>, empty) as u32,
+        h0_full: offset_of!(S<K, KB, B, R, G, O>, h0_full) as u32,
+        h0_empty: offset_of!(S<K, KB, B, R, G, O>, h0_empty) as u32,
         ring: R as u32,
         staging: G as u32,
     }
@@ -77,7 +80,8 @@ pub trait KeySize {
     /// Boxes of `BOX_COLS` key columns per `k` or `w` tile (`K / 64`).
     const KB: usize;
     /// The shared-memory layout in blocks of width `B` (with this key size's ring depth and
-    /// staging buffers).
+    /// staging buffers; for [`crate::layout::hopper::Fused`] blocks, the fused pass's ring depth
+    /// and the stages' output tiles).
     fn smem<B: Block>() -> Offsets;
     /// The narrow state `S` as `K / 64` m64n32 accumulators: `K / 4` f32 per thread.
     type NarrowState: Copy + AsRef<[[f32; NARROW_ACC]]> + AsMut<[[f32; NARROW_ACC]]>;
@@ -106,6 +110,12 @@ pub trait WideKey: KeySize {
     /// # Safety
     /// As for `arch::sm90::wgmma_m64n64k16x8_sub_start`, with `desc` describing the `w` tile.
     unsafe fn product1_start(vn: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64);
+    /// Starts the fused pass's first output product, `o += A @ (q Γ)^T` over `K` (`o` the
+    /// `[BV][CHUNK]` accumulator of `o^T`).
+    ///
+    /// # Safety
+    /// As for `arch::sm90::wgmma_m64n64k16x8_add_start`, with `desc` describing the `q Γ` tile.
+    unsafe fn output_start(o: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64);
     /// Starts product 2, `s += A @ k` with `N = K`.
     ///
     /// # Safety
@@ -134,7 +144,11 @@ macro_rules! key_size {
             const KB: usize = $kb;
             #[inline(always)]
             fn smem<B: Block>() -> Offsets {
-                const { offsets::<{ $k }, $kb, B, { $ring }, { $staging }>() }
+                if B::OUTPUT {
+                    const { offsets::<{ $k }, $kb, B, FUSED_STAGES, STAGING, 1>() }
+                } else {
+                    const { offsets::<{ $k }, $kb, B, { $ring }, { $staging }, 0>() }
+                }
             }
             type NarrowState = [[f32; NARROW_ACC]; $kb];
             type GateLane = [f32; $k / GATE_LANES];
@@ -151,7 +165,7 @@ macro_rules! key_size {
 
 /// Implements [`WideKey`] for `$key` with its product wrappers.
 macro_rules! wide_key {
-    ($key:ty, k $k:expr, product1 $p1:ident, product2 $p2:ident, wait2 $w2:ident) => {
+    ($key:ty, k $k:expr, product1 $p1:ident, output $o:ident, product2 $p2:ident, wait2 $w2:ident) => {
         impl WideKey for $key {
             type State = [f32; $k / 2];
             type StateA = [[u32; 4]; $k / 16];
@@ -165,6 +179,10 @@ macro_rules! wide_key {
             unsafe fn product1_start(vn: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64) {
                 // SAFETY: the caller's contract.
                 unsafe { $p1(vn, a, desc) }
+            }
+            unsafe fn output_start(o: &mut [f32; CHUNK / 2], a: &Self::StateA, desc: u64) {
+                // SAFETY: the caller's contract.
+                unsafe { $o(o, a, desc) }
             }
             unsafe fn product2_start(s: &mut Self::State, a: &[[u32; 4]; CHUNK / 16], desc: u64) {
                 // SAFETY: the caller's contract.
@@ -182,9 +200,11 @@ key_size!(K64, k 64, boxes 1, ring STAGES, staging STAGING);
 key_size!(K128, k K_DIM, boxes 2, ring STAGES, staging STAGING);
 key_size!(K256, k 256, boxes 4, ring K256_STAGES, staging K256_STAGING);
 wide_key!(K64, k 64,
-    product1 wgmma_m64n64k16x4_sub_start, product2 wgmma_m64n64k16x4_add_start, wait2 wgmma_wait_m64n64);
+    product1 wgmma_m64n64k16x4_sub_start, output wgmma_m64n64k16x4_add_kmajor_start,
+    product2 wgmma_m64n64k16x4_add_start, wait2 wgmma_wait_m64n64);
 wide_key!(K128, k K_DIM,
-    product1 wgmma_m64n64k16x8_sub_start, product2 wgmma_m64n128k16x4_add_start, wait2 wgmma_wait_m64n128);
+    product1 wgmma_m64n64k16x8_sub_start, output wgmma_m64n64k16x8_add_start,
+    product2 wgmma_m64n128k16x4_add_start, wait2 wgmma_wait_m64n128);
 
 const _: () = {
     assert!(K64::K / GATE_LANES == 2 && K128::K / GATE_LANES == 4 && K256::K / GATE_LANES == 8);

@@ -28,6 +28,21 @@ pub struct LoadMaps {
     pub h0: Option<u64>,
     /// Whether the states are value-first (`h0`'s coordinates are then (key, value column)).
     pub value_first: bool,
+    /// The fused layer pass's `q Γ` and causal attention, when the pass is fused.
+    pub output: Option<OutputLoadMaps>,
+}
+
+/// Generic addresses of the fused layer pass's extra tensor maps.
+#[derive(Clone, Copy)]
+pub struct OutputLoadMaps {
+    /// `q Γ` in `[CHUNK][1][64]` boxes, as `w`.
+    pub q: u64,
+    /// `q Γ` in one-row boxes.
+    pub q_row: u64,
+    /// The causal attention in `[CHUNK][1][CHUNK]` boxes.
+    pub p: u64,
+    /// The causal attention in one-row boxes.
+    pub p_row: u64,
 }
 
 impl LoadMaps {
@@ -48,6 +63,12 @@ impl LoadMaps {
             prefetch_tensormap(self.u_row);
             if let Some(h0) = self.h0 {
                 prefetch_tensormap(h0);
+            }
+            if let Some(o) = self.output {
+                prefetch_tensormap(o.q);
+                prefetch_tensormap(o.q_row);
+                prefetch_tensormap(o.p);
+                prefetch_tensormap(o.p_row);
             }
         }
     }
@@ -115,7 +136,8 @@ impl ChunkLoad<'_> {
 }
 
 /// What the consumer writes: the `h` and `v_new` maps, `v_new`'s rows for the tail stores, and
-/// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32).
+/// `ht` (null when not wanted, packed `[N, HV, K, V]` or `[N, HV, V, K]` f32). In the fused layer
+/// pass `v_new`, its rows and its map are the layer's output `o`'s, and `scale` its scale.
 #[derive(Clone, Copy)]
 pub struct Outputs {
     pub maps: StoreMaps,
@@ -124,4 +146,6 @@ pub struct Outputs {
     pub ht: *mut f32,
     /// `V`.
     pub value_dim: usize,
+    /// The fused pass's output scale.
+    pub scale: f32,
 }

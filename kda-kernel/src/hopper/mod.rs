@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `mod.rs` | the entry: barriers, then a match on the thread's role |
 //! | [`producer`] | warp 4: the `h0` slot and the ring's chunk tiles (TMA), `STAGES` chunks ahead |
-//! | [`consumer`] | warps 0-3 (one warpgroup) of a wide block: the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores |
+//! | [`consumer`] | warps 0-3 (one warpgroup) of a wide block: the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores (in the fused layer pass, two more products and the `o` stores) |
 //! | [`narrow`] | the consumer of a narrow block: the state key-major, both products' operands in shared memory |
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
 //! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
@@ -35,11 +35,11 @@ mod tail;
 use crate::abi::{MapSlot, PassCode, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
-use crate::layout::hopper::{Block, CONSUMER_THREADS, Narrow, PRODUCER_THREADS, Wide};
+use crate::layout::hopper::{Block, CONSUMER_THREADS, Fused, Narrow, PRODUCER_THREADS, Wide};
 use crate::schedule::{RowStrides, Work};
 use consumer::Variant;
 use keys::{K64, K128, K256, KeySize, WideKey};
-use maps::{LoadMaps, Outputs, StoreMaps};
+use maps::{LoadMaps, OutputLoadMaps, Outputs, StoreMaps};
 use producer::Gates;
 use smem::Smem;
 
@@ -58,6 +58,14 @@ trait BlockConsumer<C: KeySize>: Block + Sized {
 }
 
 impl<C: WideKey> BlockConsumer<C> for Wide {
+    #[inline(always)]
+    unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+        // SAFETY: the caller's contract.
+        unsafe { consumer::run(work, smem, tid, out, has_h0, kind) }
+    }
+}
+
+impl<C: WideKey> BlockConsumer<C> for Fused {
     #[inline(always)]
     unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
         // SAFETY: the caller's contract.
@@ -102,6 +110,8 @@ struct Params {
     state_layout: u32,
     pass: u32,
     strides: [u32; 6],
+    /// The fused pass's output scale (1 elsewhere, unused).
+    scale: f32,
 }
 
 /// Declares one entry point of the warp-specialized recurrence kernel for key size `$key` and
@@ -157,9 +167,56 @@ macro_rules! hopper_entry {
                 v_new_token_stride,
                 v_new_head_stride,
             ];
-            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides };
+            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides, scale: 1.0 };
             // SAFETY: this entry's contract.
             unsafe { run::<$key, $block>(maps, p) }
+        }
+    };
+}
+
+/// Declares one entry point of the fused layer pass for key size `$key` (`abi::HOPPER_FUSED` and
+/// its sibling, parameters `abi::HOPPER_FUSED_PARAMS`; grid and threads as the recurrence's):
+/// the recurrence in [`Fused`] blocks, writing the layer's output `o` in place of `h` and
+/// `v_new`.
+macro_rules! hopper_fused_entry {
+    ($(#[$doc:meta])* $name:ident, $key:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the recurrence's entries for a main pass (`pass` = `PassCode::Main`), with `o`
+        /// (`[T, HV, V]` bf16 at its strides, the `VNew` map's tensor) in place of `v_new` and
+        /// no `h` written; the `Q`, `QRow`, `P` and `PRow` maps describe the chunks' `q Γ`
+        /// (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16, zero past each
+        /// row's diagonal) at this entry's key size.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            _maps: TensorMaps,
+            g: *const f32,
+            gk: *const f32,
+            h0: *const f32,
+            o: *mut u16,
+            ht: *mut f32,
+            work: *const u32,
+            heads: u32,
+            value_dim: u32,
+            state_layout: u32,
+            pass: u32,
+            g_token_stride: u32,
+            g_head_stride: u32,
+            gk_token_stride: u32,
+            gk_head_stride: u32,
+            o_token_stride: u32,
+            o_head_stride: u32,
+            scale_bits: u32,
+        ) {
+            let maps = param_address!(concat!(stringify!($name), "_param_0"));
+            let strides =
+                [g_token_stride, g_head_stride, gk_token_stride, gk_head_stride, o_token_stride, o_head_stride];
+            let scale = f32::from_bits(scale_bits);
+            let p = Params { g, gk, h0, v_new: o, ht, work, heads, value_dim, state_layout, pass, strides, scale };
+            // SAFETY: this entry's contract.
+            unsafe { run::<$key, Fused>(maps, p) }
         }
     };
 }
@@ -194,6 +251,16 @@ hopper_entry!(
     K256,
     Narrow
 );
+hopper_fused_entry!(
+    /// The fused layer pass at `K = 128` (`abi::HOPPER_FUSED`).
+    kda_layer_fused_hopper,
+    K128
+);
+hopper_fused_entry!(
+    /// The fused layer pass at `K = 64` (`abi::HOPPER_K64_FUSED`).
+    kda_layer_fused_hopper_k64,
+    K64
+);
 
 /// The kernel for key size `C` and block width `B`, with its tensor maps at parameter-space
 /// address `maps_base`.
@@ -214,6 +281,12 @@ unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
         u_row: map(MapSlot::URow),
         h0: if has_h0 { Some(map(MapSlot::H0)) } else { None },
         value_first: p.state_layout == StateLayoutCode::ValueFirst as u32,
+        output: B::OUTPUT.then(|| OutputLoadMaps {
+            q: map(MapSlot::Q),
+            q_row: map(MapSlot::QRow),
+            p: map(MapSlot::P),
+            p_row: map(MapSlot::PRow),
+        }),
     };
     let store_maps = StoreMaps { h: map(MapSlot::H), v_new: map(MapSlot::VNew) };
     let [g_token, g_head, gk_token, gk_head, v_new_token, v_new_head] = p.strides;
@@ -229,6 +302,7 @@ unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
         v_new_rows: RowStrides::new(v_new_token, v_new_head),
         ht: p.ht,
         value_dim: p.value_dim as usize,
+        scale: p.scale,
     };
     let kind = Variant {
         scalar_gate: !p.g.is_null(),

@@ -167,7 +167,7 @@ unsafe fn load_chunks<C: KeySize, B: Block>(
             if rows == CHUNK {
                 load_full_chunk::<C, B>(load);
             } else {
-                tail::load_partial_chunk::<C>(load);
+                tail::load_partial_chunk::<C, B>(load);
             }
         }
     }
@@ -205,8 +205,9 @@ unsafe fn write_gate_rows<C: KeySize, B: Block>(
     }
 }
 
-/// A full chunk: one lane announces the stage's bytes and issues the `k`, `w` and `u` boxes; the
-/// others arrive after their decay-row writes.
+/// A full chunk: one lane announces the stage's bytes and issues the `k`, `w` and `u` boxes (and
+/// in the fused pass the `q Γ` and attention boxes); the others arrive after their decay-row
+/// writes.
 ///
 /// # Safety
 /// Producer warp only; the chunk has `CHUNK` valid rows.
@@ -217,17 +218,24 @@ unsafe fn load_full_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
         unsafe { load.ring.producer_arrive(load.stage) };
     } else {
         let (tiles, maps, t) = (load.tiles, load.maps, load.item.first_token(load.c));
-        // SAFETY: the boxes are the chunk's rows of `k`, `w` and (unless its values are zero)
-        // `u`, exactly the bytes announced.
+        // SAFETY: the boxes are the chunk's rows of `k`, `w`, (unless its values are zero) `u`
+        // and (fused) `q Γ` and the attention, exactly the bytes announced.
         unsafe {
             let u_bytes = if load.item.u_col.is_some() { B::U_BOX_BYTES } else { 0 };
-            load.ring.producer_commit_tx(load.stage, (2 * C::KB * BOX_BYTES + u_bytes) as u32);
+            let output_bytes = if B::OUTPUT { (C::KB + 1) * BOX_BYTES } else { 0 };
+            load.ring.producer_commit_tx(load.stage, (2 * C::KB * BOX_BYTES + u_bytes + output_bytes) as u32);
             for b in 0..C::KB {
                 load.load_key_box(tiles.k(b), maps.k, b * BOX_COLS, t);
                 load.load_box(tiles.w(b), maps.w, b * BOX_COLS, t);
             }
             if let Some(col) = load.item.u_col {
                 load.load_box(tiles.u(), maps.u, col, t);
+            }
+            if let (true, Some(o)) = (B::OUTPUT, maps.output) {
+                for b in 0..C::KB {
+                    load.load_box(tiles.q(b), o.q, b * BOX_COLS, t);
+                }
+                load.load_box(tiles.p(), o.p, 0, t);
             }
         }
     }

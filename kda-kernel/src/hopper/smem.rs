@@ -102,7 +102,7 @@ impl<C: KeySize, B: Block> Smem<C, B> {
 }
 
 /// The tiles of one ring stage (`layout::hopper::Stage`): `boxes` boxes of `k`, as many of `w`,
-/// then `u`.
+/// then `u`; in the fused pass then `boxes` boxes of `q Γ` and the causal attention.
 #[derive(Clone, Copy)]
 pub struct StageTiles {
     base: u32,
@@ -130,11 +130,25 @@ impl StageTiles {
     pub fn u(self) -> u32 {
         self.base + 2 * self.boxes * BOX
     }
+
+    /// Fused blocks: column box `b` of the `q Γ` tile.
+    #[inline(always)]
+    pub fn q(self, b: usize) -> u32 {
+        self.base + (2 * self.boxes + 1 + b as u32) * BOX
+    }
+
+    /// Fused blocks: the causal attention tile.
+    #[inline(always)]
+    pub fn p(self) -> u32 {
+        self.base + (3 * self.boxes + 1) * BOX
+    }
 }
 
 // The stage's fields are its boxes in this order (`layout::hopper::Stage`).
 const _: () = {
     use crate::layout::hopper::Stage;
-    assert!(offset_of!(Stage<2>, k) == 0 && offset_of!(Stage<2>, w) == 2 * BOX as usize);
-    assert!(offset_of!(Stage<2>, u) == 4 * BOX as usize && offset_of!(Stage<1>, u) == 2 * BOX as usize);
+    assert!(offset_of!(Stage<2, 0>, k) == 0 && offset_of!(Stage<2, 0>, w) == 2 * BOX as usize);
+    assert!(offset_of!(Stage<2, 0>, u) == 4 * BOX as usize && offset_of!(Stage<1, 0>, u) == 2 * BOX as usize);
+    assert!(offset_of!(Stage<2, 1>, q) == 5 * BOX as usize && offset_of!(Stage<2, 1>, p) == 7 * BOX as usize);
+    assert!(offset_of!(Stage<1, 1>, q) == 3 * BOX as usize && offset_of!(Stage<1, 1>, p) == 4 * BOX as usize);
 };

@@ -5,7 +5,10 @@
 //! into the same swizzled layout (the 128-byte swizzle follows the shared address, so row `r`
 //! at `tile + 128 r` lands exactly where the full box would put it), and zeroes the `k` rows past
 //! the end; the consumer zeroes `Vn`'s rows past the end and stores the valid `v_new` rows with
-//! plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
+//! plain coalesced stores. `h` needs no tail: it is a whole state per chunk. In the fused layer
+//! pass the `q Γ` and attention rows past the end are left as they are: they reach only the
+//! `o` columns past the end, which are never stored (the attention's valid rows are zero past
+//! their diagonal, so the zeroed `Vn` columns stay out of the valid ones).
 
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled_rows};
 use super::keys::KeySize;
@@ -30,7 +33,7 @@ const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
 /// # Safety
 /// Producer warp only; the chunk is the item's last and partial.
 #[inline(always)]
-pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
+pub unsafe fn load_partial_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
     let (item, tiles, maps, lane) = (load.item, load.tiles, load.maps, load.lane);
     let (rows, tok0) = (item.rows(load.c), item.first_token(load.c));
     // SAFETY: the stage is the producer's; each lane's zeroing is ordered before the consumer's
@@ -42,10 +45,11 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
         fence_proxy_async();
         sync_warp();
         if lane == 0 {
-            // Per row: `k` and `w` (K columns each) and the `u` box (`BOX_COLS`, unless the
-            // values are zero), bf16.
+            // Per row: `k` and `w` (K columns each), the `u` box (`BOX_COLS`, unless the
+            // values are zero) and, fused, `q Γ` (K) and the attention row (`CHUNK`), bf16.
             let u_cols = if item.u_col.is_some() { BOX_COLS } else { 0 };
-            let row_bytes = ((2 * C::K + u_cols) * 2) as u32;
+            let output_cols = if B::OUTPUT { C::K + CHUNK } else { 0 };
+            let row_bytes = ((2 * C::K + u_cols + output_cols) * 2) as u32;
             load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
         sync_warp();
@@ -58,6 +62,12 @@ pub unsafe fn load_partial_chunk<C: KeySize>(load: ChunkLoad<'_>) {
             }
             if let Some(col) = item.u_col {
                 load.load_box(tiles.u() + off, maps.u_row, u_box_column(col), tok0 + r);
+            }
+            if let (true, Some(o)) = (B::OUTPUT, maps.output) {
+                for b in 0..C::KB {
+                    load.load_box(tiles.q(b) + off, o.q_row, b * BOX_COLS, tok0 + r);
+                }
+                load.load_box(tiles.p() + off, o.p_row, 0, tok0 + r);
             }
             r += PRODUCER_THREADS;
         }

@@ -14,6 +14,8 @@
 //!   gate (`G / ln 2`, the contract's log2 cumulative form).
 //! - `kda_layer_output`: `o = scale ((q Γ) h + P v_new)`, `P = causal((q Γ) (k / Γ)^T)`, from the
 //!   recurrence's `h` (each chunk's entry state) and `v_new`.
+//! - `kda_layer_attention`: the output kernel's `P` and `q Γ` alone, written for the fused
+//!   recurrence (`abi::HOPPER_FUSED`), which forms `o` in its chunk loop instead.
 //!
 //! The products run on the tensor cores in TF32 (`mma.sync` m16n8k8, f32 accumulation). A gated
 //! product `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` between sub-blocks `bi > bj` is one
@@ -43,7 +45,7 @@ mod prepare;
 
 // The entries by their paths for the simulator's tests (on the GPU they are exported by name).
 #[cfg(not(target_arch = "nvptx64"))]
-pub use output::kda_layer_output;
+pub use output::{kda_layer_attention, kda_layer_output};
 #[cfg(not(target_arch = "nvptx64"))]
 pub use prepare::kda_layer_prepare;
 
@@ -198,6 +200,7 @@ impl Dims {
 
 /// One CTA's work: its chunk (global index), value head `i`, key head `j`, the chunk's first
 /// token and valid rows.
+#[derive(Clone, Copy)]
 struct Work {
     chunk: usize,
     i: usize,

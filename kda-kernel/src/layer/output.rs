@@ -86,6 +86,102 @@ impl OutputBlock {
     }
 }
 
+/// The output kernel's first phase, which the fused layer's attention kernel runs alone: the
+/// chunk's causal attention `P` and its `q Γ`, in the kernel's shared tiles.
+#[derive(Clone, Copy)]
+struct Attention {
+    wk: Work,
+    /// bf16 `[CHUNK][KEY_ROW]`: the keys, then `q Γ`.
+    qg: Shared<u16>,
+    /// f32 `[CHUNK][ROW_WORDS]`: the queries (normalised when asked).
+    queries: Shared<f32>,
+    gates: Gates,
+    /// bf16 `[CHUNK][ATTENTION_ROW]`: `P`, causal (zeros past the diagonal inside the diagonal
+    /// sub-blocks; the sub-blocks above it unwritten).
+    attention: Shared<u16>,
+}
+
+impl Attention {
+    /// Loads the chunk's `k`, `q` and gate and forms `P = causal((q Γ) (k / Γ)^T)`, diagonal
+    /// included.
+    ///
+    /// # Safety
+    /// The CTA calls it together, with the kernels' contract on the tensors and the chunk table.
+    #[inline(always)]
+    unsafe fn form(q: *const u16, k: *const u16, gate: *const f32, chunks: *const u32, d: &Dims, l2norm: bool) -> Self {
+        let (kd, gw) = (d.key_dim, d.gate_width);
+        let tid = thread_idx_x();
+        // SAFETY (block): as in `kda_layer_prepare`.
+        unsafe {
+            let wk = Work::of_this_cta(chunks, d);
+            let rows = wk.rows;
+            let base = Shared::<u8>::base();
+            let keys = base.cast::<u16>();
+            let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
+            let gates = Gates { tile: base.add(OUTPUT_GATES_AT).cast::<f32>(), per_key: d.per_key_gate() };
+            let attention = base.add(OUTPUT_ATTENTION_AT).cast::<u16>();
+
+            // Every input of the attention in flight at once (one wait for memory, not one per
+            // tile): the keys, the queries and the gate (a per-key gate's rows 4 columns per
+            // thread, a per-head gate a row per thread).
+            let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
+            let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
+            let gate_values = fetch_gate(gate, &wk, d);
+
+            // The gate into its tile; the keys (normalised when asked) through the query tile into
+            // their bf16 tile, then the queries.
+            gates.put(&gate_values, rows);
+            put_rows(queries, &key_rows, &wk, kd, l2norm);
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, a) = split(e * BF16_VECTOR, kd);
+                st_shared_v4(keys.add(r * KEY_ROW + a).addr(), pack_bf16x8(row8(queries, r, a)));
+            }
+            sync_threads();
+            put_rows(queries, &query_rows, &wk, kd, l2norm);
+            gates.pad(rows, gw);
+
+            // P = causal((q Γ) (k / Γ)^T), diagonal included.
+            gated_products(Bf16Matrix(attention), (F32Rows(queries), Bf16Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
+            Self { wk, qg: keys, queries, gates, attention }
+        }
+    }
+
+    /// `q Γ` rounded to bf16 (as FLA rounds it before its product with `h`) over the keys'
+    /// tile, eight elements at a time (the gate's kind chosen once, outside the loop); ends with
+    /// the CTA synchronised.
+    ///
+    /// # Safety
+    /// The CTA calls it together, after [`Attention::form`].
+    #[inline(always)]
+    unsafe fn scale_queries(self, kd: usize) {
+        let (tid, qg, queries, gates) = (thread_idx_x(), self.qg, self.queries, self.gates);
+        let scale = |per_key: bool| {
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, a) = split(e * BF16_VECTOR, kd);
+                // SAFETY: inside the tiles (`Dims::valid`).
+                unsafe {
+                    let query = row8(queries, r, a);
+                    let x = if per_key {
+                        let gate = row8(gates.tile, r, a);
+                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
+                    } else {
+                        let decay = exp2(gates.at(r, 0));
+                        query.map(|x| x * decay)
+                    };
+                    st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
+                }
+            }
+        };
+        if gates.per_key {
+            scale(true);
+        } else {
+            scale(false);
+        }
+        // SAFETY: every thread reaches it.
+        unsafe { sync_threads() };
+    }
+}
+
 kernel_entry! {
     /// The layer's output kernel (`abi::LAYER_OUTPUT`, parameters `abi::LAYER_OUTPUT_PARAMS`). Grid,
     /// threads as [`kda_layer_prepare`]; `layout::layer::OUTPUT_SMEM_BYTES` of dynamic shared memory.
@@ -118,46 +214,17 @@ kernel_entry! {
         let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
             return; // the launcher never launches so; this proves the tiles and divisions safe
         };
-        let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-        let (tid, warp, l) = Lane::this_thread();
-        let l2norm = options & OPT_L2NORM != 0;
+        let (hv, kd, vd) = (d.value_heads, d.key_dim, d.value_dim);
+        let (_, warp, l) = Lane::this_thread();
         // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
         unsafe {
-            let wk = Work::of_this_cta(chunks, &d);
+            let at = Attention::form(q, k, gate, chunks, &d, options & OPT_L2NORM != 0);
+            let (wk, qg, attention) = (at.wk, at.qg, at.attention);
             let (i, rows) = (wk.i, wk.rows);
-            let base = Shared::<u8>::base();
-            let keys = base.cast::<u16>();
-            let queries = base.add(OUTPUT_QUERIES_AT).cast::<f32>();
-            let per_key = d.per_key_gate();
-            let gates = Gates { tile: base.add(OUTPUT_GATES_AT).cast::<f32>(), per_key };
-            let attention = base.add(OUTPUT_ATTENTION_AT).cast::<u16>();
             // Once the attention is formed: `q Γ` over the keys, `h` and `v_new` over the queries
             // and the gate (bf16; `layout::layer::OUTPUT_WORDS`).
-            let qg = keys;
-            let staged_h = base.add(OUTPUT_STAGED_AT).cast::<u16>();
+            let staged_h = Shared::<u8>::base().add(OUTPUT_STAGED_AT).cast::<u16>();
             let staged_v = staged_h.add(MAX_K * STAGED_ROW);
-
-            // Every input of the attention in flight at once (one wait for memory, not one per
-            // tile): the keys, the queries and the gate (a per-key gate's rows 4 columns per
-            // thread, a per-head gate a row per thread).
-            let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
-            let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
-            let gate_values = fetch_gate(gate, &wk, &d);
-
-            // The gate into its tile; the keys (normalised when asked) through the query tile into
-            // their bf16 tile, then the queries.
-            gates.put(&gate_values, rows);
-            put_rows(queries, &key_rows, &wk, kd, l2norm);
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, a) = split(e * BF16_VECTOR, kd);
-                st_shared_v4(keys.add(r * KEY_ROW + a).addr(), pack_bf16x8(row8(queries, r, a)));
-            }
-            sync_threads();
-            put_rows(queries, &query_rows, &wk, kd, l2norm);
-            gates.pad(rows, gw);
-
-            // P = causal((q Γ) (k / Γ)^T), diagonal included.
-            gated_products(Bf16Matrix(attention), (F32Rows(queries), Bf16Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
             // The entry state and the chunk's v_new (zeros past the valid rows): their loads
             // issued here, to arrive while q Γ is formed; stored once it is (they are staged over
             // the queries and the gate it reads).
@@ -168,28 +235,7 @@ kernel_entry! {
             let block_at = RowsAt { first: 0, stride: block_cols };
             let state_rows = Fetched::<STATE_VECTORS>::bf16(block, (block_rows, block_rows), block_cols, block_at);
             let new_rows = Fetched::<ROW_VECTORS>::bf16(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
-            // q Γ rounded to bf16 (as FLA rounds it before its product with h) over the keys,
-            // eight elements at a time; the gate's kind chosen once, outside the loop.
-            let scale_queries = |per_key: bool| {
-                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                    let (r, a) = split(e * BF16_VECTOR, kd);
-                    let query = row8(queries, r, a);
-                    let x = if per_key {
-                        let gate = row8(gates.tile, r, a);
-                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
-                    } else {
-                        let decay = exp2(gates.at(r, 0));
-                        query.map(|x| x * decay)
-                    };
-                    st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
-                }
-            };
-            if per_key {
-                scale_queries(true);
-            } else {
-                scale_queries(false);
-            }
-            sync_threads();
+            at.scale_queries(kd);
             // Key-first rows are the tile's rows, 16 bytes at a time; value-first ones are
             // transposed element by element.
             let to_staged = |tile: Shared<u16>, r: usize, c: usize, words: [u32; 4]| {
@@ -220,6 +266,55 @@ kernel_entry! {
             } else {
                 block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
             }
+        }
+    }
+}
+
+kernel_entry! {
+    /// The fused layer's attention kernel (`abi::LAYER_ATTENTION`, parameters
+    /// `abi::LAYER_ATTENTION_PARAMS`): the output kernel's first phase alone, for the fused
+    /// recurrence (`abi::HOPPER_FUSED`), which forms `o` itself. Grid, threads and shared memory
+    /// as [`kda_layer_output`].
+    ///
+    /// Reads `q`, `k` and the gate as [`kda_layer_output`]; writes the valid rows of `qg`
+    /// (`bf16(q Γ)`, `[T, HV, K]`) and `attention` (`[T, HV, CHUNK]` bf16: token `r`'s row of
+    /// its chunk's causal attention, zeros past column `r`, so that a product over every column
+    /// adds nothing past the diagonal).
+    ///
+    /// # Safety
+    /// As for [`kda_layer_prepare`].
+    pub unsafe fn kda_layer_attention(
+        q: *const u16,
+        k: *const u16,
+        gate: *const f32,
+        qg_out: *mut u16,
+        attention_out: *mut u16,
+        chunks: *const u32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+    ) {
+        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
+            return; // the launcher never launches so; this proves the tiles and divisions safe
+        };
+        let (hv, kd) = (d.value_heads, d.key_dim);
+        // SAFETY (block): as in `kda_layer_prepare`; every row stored is a valid row.
+        unsafe {
+            let at = Attention::form(q, k, gate, chunks, &d, options & OPT_L2NORM != 0);
+            at.scale_queries(kd);
+            let (wk, qg, attention) = (at.wk, at.qg, at.attention);
+            store_rows_v4(qg_out, wk.rows, (kd, BF16_VECTOR), RowsAt::heads(&wk, hv, wk.i, kd), |r, c| {
+                ld_shared_v4(qg.add(r * KEY_ROW + c).addr())
+            });
+            // Sub-blocks above the diagonal are not in the tile: zeros (the diagonal sub-block's
+            // upper half holds them already).
+            let row_at = RowsAt::heads(&wk, hv, wk.i, CHUNK);
+            store_rows_v4(attention_out, wk.rows, (CHUNK, BF16_VECTOR), row_at, |r, c| {
+                if c < (r / SUB + 1) * SUB { ld_shared_v4(attention.add(r * ATTENTION_ROW + c).addr()) } else { [0; 4] }
+            });
         }
     }
 }

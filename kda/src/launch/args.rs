@@ -69,6 +69,9 @@ pub(super) struct HopperArgs {
     pub pass: u32,
     /// Token and head strides (elements) of `g`, `gk` and `v_new`, in that order.
     pub strides: [[u32; 2]; 3],
+    /// The fused layer pass (`kda_kernel::abi::HOPPER_FUSED_PARAMS`): the output scale as f32
+    /// bits, `v_new` and its strides then being the layer's output `o`'s.
+    pub fused_scale_bits: Option<u32>,
 }
 
 impl HopperArgs {
@@ -78,24 +81,31 @@ impl HopperArgs {
         ["gk_token_stride", "gk_head_stride"],
         ["v_new_token_stride", "v_new_head_stride"],
     ];
+    /// The fused pass's name of `v_new`'s strides.
+    const O_STRIDES: [&'static str; 2] = ["o_token_stride", "o_head_stride"];
 
     /// Pushes the arguments in the kernel's parameter order.
     pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        let fused = self.fused_scale_bits.is_some();
         sink.push("maps", &self.maps);
         sink.push("g", &self.g);
         sink.push("gk", &self.gk);
         sink.push("h0", &self.h0);
-        sink.push("v_new", &self.v_new);
+        sink.push(if fused { "o" } else { "v_new" }, &self.v_new);
         sink.push("ht", &self.ht);
         sink.push("work", &self.work);
         sink.push("heads", &self.heads);
         sink.push("value_dim", &self.value_dim);
         sink.push("state_layout", &self.state_layout);
         sink.push("pass", &self.pass);
-        for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
+        for (i, (names, values)) in Self::STRIDES.iter().zip(&self.strides).enumerate() {
+            let names = if fused && i == Self::STRIDES.len() - 1 { &Self::O_STRIDES } else { names };
             for (name, value) in names.iter().zip(values) {
                 sink.push(name, value);
             }
+        }
+        if let Some(scale_bits) = &self.fused_scale_bits {
+            sink.push("scale_bits", scale_bits);
         }
     }
 }
@@ -274,13 +284,14 @@ mod tests {
     use super::*;
     use crate::ptx;
     use kda_kernel::abi::{
-        ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW,
-        HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES,
-        PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
+        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_ATTENTION, LAYER_OUTPUT,
+        LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256,
+        PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 17] = [
+    const ABIS: [&KernelAbi; 20] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
@@ -292,9 +303,12 @@ mod tests {
         &HOPPER_NARROW,
         &HOPPER_K64_NARROW,
         &HOPPER_K256_NARROW,
+        &HOPPER_FUSED,
+        &HOPPER_K64_FUSED,
         &MERGE,
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
+        &LAYER_ATTENTION,
         &DECODE,
         &ADVANCE,
         &POOL_COPY,
@@ -379,11 +393,19 @@ mod tests {
             state_layout: 9,
             pass: 1,
             strides: [[10, 11], [12, 13], [14, 15]],
+            fused_scale_bits: None,
         };
         let mut pushed = Recorder::default();
         hopper.push(&mut pushed);
         // Every key size's and block width's entry takes the same arguments.
         for abi in HOPPER_ENTRIES {
+            check_entry(abi, &pushed.0);
+        }
+        // The fused layer pass's entries take them with `o`, and the scale.
+        let fused = HopperArgs { fused_scale_bits: Some(16), ..hopper };
+        let mut pushed = Recorder::default();
+        fused.push(&mut pushed);
+        for abi in HOPPER_FUSED_ENTRIES {
             check_entry(abi, &pushed.0);
         }
 
@@ -414,13 +436,16 @@ mod tests {
         merge.push(&mut pushed);
         check_entry(&MERGE, &pushed.0);
 
-        let (prepare, output) = super::super::layer::sample_args();
+        let (prepare, output, attention) = super::super::layer::sample_args();
         let mut pushed = Recorder::default();
         prepare.push(&mut pushed);
         check_entry(&LAYER_PREPARE, &pushed.0);
         let mut pushed = Recorder::default();
         output.push(&mut pushed);
         check_entry(&LAYER_OUTPUT, &pushed.0);
+        let mut pushed = Recorder::default();
+        attention.push(&mut pushed);
+        check_entry(&LAYER_ATTENTION, &pushed.0);
         let mut pushed = Recorder::default();
         super::super::decode::sample_args().push(&mut pushed);
         check_entry(&DECODE, &pushed.0);
@@ -438,7 +463,8 @@ mod tests {
 
     #[test]
     fn the_tensor_maps_are_declared_as_tma_needs() {
-        for (abi, ptx) in HOPPER_ENTRIES.into_iter().flat_map(|k| ptx::modules_of(k).map(move |p| (k, p))) {
+        let entries = HOPPER_ENTRIES.into_iter().chain(HOPPER_FUSED_ENTRIES);
+        for (abi, ptx) in entries.flat_map(|k| ptx::modules_of(k).map(move |p| (k, p))) {
             let maps = &entry_params(ptx, abi.entry)[0];
             assert_eq!(maps.bytes, TENSOR_MAPS * 128, "{maps:?}");
             assert!(maps.align.is_multiple_of(TENSOR_MAP_ALIGN), "{maps:?}");

@@ -9,7 +9,7 @@
 
 use super::args::{Address, ArgSink, push_named};
 use super::decode::decode_supports;
-use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, LenCheck, check_devices, check_lengths, keep};
+use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, LenCheck, OutputPath, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
 use crate::KdaError;
 use crate::model::StateLayout;
@@ -49,13 +49,23 @@ impl CheckpointPlan {
     /// Plans `checkpoints` of `layer`'s batch into `pool` and uploads them on `stream`. Refuses,
     /// with typed errors, what [`checkpoint_tables`] refuses, a pool that does not hold the
     /// layer's states, and the sizes the decode kernel does not run. The pool's layout may differ
-    /// from the layer's.
+    /// from the layer's. The checkpoints start from the chunk entry states `h` that only the
+    /// separate output path writes: a layer plan on the fused path is refused (plan it with
+    /// `LayerPlan::with_output_path(stream, OutputPath::Separate)`).
     pub fn new(
         stream: &Arc<CudaStream>,
         layer: &LayerPlan,
         pool: PoolShape,
         checkpoints: &[Checkpoint],
     ) -> Result<Self, KdaError> {
+        if layer.output_path() != OutputPath::Separate {
+            return Err(KdaError::Unsupported {
+                argument: "layer",
+                reason: "checkpoints read the chunk entry states `h`, which only OutputPath::Separate writes \
+                         (LayerPlan::with_output_path)"
+                    .into(),
+            });
+        }
         let shape = layer.shape();
         decode_supports(&shape, &pool)?;
         let batch = layer.batch();

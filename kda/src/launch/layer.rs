@@ -1,24 +1,35 @@
 //! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): three launches on the caller's
-//! stream, with nothing between them on the host:
+//! stream, with nothing between them on the host. On the fused path ([`OutputPath::Fused`], what
+//! 9.x runs at `K` of 64 or 128):
 //!
 //! 1. `kda_layer_prepare`, one CTA per (chunk, value head): the gate activated and summed in the
 //!    chunk, `q`/`k` normalised and `beta`'s sigmoid when asked, the WY representation `w`, `u`,
 //!    and the recurrence's keys and log2 gate;
-//! 2. the recurrence ([`Kda::launch`]: the Hopper kernel on 9.x), writing every chunk's entry
-//!    state `h`, `v_new` and the final states;
-//! 3. `kda_layer_output`, one CTA per (chunk, value head): `o` from `q`, `k`, the gate, `h` and
-//!    `v_new`.
+//! 2. `kda_layer_attention`, one CTA per (chunk, value head): each chunk's causal attention `P`
+//!    and `q Γ`;
+//! 3. the fused recurrence (`kda_layer_fused_hopper`: the Hopper kernel in wide blocks), which
+//!    forms `o = scale ((q Γ) S + P v_new)` in its chunk loop and writes `o` and the final states,
+//!    neither `h` nor `v_new`.
+//!
+//! On the separate path ([`OutputPath::Separate`]: every other GPU and size, and callers that
+//! want every chunk's entry state `h`, e.g. for checkpoints) step 2 is the recurrence
+//! ([`Kda::launch`]) writing `h`, `v_new` and the final states, and step 3 `kda_layer_output`:
+//! `o` from `q`, `k`, the gate, `h` and `v_new`.
 //!
 //! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
 
 use super::args::{Address, ArgSink, push_named};
-use super::{DecodeInputs, DevicePlan, Kda, KdaInputs, KdaOutputs, Kernel, Loaded, enqueue};
+use super::{
+    DecodeInputs, DevicePlan, FusedOutput, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, Loaded, Module, enqueue,
+};
+use crate::columns::{ColumnMode, Columns};
 use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape, chunk_table};
 use crate::model::StateLayout;
 use crate::{KdaError, Plan};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
+use kda_kernel::layout::CHUNK;
 use kda_kernel::layout::layer::{CHUNK_WORDS, MAX_K, MAX_V};
 use std::sync::Arc;
 
@@ -73,12 +84,71 @@ const LAYER_SIZE_STEP: usize = 64;
 pub struct LayerPlan {
     shape: LayerShape,
     options: LayerOptions,
+    /// How `o` is formed: [`OutputPath::Fused`] or [`OutputPath::Separate`] (never `Auto`).
+    output: OutputPath,
     recurrence: DevicePlan,
     /// The states' layout (`h0`, `ht`, and `h` in the workspace).
     layout: StateLayout,
     /// `CHUNK_WORDS` words per chunk (first token, valid rows), in the recurrence's chunk order.
     chunks: CudaSlice<u32>,
     num_chunks: usize,
+}
+
+/// `auto`, `fused` or `separate`: what [`OutputPath::Auto`] stands for (for tests and A/B runs
+/// of one build).
+pub const OUTPUT_VAR: &str = "KDA_LAYER_OUTPUT";
+
+/// How a layer launch forms its output `o` (the module's docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputPath {
+    /// The path `KDA_LAYER_OUTPUT` names ([`OUTPUT_VAR`]); unset, empty or `auto`:
+    /// [`OutputPath::Fused`] where the device runs it (compute capability 9.x with the native
+    /// module and the Hopper kernel not overridden by `KDA_MODULE` or `KDA_KERNEL`, `K` of 64 or
+    /// 128), [`OutputPath::Separate`] elsewhere.
+    #[default]
+    Auto,
+    /// `o` formed in the recurrence's chunk loop (the Hopper kernel, wide column blocks): no
+    /// `h` or `v_new` through memory.
+    Fused,
+    /// The recurrence writes every chunk's entry state `h` and `v_new` into the workspace, and an
+    /// output kernel forms `o` from them: every GPU, and what [`Kda::launch_checkpoints`] needs.
+    Separate,
+}
+
+impl OutputPath {
+    /// Whether the fused path runs `shape`'s sizes (`K` of 64 or 128, `V` a multiple of 64),
+    /// on a 9.x device.
+    pub fn fused_runs(shape: &LayerShape) -> bool {
+        kda_kernel::abi::hopper_fused_for(shape.key_dim).is_some()
+            && shape.value_dim.is_multiple_of(kda_kernel::layout::hopper::BV)
+    }
+
+    /// `self` on the device of `stream` for `shape`: `Auto` resolved.
+    fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
+        let named = match std::env::var(OUTPUT_VAR).ok().as_deref() {
+            None | Some("") | Some("auto") => OutputPath::Auto,
+            Some("fused") => OutputPath::Fused,
+            Some("separate") => OutputPath::Separate,
+            Some(other) => {
+                return Err(KdaError::Argument {
+                    name: OUTPUT_VAR,
+                    reason: format!("`{other}`: expected auto, fused or separate"),
+                });
+            }
+        };
+        Ok(match self {
+            OutputPath::Auto if named != OutputPath::Auto => named,
+            OutputPath::Auto => {
+                let (major, _) = stream.context().compute_capability()?;
+                let options = KdaOptions::from_env()?;
+                let hopper = major == 9
+                    && options.module == Module::Native
+                    && matches!(options.auto, Kernel::Auto | Kernel::Hopper);
+                if hopper && Self::fused_runs(shape) { OutputPath::Fused } else { OutputPath::Separate }
+            }
+            path => path,
+        })
+    }
 }
 
 /// The layer's inputs on the device, borrowed from the caller (packed, token-major; the shapes of
@@ -128,8 +198,9 @@ pub struct LayerDeviceOutputs<'a> {
 }
 
 /// The intermediates of one layer launch: the recurrence's keys, `w`, `u` and gate (written by
-/// the prepare kernel), `h` and `v_new` (written by the recurrence). `h` holds every chunk's
-/// entry state, for callers that want it.
+/// the prepare kernel); on the separate path `h` and `v_new` (written by the recurrence: `h`
+/// holds every chunk's entry state, for callers that want it), on the fused path `qg` and
+/// `attention` (written by the attention kernel). The other path's two are one element each.
 pub struct LayerWorkspace {
     /// KDA: `[T, HV, K]`; GDN: `[T, H, K]`.
     pub k_rec: CudaSlice<bf16>,
@@ -143,6 +214,10 @@ pub struct LayerWorkspace {
     pub h: CudaSlice<bf16>,
     /// `[T, HV, V]` bf16.
     pub v_new: CudaSlice<bf16>,
+    /// `[T, HV, K]` bf16: `q Γ`.
+    pub qg: CudaSlice<bf16>,
+    /// `[T, HV, CHUNK]` bf16: each token's row of its chunk's causal attention.
+    pub attention: CudaSlice<bf16>,
 }
 
 impl LayerPlan {
@@ -162,8 +237,9 @@ impl LayerPlan {
             table.push(0); // a one-word placeholder keeps the buffer non-empty
         }
         let chunks = stream.clone_htod(&table)?;
-        let recurrence = DevicePlan::model(stream, plan, &shape.recurrence_shape(StateLayout::KeyFirst))?;
-        Ok(Self { shape, options, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
+        let output = OutputPath::Auto.resolve(stream, &shape)?;
+        let recurrence = plan_recurrence(stream, plan, &shape, StateLayout::KeyFirst, output)?;
+        Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
     }
 
     /// This plan with its states (`h0`, `ht`, and `h` in the workspace) in `layout`: key-first
@@ -171,9 +247,34 @@ impl LayerPlan {
     /// planned afresh (column blocks and split back to the planner's choice).
     pub fn with_state_layout(mut self, stream: &Arc<CudaStream>, layout: StateLayout) -> Result<Self, KdaError> {
         let batch = self.recurrence.plan().clone();
-        self.recurrence = DevicePlan::model(stream, batch, &self.shape.recurrence_shape(layout))?;
+        self.recurrence = plan_recurrence(stream, batch, &self.shape, layout, self.output)?;
         self.layout = layout;
         Ok(self)
+    }
+
+    /// This plan with its output formed as `path` says (`Auto` resolved for `stream`'s device;
+    /// the workspace must then be allocated again: [`LayerPlan::workspace`]). The recurrence is
+    /// planned afresh.
+    pub fn with_output_path(mut self, stream: &Arc<CudaStream>, path: OutputPath) -> Result<Self, KdaError> {
+        let output = path.resolve(stream, &self.shape)?;
+        if output == OutputPath::Fused && !OutputPath::fused_runs(&self.shape) {
+            return Err(KdaError::Unsupported {
+                argument: "output_path",
+                reason: format!(
+                    "the fused layer pass runs K = 64 or 128 and V a multiple of 64, not K = {}, V = {}",
+                    self.shape.key_dim, self.shape.value_dim
+                ),
+            });
+        }
+        let batch = self.recurrence.plan().clone();
+        self.recurrence = plan_recurrence(stream, batch, &self.shape, self.layout, output)?;
+        self.output = output;
+        Ok(self)
+    }
+
+    /// How this plan forms `o`: [`OutputPath::Fused`] or [`OutputPath::Separate`].
+    pub fn output_path(&self) -> OutputPath {
+        self.output
     }
 
     /// The states' layout.
@@ -211,14 +312,35 @@ impl LayerPlan {
         // (One element at least: cudarc cannot allocate an empty buffer on every driver.)
         let bf = |n: usize| stream.alloc_zeros::<bf16>(n.max(1));
         let f = |n: usize| stream.alloc_zeros::<f32>(n.max(1));
+        // Each path's own intermediates; the other's are one element.
+        let (separate, fused) = (self.output == OutputPath::Separate, self.output == OutputPath::Fused);
+        let only = |wanted: bool, n: Result<usize, KdaError>| if wanted { n } else { Ok(1) };
         Ok(LayerWorkspace {
             k_rec: bf(len(t, key_heads, s.key_dim)?)?,
             w: bf(len(t, s.value_heads, s.key_dim)?)?,
             u: bf(len(t, s.value_heads, s.value_dim)?)?,
             gate: f(len(t, s.value_heads, s.gate_width())?)?,
-            h: bf(len(nt, s.value_heads, s.key_dim * s.value_dim)?)?,
-            v_new: bf(len(t, s.value_heads, s.value_dim)?)?,
+            h: bf(only(separate, len(nt, s.value_heads, s.key_dim * s.value_dim))?)?,
+            v_new: bf(only(separate, len(t, s.value_heads, s.value_dim))?)?,
+            qg: bf(only(fused, len(t, s.value_heads, s.key_dim))?)?,
+            attention: bf(only(fused, len(t, s.value_heads, CHUNK))?)?,
         })
+    }
+}
+
+/// The layer's recurrence plan for `batch`: the planner's column blocks and split, except that
+/// the fused path runs wide blocks only.
+fn plan_recurrence(
+    stream: &Arc<CudaStream>,
+    batch: Plan,
+    shape: &LayerShape,
+    layout: StateLayout,
+    output: OutputPath,
+) -> Result<DevicePlan, KdaError> {
+    let plan = DevicePlan::model(stream, batch, &shape.recurrence_shape(layout))?;
+    match output {
+        OutputPath::Fused => plan.with_columns(stream, ColumnMode::Force(Columns::Wide)),
+        _ => Ok(plan),
     }
 }
 
@@ -312,7 +434,16 @@ impl Kda {
         let raw = !matches!(plan.options.gate, GateInput::Log);
         let key_heads = s.recurrence_shape(plan.layout).heads;
         let opt = |present: bool, len: usize| present.then_some(len);
-        let checks: [LenCheck; 16] = [
+        let fused = plan.output == OutputPath::Fused;
+        // The path's own intermediates (the other path's are not read).
+        let path_len = |wanted: bool, actual: usize, len: usize| {
+            if wanted { (Some(actual), Some(len.max(1))) } else { (None, None) }
+        };
+        let (h_actual, h_len) = path_len(!fused, workspace.h.len(), nt * hv * kd * vd);
+        let (vn_actual, vn_len) = path_len(!fused, workspace.v_new.len(), t * hv * vd);
+        let (qg_actual, qg_len) = path_len(fused, workspace.qg.len(), t * hv * kd);
+        let (p_actual, p_len) = path_len(fused, workspace.attention.len(), t * hv * CHUNK);
+        let checks: [LenCheck; 18] = [
             ("q", Some(inputs.q.len()), Some(t * h * kd)),
             ("k", Some(inputs.k.len()), Some(t * h * kd)),
             ("v", Some(inputs.v.len()), Some(t * hv * vd)),
@@ -326,9 +457,11 @@ impl Kda {
             ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
             ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
             ("workspace.u", Some(workspace.u.len()), Some((t * hv * vd).max(1))),
-            ("workspace.v_new", Some(workspace.v_new.len()), Some((t * hv * vd).max(1))),
+            ("workspace.v_new", vn_actual, vn_len),
             ("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1))),
-            ("workspace.h", Some(workspace.h.len()), Some((nt * hv * kd * vd).max(1))),
+            ("workspace.h", h_actual, h_len),
+            ("workspace.qg", qg_actual, qg_len),
+            ("workspace.attention", p_actual, p_len),
         ];
         check_lengths(&checks)?;
         let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
@@ -388,16 +521,55 @@ impl Kda {
             // borrows, so they alias no input.
             unsafe { enqueue(stream, self.layer_kernel(0)?, ctas, |sink| args.push(sink)) }?;
         }
-        {
-            let gate = || workspace.gate.slice(..t * hv * s.gate_width());
-            let rec_inputs = KdaInputs {
-                k: workspace.k_rec.slice(..t * key_heads * kd),
-                w: workspace.w.slice(..t * hv * kd),
-                u: workspace.u.slice(..t * hv * vd),
-                g: (s.kind == LayerKind::Gdn).then(gate),
-                gk: (s.kind == LayerKind::Kda).then(gate),
-                h0: inputs.h0.as_ref().map(|x| x.slice(..)),
+        let gate = || workspace.gate.slice(..t * hv * s.gate_width());
+        let rec_inputs = KdaInputs {
+            k: workspace.k_rec.slice(..t * key_heads * kd),
+            w: workspace.w.slice(..t * hv * kd),
+            u: workspace.u.slice(..t * hv * vd),
+            g: (s.kind == LayerKind::Gdn).then(gate),
+            gk: (s.kind == LayerKind::Kda).then(gate),
+            h0: inputs.h0.as_ref().map(|x| x.slice(..)),
+        };
+        if fused {
+            if ctas > 0 {
+                let mut records = Vec::new();
+                let mut read = |x| keep(&mut records, x);
+                let args = AttentionArgs {
+                    ptrs: [
+                        q,
+                        k,
+                        read(workspace.gate.device_ptr(stream)),
+                        read(workspace.qg.device_ptr_mut(stream)),
+                        read(workspace.attention.device_ptr_mut(stream)),
+                        chunks,
+                    ],
+                    dims,
+                    options: codes.options,
+                };
+                // SAFETY: as for the prepare launch; the gate was written by it just before on
+                // this stream; `qg` and `attention` hold `[T, HV, K]` and `[T, HV, CHUNK]`.
+                unsafe { enqueue(stream, self.layer_kernel(2)?, ctas, |sink| args.push(sink)) }?;
+            }
+            let (qg, _qg_record) = workspace.qg.device_ptr(stream);
+            let (attention, _attention_record) = workspace.attention.device_ptr(stream);
+            let output = FusedOutput { qg, attention, scale_bits: codes.scale_bits };
+            // The fused pass writes `o` where the recurrence writes `v_new` (same shape) and no
+            // `h` (its view is not read).
+            let mut rec_outputs = KdaOutputs {
+                h: workspace.h.slice_mut(..),
+                v_new: outputs.o.slice_mut(..),
+                ht: outputs.ht.as_mut().map(|x| x.slice_mut(..)),
             };
+            return self.launch_with(
+                stream,
+                &plan.recurrence,
+                &rec_inputs,
+                &mut rec_outputs,
+                Kernel::Hopper,
+                Some(output),
+            );
+        }
+        {
             let mut rec_outputs = KdaOutputs {
                 h: workspace.h.slice_mut(..nt * hv * kd * vd),
                 v_new: workspace.v_new.slice_mut(..t * hv * vd),
@@ -508,8 +680,25 @@ impl OutputArgs {
     }
 }
 
+/// The attention kernel's arguments (`kda_kernel::abi::LAYER_ATTENTION_PARAMS`).
+pub(super) struct AttentionArgs {
+    ptrs: [Address; 6],
+    dims: LayerDims,
+    options: u32,
+}
+
+impl AttentionArgs {
+    const TENSORS: [&'static str; 6] = ["q", "k", "gate", "qg", "attention", "chunks"];
+
+    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        push_named(sink, &Self::TENSORS, &self.ptrs);
+        self.dims.push(sink);
+        sink.push("options", &self.options);
+    }
+}
+
 impl Kda {
-    /// The layer kernel `i` (0 prepare, 1 output).
+    /// The layer kernel `i` (0 prepare, 1 output, 2 attention).
     fn layer_kernel(&self, i: usize) -> Result<&Loaded, KdaError> {
         Ok(&self.layer[i])
     }
@@ -517,11 +706,12 @@ impl Kda {
 
 /// One argument list of each layer kernel, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
-pub(super) fn sample_args() -> (PrepareArgs, OutputArgs) {
+pub(super) fn sample_args() -> (PrepareArgs, OutputArgs, AttentionArgs) {
     let dims = LayerDims { heads: 1, value_heads: 2, key_dim: 3, value_dim: 4, gate_width: 5 };
     (
         PrepareArgs { ptrs: [1; 11], dims, options: 1, gate_mode: 2, lower_bound_bits: 3 },
         OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2, state_layout: 1 },
+        AttentionArgs { ptrs: [1; 6], dims, options: 1 },
     )
 }
 

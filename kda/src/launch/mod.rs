@@ -19,7 +19,7 @@ mod validate;
 pub use checkpoint::CheckpointPlan;
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
-pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace};
+pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, OUTPUT_VAR, OutputPath};
 pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
 pub use pooled::{LayerPool, PooledStates};
 pub use validate::TENSOR_ALIGN;
@@ -29,8 +29,8 @@ use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE_ENTRIES,
-    PassCode, TensorMaps, hopper_for, portable_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_ATTENTION, LAYER_OUTPUT, LAYER_PREPARE,
+    MERGE, POOL_COPY, PORTABLE_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for, portable_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -101,8 +101,8 @@ pub struct Kda {
     portable: Vec<Loaded>,
     /// The merge of split sequences.
     merge: Loaded,
-    /// The layer's token-parallel kernels: prepare, output.
-    layer: [Loaded; 2],
+    /// The layer's token-parallel kernels: prepare, output, attention (the fused pass's).
+    layer: [Loaded; 3],
     /// The decode step.
     decode: Loaded,
     /// Checkpoints for prefix caching.
@@ -112,6 +112,8 @@ pub struct Kda {
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
+    /// The fused layer pass's entries (`abi::HOPPER_FUSED_ENTRIES`, in that order), with `hopper`.
+    hopper_fused: Option<Vec<Loaded>>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
     /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
@@ -134,14 +136,21 @@ impl Kda {
         let baseline = Loaded::load(&module, &BASELINE)?;
         let portable = PORTABLE_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?;
         let merge = Loaded::load(&module, &MERGE)?;
-        let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
+        let layer = [
+            Loaded::load(&module, &LAYER_PREPARE)?,
+            Loaded::load(&module, &LAYER_OUTPUT)?,
+            Loaded::load(&module, &LAYER_ATTENTION)?,
+        ];
         let decode = Loaded::load(&module, &DECODE)?;
         let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;
-        let hopper = if target == kda_kernel::abi::SM90A {
-            Some(HOPPER_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?)
+        let load_all = |entries: &[&'static KernelAbi]| {
+            entries.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()
+        };
+        let (hopper, hopper_fused) = if target == kda_kernel::abi::SM90A {
+            (Some(load_all(&HOPPER_ENTRIES)?), Some(load_all(&HOPPER_FUSED_ENTRIES)?))
         } else {
-            None
+            (None, None)
         };
         Ok(Self {
             ctx,
@@ -153,6 +162,7 @@ impl Kda {
             advance,
             pool_copy,
             hopper,
+            hopper_fused,
             compute_capability,
             module_code,
             auto: options.auto,
@@ -213,6 +223,13 @@ impl Kda {
         }
     }
 
+    /// The fused layer pass's entry for key size `key_dim`, when this device has it.
+    fn loaded_fused(&self, key_dim: usize) -> Option<&Loaded> {
+        let abi = hopper_fused_for(key_dim)?;
+        let i = HOPPER_FUSED_ENTRIES.iter().position(|&e| e.entry == abi.entry)?;
+        self.hopper_fused.as_ref().map(|entries| &entries[i])
+    }
+
     /// CTAs of `kernel` that one SM holds at once (the driver's occupancy calculation for the
     /// kernel's block size, registers and shared memory).
     pub fn ctas_per_sm(&self, kernel: Kernel) -> Result<u32, KdaError> {
@@ -235,31 +252,67 @@ impl Kda {
         outputs: &mut KdaOutputs<'_>,
         kernel: Kernel,
     ) -> Result<(), KdaError> {
+        self.launch_with(stream, plan, inputs, outputs, kernel, None)
+    }
+
+    /// [`Kda::launch`], or with `fused` the fused layer pass: the recurrence on the Hopper
+    /// kernel in wide blocks writing the layer's output `o` (in `outputs.v_new`'s place) from
+    /// `fused`'s `q Γ` and causal attention, and no `h` (`outputs.h` is not read, nor checked).
+    fn launch_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &DevicePlan,
+        inputs: &KdaInputs<'_>,
+        outputs: &mut KdaOutputs<'_>,
+        kernel: Kernel,
+        fused: Option<FusedOutput>,
+    ) -> Result<(), KdaError> {
         let dims = plan.dims();
-        self.validate(stream, plan, &dims, inputs, outputs)?;
+        self.validate(stream, plan, &dims, inputs, outputs, fused.is_none())?;
         if dims.tokens == 0 {
             // No chunk to run: `h` and `v_new` are empty, and each final state is its initial one.
             self.loaded(kernel)?;
             return final_states_without_tokens(stream, inputs, outputs);
         }
         let choice = self.choose(kernel, plan, &dims)?;
+        if fused.is_some() {
+            self.fused_runs(choice, plan, &dims)?;
+        }
         let ptrs = Pointers::of(stream, inputs, outputs);
         let hopper = || self.loaded_for(Kernel::Hopper, dims.key_dim, plan.columns.width());
         match (choice, &plan.work, &plan.split) {
             (Kernel::Hopper, Some(_), Some(split)) => {
                 let f = hopper()?;
                 self.launch_split(stream, &dims, &ptrs, split, |pass| {
-                    self.launch_pass(Kernel::Hopper, stream, f, plan, &dims, &ptrs, pass)
+                    self.launch_pass(Kernel::Hopper, stream, f, plan, &dims, &ptrs, pass, fused)
                 })
             }
             (Kernel::Hopper, Some(work), None) => {
                 let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
                 let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
-                self.launch_pass(Kernel::Hopper, stream, hopper()?, plan, &dims, &ptrs, &pass)
+                self.launch_pass(Kernel::Hopper, stream, hopper()?, plan, &dims, &ptrs, &pass, fused)
             }
             (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, plan, &ptrs),
             _ => self.launch_baseline(stream, &dims, plan, &ptrs),
         }
+    }
+
+    /// Whether the fused layer pass runs this launch: the Hopper kernel chosen (`choice`), in
+    /// wide blocks, at a key size the pass has an entry for; a typed refusal otherwise.
+    fn fused_runs(&self, choice: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
+        let refuse = |reason: String| Err(KdaError::Unsupported { argument: "output_path", reason });
+        if choice != Kernel::Hopper || plan.work.is_none() {
+            return refuse(format!(
+                "the fused layer pass runs on the Hopper kernel, and this launch takes the {choice:?} kernel                  (OutputPath::Separate runs the layer on any kernel)"
+            ));
+        }
+        if plan.columns.width() != BV || self.loaded_fused(dims.key_dim).is_none() {
+            return refuse(format!(
+                "the fused layer pass runs wide column blocks at K = 64 or 128, the plan has {:?} blocks at K = {}",
+                plan.columns, dims.key_dim
+            ));
+        }
+        Ok(())
     }
 
     /// The kernel that runs this launch: the Hopper kernel where it is loaded, asked for, and its
@@ -378,7 +431,7 @@ impl Kda {
         let f = self.loaded_for(Kernel::Portable, dims.key_dim, plan.portable_block_width())?;
         // `choose` checked that the plan has the portable passes.
         let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
-        let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass);
+        let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass, None);
         match &portable.split {
             Some(split) => self.launch_split(stream, dims, ptrs, split, run),
             None => {
@@ -400,6 +453,7 @@ impl Kda {
         dims: &Dims,
         ptrs: &Pointers<'_>,
         pass: &PassLaunch,
+        fused: Option<FusedOutput>,
     ) -> Result<(), KdaError> {
         if pass.workers == 0 {
             return Ok(());
@@ -429,8 +483,18 @@ impl Kda {
             return unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) };
         }
         let width = plan.columns.width();
+        // The pre-scan of a fused launch is the recurrence's own (it writes only its maps).
+        let fused = fused.filter(|_| pass.pass != PassCode::Prescan);
+        let f = match fused {
+            Some(_) => self.loaded_fused(dims.key_dim).ok_or_else(|| KdaError::Unsupported {
+                argument: "output_path",
+                reason: format!("no fused layer pass at K = {}", dims.key_dim),
+            })?,
+            None => f,
+        };
+        let fused_maps = fused.map(|x| (x.qg, x.attention));
         let args = HopperArgs {
-            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, &plan.strides, pass.h0, width)?)),
+            maps: MapsArg(TensorMaps(tensor_map::hopper_maps(ptrs, dims, &plan.strides, pass.h0, width, fused_maps)?)),
             g: ptrs.g,
             gk: ptrs.gk,
             h0,
@@ -442,6 +506,7 @@ impl Kda {
             state_layout: pass.layout.code(),
             pass: pass.pass as u32,
             strides: stride_pairs(&plan.strides, dims, [Tensor::G, Tensor::Gk, Tensor::VNew]),
+            fused_scale_bits: fused.map(|x| x.scale_bits),
         };
         // SAFETY: `validate` checked every buffer's length for this plan, its strides and its
         // heads, its alignment and its device, and that the gates given are the shape's;
@@ -456,6 +521,7 @@ impl Kda {
         unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) }
     }
 
+    /// Checks a launch's tensors (`outputs.h` only when the launch writes it).
     fn validate(
         &self,
         stream: &Arc<CudaStream>,
@@ -463,6 +529,7 @@ impl Kda {
         dims: &Dims,
         inputs: &KdaInputs<'_>,
         outputs: &KdaOutputs<'_>,
+        writes_h: bool,
     ) -> Result<(), KdaError> {
         // `heads >= 1` holds: `DevicePlan::new` rejects 0.
         let args = [
@@ -472,7 +539,7 @@ impl Kda {
             inputs.g.as_ref().map(|t| TensorArg::of(Tensor::G, t, stream)),
             inputs.gk.as_ref().map(|t| TensorArg::of(Tensor::Gk, t, stream)),
             inputs.h0.as_ref().map(|t| TensorArg::of(Tensor::H0, t, stream)),
-            Some(TensorArg::of(Tensor::H, &outputs.h, stream)),
+            writes_h.then(|| TensorArg::of(Tensor::H, &outputs.h, stream)),
             Some(TensorArg::of(Tensor::VNew, &outputs.v_new, stream)),
             outputs.ht.as_ref().map(|t| TensorArg::of(Tensor::Ht, t, stream)),
         ];
@@ -487,6 +554,16 @@ impl Kda {
         };
         check_launch(&launch, &args)
     }
+}
+
+/// The fused layer pass's inputs beyond the recurrence's (`abi::HOPPER_FUSED_PARAMS`): the packed
+/// `q Γ` (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16) of the attention
+/// kernel, and the output scale as f32 bits.
+#[derive(Clone, Copy)]
+pub(super) struct FusedOutput {
+    pub qg: args::Address,
+    pub attention: args::Address,
+    pub scale_bits: u32,
 }
 
 /// What one launch of the Hopper kernel runs: its grid and work records, the states it starts

@@ -11,12 +11,15 @@ use kda_kernel::abi::{MapSlot, TENSOR_MAPS, TensorMap};
 /// initial states `h0` (address and rows of `[K][V]` f32 states) when the pass reads any, for
 /// column blocks of `width` value columns (`hopper::BV` or `hopper::NARROW_BV`). `strides` has
 /// passed [`Strides::check_hopper`] (TMA's stride rules); the head sizes are the Hopper kernel's.
+/// The fused layer pass gives `fused`, the addresses of its packed `q Γ` (`[T, HV, K]`) and
+/// causal attention (`[T, HV, CHUNK]`): their maps are set and `h`'s is not (nothing writes it).
 pub(super) fn hopper_maps(
     p: &Pointers<'_>,
     d: &Dims,
     strides: &Strides,
     h0: Option<(u64, usize)>,
     width: usize,
+    fused: Option<(u64, u64)>,
 ) -> Result<[TensorMap; TENSOR_MAPS], KdaError> {
     // `k` has the key heads; every other tensor the value heads.
     let (heads, hv, kd, vd) = (d.heads, d.value_heads, d.key_dim, d.value_dim);
@@ -38,7 +41,18 @@ pub(super) fn hopper_maps(
     set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1, tile)?);
     set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1, tile)?);
     set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK, width)?);
-    set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv, width)?);
+    match fused {
+        None => set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv, width)?),
+        Some((qg, attention)) => {
+            let packed =
+                |width: usize| Rows { tokens: d.tokens, heads: hv, width, strides: RowStrides::packed(hv, width) };
+            let (q, a) = (packed(kd), packed(CHUNK));
+            set(MapSlot::Q, TensorMapArg::tokens(qg, q, CHUNK, tile)?);
+            set(MapSlot::QRow, TensorMapArg::tokens(qg, q, 1, tile)?);
+            set(MapSlot::P, TensorMapArg::tokens(attention, a, CHUNK, CHUNK)?);
+            set(MapSlot::PRow, TensorMapArg::tokens(attention, a, 1, CHUNK)?);
+        }
+    }
     if let Some((address, rows)) = h0 {
         set(MapSlot::H0, TensorMapArg::initial_states(address, d, rows, width)?);
     }
