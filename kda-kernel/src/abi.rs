@@ -593,22 +593,32 @@ pub const LAYER_MAX_REGISTERS: u32 = 128;
 
 /// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
 /// f32 arithmetic, every target).
-/// The fused layer's attention kernel's parameters ([`LAYER_ATTENTION`]): as
-/// [`LAYER_OUTPUT_PARAMS`]' first inputs, writing `q Γ` (`qg`, `[T, HV, K]` bf16) and the causal
-/// attention (`attention`, `[T, HV, CHUNK]` bf16) for the fused recurrence.
-pub const LAYER_ATTENTION_PARAMS: [Param; 12] = [
-    Param::pointer("q"),
+/// The fused layer's prepare kernel's parameters ([`LAYER_PREPARE_FUSED`]):
+/// [`LAYER_PREPARE_PARAMS`] with `q` in and `qg` (`q Γ`, `[T, HV, K]` bf16) and `attention`
+/// (`[T, HV, CHUNK]` bf16) out after the tensors.
+pub const LAYER_PREPARE_FUSED_PARAMS: [Param; 22] = [
     Param::pointer("k"),
-    Param::pointer("gate"),
+    Param::pointer("v"),
+    Param::pointer("g"),
+    Param::pointer("beta"),
+    Param::pointer("a_log"),
+    Param::pointer("dt_bias"),
+    Param::pointer("chunks"),
+    Param::pointer("k_rec"),
+    Param::pointer("w"),
+    Param::pointer("u"),
+    Param::pointer("gate_out"),
+    Param::pointer("q"),
     Param::pointer("qg"),
     Param::pointer("attention"),
-    Param::pointer("chunks"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),
     Param::u32("value_dim"),
     Param::u32("gate_width"),
     Param::u32("options"),
+    Param::u32("gate_mode"),
+    Param::u32("lower_bound_bits"),
 ];
 pub const LAYER_PREPARE: KernelAbi = KernelAbi {
     entry: "kda_layer_prepare",
@@ -629,15 +639,15 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
-/// The fused layer's attention kernel: grid and threads as [`LAYER_OUTPUT`], whose tiles it
-/// uses up to the attention.
-pub const LAYER_ATTENTION: KernelAbi = KernelAbi {
-    entry: "kda_layer_attention",
-    params: &LAYER_ATTENTION_PARAMS,
+/// The fused layer's prepare kernel (sm_90a only, where the fused recurrence runs): grid and
+/// threads as [`LAYER_PREPARE`].
+pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
+    entry: "kda_layer_prepare_fused",
+    params: &LAYER_PREPARE_FUSED_PARAMS,
     threads: crate::layout::layer::THREADS,
-    smem_bytes: crate::layout::layer::OUTPUT_SMEM_BYTES,
+    smem_bytes: crate::layout::layer::PREPARE_FUSED_SMEM_BYTES,
     max_registers: Some(LAYER_MAX_REGISTERS),
-    targets: &[SM90A, SM80],
+    targets: &[SM90A],
 };
 
 /// Register budget of the decode step: three CTAs of 256 threads per SM, 3 x 256 x 80 = 61440
@@ -695,7 +705,7 @@ pub const KERNELS: [KernelAbi; 20] = [
     MERGE,
     LAYER_PREPARE,
     LAYER_OUTPUT,
-    LAYER_ATTENTION,
+    LAYER_PREPARE_FUSED,
     DECODE,
     ADVANCE,
     POOL_COPY,

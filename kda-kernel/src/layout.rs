@@ -196,6 +196,13 @@ pub mod layer {
         2 * CHUNK * ROW_WORDS + CHUNK + CHUNK * MATRIX_ROW_WORDS + SUBS * SUB * INVERSE_ROW_WORDS;
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
+    /// Bytes of the fused layer's prepare kernel's shared memory: the prepare kernel's and the
+    /// chunk's queries (bf16 `[CHUNK][KEY_ROW]`; the causal attention is formed over `L`'s tile
+    /// before `L`). About 110 KB: two CTAs per SM on 9.x, the only GPUs it runs on.
+    pub const PREPARE_FUSED_SMEM_BYTES: usize = PREPARE_SMEM_BYTES + CHUNK * KEY_ROW * 2;
+    /// Shared memory one CTA may use with two per SM on 9.x (228 KB per SM, 1 KB of it reserved
+    /// per CTA).
+    pub const SM90_TWO_CTA_SMEM: usize = 228 * 1024 / 2 - 1024;
     /// f32 words of the output kernel's shared memory: the chunk's keys (`[CHUNK][KEY_ROW]` bf16),
     /// queries (`[CHUNK][ROW_WORDS]` f32), cumulative gate (`[CHUNK][ROW_WORDS]` f32) and causal
     /// attention (`[CHUNK][ATTENTION_ROW]` bf16). Once the attention is formed, `q Γ` (bf16, the
@@ -232,6 +239,12 @@ pub mod layer {
             PREPARE_SMEM_BYTES <= super::SM80_SMEM_PER_CTA && OUTPUT_SMEM_BYTES <= super::SM80_SMEM_PER_CTA,
             "the layer kernels run on every sm_80+ GPU"
         );
+        assert!(PREPARE_FUSED_SMEM_BYTES <= SM90_TWO_CTA_SMEM, "the fused prepare kernel keeps two CTAs per SM");
+        assert!(
+            CHUNK * ATTENTION_ROW * 2 <= CHUNK * MATRIX_ROW_WORDS * 4,
+            "the causal attention fits L's tile, which it precedes"
+        );
+        assert!((PREPARE_WORDS * 4).is_multiple_of(16), "the fused prepare kernel's queries start 16-byte aligned");
     };
 }
 

@@ -515,9 +515,10 @@ enum LayerRecurrence {
 enum LayerOutput {
     /// The output kernel, from the recurrence's `h` and `v_new` (the separate path).
     Kernel,
-    /// The attention kernel's `q Γ` and `P`, combined with `bf16(S)` and `bf16(Vn)` in f32 as
-    /// the fused recurrence's two output products do (the fused path's arithmetic; the Hopper
-    /// kernel itself runs only on the GPU).
+    /// The fused prepare kernel (`kda_layer_prepare_fused`: `q Γ` and `P` besides the prepare
+    /// kernel's outputs), then `o` from them, `bf16(S)` and `bf16(Vn)` in f32 as the fused
+    /// recurrence's two output products form it (the fused path's arithmetic; the Hopper kernel
+    /// itself runs only on the GPU).
     Fused,
 }
 
@@ -551,38 +552,82 @@ fn run_layer_keeping_h(
     let (q_in, k_in, v_in, g_in, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
     let (a_log, dt_bias, chunks) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&table));
     let (k_out, w_out, u_out, gate_out) = (ptr_mut(&mut k_rec), ptr_mut(&mut w), ptr_mut(&mut u), ptr_mut(&mut gate));
+    let fused = output == LayerOutput::Fused;
+    let chunk = kda_kernel::layout::CHUNK;
+    let (mut qg, mut attention) =
+        if fused { (vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * chunk]) } else { (Vec::new(), Vec::new()) };
+    let (qg_out, attention_out) = (ptr_mut(&mut qg), ptr_mut(&mut attention));
     // SAFETY: every buffer holds the layer's rows for this plan and shape; the table was built
     // from the same plan.
-    unsafe {
-        sim::launch(layer_launch(p, layer::PREPARE_SMEM_BYTES), || {
-            kda_kernel::layer::kda_layer_prepare(
-                k_in.ptr() as *const u16,
-                v_in.ptr() as *const u16,
-                g_in.ptr(),
-                beta.ptr(),
-                a_log.ptr(),
-                dt_bias.ptr(),
-                chunks.ptr(),
-                k_out.mut_ptr() as *mut u16,
-                w_out.mut_ptr() as *mut u16,
-                u_out.mut_ptr() as *mut u16,
-                gate_out.mut_ptr(),
-                dims[0],
-                dims[1],
-                dims[2],
-                dims[3],
-                dims[4],
-                codes.options,
-                codes.gate_mode,
-                codes.lower_bound_bits,
-            )
-        })
+    if fused {
+        unsafe {
+            sim::launch(layer_launch(p, layer::PREPARE_FUSED_SMEM_BYTES), || {
+                kda_kernel::layer::kda_layer_prepare_fused(
+                    k_in.ptr() as *const u16,
+                    v_in.ptr() as *const u16,
+                    g_in.ptr(),
+                    beta.ptr(),
+                    a_log.ptr(),
+                    dt_bias.ptr(),
+                    chunks.ptr(),
+                    k_out.mut_ptr() as *mut u16,
+                    w_out.mut_ptr() as *mut u16,
+                    u_out.mut_ptr() as *mut u16,
+                    gate_out.mut_ptr(),
+                    q_in.ptr() as *const u16,
+                    qg_out.mut_ptr() as *mut u16,
+                    attention_out.mut_ptr() as *mut u16,
+                    dims[0],
+                    dims[1],
+                    dims[2],
+                    dims[3],
+                    dims[4],
+                    codes.options,
+                    codes.gate_mode,
+                    codes.lower_bound_bits,
+                )
+            })
+        }
+        .unwrap_or_else(|e| panic!("fused prepare: {e}"));
+    } else {
+        unsafe {
+            sim::launch(layer_launch(p, layer::PREPARE_SMEM_BYTES), || {
+                kda_kernel::layer::kda_layer_prepare(
+                    k_in.ptr() as *const u16,
+                    v_in.ptr() as *const u16,
+                    g_in.ptr(),
+                    beta.ptr(),
+                    a_log.ptr(),
+                    dt_bias.ptr(),
+                    chunks.ptr(),
+                    k_out.mut_ptr() as *mut u16,
+                    w_out.mut_ptr() as *mut u16,
+                    u_out.mut_ptr() as *mut u16,
+                    gate_out.mut_ptr(),
+                    dims[0],
+                    dims[1],
+                    dims[2],
+                    dims[3],
+                    dims[4],
+                    codes.options,
+                    codes.gate_mode,
+                    codes.lower_bound_bits,
+                )
+            })
+        }
+        .unwrap_or_else(|e| panic!("prepare: {e}"));
     }
-    .unwrap_or_else(|e| panic!("prepare: {e}"));
-    for (name, written) in [("k_rec", &k_rec), ("w", &w), ("u", &u)] {
+    for (name, written) in [("k_rec", &k_rec), ("w", &w), ("u", &u), ("qg", &qg), ("attention", &attention)] {
         assert!(written.iter().all(|x| x.to_bits() != POISON_BF16), "prepare left {name} unwritten");
     }
-    assert!(gate.iter().all(|x| x.to_bits() != POISON_F32), "prepare left the gate unwritten");
+    // The fused prepare kernel writes a per-key gate's last row of each chunk only (all the
+    // recurrence reads of it): the rows it leaves keep their poison, which the recurrence below
+    // would turn into NaN if it read them.
+    let gate_rows_written = |row: usize| !(fused && s.kind == LayerKind::Kda) || table_last_rows(&table).contains(&row);
+    for (e, x) in gate.iter().enumerate() {
+        let row = e / (hv * gw);
+        assert_eq!(x.to_bits() != POISON_F32, gate_rows_written(row), "prepare's gate row {row}");
+    }
     let is_kda = s.kind == LayerKind::Kda;
     let h0 = p.h0.as_ref().map(|h0| if value_first { transposed(h0, kd, vd) } else { h0.clone() });
     let view = ModelView {
@@ -606,8 +651,8 @@ fn run_layer_keeping_h(
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
     let gate_in = ptr(&gate);
-    if output == LayerOutput::Fused {
-        let o = fused_output(p, (q_in, k_in, gate_in, chunks), &recurrence.h, &recurrence.v_new, layout);
+    if fused {
+        let o = fused_output(p, (&qg, &attention), &recurrence.h, &recurrence.v_new, layout);
         let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
         return (LayerOutputs { o, ht }, recurrence.h);
     }
@@ -639,47 +684,25 @@ fn run_layer_keeping_h(
     (LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }, recurrence.h)
 }
 
-/// The attention kernel (`kda_layer_attention`) on the simulator, then `o` as the fused
-/// recurrence forms it: `scale (qg bf16(S) + P bf16(Vn))` in f32 per chunk, `bf16(S)` the chunk's
-/// entry state `h` and `bf16(Vn)` its `v_new` (both as the recurrence rounds them), rounded to
-/// bf16. Checks that the kernel wrote every valid row of `qg` and `P` and that each row of `P`
-/// is zero past its diagonal.
+/// The last row (token) of each chunk of `table` (the chunk table's words: first token, rows).
+fn table_last_rows(table: &[u32]) -> Vec<usize> {
+    table.chunks(2).map(|w| (w[0] + w[1] - 1) as usize).collect()
+}
+
+/// `o` as the fused recurrence forms it from the fused prepare kernel's `qg` and `attention`:
+/// `scale (qg bf16(S) + P bf16(Vn))` in f32 per chunk, `bf16(S)` the chunk's entry state `h` and
+/// `bf16(Vn)` its `v_new` (both as the recurrence rounds them), rounded to bf16. Checks that
+/// each row of `P` is zero past its diagonal.
 fn fused_output(
     p: &LayerProblem,
-    (q_in, k_in, gate_in, chunks): (sim::Ptr<bf16>, sim::Ptr<bf16>, sim::Ptr<f32>, sim::Ptr<u32>),
+    (qg, attention): (&[bf16], &[bf16]),
     h: &[bf16],
     v_new: &[bf16],
     layout: StateLayout,
 ) -> Vec<f32> {
     let s = p.shape;
-    let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
+    let (t, hv, kd, vd) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim);
     let chunk = kda_kernel::layout::CHUNK;
-    let dims = [s.heads, hv, kd, vd, gw].map(|x| x as u32);
-    let poison_bf = bf16::from_bits(POISON_BF16);
-    let (mut qg, mut attention) = (vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * chunk]);
-    let (qg_out, attention_out) = (ptr_mut(&mut qg), ptr_mut(&mut attention));
-    // SAFETY: every buffer holds the layer's rows for this plan and shape; the gate is the
-    // prepare kernel's.
-    unsafe {
-        sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
-            kda_kernel::layer::kda_layer_attention(
-                q_in.ptr() as *const u16,
-                k_in.ptr() as *const u16,
-                gate_in.ptr(),
-                qg_out.mut_ptr() as *mut u16,
-                attention_out.mut_ptr() as *mut u16,
-                chunks.ptr(),
-                dims[0],
-                dims[1],
-                dims[2],
-                dims[3],
-                dims[4],
-                p.options.codes().options,
-            )
-        })
-    }
-    .unwrap_or_else(|e| panic!("attention: {e}"));
-    assert!(qg.iter().chain(&attention).all(|x| x.to_bits() != POISON_BF16), "attention left rows unwritten");
     let scale = f32::from_bits(p.options.codes().scale_bits);
     let value_first = layout == StateLayout::ValueFirst;
     let mut o = vec![0.0f32; t * hv * vd];

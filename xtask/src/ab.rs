@@ -383,11 +383,14 @@ fn verdict(passed: &[bool], failures: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The time `kda run --repeat N` prints: the number in its last `median X us`.
+/// The time `kda run --repeat N` prints: the number in its last `median X us`, or in `X us
+/// (median of N launches)` as `kda layer --bench` and `kda decode --bench` print it.
 fn parse_median(output: &str) -> Option<f64> {
     output.lines().rev().find_map(|l| {
         let words: Vec<&str> = l.split_whitespace().collect();
-        words.windows(3).find(|w| w[0] == "median" && w[2] == "us").and_then(|w| w[1].parse().ok())
+        let before = words.windows(3).find(|w| w[0] == "median" && w[2] == "us").map(|w| w[1]);
+        let after = || words.windows(3).find(|w| w[1] == "us" && w[2] == "(median").map(|w| w[0]);
+        before.or_else(after).and_then(|x| x.parse().ok())
     })
 }
 
@@ -489,6 +492,8 @@ mod tests {
         assert_eq!(parse_median(out), Some(207.9));
         assert_eq!(parse_median("kernel Baseline: median 4747.31 us over 5 launches"), Some(4747.31));
         assert_eq!(parse_median("error: no CUDA device"), None);
+        let layer = "layer kda_fixed_8192: 1328.8 us (median of 10 launches), IO floor 269.9 us (0.203 of it)";
+        assert_eq!(parse_median(layer), Some(1328.8));
         assert_eq!(parse_median("median nan-ish us"), None);
     }
 

@@ -14,8 +14,9 @@
 //!   gate (`G / ln 2`, the contract's log2 cumulative form).
 //! - `kda_layer_output`: `o = scale ((q Γ) h + P v_new)`, `P = causal((q Γ) (k / Γ)^T)`, from the
 //!   recurrence's `h` (each chunk's entry state) and `v_new`.
-//! - `kda_layer_attention`: the output kernel's `P` and `q Γ` alone, written for the fused
-//!   recurrence (`abi::HOPPER_FUSED`), which forms `o` in its chunk loop instead.
+//! - `kda_layer_prepare_fused` (9.x): the prepare kernel's work and the output kernel's `P` and
+//!   `q Γ`, written for the fused recurrence (`abi::HOPPER_FUSED`), which forms `o` in its chunk
+//!   loop instead of the output kernel.
 //!
 //! The products run on the tensor cores in TF32 (`mma.sync` m16n8k8, f32 accumulation). A gated
 //! product `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` between sub-blocks `bi > bj` is one
@@ -45,9 +46,9 @@ mod prepare;
 
 // The entries by their paths for the simulator's tests (on the GPU they are exported by name).
 #[cfg(not(target_arch = "nvptx64"))]
-pub use output::{kda_layer_attention, kda_layer_output};
+pub use output::kda_layer_output;
 #[cfg(not(target_arch = "nvptx64"))]
-pub use prepare::kda_layer_prepare;
+pub use prepare::{kda_layer_prepare, kda_layer_prepare_fused};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
@@ -830,6 +831,75 @@ unsafe fn put_rows(dst: Shared<f32>, rows: &Fetched<ROW_VECTORS>, w: &Work, kd: 
             }
             sync_threads();
         }
+    }
+}
+
+/// [`fetch_rows`]' rows into `dst` (`[CHUNK][KEY_ROW]` bf16: exact, the rows being bf16), each
+/// row then divided by its L2 norm when `l2norm` (rounded to bf16 once, as FLA's normalised
+/// queries are); rows past the valid ones are zeros. Ends with the CTA synchronised.
+///
+/// # Safety
+/// The CTA calls it together; `dst` is a free tile.
+#[inline(always)]
+unsafe fn put_rows_bf16(dst: Shared<u16>, rows: &Fetched<ROW_VECTORS>, w: &Work, kd: usize, l2norm: bool) {
+    let tid = thread_idx_x();
+    // SAFETY (block): rows `< CHUNK` of the tile (16-byte aligned: `KEY_ROW`), columns `< kd`.
+    unsafe {
+        rows.store(|r, a, words| st_shared_v4(dst.add(r * KEY_ROW + a).addr(), words));
+        sync_threads();
+        if l2norm {
+            // Half a warp per row, two rows per warp at a time, as `put_rows`: each lane `kd / 16`
+            // elements (8 at K = 128, one 16-byte access; 4 at K = 64, 8 bytes), the squares
+            // summed across the half by shuffles. 32-bit row counter; the two widths apart.
+            let (warp, lane) = (tid / LANES, tid % LANES);
+            let first = dst.add(lane / HALF_WARP * KEY_ROW + lane % HALF_WARP * (kd / HALF_WARP));
+            let normalise = |wide: bool| {
+                let rows = ROWS_PER_WARP_PASS as u32 * warp as u32..w.rows as u32;
+                for r in rows.step_by(THREADS / LANES * ROWS_PER_WARP_PASS) {
+                    let at = first.add(r as usize * KEY_ROW).addr();
+                    let words = if wide {
+                        ld_shared_v4(at)
+                    } else {
+                        let [x, y] = ld_shared_v2_f32(at);
+                        [x.to_bits(), y.to_bits(), 0, 0]
+                    };
+                    let x = unpack_bf16x8(words);
+                    let sum = x.iter().fold(0.0, |sum, &x| fma_f32(x, x, sum));
+                    let inverse = rsqrt_approx(half_warp_sum(sum) + L2NORM_EPS);
+                    let y = pack_bf16x8(x.map(|x| x * inverse));
+                    if wide {
+                        st_shared_v4(at, y);
+                    } else {
+                        st_shared_v2_f32(at, [f32::from_bits(y[0]), f32::from_bits(y[1])]);
+                    }
+                }
+            };
+            if kd > HALF_WARP_COLUMNS {
+                normalise(true);
+            } else {
+                normalise(false);
+            }
+            sync_threads();
+        }
+    }
+}
+
+/// The causal attention `tile` (bf16 `[CHUNK][ATTENTION_ROW]`, as [`gated_products`] leaves it)
+/// to the chunk's valid rows of `out` (`[T, HV, CHUNK]` bf16, value head `w.i` of `hv`), zeros
+/// for the sub-blocks above the diagonal (not in the tile; the diagonal sub-block's upper half
+/// holds them already), so that a product over every column adds nothing past the diagonal.
+///
+/// # Safety
+/// The tile is written; the chunk's valid rows exist in `out`, 16-byte aligned.
+#[inline(always)]
+unsafe fn store_attention(out: *mut u16, tile: Shared<u16>, w: &Work, hv: usize) {
+    let at = RowsAt::heads(w, hv, w.i, CHUNK);
+    // SAFETY: see the function's contract (`ATTENTION_ROW` keeps the tile's rows 16-byte
+    // aligned).
+    unsafe {
+        store_rows_v4(out, w.rows, (CHUNK, BF16_VECTOR), at, |r, c| {
+            if c < (r / SUB + 1) * SUB { ld_shared_v4(tile.add(r * ATTENTION_ROW + c).addr()) } else { [0; 4] }
+        })
     }
 }
 

@@ -86,8 +86,8 @@ impl OutputBlock {
     }
 }
 
-/// The output kernel's first phase, which the fused layer's attention kernel runs alone: the
-/// chunk's causal attention `P` and its `q Γ`, in the kernel's shared tiles.
+/// The output kernel's first phase: the chunk's causal attention `P` and its `q Γ`, in the
+/// kernel's shared tiles.
 #[derive(Clone, Copy)]
 struct Attention {
     wk: Work,
@@ -266,55 +266,6 @@ kernel_entry! {
             } else {
                 block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
             }
-        }
-    }
-}
-
-kernel_entry! {
-    /// The fused layer's attention kernel (`abi::LAYER_ATTENTION`, parameters
-    /// `abi::LAYER_ATTENTION_PARAMS`): the output kernel's first phase alone, for the fused
-    /// recurrence (`abi::HOPPER_FUSED`), which forms `o` itself. Grid, threads and shared memory
-    /// as [`kda_layer_output`].
-    ///
-    /// Reads `q`, `k` and the gate as [`kda_layer_output`]; writes the valid rows of `qg`
-    /// (`bf16(q Γ)`, `[T, HV, K]`) and `attention` (`[T, HV, CHUNK]` bf16: token `r`'s row of
-    /// its chunk's causal attention, zeros past column `r`, so that a product over every column
-    /// adds nothing past the diagonal).
-    ///
-    /// # Safety
-    /// As for [`kda_layer_prepare`].
-    pub unsafe fn kda_layer_attention(
-        q: *const u16,
-        k: *const u16,
-        gate: *const f32,
-        qg_out: *mut u16,
-        attention_out: *mut u16,
-        chunks: *const u32,
-        heads: u32,
-        value_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        gate_width: u32,
-        options: u32,
-    ) {
-        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
-            return; // the launcher never launches so; this proves the tiles and divisions safe
-        };
-        let (hv, kd) = (d.value_heads, d.key_dim);
-        // SAFETY (block): as in `kda_layer_prepare`; every row stored is a valid row.
-        unsafe {
-            let at = Attention::form(q, k, gate, chunks, &d, options & OPT_L2NORM != 0);
-            at.scale_queries(kd);
-            let (wk, qg, attention) = (at.wk, at.qg, at.attention);
-            store_rows_v4(qg_out, wk.rows, (kd, BF16_VECTOR), RowsAt::heads(&wk, hv, wk.i, kd), |r, c| {
-                ld_shared_v4(qg.add(r * KEY_ROW + c).addr())
-            });
-            // Sub-blocks above the diagonal are not in the tile: zeros (the diagonal sub-block's
-            // upper half holds them already).
-            let row_at = RowsAt::heads(&wk, hv, wk.i, CHUNK);
-            store_rows_v4(attention_out, wk.rows, (CHUNK, BF16_VECTOR), row_at, |r, c| {
-                if c < (r / SUB + 1) * SUB { ld_shared_v4(attention.add(r * ATTENTION_ROW + c).addr()) } else { [0; 4] }
-            });
         }
     }
 }

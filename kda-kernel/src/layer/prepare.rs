@@ -179,6 +179,262 @@ impl Solve {
 /// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
 const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
+/// The prepare kernel's parameters past its tensors, as both entries take them.
+#[derive(Clone, Copy)]
+struct PrepareWords {
+    heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    gate_width: u32,
+    options: u32,
+    gate_mode: u32,
+    lower_bound_bits: u32,
+}
+
+/// The prepare kernel's tensors (`kda_layer_prepare`'s parameters).
+#[derive(Clone, Copy)]
+struct PrepareTensors {
+    k: *const u16,
+    v: *const u16,
+    g: *const f32,
+    beta: *const f32,
+    a_log: *const f32,
+    dt_bias: *const f32,
+    chunks: *const u32,
+    k_rec: *mut u16,
+    w_out: *mut u16,
+    u_out: *mut u16,
+    gate_out: *mut f32,
+}
+
+/// The fused layer's extra tensors (`kda_layer_prepare_fused`): `q` `[T, H, K]` in, `q Γ`
+/// `[T, HV, K]` and the causal attention `[T, HV, CHUNK]` out (bf16).
+#[derive(Clone, Copy)]
+struct AttentionTensors {
+    q: *const u16,
+    qg_out: *mut u16,
+    attention_out: *mut u16,
+}
+
+/// The prepare kernel's work for one CTA; with `FUSED` also the chunk's causal attention and
+/// `q Γ` for the fused recurrence (from a bf16 query tile after the prepare kernel's tiles,
+/// before `L`, in `L`'s place), and of a per-key gate only each chunk's last row written (all
+/// the fused recurrence reads of it).
+///
+/// # Safety
+/// The entries' contract.
+#[inline(always)]
+unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors, words: PrepareWords) {
+    let PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out } = t;
+    let PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits } = words;
+    let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
+        return; // the launcher never launches so; this proves the tiles and divisions safe
+    };
+    let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
+    let (tid, warp, l) = Lane::this_thread();
+    // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
+    // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
+    unsafe {
+        let wk = Work::of_this_cta(chunks, &d);
+        let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
+        let per_key = d.per_key_gate();
+        let keys = Shared::<f32>::base();
+        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key };
+        let betas = gates.tile.add(CHUNK * ROW_WORDS);
+        let lower = betas.add(CHUNK);
+        let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
+        // Fused: the queries (bf16) after the inverses, and the attention over `L`'s tile
+        // until `L` is formed.
+        let queries = inverse.add(SUBS * SUB * INVERSE_ROW_WORDS).cast::<u16>();
+        let attention = lower.cast::<u16>();
+
+        // Every input of the chunk's first steps in flight at once (one wait for memory, not
+        // one per tile): the keys, the gate (a per-key gate's rows in the layout its
+        // activation takes, 4 columns per thread; a per-head gate a row per thread), `beta`
+        // and the activation's scalars.
+        let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
+        let gate_values = fetch_gate(g, &wk, &d);
+        let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
+        let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
+        // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
+        // multiple of `K`), so their biases are read once.
+        let gate_walk = gate_values.0.walk;
+        let bias_col = if per_key { gate_walk.col } else { 0 };
+        let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| {
+            if dt_bias.is_null() || j >= gw { 0.0 } else { *dt_bias.add(i * gw + bias_col + j) }
+        });
+
+        put_rows(keys, &key_rows, &wk, kd, options & OPT_L2NORM != 0);
+        // Fused: the queries' loads issued here (the keys' registers free), to arrive under
+        // the gate's activation and sums.
+        let query_rows =
+            if FUSED { fetch_rows(fused.q, &wk, d.heads, wk.j, kd) } else { Fetched::<ROW_VECTORS>::none() };
+
+        // The decay per row (log2), activated when raw, into the tile; `beta` (zero past the
+        // valid rows). The mode is chosen once, outside the loop (one activation's code in
+        // the kernel, not one per element of a vector).
+        let lower_bound = f32::from_bits(lower_bound_bits);
+        // The raw gate into the tile, then each thread activates its own elements in place
+        // (`Gates::put`: no barrier between); the activation inside the store's loop would
+        // index the fetched vectors at run time (a loop too long to unroll).
+        gates.put(&gate_values, rows);
+        let activate_rows = |mode: u32| {
+            let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
+            if per_key {
+                let RowWalk { r0, col: a, step, .. } = gate_walk;
+                let mut r = r0;
+                while r < rows as u32 {
+                    let raw = row4(gates.tile, r as usize, a);
+                    set_row4(gates.tile, r as usize, a, core::array::from_fn(|j| act(raw[j], bias[j])));
+                    r += step;
+                }
+            } else if tid < rows {
+                let x = gates.tile.add(tid * ROW_WORDS);
+                x.st(act(x.ld(), bias[0]));
+            }
+        };
+        match gate_mode {
+            GATE_SOFTPLUS => activate_rows(GATE_SOFTPLUS),
+            GATE_LOWER_BOUND => activate_rows(GATE_LOWER_BOUND),
+            _ => activate_rows(GATE_LOG),
+        }
+        if tid < CHUNK {
+            betas.add(tid).st(if tid >= rows {
+                0.0
+            } else if options & OPT_BETA_SIGMOID != 0 {
+                sigmoid(raw_beta)
+            } else {
+                raw_beta
+            });
+        }
+        sync_threads();
+        // G: the decay summed down each column.
+        for a in strided(tid, gw) {
+            let mut acc = 0.0;
+            for r in 0..rows {
+                let x = gates.tile.add(r * ROW_WORDS + a);
+                acc += x.ld();
+                x.st(acc);
+            }
+        }
+        sync_threads();
+        gates.pad(rows, gw);
+
+        if FUSED {
+            // P = causal((q Γ) (k / Γ)^T), diagonal included, over L's tile; q Γ and P out.
+            put_rows_bf16(queries, &query_rows, &wk, kd, options & OPT_L2NORM != 0);
+            gated_products(Bf16Matrix(attention), (Bf16Rows(queries), F32Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
+            let row_at = RowsAt::heads(&wk, hv, i, kd);
+            let scale_queries = |per_key: bool| {
+                store_bf16_rows(fused.qg_out, rows, kd, row_at, |r, a| {
+                    let query = unpack_bf16x8(ld_shared_v4(queries.add(r * KEY_ROW + a).addr()));
+                    if per_key {
+                        let gate = row8(gates.tile, r, a);
+                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
+                    } else {
+                        let decay = exp2(gates.at(r, 0));
+                        query.map(|x| x * decay)
+                    }
+                })
+            };
+            if per_key {
+                scale_queries(true);
+            } else {
+                scale_queries(false);
+            }
+            store_attention(fused.attention_out, attention, &wk, hv);
+            // L is formed over the attention's tile.
+            sync_threads();
+        }
+
+        // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
+        // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
+        // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
+        gated_products(F32Matrix(lower), (F32Rows(keys), F32Rows(keys)), gates, kd, true, |r| -betas.add(r).ld(), |b| {
+            invert_diagonal_block(lower, inverse, b)
+        });
+
+        // The values' loads issued here, to arrive while the keys and gate go out and the
+        // right-hand side is formed.
+        let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
+        // The recurrence's keys and gate, while the key and gate tiles still hold them.
+        let last = rows - 1;
+        let row_at = RowsAt::heads(&wk, hv, i, kd);
+        if per_key {
+            store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
+                let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
+                core::array::from_fn(|j| key[j] * exp2(to[j] - from[j]))
+            });
+        } else if i.checked_rem(d.group()) == Some(0) {
+            // GDN's keys are the key head's, written by the first value head of its group.
+            store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
+        }
+        if per_key && FUSED {
+            // The fused recurrence reads a per-key gate's last row of each chunk only.
+            if tid < kd / F32_VECTOR {
+                let a = tid * F32_VECTOR;
+                st_global_v4(gate_out.add(row_at.at(last) + a).cast::<u16>(), row4(gates.tile, last, a).map(f32::to_bits));
+            }
+        } else if per_key {
+            store_rows_v4(gate_out, rows, (kd, F32_VECTOR), row_at, |r, a| {
+                row4(gates.tile, r, a).map(f32::to_bits)
+            });
+        } else if tid < rows {
+            *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
+        }
+        // The right-hand side in place: diag(beta) k Γ over the keys (each thread the same
+        // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
+        // another still reads), then, once no thread reads G any more, diag(beta) v over the
+        // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
+        // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
+        // without a branch: their keys and `beta` are zeros, their G the last valid row's. The
+        // gate's kind chosen once, outside the loop.
+        let right_hand_side = |per_key: bool| {
+            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
+                let (r, col) = split(e * BF16_VECTOR, kd);
+                let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
+                let x = if per_key {
+                    let gate = row8(gates.tile, r, col);
+                    core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
+                } else {
+                    let scale = b * exp2(gates.at(r, 0));
+                    key.map(|k| scale * k)
+                };
+                set_row8(keys, r, col, x);
+            }
+        };
+        if per_key {
+            right_hand_side(true);
+        } else {
+            right_hand_side(false);
+        }
+        sync_threads();
+        let values = gates.tile;
+        value_rows.store(|r, col, words| {
+            let b = betas.add(r).ld();
+            set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
+        });
+        sync_threads();
+
+        // Block by block, each warp its own columns of [w | u] (no other warp touches them):
+        // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
+        let cols_per_warp = (kd + vd) / (THREADS / LANES);
+        let solve = Solve { keys, values, lower, inverse, kd, col0: warp * cols_per_warp, l };
+        // One instantiation per count of n8 tiles a warp holds (`K`, `V` of 64 or 128).
+        match cols_per_warp / TILE_N {
+            2 => solve.run::<2>(),
+            3 => solve.run::<3>(),
+            _ => solve.run::<4>(),
+        }
+        sync_threads();
+
+        // w and u.
+        store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
+        store_bf16_rows(u_out, rows, vd, RowsAt::heads(&wk, hv, i, vd), |r, col| row8(values, r, col));
+    }
+}
+
 kernel_entry! {
     /// The layer's prepare kernel (`abi::LAYER_PREPARE`, parameters `abi::LAYER_PREPARE_PARAMS`).
     /// Grid: one CTA per (chunk, value head), chunk-major; `layout::layer::THREADS` threads;
@@ -214,170 +470,58 @@ kernel_entry! {
         gate_mode: u32,
         lower_bound_bits: u32,
     ) {
-        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
-            return; // the launcher never launches so; this proves the tiles and divisions safe
-        };
-        let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-        let (tid, warp, l) = Lane::this_thread();
-        // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
-        // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
-        unsafe {
-            let wk = Work::of_this_cta(chunks, &d);
-            let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-            let per_key = d.per_key_gate();
-            let keys = Shared::<f32>::base();
-            let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key };
-            let betas = gates.tile.add(CHUNK * ROW_WORDS);
-            let lower = betas.add(CHUNK);
-            let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
-
-            // Every input of the chunk's first steps in flight at once (one wait for memory, not
-            // one per tile): the keys, the gate (a per-key gate's rows in the layout its
-            // activation takes, 4 columns per thread; a per-head gate a row per thread), `beta`
-            // and the activation's scalars.
-            let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
-            let gate_values = fetch_gate(g, &wk, &d);
-            let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
-            let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
-            // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
-            // multiple of `K`), so their biases are read once.
-            let gate_walk = gate_values.0.walk;
-            let bias_col = if per_key { gate_walk.col } else { 0 };
-            let bias: [f32; F32_VECTOR] = core::array::from_fn(|j| {
-                if dt_bias.is_null() || j >= gw { 0.0 } else { *dt_bias.add(i * gw + bias_col + j) }
-            });
-
-            put_rows(keys, &key_rows, &wk, kd, options & OPT_L2NORM != 0);
-
-            // The decay per row (log2), activated when raw, into the tile; `beta` (zero past the
-            // valid rows). The mode is chosen once, outside the loop (one activation's code in
-            // the kernel, not one per element of a vector).
-            let lower_bound = f32::from_bits(lower_bound_bits);
-            // The raw gate into the tile, then each thread activates its own elements in place
-            // (`Gates::put`: no barrier between); the activation inside the store's loop would
-            // index the fetched vectors at run time (a loop too long to unroll).
-            gates.put(&gate_values, rows);
-            let activate_rows = |mode: u32| {
-                let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
-                if per_key {
-                    let RowWalk { r0, col: a, step, .. } = gate_walk;
-                    let mut r = r0;
-                    while r < rows as u32 {
-                        let raw = row4(gates.tile, r as usize, a);
-                        set_row4(gates.tile, r as usize, a, core::array::from_fn(|j| act(raw[j], bias[j])));
-                        r += step;
-                    }
-                } else if tid < rows {
-                    let x = gates.tile.add(tid * ROW_WORDS);
-                    x.st(act(x.ld(), bias[0]));
-                }
-            };
-            match gate_mode {
-                GATE_SOFTPLUS => activate_rows(GATE_SOFTPLUS),
-                GATE_LOWER_BOUND => activate_rows(GATE_LOWER_BOUND),
-                _ => activate_rows(GATE_LOG),
-            }
-            if tid < CHUNK {
-                betas.add(tid).st(if tid >= rows {
-                    0.0
-                } else if options & OPT_BETA_SIGMOID != 0 {
-                    sigmoid(raw_beta)
-                } else {
-                    raw_beta
-                });
-            }
-            sync_threads();
-            // G: the decay summed down each column.
-            for a in strided(tid, gw) {
-                let mut acc = 0.0;
-                for r in 0..rows {
-                    let x = gates.tile.add(r * ROW_WORDS + a);
-                    acc += x.ld();
-                    x.st(acc);
-                }
-            }
-            sync_threads();
-            gates.pad(rows, gw);
-
-            // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
-            // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
-            // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
-            gated_products(F32Matrix(lower), (F32Rows(keys), F32Rows(keys)), gates, kd, true, |r| -betas.add(r).ld(), |b| {
-                invert_diagonal_block(lower, inverse, b)
-            });
-
-            // The values' loads issued here, to arrive while the keys and gate go out and the
-            // right-hand side is formed.
-            let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
-            // The recurrence's keys and gate, while the key and gate tiles still hold them.
-            let last = rows - 1;
-            let row_at = RowsAt::heads(&wk, hv, i, kd);
-            if per_key {
-                store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
-                    let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
-                    core::array::from_fn(|j| key[j] * exp2(to[j] - from[j]))
-                });
-            } else if i.checked_rem(d.group()) == Some(0) {
-                // GDN's keys are the key head's, written by the first value head of its group.
-                store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
-            }
-            if per_key {
-                store_rows_v4(gate_out, rows, (kd, F32_VECTOR), row_at, |r, a| {
-                    row4(gates.tile, r, a).map(f32::to_bits)
-                });
-            } else if tid < rows {
-                *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
-            }
-            // The right-hand side in place: diag(beta) k Γ over the keys (each thread the same
-            // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
-            // another still reads), then, once no thread reads G any more, diag(beta) v over the
-            // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
-            // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
-            // without a branch: their keys and `beta` are zeros, their G the last valid row's. The
-            // gate's kind chosen once, outside the loop.
-            let right_hand_side = |per_key: bool| {
-                for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                    let (r, col) = split(e * BF16_VECTOR, kd);
-                    let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
-                    let x = if per_key {
-                        let gate = row8(gates.tile, r, col);
-                        core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
-                    } else {
-                        let scale = b * exp2(gates.at(r, 0));
-                        key.map(|k| scale * k)
-                    };
-                    set_row8(keys, r, col, x);
-                }
-            };
-            if per_key {
-                right_hand_side(true);
-            } else {
-                right_hand_side(false);
-            }
-            sync_threads();
-            let values = gates.tile;
-            value_rows.store(|r, col, words| {
-                let b = betas.add(r).ld();
-                set_row8(values, r, col, unpack_bf16x8(words).map(|x| b * x));
-            });
-            sync_threads();
-
-            // Block by block, each warp its own columns of [w | u] (no other warp touches them):
-            // Y = R_b - L_b,<b X_<b, then X_b = (I + L_bb)^-1 Y.
-            let cols_per_warp = (kd + vd) / (THREADS / LANES);
-            let solve = Solve { keys, values, lower, inverse, kd, col0: warp * cols_per_warp, l };
-            // One instantiation per count of n8 tiles a warp holds (`K`, `V` of 64 or 128).
-            match cols_per_warp / TILE_N {
-                2 => solve.run::<2>(),
-                3 => solve.run::<3>(),
-                _ => solve.run::<4>(),
-            }
-            sync_threads();
-
-            // w and u.
-            store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
-            store_bf16_rows(u_out, rows, vd, RowsAt::heads(&wk, hv, i, vd), |r, col| row8(values, r, col));
-        }
+        let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
+        let none = AttentionTensors { q: core::ptr::null(), qg_out: core::ptr::null_mut(), attention_out: core::ptr::null_mut() };
+        let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
+        // SAFETY: this entry's contract.
+        unsafe { prepare::<false>(t, none, words) }
     }
 }
 
+kernel_entry! {
+    /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`, parameters
+    /// `abi::LAYER_PREPARE_FUSED_PARAMS`): [`kda_layer_prepare`]'s work and the output's
+    /// token-parallel part for the fused recurrence (`abi::HOPPER_FUSED`), which forms `o` in its
+    /// chunk loop. Grid and threads as [`kda_layer_prepare`];
+    /// `layout::layer::PREPARE_FUSED_SMEM_BYTES` of dynamic shared memory (two CTAs per SM on
+    /// 9.x, the only GPUs the fused recurrence runs on).
+    ///
+    /// Also reads `q` `[T, H, K]` (bf16) and writes the valid rows of `qg` (`bf16(q Γ)`,
+    /// `[T, HV, K]`) and `attention` (`[T, HV, CHUNK]` bf16: token `r`'s row of its chunk's
+    /// causal attention, zeros past column `r`); of a per-key gate writes each chunk's last row
+    /// only.
+    ///
+    /// # Safety
+    /// As for [`kda_layer_prepare`].
+    #[cfg(any(not(target_arch = "nvptx64"), target_feature = "sm_90a"))]
+    pub unsafe fn kda_layer_prepare_fused(
+        k: *const u16,
+        v: *const u16,
+        g: *const f32,
+        beta: *const f32,
+        a_log: *const f32,
+        dt_bias: *const f32,
+        chunks: *const u32,
+        k_rec: *mut u16,
+        w_out: *mut u16,
+        u_out: *mut u16,
+        gate_out: *mut f32,
+        q: *const u16,
+        qg_out: *mut u16,
+        attention_out: *mut u16,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        gate_mode: u32,
+        lower_bound_bits: u32,
+    ) {
+        let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
+        let fused = AttentionTensors { q, qg_out, attention_out };
+        let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
+        // SAFETY: this entry's contract.
+        unsafe { prepare::<true>(t, fused, words) }
+    }
+}

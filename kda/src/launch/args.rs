@@ -285,9 +285,9 @@ mod tests {
     use crate::ptx;
     use kda_kernel::abi::{
         ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
-        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_ATTENTION, LAYER_OUTPUT,
-        LAYER_PREPARE, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256,
-        PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE,
+        LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64, PORTABLE_K64_WIDE,
+        PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
@@ -308,7 +308,7 @@ mod tests {
         &MERGE,
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
-        &LAYER_ATTENTION,
+        &LAYER_PREPARE_FUSED,
         &DECODE,
         &ADVANCE,
         &POOL_COPY,
@@ -436,7 +436,7 @@ mod tests {
         merge.push(&mut pushed);
         check_entry(&MERGE, &pushed.0);
 
-        let (prepare, output, attention) = super::super::layer::sample_args();
+        let (prepare, output, prepare_fused) = super::super::layer::sample_args();
         let mut pushed = Recorder::default();
         prepare.push(&mut pushed);
         check_entry(&LAYER_PREPARE, &pushed.0);
@@ -444,8 +444,8 @@ mod tests {
         output.push(&mut pushed);
         check_entry(&LAYER_OUTPUT, &pushed.0);
         let mut pushed = Recorder::default();
-        attention.push(&mut pushed);
-        check_entry(&LAYER_ATTENTION, &pushed.0);
+        prepare_fused.push(&mut pushed);
+        check_entry(&LAYER_PREPARE_FUSED, &pushed.0);
         let mut pushed = Recorder::default();
         super::super::decode::sample_args().push(&mut pushed);
         check_entry(&DECODE, &pushed.0);

@@ -2,19 +2,19 @@
 //! stream, with nothing between them on the host. On the fused path ([`OutputPath::Fused`], what
 //! 9.x runs at `K` of 64 or 128):
 //!
-//! 1. `kda_layer_prepare`, one CTA per (chunk, value head): the gate activated and summed in the
-//!    chunk, `q`/`k` normalised and `beta`'s sigmoid when asked, the WY representation `w`, `u`,
-//!    and the recurrence's keys and log2 gate;
-//! 2. `kda_layer_attention`, one CTA per (chunk, value head): each chunk's causal attention `P`
-//!    and `q Γ`;
-//! 3. the fused recurrence (`kda_layer_fused_hopper`: the Hopper kernel in wide blocks), which
+//! 1. `kda_layer_prepare_fused`, one CTA per (chunk, value head): the gate activated and summed
+//!    in the chunk, `q`/`k` normalised and `beta`'s sigmoid when asked, the WY representation
+//!    `w`, `u`, the recurrence's keys and log2 gate, and each chunk's causal attention `P` and
+//!    `q Γ`;
+//! 2. the fused recurrence (`kda_layer_fused_hopper`: the Hopper kernel in wide blocks), which
 //!    forms `o = scale ((q Γ) S + P v_new)` in its chunk loop and writes `o` and the final states,
 //!    neither `h` nor `v_new`.
 //!
 //! On the separate path ([`OutputPath::Separate`]: every other GPU and size, and callers that
-//! want every chunk's entry state `h`, e.g. for checkpoints) step 2 is the recurrence
-//! ([`Kda::launch`]) writing `h`, `v_new` and the final states, and step 3 `kda_layer_output`:
-//! `o` from `q`, `k`, the gate, `h` and `v_new`.
+//! want every chunk's entry state `h`, e.g. for checkpoints), three launches:
+//! `kda_layer_prepare` (step 1 without `P` and `q Γ`), the recurrence ([`Kda::launch`]) writing
+//! `h`, `v_new` and the final states, and `kda_layer_output`: `o` from `q`, `k`, the gate, `h`
+//! and `v_new`.
 //!
 //! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
@@ -198,9 +198,10 @@ pub struct LayerDeviceOutputs<'a> {
 }
 
 /// The intermediates of one layer launch: the recurrence's keys, `w`, `u` and gate (written by
-/// the prepare kernel); on the separate path `h` and `v_new` (written by the recurrence: `h`
-/// holds every chunk's entry state, for callers that want it), on the fused path `qg` and
-/// `attention` (written by the attention kernel). The other path's two are one element each.
+/// the prepare kernel; on the fused path, of a per-key gate only each chunk's last row); on the
+/// separate path `h` and `v_new` (written by the recurrence: `h` holds every chunk's entry state,
+/// for callers that want it), on the fused path `qg` and `attention` (written by the prepare
+/// kernel). The other path's two are one element each.
 pub struct LayerWorkspace {
     /// KDA: `[T, HV, K]`; GDN: `[T, H, K]`.
     pub k_rec: CudaSlice<bf16>,
@@ -485,6 +486,9 @@ impl Kda {
             ],
         )?;
         // The caller's token inputs, read by both layer kernels: their addresses once.
+        if fused {
+            self.fused_layer_runs(&plan.recurrence)?;
+        }
         let tokens = inputs.tokens();
         let mut token_records = Vec::new();
         let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut token_records);
@@ -496,7 +500,7 @@ impl Kda {
         if ctas > 0 {
             let mut records = Vec::new();
             let mut read = |x| keep(&mut records, x);
-            let args = PrepareArgs {
+            let mut args = PrepareArgs {
                 ptrs: [
                     k,
                     v,
@@ -510,16 +514,26 @@ impl Kda {
                     read(workspace.u.device_ptr_mut(stream)),
                     read(workspace.gate.device_ptr_mut(stream)),
                 ],
+                attention: None,
                 dims,
                 options: codes.options,
                 gate_mode: codes.gate_mode,
                 lower_bound_bits: codes.lower_bound_bits,
             };
+            let kernel = if fused {
+                let outputs =
+                    [read(workspace.qg.device_ptr_mut(stream)), read(workspace.attention.device_ptr_mut(stream))];
+                args.attention = Some([q, outputs[0], outputs[1]]);
+                self.fused_prepare_kernel()?
+            } else {
+                self.layer_kernel(0)?
+            };
             // SAFETY: every tensor was checked to hold the batch's rows above; the chunk table
             // was built from the same plan (each chunk's rows inside its sequence); `K`, `V` are
             // within the kernels' tiles (`LayerPlan::new`); the workspace buffers are `&mut`
-            // borrows, so they alias no input.
-            unsafe { enqueue(stream, self.layer_kernel(0)?, ctas, |sink| args.push(sink)) }?;
+            // borrows, so they alias no input (fused: `qg` and `attention` hold `[T, HV, K]` and
+            // `[T, HV, CHUNK]`).
+            unsafe { enqueue(stream, kernel, ctas, |sink| args.push(sink)) }?;
         }
         let gate = || workspace.gate.slice(..t * hv * s.gate_width());
         let rec_inputs = KdaInputs {
@@ -531,25 +545,6 @@ impl Kda {
             h0: inputs.h0.as_ref().map(|x| x.slice(..)),
         };
         if fused {
-            if ctas > 0 {
-                let mut records = Vec::new();
-                let mut read = |x| keep(&mut records, x);
-                let args = AttentionArgs {
-                    ptrs: [
-                        q,
-                        k,
-                        read(workspace.gate.device_ptr(stream)),
-                        read(workspace.qg.device_ptr_mut(stream)),
-                        read(workspace.attention.device_ptr_mut(stream)),
-                        chunks,
-                    ],
-                    dims,
-                    options: codes.options,
-                };
-                // SAFETY: as for the prepare launch; the gate was written by it just before on
-                // this stream; `qg` and `attention` hold `[T, HV, K]` and `[T, HV, CHUNK]`.
-                unsafe { enqueue(stream, self.layer_kernel(2)?, ctas, |sink| args.push(sink)) }?;
-            }
             let (qg, _qg_record) = workspace.qg.device_ptr(stream);
             let (attention, _attention_record) = workspace.attention.device_ptr(stream);
             let output = FusedOutput { qg, attention, scale_bits: codes.scale_bits };
@@ -636,9 +631,12 @@ impl LayerDims {
     }
 }
 
-/// The prepare kernel's arguments (`kda_kernel::abi::LAYER_PREPARE_PARAMS`).
+/// The prepare kernel's arguments (`kda_kernel::abi::LAYER_PREPARE_PARAMS`; with `attention`,
+/// the fused prepare kernel's, `LAYER_PREPARE_FUSED_PARAMS`).
 pub(super) struct PrepareArgs {
     ptrs: [Address; 11],
+    /// The fused prepare kernel's `q`, `qg` and `attention`.
+    attention: Option<[Address; 3]>,
     dims: LayerDims,
     options: u32,
     gate_mode: u32,
@@ -649,8 +647,13 @@ impl PrepareArgs {
     const TENSORS: [&'static str; 11] =
         ["k", "v", "g", "beta", "a_log", "dt_bias", "chunks", "k_rec", "w", "u", "gate_out"];
 
+    const ATTENTION: [&'static str; 3] = ["q", "qg", "attention"];
+
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
         push_named(sink, &Self::TENSORS, &self.ptrs);
+        if let Some(attention) = &self.attention {
+            push_named(sink, &Self::ATTENTION, attention);
+        }
         self.dims.push(sink);
         sink.push("options", &self.options);
         sink.push("gate_mode", &self.gate_mode);
@@ -680,38 +683,54 @@ impl OutputArgs {
     }
 }
 
-/// The attention kernel's arguments (`kda_kernel::abi::LAYER_ATTENTION_PARAMS`).
-pub(super) struct AttentionArgs {
-    ptrs: [Address; 6],
-    dims: LayerDims,
-    options: u32,
-}
-
-impl AttentionArgs {
-    const TENSORS: [&'static str; 6] = ["q", "k", "gate", "qg", "attention", "chunks"];
-
-    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        push_named(sink, &Self::TENSORS, &self.ptrs);
-        self.dims.push(sink);
-        sink.push("options", &self.options);
+impl Kda {
+    /// Whether this launcher runs the fused layer pass over `recurrence` (checked before any
+    /// launch of a fused layer): its sm_90a module loaded, the Hopper kernel taking the batch in
+    /// wide blocks at a key size the pass has.
+    fn fused_layer_runs(&self, recurrence: &DevicePlan) -> Result<(), KdaError> {
+        if self.hopper_fused.is_none() || self.resolve(Kernel::Auto) != Kernel::Hopper {
+            return Err(KdaError::Unsupported {
+                argument: "output_path",
+                reason: format!(
+                    "the plan forms o in the fused pass, which needs the Hopper kernel of the sm_90a module, and this \
+                     launcher runs the {:?} kernel on compute capability {:?}: plan the layer with OutputPath::Separate",
+                    self.resolve(Kernel::Auto),
+                    self.compute_capability
+                ),
+            });
+        }
+        let dims = recurrence.dims();
+        let choice = self.choose(Kernel::Hopper, recurrence, &dims)?;
+        self.fused_runs(choice, recurrence, &dims)
     }
 }
 
 impl Kda {
-    /// The layer kernel `i` (0 prepare, 1 output, 2 attention).
+    /// The layer kernel `i` (0 prepare, 1 output).
     fn layer_kernel(&self, i: usize) -> Result<&Loaded, KdaError> {
         Ok(&self.layer[i])
+    }
+
+    /// The fused layer's prepare kernel (loaded with the sm_90a module; `fused_layer_runs`
+    /// checked that it is).
+    fn fused_prepare_kernel(&self) -> Result<&Loaded, KdaError> {
+        self.hopper_fused.as_ref().map(|(_, prepare)| prepare).ok_or_else(|| KdaError::Unsupported {
+            argument: "output_path",
+            reason: "the fused layer pass needs the sm_90a module".into(),
+        })
     }
 }
 
 /// One argument list of each layer kernel, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
-pub(super) fn sample_args() -> (PrepareArgs, OutputArgs, AttentionArgs) {
+pub(super) fn sample_args() -> (PrepareArgs, OutputArgs, PrepareArgs) {
     let dims = LayerDims { heads: 1, value_heads: 2, key_dim: 3, value_dim: 4, gate_width: 5 };
+    let prepare =
+        |attention| PrepareArgs { ptrs: [1; 11], attention, dims, options: 1, gate_mode: 2, lower_bound_bits: 3 };
     (
-        PrepareArgs { ptrs: [1; 11], dims, options: 1, gate_mode: 2, lower_bound_bits: 3 },
+        prepare(None),
         OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2, state_layout: 1 },
-        AttentionArgs { ptrs: [1; 6], dims, options: 1 },
+        prepare(Some([2; 3])),
     )
 }
 

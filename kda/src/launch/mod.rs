@@ -29,8 +29,9 @@ use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_ATTENTION, LAYER_OUTPUT, LAYER_PREPARE,
-    MERGE, POOL_COPY, PORTABLE_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for, portable_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE,
+    LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for,
+    portable_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -101,8 +102,8 @@ pub struct Kda {
     portable: Vec<Loaded>,
     /// The merge of split sequences.
     merge: Loaded,
-    /// The layer's token-parallel kernels: prepare, output, attention (the fused pass's).
-    layer: [Loaded; 3],
+    /// The layer's token-parallel kernels: prepare, output.
+    layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
     /// Checkpoints for prefix caching.
@@ -112,8 +113,9 @@ pub struct Kda {
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
-    /// The fused layer pass's entries (`abi::HOPPER_FUSED_ENTRIES`, in that order), with `hopper`.
-    hopper_fused: Option<Vec<Loaded>>,
+    /// The fused layer pass's entries (`abi::HOPPER_FUSED_ENTRIES`, in that order) and its
+    /// prepare kernel (`abi::LAYER_PREPARE_FUSED`), with `hopper`.
+    hopper_fused: Option<(Vec<Loaded>, Loaded)>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
     /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
@@ -136,11 +138,7 @@ impl Kda {
         let baseline = Loaded::load(&module, &BASELINE)?;
         let portable = PORTABLE_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?;
         let merge = Loaded::load(&module, &MERGE)?;
-        let layer = [
-            Loaded::load(&module, &LAYER_PREPARE)?,
-            Loaded::load(&module, &LAYER_OUTPUT)?,
-            Loaded::load(&module, &LAYER_ATTENTION)?,
-        ];
+        let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
         let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;
@@ -148,7 +146,8 @@ impl Kda {
             entries.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()
         };
         let (hopper, hopper_fused) = if target == kda_kernel::abi::SM90A {
-            (Some(load_all(&HOPPER_ENTRIES)?), Some(load_all(&HOPPER_FUSED_ENTRIES)?))
+            let fused = (load_all(&HOPPER_FUSED_ENTRIES)?, Loaded::load(&module, &LAYER_PREPARE_FUSED)?);
+            (Some(load_all(&HOPPER_ENTRIES)?), Some(fused))
         } else {
             (None, None)
         };
@@ -227,7 +226,7 @@ impl Kda {
     fn loaded_fused(&self, key_dim: usize) -> Option<&Loaded> {
         let abi = hopper_fused_for(key_dim)?;
         let i = HOPPER_FUSED_ENTRIES.iter().position(|&e| e.entry == abi.entry)?;
-        self.hopper_fused.as_ref().map(|entries| &entries[i])
+        self.hopper_fused.as_ref().map(|(entries, _)| &entries[i])
     }
 
     /// CTAs of `kernel` that one SM holds at once (the driver's occupancy calculation for the
