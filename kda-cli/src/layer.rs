@@ -47,15 +47,16 @@ impl InputBuffers {
 }
 
 impl DeviceLayer {
-    /// Validates `p`, plans it and copies it to the device on `stream`, with zeroed outputs.
-    pub fn upload(stream: &Arc<CudaStream>, p: &LayerProblem) -> Result<Self, KdaError> {
-        Self::upload_on(stream, p, kda::OutputPath::Auto)
+    /// Validates `p`, plans it for `kda` (the output path it runs: [`Kda::layer_output_path`])
+    /// and copies it to the device on `stream`, with zeroed outputs.
+    pub fn upload(kda: &Kda, stream: &Arc<CudaStream>, p: &LayerProblem) -> Result<Self, KdaError> {
+        Self::upload_on(stream, p, kda.layer_output_path(&p.shape)?)
     }
 
     /// [`DeviceLayer::upload`] with the layer's output formed as `path` says.
     pub fn upload_on(stream: &Arc<CudaStream>, p: &LayerProblem, path: kda::OutputPath) -> Result<Self, KdaError> {
         p.validate()?;
-        let plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?.with_output_path(stream, path)?;
+        let plan = LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?;
         let workspace = plan.workspace(stream)?;
         let s = p.shape;
         let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
@@ -237,7 +238,7 @@ fn checked_first_run(
     stream: &Arc<CudaStream>,
     p: &LayerProblem,
 ) -> Result<(DeviceLayer, LayerOutputs), KdaError> {
-    let mut dev = DeviceLayer::upload(stream, p)?;
+    let mut dev = DeviceLayer::upload(kda, stream, p)?;
     dev.launch(kda, stream)?;
     let out = dev.download(stream)?;
     if let Some(bad) = out.o.iter().chain(&out.ht).position(|x| !x.is_finite()) {
@@ -279,11 +280,12 @@ pub fn time_layer_calls(
     bandwidth: f64,
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
+    let path = dev.plan.output_path();
     let mut per_call = |plan_each: bool| -> Result<f64, KdaError> {
         let start = std::time::Instant::now();
         for _ in 0..calls {
             if plan_each {
-                dev.plan = LayerPlan::new(stream, p.plan.clone(), p.shape, p.options)?;
+                dev.plan = LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?;
             }
             dev.launch(kda, stream)?;
         }

@@ -520,7 +520,7 @@ fn run_layer(a: &RunArgs) -> Result<(), CliError> {
         kda::layer::layer_reference(&p)?
     } else {
         let (kda, stream) = Kda::open(0)?;
-        let mut dev = kda_cli::DeviceLayer::upload(&stream, &p)?;
+        let mut dev = kda_cli::DeviceLayer::upload(&kda, &stream, &p)?;
         match a.repeat {
             Some(n) => {
                 let us = median_us(&stream, WARMUP, n, |_| dev.launch(&kda, &stream))?;

@@ -341,9 +341,8 @@ pub fn run_layer_guarded_on(
 ) -> Result<LayerOutputs, KdaError> {
     use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan};
     let s = &gpu.stream;
-    let plan = LayerPlan::new(s, p.plan.clone(), p.shape, p.options)?
-        .with_output_path(s, path)?
-        .with_state_layout(s, layout)?;
+    let path = if path == kda::OutputPath::Auto { gpu.kda.layer_output_path(&p.shape)? } else { path };
+    let plan = LayerPlan::with_path(s, p.plan.clone(), p.shape, p.options, path)?.with_state_layout(s, layout)?;
     let (kd_, vd_) = (p.shape.key_dim, p.shape.value_dim);
     let value_first = layout == StateLayout::ValueFirst;
     let h0_laid = p.h0.as_ref().map(|h0| if value_first { transpose_states(h0, kd_, vd_, false) } else { h0.clone() });

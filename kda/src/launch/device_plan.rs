@@ -111,6 +111,17 @@ impl DevicePlan {
     /// (asynchronously: the copies are ordered before any launch on the same stream). The
     /// tensors are packed until [`DevicePlan::with_strides`] says otherwise.
     pub fn model(stream: &Arc<CudaStream>, plan: Plan, shape: &ModelShape) -> Result<Self, KdaError> {
+        Self::model_in(stream, plan, shape, ColumnMode::Auto)
+    }
+
+    /// [`DevicePlan::model`] in the Hopper kernel's column blocks as `columns` says (as
+    /// [`DevicePlan::with_columns`], without planning and uploading the tables twice).
+    pub fn model_in(
+        stream: &Arc<CudaStream>,
+        plan: Plan,
+        shape: &ModelShape,
+        columns: ColumnMode,
+    ) -> Result<Self, KdaError> {
         shape.validate()?;
         let value_heads = shape.value_heads;
         let dims = Dims::model(&plan, shape);
@@ -166,8 +177,8 @@ impl DevicePlan {
             smem_per_block,
             portable: None,
         };
-        this.set_columns(stream, ColumnMode::Auto)?;
-        this.plan_portable(stream)?;
+        // (Plans the portable kernel's passes too.)
+        this.set_columns(stream, columns)?;
         Ok(this)
     }
 

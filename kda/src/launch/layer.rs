@@ -123,19 +123,22 @@ impl OutputPath {
             && shape.value_dim.is_multiple_of(kda_kernel::layout::hopper::BV)
     }
 
+    /// The path `KDA_LAYER_OUTPUT` names ([`OutputPath::Auto`] when unset, empty or `auto`).
+    fn from_env() -> Result<Self, KdaError> {
+        match std::env::var(OUTPUT_VAR).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(OutputPath::Auto),
+            Some("fused") => Ok(OutputPath::Fused),
+            Some("separate") => Ok(OutputPath::Separate),
+            Some(other) => Err(KdaError::Argument {
+                name: OUTPUT_VAR,
+                reason: format!("`{other}`: expected auto, fused or separate"),
+            }),
+        }
+    }
+
     /// `self` on the device of `stream` for `shape`: `Auto` resolved.
     fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
-        let named = match std::env::var(OUTPUT_VAR).ok().as_deref() {
-            None | Some("") | Some("auto") => OutputPath::Auto,
-            Some("fused") => OutputPath::Fused,
-            Some("separate") => OutputPath::Separate,
-            Some(other) => {
-                return Err(KdaError::Argument {
-                    name: OUTPUT_VAR,
-                    reason: format!("`{other}`: expected auto, fused or separate"),
-                });
-            }
-        };
+        let named = Self::from_env()?;
         Ok(match self {
             OutputPath::Auto if named != OutputPath::Auto => named,
             OutputPath::Auto => {
@@ -231,6 +234,18 @@ impl LayerPlan {
         shape: LayerShape,
         options: LayerOptions,
     ) -> Result<Self, KdaError> {
+        Self::with_path(stream, plan, shape, options, OutputPath::Auto)
+    }
+
+    /// [`LayerPlan::new`] with `o` formed as `path` says (`Auto` resolved for `stream`'s
+    /// device; [`Kda::layer_output_path`] resolves it for a launcher).
+    pub fn with_path(
+        stream: &Arc<CudaStream>,
+        plan: Plan,
+        shape: LayerShape,
+        options: LayerOptions,
+        path: OutputPath,
+    ) -> Result<Self, KdaError> {
         layer_supports(&shape)?;
         let mut table = chunk_table(&plan)?;
         let num_chunks = table.len() / CHUNK_WORDS;
@@ -238,7 +253,8 @@ impl LayerPlan {
             table.push(0); // a one-word placeholder keeps the buffer non-empty
         }
         let chunks = stream.clone_htod(&table)?;
-        let output = OutputPath::Auto.resolve(stream, &shape)?;
+        let output = path.resolve(stream, &shape)?;
+        fused_sizes(output, &shape)?;
         let recurrence = plan_recurrence(stream, plan, &shape, StateLayout::KeyFirst, output)?;
         Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
     }
@@ -258,15 +274,7 @@ impl LayerPlan {
     /// planned afresh.
     pub fn with_output_path(mut self, stream: &Arc<CudaStream>, path: OutputPath) -> Result<Self, KdaError> {
         let output = path.resolve(stream, &self.shape)?;
-        if output == OutputPath::Fused && !OutputPath::fused_runs(&self.shape) {
-            return Err(KdaError::Unsupported {
-                argument: "output_path",
-                reason: format!(
-                    "the fused layer pass runs K = 64 or 128 and V a multiple of 64, not K = {}, V = {}",
-                    self.shape.key_dim, self.shape.value_dim
-                ),
-            });
-        }
+        fused_sizes(output, &self.shape)?;
         let batch = self.recurrence.plan().clone();
         self.recurrence = plan_recurrence(stream, batch, &self.shape, self.layout, output)?;
         self.output = output;
@@ -329,6 +337,20 @@ impl LayerPlan {
     }
 }
 
+/// Whether `output` runs `shape`: the fused path its sizes only (a typed refusal otherwise).
+fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
+    if output == OutputPath::Fused && !OutputPath::fused_runs(shape) {
+        return Err(KdaError::Unsupported {
+            argument: "output_path",
+            reason: format!(
+                "the fused layer pass runs K = 64 or 128 and V a multiple of 64, not K = {}, V = {}",
+                shape.key_dim, shape.value_dim
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The layer's recurrence plan for `batch`: the planner's column blocks and split, except that
 /// the fused path runs wide blocks only.
 fn plan_recurrence(
@@ -338,11 +360,11 @@ fn plan_recurrence(
     layout: StateLayout,
     output: OutputPath,
 ) -> Result<DevicePlan, KdaError> {
-    let plan = DevicePlan::model(stream, batch, &shape.recurrence_shape(layout))?;
-    match output {
-        OutputPath::Fused => plan.with_columns(stream, ColumnMode::Force(Columns::Wide)),
-        _ => Ok(plan),
-    }
+    let columns = match output {
+        OutputPath::Fused => ColumnMode::Force(Columns::Wide),
+        _ => ColumnMode::Auto,
+    };
+    DevicePlan::model_in(stream, batch, &shape.recurrence_shape(layout), columns)
 }
 
 /// Whether the GPU layer runs `shape`: a valid layer shape with `K` and `V` of 64 or 128 (the
@@ -684,6 +706,21 @@ impl OutputArgs {
 }
 
 impl Kda {
+    /// What [`OutputPath::Auto`] stands for with this launcher: the path `KDA_LAYER_OUTPUT`
+    /// names; else [`OutputPath::Fused`] where this launcher runs the fused pass for `shape`
+    /// (its sm_90a module loaded, the Hopper kernel what `Kernel::Auto` runs, `shape`'s sizes the
+    /// pass's), [`OutputPath::Separate`] elsewhere. A plan made with it
+    /// ([`LayerPlan::with_path`]) runs on this launcher.
+    pub fn layer_output_path(&self, shape: &LayerShape) -> Result<OutputPath, KdaError> {
+        Ok(match OutputPath::from_env()? {
+            OutputPath::Auto => {
+                let hopper = self.hopper_fused.is_some() && self.resolve(Kernel::Auto) == Kernel::Hopper;
+                if hopper && OutputPath::fused_runs(shape) { OutputPath::Fused } else { OutputPath::Separate }
+            }
+            named => named,
+        })
+    }
+
     /// Whether this launcher runs the fused layer pass over `recurrence` (checked before any
     /// launch of a fused layer): its sm_90a module loaded, the Hopper kernel taking the batch in
     /// wide blocks at a key size the pass has.

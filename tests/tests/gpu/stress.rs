@@ -99,7 +99,8 @@ fn every_kernel_is_deterministic_over_runs_and_streams() {
         gate: GateInput::LowerBound(-5.0),
     };
     let layer = inputs::random_layer_problem(&[700, 64, 33, 0], shape, options, true, 12);
-    let (mut a, mut b) = (DeviceLayer::upload(&s1, &layer).unwrap(), DeviceLayer::upload(&s2, &layer).unwrap());
+    let (mut a, mut b) =
+        (DeviceLayer::upload(&gpu.kda, &s1, &layer).unwrap(), DeviceLayer::upload(&gpu.kda, &s2, &layer).unwrap());
     a.launch(&gpu.kda, &s1).unwrap();
     let first = a.download(&s1).unwrap();
     for run in 1..RUNS {
