@@ -2,8 +2,9 @@
 //! Compute profile of one launch of the Hopper kernel under `kda run` on one shape (default
 //! `fixed_8192`), after skipping `N` of its launches (default 3; a split shape launches the kernel
 //! twice per run, the pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks
-//! left alone; with `--layer`, of the layer's two token-parallel kernels (`kda_layer_prepare`,
-//! `kda_layer_output`) under `kda layer --bench NAME`, past its checked first run; with
+//! left alone; with `--layer`, of the layer's two kernels named `kda_layer_*` under `kda layer
+//! --bench NAME`, past its checked first run (the separate path's prepare and output kernels, or
+//! on the fused path the prepare kernel and the fused recurrence); with
 //! `--portable`, of the portable tensor-core kernel (`KDA_KERNEL=portable`) on the shape. Leaves in
 //! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
 //! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
@@ -18,9 +19,10 @@ use std::time::Duration;
 const KERNEL: &str = "regex:^kda_fwd_h_hopper";
 /// Every entry of the portable tensor-core kernel (each key size).
 const PORTABLE_KERNEL: &str = "regex:^kda_fwd_h_portable";
-/// The layer's token-parallel kernels.
+/// The layer's kernels (`kda_layer_prepare` and `kda_layer_output`, or `kda_layer_prepare_fused`
+/// and `kda_layer_fused_hopper`).
 const LAYER_KERNELS: &str = "regex:^kda_layer_";
-/// Layer launches skipped: the checked first run's prepare and output.
+/// Layer launches skipped: the checked first run's two.
 const LAYER_SKIP: usize = 2;
 const SECTIONS: &[&str] = &[
     "SpeedOfLight",
