@@ -8,8 +8,9 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_K64, HOPPER_K64_NARROW, HOPPER_K256_NARROW,
-    HOPPER_NARROW, KERNELS, MERGE, PORTABLE_ENTRIES,
+    ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_FUSED, HOPPER_K64, HOPPER_K64_FUSED,
+    HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE,
+    LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -74,8 +75,9 @@ fn number_before(line: &str, unit: &str) -> usize {
 }
 
 fn resources(report: &str, kernel: &str) -> Resources {
+    // The whole name (`kda_layer_prepare` is a prefix of `kda_layer_prepare_fused`).
     let start = report
-        .find(&format!("Function properties for {kernel}"))
+        .find(&format!("Function properties for {kernel}\n"))
         .unwrap_or_else(|| panic!("{kernel} not in the ptxas report:\n{report}"));
     let mut lines = report[start..].lines().skip(1);
     let frame = lines.next().unwrap();
@@ -213,6 +215,8 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
 /// states, and the pre-scan of split sequences with and without the scalar gate
 /// (`hopper::consumer::run` dispatches once to each).
 const CONSUMER_VARIANTS: usize = 6;
+/// Consumer variants of the fused layer pass's entries: no pre-scan.
+const FUSED_CONSUMER_VARIANTS: usize = 4;
 
 #[test]
 fn the_split_merge_assembles_without_spills_for_both_targets() {
@@ -243,12 +247,18 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     // product 1 is m64n32 with K / 16 k-steps, product 2 K / 64 tiles of m64n32 with 4 each.
     let wide = |k: usize| k / 16 + 4;
     let narrow = |k: usize| k / 16 + 4 * (k / 64);
-    for (abi, products, mmas_per_chunk) in [
-        (&HOPPER, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], wide(128)),
-        (&HOPPER_K64, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], wide(64)),
-        (&HOPPER_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(128)),
-        (&HOPPER_K64_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(64)),
-        (&HOPPER_K256_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(256)),
+    // The fused layer pass: the wide products and the output's two, m64n64 with K / 16 and 4
+    // k-steps.
+    let fused = |k: usize| wide(k) + k / 16 + 4;
+    let (all, only_fused) = (CONSUMER_VARIANTS, FUSED_CONSUMER_VARIANTS);
+    for (abi, products, mmas_per_chunk, variants) in [
+        (&HOPPER, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], wide(128), all),
+        (&HOPPER_K64, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], wide(64), all),
+        (&HOPPER_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(128), all),
+        (&HOPPER_K64_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(64), all),
+        (&HOPPER_K256_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(256), all),
+        (&HOPPER_FUSED, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], fused(128), only_fused),
+        (&HOPPER_K64_FUSED, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], fused(64), only_fused),
     ] {
         let r = resources(&report, abi.entry);
         println!("sm_90a {}: {r:?}", abi.entry);
@@ -261,7 +271,7 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
         }
         // Every consumer variant keeps its own chunk loop.
         let mmas = body.matches("HGMMA.").count();
-        assert_eq!(mmas, CONSUMER_VARIANTS * mmas_per_chunk, "{}: {mmas} HGMMA", abi.entry);
+        assert_eq!(mmas, variants * mmas_per_chunk, "{}: {mmas} HGMMA", abi.entry);
         assert!(!body.contains("CALL."), "{} SASS holds a call", abi.entry);
         assert!(!SM80.contains(abi.entry), "the portable PTX must not contain {}", abi.entry);
     }
@@ -270,6 +280,32 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     for note in ["warpgroup.wait is injected", "wgmma.mma_async instructions are serialized"] {
         assert!(!report.contains(note), "ptxas: {note}:\n{report}");
     }
+}
+
+/// The layer's token-parallel kernels in the sm_90a module: no spills or stack under their
+/// register budget, two CTAs per SM by registers and shared memory (the fused prepare kernel's
+/// 110 KB included), their products on the tensor cores (`HMMA`) and their tiles read and
+/// written 16 bytes at a time.
+#[test]
+fn the_layer_kernels_keep_two_ctas_per_sm_on_hopper() {
+    use kda_kernel::layout::layer::SM90_TWO_CTA_SMEM;
+    let (cubin, report) = assemble(SM90A, "sm_90a");
+    let code = sass(&cubin);
+    for abi in [&LAYER_PREPARE, &LAYER_OUTPUT, &LAYER_PREPARE_FUSED] {
+        let r = resources(&report, abi.entry);
+        println!("sm_90a {}: {r:?}, {} bytes of shared memory", abi.entry, abi.smem_bytes);
+        assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{}: {r:?}", abi.entry);
+        assert!(r.registers <= LAYER_MAX_REGISTERS as usize, "{}: {r:?}", abi.entry);
+        assert!(2 * abi.threads * r.registers <= REGISTERS_PER_SM, "{}: two CTAs by registers", abi.entry);
+        assert!(abi.smem_bytes <= SM90_TWO_CTA_SMEM, "{}: two CTAs by shared memory", abi.entry);
+        let body = function_sass(&code, abi.entry);
+        // (The output kernel writes `o` a pair of bf16 per store, from its accumulators.)
+        let store = if abi.entry == LAYER_OUTPUT.entry { "STG.E" } else { "STG.E.128" };
+        for op in ["HMMA.", "LDG.E.128", store, "LDS.128"] {
+            assert!(body.contains(op), "{} SASS lacks {op}", abi.entry);
+        }
+    }
+    assert!(!SM80.contains(LAYER_PREPARE_FUSED.entry), "the fused prepare kernel is the sm_90a module's only");
 }
 
 /// The launch bounds the builder writes into each entry are the ABI's: `.maxntid` is the block

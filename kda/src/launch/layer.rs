@@ -818,6 +818,23 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_path_takes_only_its_sizes() {
+        let shape =
+            |key_dim, value_dim| LayerShape { kind: LayerKind::Kda, heads: 2, value_heads: 2, key_dim, value_dim };
+        for (k, v) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            assert!(OutputPath::fused_runs(&shape(k, v)), "K = {k}, V = {v}");
+            assert!(fused_sizes(OutputPath::Fused, &shape(k, v)).is_ok());
+        }
+        for (k, v) in [(256, 128), (96, 128), (128, 96), (128, 32)] {
+            assert!(!OutputPath::fused_runs(&shape(k, v)), "K = {k}, V = {v}");
+            let refused = fused_sizes(OutputPath::Fused, &shape(k, v));
+            assert!(matches!(refused, Err(KdaError::Unsupported { argument: "output_path", .. })), "{refused:?}");
+            // The separate path takes what the layer kernels hold (`layer_supports` decides).
+            assert!(fused_sizes(OutputPath::Separate, &shape(k, v)).is_ok());
+        }
+    }
+
+    #[test]
     fn the_gpu_layer_refuses_the_sizes_it_does_not_hold() {
         let shape =
             |key_dim, value_dim| LayerShape { kind: LayerKind::Gdn, heads: 2, value_heads: 4, key_dim, value_dim };
