@@ -393,26 +393,40 @@ pub const PORTABLE_PARAMS: [Param; 26] = [
 /// The fused layer pass's parameters ([`HOPPER_FUSED`]): [`HOPPER_PARAMS`] with the layer's
 /// output `o` (`[T, HV, V]` bf16, the tail chunk's valid rows; the `VNew` map its full boxes) in
 /// place of `v_new`, then `scale_bits`, the output scale as f32 bits.
-pub const HOPPER_FUSED_PARAMS: [Param; 18] = [
-    Param { name: "maps", kind: ParamKind::TensorMaps },
-    Param::pointer("g"),
-    Param::pointer("gk"),
-    Param::pointer("h0"),
-    Param::pointer("o"),
-    Param::pointer("ht"),
-    Param::pointer("work"),
-    Param::u32("heads"),
-    Param::u32("value_dim"),
-    Param::u32("state_layout"),
-    Param::u32("pass"),
-    Param::u32("g_token_stride"),
-    Param::u32("g_head_stride"),
-    Param::u32("gk_token_stride"),
-    Param::u32("gk_head_stride"),
-    Param::u32("o_token_stride"),
-    Param::u32("o_head_stride"),
-    Param::u32("scale_bits"),
-];
+pub const HOPPER_FUSED_PARAMS: [Param; 18] = {
+    let renamed = [("v_new", "o"), ("v_new_token_stride", "o_token_stride"), ("v_new_head_stride", "o_head_stride")];
+    let mut out = [Param::u32("scale_bits"); 18];
+    let mut i = 0;
+    while i < HOPPER_PARAMS.len() {
+        let mut p = HOPPER_PARAMS[i];
+        let mut r = 0;
+        while r < renamed.len() {
+            if str_eq(p.name, renamed[r].0) {
+                p.name = renamed[r].1;
+            }
+            r += 1;
+        }
+        out[i] = p;
+        i += 1;
+    }
+    out
+};
+
+/// Whether `a` and `b` are the same string (`==` on `str` is not `const`).
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// The Hopper target: wgmma, TMA and mbarrier transaction counts are `sm_90a` features.
 pub const SM90A: &str = "sm_90a";
@@ -596,30 +610,22 @@ pub const LAYER_MAX_REGISTERS: u32 = 128;
 /// The fused layer's prepare kernel's parameters ([`LAYER_PREPARE_FUSED`]):
 /// [`LAYER_PREPARE_PARAMS`] with `q` in and `qg` (`q Γ`, `[T, HV, K]` bf16) and `attention`
 /// (`[T, HV, CHUNK]` bf16) out after the tensors.
-pub const LAYER_PREPARE_FUSED_PARAMS: [Param; 22] = [
-    Param::pointer("k"),
-    Param::pointer("v"),
-    Param::pointer("g"),
-    Param::pointer("beta"),
-    Param::pointer("a_log"),
-    Param::pointer("dt_bias"),
-    Param::pointer("chunks"),
-    Param::pointer("k_rec"),
-    Param::pointer("w"),
-    Param::pointer("u"),
-    Param::pointer("gate_out"),
-    Param::pointer("q"),
-    Param::pointer("qg"),
-    Param::pointer("attention"),
-    Param::u32("heads"),
-    Param::u32("value_heads"),
-    Param::u32("key_dim"),
-    Param::u32("value_dim"),
-    Param::u32("gate_width"),
-    Param::u32("options"),
-    Param::u32("gate_mode"),
-    Param::u32("lower_bound_bits"),
-];
+pub const LAYER_PREPARE_FUSED_PARAMS: [Param; 22] = {
+    const TENSORS: usize = 11;
+    let added = [Param::pointer("q"), Param::pointer("qg"), Param::pointer("attention")];
+    let mut out = [Param::u32(""); 22];
+    let mut i = 0;
+    while i < LAYER_PREPARE_PARAMS.len() {
+        out[if i < TENSORS { i } else { i + added.len() }] = LAYER_PREPARE_PARAMS[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < added.len() {
+        out[TENSORS + j] = added[j];
+        j += 1;
+    }
+    out
+};
 pub const LAYER_PREPARE: KernelAbi = KernelAbi {
     entry: "kda_layer_prepare",
     params: &LAYER_PREPARE_PARAMS,

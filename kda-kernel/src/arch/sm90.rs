@@ -250,6 +250,43 @@ macro_rules! wgmma_start {
     }};
 }
 
+/// `acc += scale_a * A @ B` of `m64n64k16` steps with A from registers and B K-major
+/// (128-byte swizzle): over K = 128 (`x8`: two boxes, the second 8 KB = 512 units further) or
+/// K = 64 (`x4`: one box), k-step `i` 32 bytes further inside a 128-byte row. The shared body of
+/// the K-major `m64n64` wrappers below.
+macro_rules! wgmma_m64n64_kmajor {
+    (x8, scale_a $scale_a:literal, $acc:ident, $a:ident, $desc:ident) => {
+        wgmma_start!(
+            shape "m64n64k16", scale_a $scale_a, trans_b "0",
+            acc $acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a $a, desc $desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+                4: [48 49 50 51] + 512,
+                5: [52 53 54 55] + 514,
+                6: [56 57 58 59] + 516,
+                7: [60 61 62 63] + 518,
+            ]
+        )
+    };
+    (x4, scale_a $scale_a:literal, $acc:ident, $a:ident, $desc:ident) => {
+        wgmma_start!(
+            shape "m64n64k16", scale_a $scale_a, trans_b "0",
+            acc $acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+            a $a, desc $desc,
+            steps [
+                0: [32 33 34 35] + 0,
+                1: [36 37 38 39] + 2,
+                2: [40 41 42 43] + 4,
+                3: [44 45 46 47] + 6,
+            ]
+        )
+    };
+}
+
 /// `acc = acc - A @ B` over K = 128 (PTX 8.0, sm_90a; the recurrence's product 1): eight
 /// `wgmma.mma_async.m64n64k16.f32.bf16.bf16` with A (`bf16(S^T)`, 64 x 128) from registers and B
 /// (the `w` tile, K-major, 128-byte swizzle); `imm-scale-a = -1` negates the product. `desc`
@@ -265,23 +302,7 @@ macro_rules! wgmma_start {
 #[inline(always)]
 pub unsafe fn wgmma_m64n64k16x8_sub_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
     // SAFETY: see the function's contract.
-    unsafe {
-        wgmma_start!(
-            shape "m64n64k16", scale_a "-1", trans_b "0",
-            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
-            a a, desc desc,
-            steps [
-                0: [32 33 34 35] + 0,
-                1: [36 37 38 39] + 2,
-                2: [40 41 42 43] + 4,
-                3: [44 45 46 47] + 6,
-                4: [48 49 50 51] + 512,
-                5: [52 53 54 55] + 514,
-                6: [56 57 58 59] + 516,
-                7: [60 61 62 63] + 518,
-            ]
-        )
-    }
+    unsafe { wgmma_m64n64_kmajor!(x8, scale_a "-1", acc, a, desc) }
 }
 
 /// `acc = acc + A @ B` over K = 64 (PTX 8.0, sm_90a; the recurrence's product 2, K = tokens): four
@@ -325,19 +346,7 @@ pub unsafe fn wgmma_m64n128k16x4_add_start(acc: &mut [f32; 64], a: &[[u32; 4]; 4
 #[inline(always)]
 pub unsafe fn wgmma_m64n64k16x4_sub_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4], desc: u64) {
     // SAFETY: see the function's contract.
-    unsafe {
-        wgmma_start!(
-            shape "m64n64k16", scale_a "-1", trans_b "0",
-            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
-            a a, desc desc,
-            steps [
-                0: [32 33 34 35] + 0,
-                1: [36 37 38 39] + 2,
-                2: [40 41 42 43] + 4,
-                3: [44 45 46 47] + 6,
-            ]
-        )
-    }
+    unsafe { wgmma_m64n64_kmajor!(x4, scale_a "-1", acc, a, desc) }
 }
 
 /// `acc = acc + A @ B` over K = 64 tokens with N = 64 (PTX 8.0, sm_90a; product 2 of the `K = 64`
@@ -374,23 +383,7 @@ pub unsafe fn wgmma_m64n64k16x4_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4]
 #[inline(always)]
 pub unsafe fn wgmma_m64n64k16x8_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8], desc: u64) {
     // SAFETY: see the function's contract.
-    unsafe {
-        wgmma_start!(
-            shape "m64n64k16", scale_a "1", trans_b "0",
-            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
-            a a, desc desc,
-            steps [
-                0: [32 33 34 35] + 0,
-                1: [36 37 38 39] + 2,
-                2: [40 41 42 43] + 4,
-                3: [44 45 46 47] + 6,
-                4: [48 49 50 51] + 512,
-                5: [52 53 54 55] + 514,
-                6: [56 57 58 59] + 516,
-                7: [60 61 62 63] + 518,
-            ]
-        )
-    }
+    unsafe { wgmma_m64n64_kmajor!(x8, scale_a "1", acc, a, desc) }
 }
 
 /// `acc = acc + A @ B` over K = 64 with B K-major (PTX 8.0, sm_90a; the fused layer's
@@ -403,19 +396,7 @@ pub unsafe fn wgmma_m64n64k16x8_add_start(acc: &mut [f32; 32], a: &[[u32; 4]; 8]
 #[inline(always)]
 pub unsafe fn wgmma_m64n64k16x4_add_kmajor_start(acc: &mut [f32; 32], a: &[[u32; 4]; 4], desc: u64) {
     // SAFETY: see the function's contract.
-    unsafe {
-        wgmma_start!(
-            shape "m64n64k16", scale_a "1", trans_b "0",
-            acc acc [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
-            a a, desc desc,
-            steps [
-                0: [32 33 34 35] + 0,
-                1: [36 37 38 39] + 2,
-                2: [40 41 42 43] + 4,
-                3: [44 45 46 47] + 6,
-            ]
-        )
-    }
+    unsafe { wgmma_m64n64_kmajor!(x4, scale_a "1", acc, a, desc) }
 }
 
 /// One warpgroup MMA group of four `m64n32k16` k-steps with both operands from shared memory,
