@@ -450,67 +450,17 @@ impl Kda {
         outputs: &mut LayerDeviceOutputs<'_>,
         workspace: &mut LayerWorkspace,
     ) -> Result<(), KdaError> {
-        let s = plan.shape;
-        let p = plan.recurrence.plan();
-        let (t, n, nt) = (p.tokens(), p.num_seqs(), p.chunks());
-        let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
-        let raw = !matches!(plan.options.gate, GateInput::Log);
-        let key_heads = s.recurrence_shape(plan.layout).heads;
-        let opt = |present: bool, len: usize| present.then_some(len);
+        self.check_layer(stream, plan, inputs, outputs, workspace)?;
         let fused = plan.output == OutputPath::Fused;
-        // The path's own intermediates (the other path's are not read).
-        let path_len = |wanted: bool, actual: usize, len: usize| {
-            if wanted { (Some(actual), Some(len.max(1))) } else { (None, None) }
-        };
-        let (h_actual, h_len) = path_len(!fused, workspace.h.len(), nt * hv * kd * vd);
-        let (vn_actual, vn_len) = path_len(!fused, workspace.v_new.len(), t * hv * vd);
-        let (qg_actual, qg_len) = path_len(fused, workspace.qg.len(), t * hv * kd);
-        let (p_actual, p_len) = path_len(fused, workspace.attention.len(), t * hv * CHUNK);
-        let checks: [LenCheck; 18] = [
-            ("q", Some(inputs.q.len()), Some(t * h * kd)),
-            ("k", Some(inputs.k.len()), Some(t * h * kd)),
-            ("v", Some(inputs.v.len()), Some(t * hv * vd)),
-            ("g", Some(inputs.g.len()), Some(t * hv * s.gate_width())),
-            ("beta", Some(inputs.beta.len()), Some(t * hv)),
-            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), opt(raw, hv)),
-            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), opt(raw, hv * s.gate_width())),
-            ("h0", inputs.h0.as_ref().map(|x| x.len()), inputs.h0.as_ref().map(|_| n * hv * kd * vd)),
-            ("o", Some(outputs.o.len()), Some(t * hv * vd)),
-            ("ht", outputs.ht.as_ref().map(|x| x.len()), outputs.ht.as_ref().map(|_| n * hv * kd * vd)),
-            ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
-            ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
-            ("workspace.u", Some(workspace.u.len()), Some((t * hv * vd).max(1))),
-            ("workspace.v_new", vn_actual, vn_len),
-            ("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1))),
-            ("workspace.h", h_actual, h_len),
-            ("workspace.qg", qg_actual, qg_len),
-            ("workspace.attention", p_actual, p_len),
-        ];
-        check_lengths(&checks)?;
-        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
-        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
-        check_devices(
-            self.ctx.ordinal(),
-            &[
-                ("stream", ordinal(stream)),
-                ("plan", plan.recurrence.ordinal),
-                ("q", ordinal(inputs.q.stream())),
-                ("k", ordinal(inputs.k.stream())),
-                ("v", ordinal(inputs.v.stream())),
-                ("g", ordinal(inputs.g.stream())),
-                ("beta", ordinal(inputs.beta.stream())),
-                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
-                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
-                ("h0", optional(inputs.h0.as_ref().map(|x| ordinal(x.stream())))),
-                ("o", ordinal(outputs.o.stream())),
-                ("ht", optional(outputs.ht.as_ref().map(|x| ordinal(x.stream())))),
-                ("workspace", ordinal(workspace.w.stream())),
-            ],
-        )?;
-        // The caller's token inputs, read by both layer kernels: their addresses once.
         if fused {
             self.fused_layer_runs(&plan.recurrence)?;
         }
+        let s = plan.shape;
+        let p = plan.recurrence.plan();
+        let (t, nt) = (p.tokens(), p.chunks());
+        let (hv, kd, vd) = (s.value_heads, s.key_dim, s.value_dim);
+        let key_heads = s.recurrence_shape(plan.layout).heads;
+        // The caller's token inputs, read by both layer kernels: their addresses once.
         let tokens = inputs.tokens();
         let mut token_records = Vec::new();
         let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut token_records);
@@ -706,6 +656,76 @@ impl OutputArgs {
 }
 
 impl Kda {
+    /// Every length and device of a layer launch (the path's own intermediates: the other
+    /// path's are not read): the first that does not match is a typed error naming it.
+    fn check_layer(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &LayerPlan,
+        inputs: &LayerInputs<'_>,
+        outputs: &LayerDeviceOutputs<'_>,
+        workspace: &LayerWorkspace,
+    ) -> Result<(), KdaError> {
+        let s = plan.shape;
+        let p = plan.recurrence.plan();
+        let (t, n, nt) = (p.tokens(), p.num_seqs(), p.chunks());
+        let (h, hv, kd, vd) = (s.heads, s.value_heads, s.key_dim, s.value_dim);
+        let raw = !matches!(plan.options.gate, GateInput::Log);
+        let key_heads = s.recurrence_shape(plan.layout).heads;
+        let opt = |present: bool, len: usize| present.then_some(len);
+        let fused = plan.output == OutputPath::Fused;
+        // The path's own intermediates (the other path's are not read).
+        let path_len = |wanted: bool, actual: usize, len: usize| {
+            if wanted { (Some(actual), Some(len.max(1))) } else { (None, None) }
+        };
+        let (h_actual, h_len) = path_len(!fused, workspace.h.len(), nt * hv * kd * vd);
+        let (vn_actual, vn_len) = path_len(!fused, workspace.v_new.len(), t * hv * vd);
+        let (qg_actual, qg_len) = path_len(fused, workspace.qg.len(), t * hv * kd);
+        let (p_actual, p_len) = path_len(fused, workspace.attention.len(), t * hv * CHUNK);
+        let checks: [LenCheck; 18] = [
+            ("q", Some(inputs.q.len()), Some(t * h * kd)),
+            ("k", Some(inputs.k.len()), Some(t * h * kd)),
+            ("v", Some(inputs.v.len()), Some(t * hv * vd)),
+            ("g", Some(inputs.g.len()), Some(t * hv * s.gate_width())),
+            ("beta", Some(inputs.beta.len()), Some(t * hv)),
+            ("A_log", inputs.a_log.as_ref().map(|x| x.len()), opt(raw, hv)),
+            ("dt_bias", inputs.dt_bias.as_ref().map(|x| x.len()), opt(raw, hv * s.gate_width())),
+            ("h0", inputs.h0.as_ref().map(|x| x.len()), inputs.h0.as_ref().map(|_| n * hv * kd * vd)),
+            ("o", Some(outputs.o.len()), Some(t * hv * vd)),
+            ("ht", outputs.ht.as_ref().map(|x| x.len()), outputs.ht.as_ref().map(|_| n * hv * kd * vd)),
+            ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
+            ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
+            ("workspace.u", Some(workspace.u.len()), Some((t * hv * vd).max(1))),
+            ("workspace.v_new", vn_actual, vn_len),
+            ("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1))),
+            ("workspace.h", h_actual, h_len),
+            ("workspace.qg", qg_actual, qg_len),
+            ("workspace.attention", p_actual, p_len),
+        ];
+        check_lengths(&checks)?;
+        let ordinal = |x: &Arc<CudaStream>| x.context().ordinal();
+        let optional = |x: Option<usize>| x.unwrap_or(self.ctx.ordinal());
+        check_devices(
+            self.ctx.ordinal(),
+            &[
+                ("stream", ordinal(stream)),
+                ("plan", plan.recurrence.ordinal),
+                ("q", ordinal(inputs.q.stream())),
+                ("k", ordinal(inputs.k.stream())),
+                ("v", ordinal(inputs.v.stream())),
+                ("g", ordinal(inputs.g.stream())),
+                ("beta", ordinal(inputs.beta.stream())),
+                ("A_log", optional(inputs.a_log.as_ref().map(|x| ordinal(x.stream())))),
+                ("dt_bias", optional(inputs.dt_bias.as_ref().map(|x| ordinal(x.stream())))),
+                ("h0", optional(inputs.h0.as_ref().map(|x| ordinal(x.stream())))),
+                ("o", ordinal(outputs.o.stream())),
+                ("ht", optional(outputs.ht.as_ref().map(|x| ordinal(x.stream())))),
+                ("workspace", ordinal(workspace.w.stream())),
+            ],
+        )?;
+        Ok(())
+    }
+
     /// What [`OutputPath::Auto`] stands for with this launcher: the path `KDA_LAYER_OUTPUT`
     /// names; else [`OutputPath::Fused`] where this launcher runs the fused pass for `shape`
     /// (its sm_90a module loaded, the Hopper kernel what `Kernel::Auto` runs, `shape`'s sizes the
