@@ -110,7 +110,7 @@ struct Params {
     state_layout: u32,
     pass: u32,
     strides: [u32; 6],
-    /// The fused pass's output scale (1 elsewhere, unused).
+    /// The fused layer pass's output scale (1 elsewhere, unused).
     scale: f32,
 }
 
@@ -118,9 +118,11 @@ struct Params {
 /// block width `$block`
 /// (`abi::HOPPER` and its siblings, parameters `abi::HOPPER_PARAMS`: grid = the schedule's
 /// workers, at most one CTA per SM; `abi::HOPPER.threads` threads; the entry's
-/// `smem_bytes` of dynamic shared memory).
+/// `smem_bytes` of dynamic shared memory). Naming `$scale_bits` declares an entry of the fused
+/// layer pass (`abi::HOPPER_FUSED` and its sibling, parameters `abi::HOPPER_FUSED_PARAMS`: the
+/// output scale last, the layer's output `o` in `v_new`'s place), for [`Fused`] blocks.
 macro_rules! hopper_entry {
-    ($(#[$doc:meta])* $name:ident, $key:ty, $block:ty) => {
+    ($(#[$doc:meta])* $name:ident, $key:ty, $block:ty $(, $scale_bits:ident)?) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -134,7 +136,11 @@ macro_rules! hopper_entry {
         /// its rows inside `h0` and `ht`; `heads >= 1`; outputs do not overlap inputs or each
         /// other. In the pre-scan (`pass` = `PassCode::Prescan`) `h0` is null, the states are
         /// key-first, `ht` holds the maps (`value_dim` = `K + V` columns) and `h` and `v_new`
-        /// are not written.
+        /// are not written. An entry of the fused layer pass runs no pre-scan; its `v_new` is the
+        /// layer's output `o` (`[T, HV, V]` bf16 at its strides, the `VNew` map's tensor), `h`
+        /// is not written, and the `Q`, `QRow`, `P` and `PRow` maps describe the chunks' `q Γ`
+        /// (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16, zero past each row's
+        /// diagonal).
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -155,6 +161,7 @@ macro_rules! hopper_entry {
             gk_head_stride: u32,
             v_new_token_stride: u32,
             v_new_head_stride: u32,
+            $($scale_bits: u32,)?
         ) {
             // The maps stay in the parameter space (64-byte aligned by the builder) and are
             // handed to TMA by address.
@@ -167,58 +174,14 @@ macro_rules! hopper_entry {
                 v_new_token_stride,
                 v_new_head_stride,
             ];
-            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides, scale: 1.0 };
+            let scale = hopper_entry!(@scale $($scale_bits)?);
+            let p = Params { g, gk, h0, v_new, ht, work, heads, value_dim, state_layout, pass, strides, scale };
             // SAFETY: this entry's contract.
             unsafe { run::<$key, $block>(maps, p) }
         }
     };
-}
-
-/// Declares one entry point of the fused layer pass for key size `$key` (`abi::HOPPER_FUSED` and
-/// its sibling, parameters `abi::HOPPER_FUSED_PARAMS`; grid and threads as the recurrence's):
-/// the recurrence in [`Fused`] blocks, writing the layer's output `o` in place of `h` and
-/// `v_new`.
-macro_rules! hopper_fused_entry {
-    ($(#[$doc:meta])* $name:ident, $key:ty) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// As the recurrence's entries for a main pass (`pass` = `PassCode::Main`), with `o`
-        /// (`[T, HV, V]` bf16 at its strides, the `VNew` map's tensor) in place of `v_new` and
-        /// no `h` written; the `Q`, `QRow`, `P` and `PRow` maps describe the chunks' `q Γ`
-        /// (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16, zero past each
-        /// row's diagonal) at this entry's key size.
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            _maps: TensorMaps,
-            g: *const f32,
-            gk: *const f32,
-            h0: *const f32,
-            o: *mut u16,
-            ht: *mut f32,
-            work: *const u32,
-            heads: u32,
-            value_dim: u32,
-            state_layout: u32,
-            pass: u32,
-            g_token_stride: u32,
-            g_head_stride: u32,
-            gk_token_stride: u32,
-            gk_head_stride: u32,
-            o_token_stride: u32,
-            o_head_stride: u32,
-            scale_bits: u32,
-        ) {
-            let maps = param_address!(concat!(stringify!($name), "_param_0"));
-            let strides =
-                [g_token_stride, g_head_stride, gk_token_stride, gk_head_stride, o_token_stride, o_head_stride];
-            let scale = f32::from_bits(scale_bits);
-            let p = Params { g, gk, h0, v_new: o, ht, work, heads, value_dim, state_layout, pass, strides, scale };
-            // SAFETY: this entry's contract.
-            unsafe { run::<$key, Fused>(maps, p) }
-        }
-    };
+    (@scale $scale_bits:ident) => { f32::from_bits($scale_bits) };
+    (@scale) => { 1.0 };
 }
 
 hopper_entry!(
@@ -251,15 +214,19 @@ hopper_entry!(
     K256,
     Narrow
 );
-hopper_fused_entry!(
+hopper_entry!(
     /// The fused layer pass at `K = 128` (`abi::HOPPER_FUSED`).
     kda_layer_fused_hopper,
-    K128
+    K128,
+    Fused,
+    scale_bits
 );
-hopper_fused_entry!(
+hopper_entry!(
     /// The fused layer pass at `K = 64` (`abi::HOPPER_K64_FUSED`).
     kda_layer_fused_hopper_k64,
-    K64
+    K64,
+    Fused,
+    scale_bits
 );
 
 /// The kernel for key size `C` and block width `B`, with its tensor maps at parameter-space
