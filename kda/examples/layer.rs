@@ -49,7 +49,7 @@ fn run() -> Result<(), KdaError> {
         h0: h0.as_ref().map(|x| x.as_view()),
     };
     let mut outputs = LayerDeviceOutputs { o: o.as_view_mut(), ht: Some(ht.as_view_mut()) };
-    // Three launches on the stream: prepare, the recurrence, the output.
+    // On the stream: prepare and the recurrence forming `o` (9.x), or prepare, the recurrence, the output.
     kda.launch_layer(&stream, &plan, &inputs, &mut outputs, &mut workspace)?;
 
     let got_o: Vec<f32> = stream.clone_dtoh(&o)?.into_iter().map(f32::from).collect();

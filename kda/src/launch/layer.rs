@@ -1,4 +1,4 @@
-//! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): three launches on the caller's
+//! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): two or three launches on the caller's
 //! stream, with nothing between them on the host. On the fused path ([`OutputPath::Fused`], what
 //! 9.x runs at `K` of 64 or 128):
 //!
@@ -75,7 +75,7 @@ const LAYER_SIZE_STEP: usize = 64;
 ///     h0: None,
 /// };
 /// let mut outputs = LayerDeviceOutputs { o: o.slice_mut(..), ht: Some(ht.slice_mut(..)) };
-/// // Three launches on `stream`, no host synchronisation, no allocation.
+/// // Two launches on `stream` on 9.x (three elsewhere), no host synchronisation, no allocation.
 /// kda.launch_layer(&stream, &plan, &inputs, &mut outputs, &mut workspace)?;
 /// stream.synchronize()?;
 /// # Ok(())
