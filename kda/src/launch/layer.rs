@@ -1,6 +1,6 @@
-//! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): two or three launches on the caller's
-//! stream, with nothing between them on the host. On the fused path ([`OutputPath::Fused`], what
-//! 9.x runs at `K` of 64 or 128):
+//! The layer forward on the GPU (docs/CONTRACT.md, "The layer"): two or three launches on the
+//! caller's stream, with nothing between them on the host. On the fused path
+//! ([`OutputPath::Fused`], what 9.x runs at `K` of 64 or 128):
 //!
 //! 1. `kda_layer_prepare_fused`, one CTA per (chunk, value head): the gate activated and summed
 //!    in the chunk, `q`/`k` normalised and `beta`'s sigmoid when asked, the WY representation
