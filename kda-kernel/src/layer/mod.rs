@@ -789,6 +789,26 @@ unsafe fn fetch_gate(g: *const f32, w: &Work, d: &Dims) -> (Fetched<GATE_VECTORS
     }
 }
 
+/// The rows this lane's half-warp normalises: two rows per warp and pass (the first half-warp the
+/// even one), up to `rows`, counted in 32 bits.
+#[inline(always)]
+fn half_warp_rows(rows: usize) -> impl Iterator<Item = usize> {
+    let warp = thread_idx_x() / LANES;
+    let first = ROWS_PER_WARP_PASS as u32 * warp as u32;
+    (first..rows as u32).step_by(THREADS / LANES * ROWS_PER_WARP_PASS).map(|r| r as usize)
+}
+
+/// `1 / sqrt(sum + eps)` of a row's squares, `squares` being this lane's share of them and the
+/// row its half-warp's ([`half_warp_rows`]).
+///
+/// # Safety
+/// Every lane of the warp calls it together.
+#[inline(always)]
+unsafe fn inverse_norm(squares: f32) -> f32 {
+    // SAFETY: the caller's contract.
+    rsqrt_approx(unsafe { half_warp_sum(squares) } + L2NORM_EPS)
+}
+
 /// [`fetch_rows`]' rows into `dst` (`[CHUNK][ROW_WORDS]` f32), each row divided by its L2 norm
 /// when `l2norm`; rows past the valid ones are zeros. Ends with the CTA synchronised.
 ///
@@ -808,16 +828,15 @@ unsafe fn put_rows(dst: Shared<f32>, rows: &Fetched<ROW_VECTORS>, w: &Work, kd: 
             // quarter-warp's 16-byte accesses contiguous), the squares summed across the half by
             // shuffles. The first 64 columns are always keys (`MIN_DIM`). Rows past the valid ones
             // are zeros and stay zeros. 32-bit row counter; the two widths' loops apart.
-            let (warp, lane) = (tid / LANES, tid % LANES);
+            let lane = tid % LANES;
             let first = dst.add(lane / HALF_WARP * ROW_WORDS + lane % HALF_WARP * F32_VECTOR);
             let normalise = |both: bool| {
-                let rows = ROWS_PER_WARP_PASS as u32 * warp as u32..w.rows as u32;
-                for r in rows.step_by(THREADS / LANES * ROWS_PER_WARP_PASS) {
-                    let (at, zero) = (first.add(r as usize * ROW_WORDS), [0.0; F32_VECTOR]);
+                for r in half_warp_rows(w.rows) {
+                    let (at, zero) = (first.add(r * ROW_WORDS), [0.0; F32_VECTOR]);
                     let x = ld_shared_v4(at.addr()).map(f32::from_bits);
                     let y = if both { ld_shared_v4(at.add(HALF_WARP_COLUMNS).addr()).map(f32::from_bits) } else { zero };
                     let sum = x.iter().chain(y.iter()).fold(0.0, |sum, &x| fma_f32(x, x, sum));
-                    let inverse = rsqrt_approx(half_warp_sum(sum) + L2NORM_EPS);
+                    let inverse = inverse_norm(sum);
                     st_shared_v4(at.addr(), x.map(|x| (x * inverse).to_bits()));
                     if both {
                         st_shared_v4(at.add(HALF_WARP_COLUMNS).addr(), y.map(|x| (x * inverse).to_bits()));
@@ -851,12 +870,11 @@ unsafe fn put_rows_bf16(dst: Shared<u16>, rows: &Fetched<ROW_VECTORS>, w: &Work,
             // Half a warp per row, two rows per warp at a time, as `put_rows`: each lane `kd / 16`
             // elements (8 at K = 128, one 16-byte access; 4 at K = 64, 8 bytes), the squares
             // summed across the half by shuffles. 32-bit row counter; the two widths apart.
-            let (warp, lane) = (tid / LANES, tid % LANES);
+            let lane = tid % LANES;
             let first = dst.add(lane / HALF_WARP * KEY_ROW + lane % HALF_WARP * (kd / HALF_WARP));
             let normalise = |wide: bool| {
-                let rows = ROWS_PER_WARP_PASS as u32 * warp as u32..w.rows as u32;
-                for r in rows.step_by(THREADS / LANES * ROWS_PER_WARP_PASS) {
-                    let at = first.add(r as usize * KEY_ROW).addr();
+                for r in half_warp_rows(w.rows) {
+                    let at = first.add(r * KEY_ROW).addr();
                     let words = if wide {
                         ld_shared_v4(at)
                     } else {
@@ -865,7 +883,7 @@ unsafe fn put_rows_bf16(dst: Shared<u16>, rows: &Fetched<ROW_VECTORS>, w: &Work,
                     };
                     let x = unpack_bf16x8(words);
                     let sum = x.iter().fold(0.0, |sum, &x| fma_f32(x, x, sum));
-                    let inverse = rsqrt_approx(half_warp_sum(sum) + L2NORM_EPS);
+                    let inverse = inverse_norm(sum);
                     let y = pack_bf16x8(x.map(|x| x * inverse));
                     if wide {
                         st_shared_v4(at, y);
@@ -948,6 +966,26 @@ impl Gates {
             fetched.store(|r, a, words| set_row4(self.tile, r, a, words.map(f32::from_bits)));
             if !self.per_key && tid < rows {
                 self.tile.add(tid * ROW_WORDS).st(*head);
+            }
+        }
+    }
+
+    /// `x`, elements `a..a + 8` of row `r`, times their decay `exp2(G)`: each key's (`per_key`)
+    /// or the row's. `per_key` is `self.per_key`, given by the caller as a constant of its loop
+    /// (the gate's kind chosen once, outside the loop): `q Γ` in both kernels that form it.
+    ///
+    /// # Safety
+    /// As [`Gates::at`].
+    #[inline(always)]
+    unsafe fn decay8(self, per_key: bool, r: usize, a: usize, x: [f32; BF16_VECTOR]) -> [f32; BF16_VECTOR] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if per_key {
+                let gate = row8(self.tile, r, a);
+                core::array::from_fn(|j| x[j] * exp2(gate[j]))
+            } else {
+                let decay = exp2(self.at(r, 0));
+                x.map(|x| x * decay)
             }
         }
     }

@@ -160,14 +160,7 @@ impl Attention {
                 let (r, a) = split(e * BF16_VECTOR, kd);
                 // SAFETY: inside the tiles (`Dims::valid`).
                 unsafe {
-                    let query = row8(queries, r, a);
-                    let x = if per_key {
-                        let gate = row8(gates.tile, r, a);
-                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
-                    } else {
-                        let decay = exp2(gates.at(r, 0));
-                        query.map(|x| x * decay)
-                    };
+                    let x = gates.decay8(per_key, r, a, row8(queries, r, a));
                     st_shared_v4(qg.add(r * KEY_ROW + a).addr(), pack_bf16x8(x));
                 }
             }

@@ -329,13 +329,7 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
             let scale_queries = |per_key: bool| {
                 store_bf16_rows(fused.qg_out, rows, kd, row_at, |r, a| {
                     let query = unpack_bf16x8(ld_shared_v4(queries.add(r * KEY_ROW + a).addr()));
-                    if per_key {
-                        let gate = row8(gates.tile, r, a);
-                        core::array::from_fn(|j| query[j] * exp2(gate[j]))
-                    } else {
-                        let decay = exp2(gates.at(r, 0));
-                        query.map(|x| x * decay)
-                    }
+                    gates.decay8(per_key, r, a, query)
                 })
             };
             if per_key {
