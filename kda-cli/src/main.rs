@@ -666,9 +666,12 @@ fn explanation(plan: &Plan, work: &Work, mode: SplitMode, split: &SplitPlan) -> 
     );
     text += &format!("split ({mode:?}): {}\n", split.summary());
     if split.is_split() {
+        let cut = (0..plan.num_seqs()).filter(|&n| split.segments_of(n).len() > 1).count();
         text += &format!(
-            "  passes: pre-scan of {} segment maps over K + V = {} columns, merge, main pass of {} segments\n",
-            split.maps(),
+            "  passes: pre-scan of {cut} first segments from h0 over V = {} columns and {} segment maps over \
+             K + V = {} columns, merge, main pass of {} segments\n",
+            work.value_dim,
+            split.maps() - cut,
             work.key_dim + work.value_dim,
             split.segments().len()
         );
@@ -723,7 +726,12 @@ mod tests {
             text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks of 64) on 132 CTAs")
         );
         assert!(text.contains("split (Auto): 1 of 1 sequences cut: 8 segments of 256 chunks"), "{text}");
-        assert!(text.contains("pre-scan of 7 segment maps over K + V = 256 columns"), "{text}");
+        assert!(
+            text.contains(
+                "pre-scan of 1 first segments from h0 over V = 128 columns and 6 segment maps over K + V = 256"
+            ),
+            "{text}"
+        );
         let off = explanation(&plan, &work, SplitMode::Off, &SplitPlan::unsplit(&plan));
         assert!(off.contains("split (Off): whole") && !off.contains("pre-scan"), "{off}");
     }

@@ -42,7 +42,10 @@ pub const DESC_SEQ: usize = 3;
 /// names the worker's next one (or [`ITEM_LAST`]). Words past [`ITEM_NEXT`] are zero.
 pub const ITEM_WORDS: usize = 12;
 /// Index of the item's row of `h0` (`[rows][K][V]` view, the initial states it reads) in a
-/// record: `seq * HV + head` for a whole sequence, the segment's entry-state row when split.
+/// record: `seq * HV + head` for a whole sequence, the segment's entry-state row when split, the
+/// sequence's row for a first segment's pre-scan (its value columns from `h0`), or
+/// [`ITEM_NO_ROW`] for an item that starts from no state (the pre-scan's maps start from
+/// `[I | 0]`).
 pub const ITEM_H0_ROW: usize = 0;
 /// Index of the item's row of `ht` in a record (the final state it writes), or [`ITEM_NO_ROW`]
 /// for a segment whose final state is not wanted.
@@ -75,7 +78,7 @@ pub const ITEM_NO_U: u32 = u32::MAX;
 pub const ITEM_LAST: u32 = u32::MAX;
 
 /// Words (`u32`) per sequence of the split merge's table.
-pub const MERGE_WORDS: usize = 4;
+pub const MERGE_WORDS: usize = 5;
 /// Index of the sequence's index (its row of `h0` is `seq * HV + head`) in a merge record.
 pub const MERGE_SEQ: usize = 0;
 /// Index of the sequence's first entry-state row (`(first + s) * HV + head` for segment `s`).
@@ -85,6 +88,11 @@ pub const MERGE_SEGMENTS: usize = 2;
 /// Index of the sequence's first map row (`(first + s) * HV + head` for segment `s`, every
 /// segment but the last).
 pub const MERGE_FIRST_MAP: usize = 3;
+/// Index of the word that is 1 when the sequence's first map holds, in its `B` columns, the
+/// first segment's exit state itself (the pre-scan ran that segment's value columns from `h0`;
+/// the map's key columns are not written), so `entry(1)` is those columns; 0 when it is a whole
+/// map `[M | B]` like the others.
+pub const MERGE_FIRST_EXIT: usize = 4;
 
 /// Number of chunks of a sequence of `len` tokens (`ceil(len / CHUNK)`).
 #[inline(always)]

@@ -5,6 +5,9 @@
 //! entry(0) = h0 (or zeros),   entry(s + 1) = M_s entry(s) + B_s
 //! ```
 //!
+//! except that where the pre-scan ran a sequence's first segment from `h0` (its record's
+//! `MERGE_FIRST_EXIT`), `entry(1)` is that run's exit state, the first map's `B` columns.
+//!
 //! serial over a sequence's segments, parallel over sequences, value heads and blocks of
 //! `COLS` value columns (one CTA each). The block of the entry state lives in shared memory
 //! (double-buffered: step `s` reads one buffer and writes the other); each thread computes one
@@ -17,7 +20,7 @@ use crate::arch::sm80::{
     block_idx_x, fma_f32, ld_shared_v4, smem_base_shared, st_shared_v4, sync_threads, thread_idx_x,
 };
 use crate::layout::merge::{COLS, MAX_K, ROWS_PER_PASS};
-use crate::layout::{MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS};
+use crate::layout::{MERGE_FIRST_ENTRY, MERGE_FIRST_EXIT, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS};
 
 /// Threads per key row: one per 4-column quad.
 const QUADS: usize = COLS / 4;
@@ -89,9 +92,9 @@ kernel_entry! {
             value_first: state_layout == StateLayoutCode::ValueFirst as u32,
         };
         // SAFETY: the record exists (the grid covers the table).
-        let [seq, first_entry, segments, first_map] = unsafe {
+        let [seq, first_entry, segments, first_map, first_exit] = unsafe {
             let r = table.add(record * MERGE_WORDS);
-            [MERGE_SEQ, MERGE_FIRST_ENTRY, MERGE_SEGMENTS, MERGE_FIRST_MAP].map(|w| *r.add(w) as usize)
+            [MERGE_SEQ, MERGE_FIRST_ENTRY, MERGE_SEGMENTS, MERGE_FIRST_MAP, MERGE_FIRST_EXIT].map(|w| *r.add(w) as usize)
         };
         let entry_row = |s: usize| (first_entry + s) * heads + head;
         // This thread's quad of key row `i` in entry buffer `s % 2`.
@@ -115,6 +118,21 @@ kernel_entry! {
             // SAFETY: the record names map row `(first_map + s) * heads + head` for every segment but
             // the last.
             let map = unsafe { maps.add(((first_map + s) * heads + head) * kd * wide) };
+            if s == 0 && first_exit != 0 {
+                // entry(1) is the first segment's exit state itself, in the map's `B` columns.
+                for i in (row0..kd).step_by(ROWS_PER_PASS) {
+                    // SAFETY (block): row `i`'s `B` quad of the map; the shared address inside
+                    // buffer 1.
+                    unsafe {
+                        let x = *map.add(i * wide + kd + states.col).cast::<Quad>();
+                        st_shared_v4(shared(1, i), x.0.map(f32::to_bits));
+                        states.write(entries, entry_row(1), i, x);
+                    }
+                }
+                // SAFETY: every thread reaches it.
+                unsafe { sync_threads() };
+                continue;
+            }
             for i in (row0..kd).step_by(ROWS_PER_PASS) {
                 // SAFETY (block): row `i` of the map, its `B` quad at key column `kd + col`; the
                 // entry block's rows in buffer `s % 2`, written by the previous step before the

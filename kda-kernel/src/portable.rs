@@ -61,7 +61,11 @@ struct Args {
     work: Work,
     /// Columns of the pass's states: `V`, or `K + V` in the pre-scan.
     value_dim: usize,
+    /// Whether the pass's states (`h`, `ht`) are value-first: never in the pre-scan, whose maps
+    /// are key-first.
     value_first: bool,
+    /// Whether `h0` is value-first.
+    h0_value_first: bool,
     prescan: bool,
     k_rows: RowStrides,
     w_rows: RowStrides,
@@ -87,7 +91,9 @@ macro_rules! portable_entry {
             /// every row the records name), rows at the given strides, 16-byte aligned rows of
             /// `k`, `w`, `u` and `v_new`; the records name each item of the pass once, in blocks
             /// of `G * BV` columns, and are 16-byte aligned; a gate pointer is null exactly when that
-            /// gate is absent; in the pre-scan (`pass`) `h0` is null and states are key-first;
+            /// gate is absent; in the pre-scan (`pass`) the maps (`ht`) are key-first and `h0`
+            /// (when not null: `[rows][K][value_dim - K]` in `state_layout`) is read only by the
+            /// items whose records name a row of it, blocks of the map's `B` columns;
             /// the launch has the grid, block and shared memory above; the outputs overlap nothing.
             pub unsafe fn $name(
                 k: *const u16,
@@ -130,7 +136,9 @@ macro_rules! portable_entry {
                     // SAFETY: the entry's contract on `work`.
                     work: unsafe { Work::new(work, heads as usize) },
                     value_dim: value_dim as usize,
-                    value_first: state_layout == StateLayoutCode::ValueFirst as u32,
+                    value_first: state_layout == StateLayoutCode::ValueFirst as u32
+                        && pass != PassCode::Prescan as u32,
+                    h0_value_first: state_layout == StateLayoutCode::ValueFirst as u32,
                     prescan: pass == PassCode::Prescan as u32,
                     k_rows: RowStrides::new(k_token_stride, k_head_stride),
                     w_rows: RowStrides::new(w_token_stride, w_head_stride),
@@ -287,7 +295,16 @@ fn state_index<const K: usize>(args: &Args, item: &Item, row: usize, col: usize)
     if args.value_first { (item.vcol0 + col) * K + row } else { row * args.value_dim + item.vcol0 + col }
 }
 
-/// The element offset of state row `row` (of `h0` or `ht`) in the pass's states.
+/// The element offset of (key row `row`, block column `col`) of `item`'s block in state row
+/// `h0_row` of `h0`: the pass's own states in the recurrence; in the pre-scan, where only a first
+/// segment's `B` columns `K + c` read `h0`, its state column `c` of `value_dim - K`, in `h0`'s
+/// layout.
+fn h0_index<const K: usize>(args: &Args, h0_row: usize, item: &Item, row: usize, col: usize) -> usize {
+    let (columns, c) = if args.prescan { (args.value_dim - K, item.vcol0 - K + col) } else { (args.value_dim, item.vcol0 + col) };
+    h0_row * K * columns + if args.h0_value_first { c * K + row } else { row * columns + c }
+}
+
+/// The element offset of state row `row` (of `ht`) in the pass's states.
 fn state_base<const K: usize>(args: &Args, row: usize) -> usize {
     row * K * args.value_dim
 }
@@ -454,8 +471,8 @@ const fn prefetches_h0(mt: usize) -> bool {
     mt <= 2
 }
 
-/// The state `item` starts from: `[I | 0]`'s block in the pre-scan, its `h0` block, or zeros
-/// (no `h0`, or no item).
+/// The state `item` starts from: its `h0` block when `h0` is given and its record names a row
+/// of it, else `[I | 0]`'s block in the pre-scan, or zeros (no `h0`, or no item).
 ///
 /// # Safety
 /// As [`recurrence`]: `h0` holds the state rows the records name.
@@ -463,17 +480,16 @@ const fn prefetches_h0(mt: usize) -> bool {
 unsafe fn initial_state<const K: usize, const MT: usize, const G: usize>(args: &Args, item: Option<&Item>) -> State<MT> {
     let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
     let frag = Frag::fresh();
-    match item {
-        // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
-        Some(item) if args.prescan => {
-            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
-        }
-        Some(item) if !args.h0.is_null() => {
-            let base = state_base::<K>(args, item.h0_row);
+    match (item, item.and_then(|item| item.h0_row)) {
+        (Some(item), Some(h0_row)) if !args.h0.is_null() => {
             for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| {
                 // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
-                *s = unsafe { *args.h0.add(base + state_index::<K>(args, item, row, col)) };
+                *s = unsafe { *args.h0.add(h0_index::<K>(args, h0_row, item, row, col)) };
             });
+        }
+        // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
+        (Some(item), _) if args.prescan => {
+            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
         }
         _ => {}
     }

@@ -61,7 +61,7 @@ impl Iterator for Items<'_> {
             token_start: r[ITEM_TOKEN_START] as usize,
             len: r[ITEM_LEN] as usize,
             chunk_start: r[ITEM_CHUNK_START] as usize,
-            h0_row: r[ITEM_H0_ROW] as usize,
+            h0_row: if r[ITEM_H0_ROW] == ITEM_NO_ROW { None } else { Some(r[ITEM_H0_ROW] as usize) },
             ht_row: if r[ITEM_HT_ROW] == ITEM_NO_ROW { None } else { Some(r[ITEM_HT_ROW] as usize) },
             head: r[ITEM_HEAD] as usize,
             key_head: r[ITEM_KEY_HEAD] as usize,
@@ -82,8 +82,9 @@ pub struct Item {
     pub len: usize,
     /// The sequence's (segment's) first chunk in `h`.
     pub chunk_start: usize,
-    /// Row of this item's initial state in the `[rows][K][V]` view of `h0`.
-    pub h0_row: usize,
+    /// Row of this item's initial state in the `[rows][K][V]` view of `h0`, or `None` when it
+    /// starts from no state (zeros; in the pre-scan, the identity's columns).
+    pub h0_row: Option<usize>,
     /// Row of this item's final state in the `[rows][K][V]` view of `ht`, if it writes one.
     pub ht_row: Option<usize>,
     /// The (value) head.

@@ -47,8 +47,9 @@ pub struct Unit {
     pub len: usize,
     /// First chunk in `h`.
     pub chunk_start: usize,
-    /// Its state in `h0` (head `i`'s row is `h0_state * HV + i`).
-    pub h0_state: usize,
+    /// Its state in `h0` (head `i`'s row is `h0_state * HV + i`), or `None` when it starts from
+    /// no state (the pre-scan's maps start from `[I | 0]`).
+    pub h0_state: Option<usize>,
     /// Its state in `ht`, or `None` when its final state is not wanted.
     pub ht_state: Option<usize>,
 }
@@ -60,7 +61,7 @@ impl Unit {
             token_start: d.token_start,
             len: d.len,
             chunk_start: d.chunk_start,
-            h0_state: n,
+            h0_state: Some(n),
             ht_state: Some(n),
         };
         plan.seqs().iter().enumerate().map(unit).collect()
@@ -81,6 +82,16 @@ pub enum UColumns {
 }
 
 impl UColumns {
+    /// The first of the `width`-column blocks `unit` runs: in the pre-scan, a unit that starts
+    /// from a state (a sequence's first segment, from `h0`) runs the map's `B` columns alone,
+    /// which then hold its exit state rather than a map; every other unit runs all its blocks.
+    pub fn first_block(self, unit: &Unit, width: usize) -> usize {
+        match self {
+            UColumns::Prescan { key_dim } if unit.h0_state.is_some() => key_dim.div_ceil(width.max(1)),
+            _ => 0,
+        }
+    }
+
     /// The `u`-column word of an item whose first state column is `vcol0` (`None`: the
     /// value does not fit).
     fn word(self, vcol0: usize) -> Option<u32> {
@@ -126,11 +137,40 @@ impl Schedule {
         col_blocks: usize,
         max_workers: usize,
     ) -> Result<Self, KdaError> {
+        Self::lpt(lengths, |_| 0, heads, col_blocks, max_workers)
+    }
+
+    /// The LPT schedule of a pass over `units` (sequences, segments, or the pre-scan's
+    /// segments), in blocks of `width` value columns, `col_blocks` per head, from each unit's
+    /// [`UColumns::first_block`] (the items of the blocks before it are not run). As
+    /// [`Schedule::try_lpt_lengths`] otherwise; its table is [`Schedule::table_of`] the same
+    /// `units` and `u_columns`.
+    pub fn try_lpt_units(
+        units: &[Unit],
+        u_columns: UColumns,
+        heads: usize,
+        (col_blocks, width): (usize, usize),
+        max_workers: usize,
+    ) -> Result<Self, KdaError> {
+        let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
+        let first = |n: usize| units.get(n).map_or(0, |u| u_columns.first_block(u, width));
+        Ok(Self::lpt(&lengths, first, heads, col_blocks, max_workers)?.with_block_width(width))
+    }
+
+    /// The LPT schedule of the items of units of `lengths` whose column block is at least
+    /// `first_block(unit)`.
+    fn lpt(
+        lengths: &[usize],
+        first_block: impl Fn(usize) -> usize,
+        heads: usize,
+        col_blocks: usize,
+        max_workers: usize,
+    ) -> Result<Self, KdaError> {
         if col_blocks == 0 {
             return Err(KdaError::Argument { name: "col_blocks", reason: "must be at least 1".into() });
         }
         let count = lengths.len().checked_mul(heads).and_then(|n| n.checked_mul(col_blocks));
-        let Some((count, count32)) = count.and_then(|n| Some((n, u32::try_from(n).ok()?))) else {
+        let Some(count32) = count.and_then(|n| u32::try_from(n).ok()) else {
             return Err(KdaError::Argument {
                 name: "heads",
                 reason: format!(
@@ -139,28 +179,31 @@ impl Schedule {
                 ),
             });
         };
-        let workers = max_workers.max(1).min(count);
         // Items per sequence: at least 1 whenever there is an item.
         let per_seq = heads * col_blocks;
+        let runs = |&item: &u32| item as usize % col_blocks >= first_block(item as usize / per_seq);
+        let mut order: Vec<u32> = (0..count32).filter(runs).collect();
+        let workers = max_workers.max(1).min(order.len());
         let cost = |item: u32| item_cost(lengths[item as usize / per_seq]);
         // Longest first; ties in item order, so the column blocks of a head stay adjacent.
-        let mut order: Vec<u32> = (0..count32).collect();
         order.sort_by_key(|&i| (Reverse(cost(i)), i));
         // Min-heap of (load, worker): the least-loaded worker, the lowest index on ties.
         let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..workers).map(|w| Reverse((0, w))).collect();
         let mut lists: Vec<Vec<u32>> = vec![Vec::new(); workers];
+        let order_len = order.len();
         for item in order {
-            // There is a worker whenever there is an item (`workers >= 1` when `count >= 1`).
+            // There is a worker whenever there is an item (`workers >= 1` when `order` is not
+            // empty).
             let Some(Reverse((load, w))) = heap.pop() else { break };
             lists[w].push(item);
             heap.push(Reverse((load.saturating_add(cost(item)), w)));
         }
         let mut offsets = Vec::with_capacity(workers + 1);
         offsets.push(0u32);
-        let mut items = Vec::with_capacity(count);
+        let mut items = Vec::with_capacity(order_len);
         for list in lists {
             items.extend(list);
-            // At most `count`, which fits in `u32`.
+            // At most the item count, which fits in `u32`.
             offsets.push(items.len() as u32);
         }
         Ok(Self { offsets, items, heads, col_blocks, block_width: BV })
@@ -224,7 +267,10 @@ impl Schedule {
                 // The no-row marker is not a row.
                 let row32 = |state: usize| u32::try_from(row(state)?).ok().filter(|&r| r != ITEM_NO_ROW);
                 let r = &mut table[record(w, n) * ITEM_WORDS..][..ITEM_WORDS];
-                r[ITEM_H0_ROW] = row32(unit.h0_state)?;
+                r[ITEM_H0_ROW] = match unit.h0_state {
+                    Some(state) => row32(state)?,
+                    None => ITEM_NO_ROW,
+                };
                 r[ITEM_HT_ROW] = match unit.ht_state {
                     Some(state) => row32(state)?,
                     None => ITEM_NO_ROW,
@@ -289,7 +335,7 @@ mod tests {
     #[test]
     fn prescan_and_segment_records() {
         // One 128-token segment, K = 128 and V = 64: three column blocks of [M | B], one head.
-        let unit = Unit { token_start: 64, len: 128, chunk_start: 1, h0_state: 0, ht_state: Some(5) };
+        let unit = Unit { token_start: 64, len: 128, chunk_start: 1, h0_state: None, ht_state: Some(5) };
         let s = Schedule::try_lpt_lengths(&[unit.len], 1, 3, 3).unwrap();
         let t = s.table_of(&[unit], 1, UColumns::Prescan { key_dim: 128 }).unwrap();
         let word = |r: usize, w: usize| t[r * ITEM_WORDS + w];
@@ -298,7 +344,7 @@ mod tests {
         assert_eq!((0..3).map(|r| word(r, ITEM_U_COL)).collect::<Vec<_>>(), vec![ITEM_NO_U, ITEM_NO_U, 0]);
         assert!((0..3).all(|r| word(r, ITEM_HT_ROW) == 5 && word(r, ITEM_TOKEN_START) == 64));
         // A middle segment of the main pass: entry row 3, no final state.
-        let middle = Unit { ht_state: None, h0_state: 3, ..unit };
+        let middle = Unit { ht_state: None, h0_state: Some(3), ..unit };
         let s = Schedule::try_lpt_lengths(&[middle.len], 2, 1, 4).unwrap();
         let t = s.table_of(&[middle], 1, UColumns::Values).unwrap();
         let rows: Vec<_> = (0..2).map(|r| (t[r * ITEM_WORDS + ITEM_H0_ROW], t[r * ITEM_WORDS + ITEM_HT_ROW])).collect();

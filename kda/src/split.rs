@@ -3,10 +3,13 @@
 //! computation of a split batch that those passes follow.
 //!
 //! A sequence cut into segments runs in three passes. The **pre-scan** runs each segment but the
-//! last on the augmented state `[M | B]` (`K x (K + V)`) from `[I | 0]`, with the values
-//! `[0 | u]`: the same recurrence over `K + V` value columns, so the kernel that runs sequences
-//! runs it too; each segment's final state is its affine map, `S_exit = M S_entry + B`. The
-//! **merge** chains the maps, one sequence and head at a time: `entry(0) = h0`,
+//! first and the last on the augmented state `[M | B]` (`K x (K + V)`) from `[I | 0]`, with the
+//! values `[0 | u]`: the same recurrence over `K + V` value columns, so the kernel that runs
+//! sequences runs it too; each segment's final state is its affine map,
+//! `S_exit = M S_entry + B`. The first segment needs no map, its entry being known: in the same
+//! launch it runs from `h0` over the map's `B` columns alone, `[0 | u]`'s value half, which then
+//! hold its exit state, `entry(1)`, exactly as the main pass reaches it. The **merge** chains the
+//! maps, one sequence and head at a time: `entry(0) = h0`, `entry(1)` the first segment's exit,
 //! `entry(s + 1) = M_s entry(s) + B_s`. The **main pass** runs every segment from its entry
 //! state, writing `h`, `v_new` and (the last segment) `ht` where the unsplit recurrence writes
 //! them. In a split batch, the sequences that are not cut run in the main pass too, from their
@@ -20,7 +23,9 @@ use crate::reference::model_reference;
 use crate::schedule::Unit;
 use crate::{KdaError, Outputs, Plan};
 use half::bf16;
-use kda_kernel::layout::{CHUNK, MERGE_FIRST_ENTRY, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS};
+use kda_kernel::layout::{
+    CHUNK, MERGE_FIRST_ENTRY, MERGE_FIRST_EXIT, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS,
+};
 
 /// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
 const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
@@ -233,14 +238,16 @@ impl SplitPlan {
         self.segments.len() - (self.first.len() - 1)
     }
 
-    /// The pre-scan's units: each mapped segment, its map written as its final state (row
-    /// `map * HV + head` of the maps, which are `[maps * HV][K][K + V]`); no initial state.
+    /// The pre-scan's units: each mapped segment, its final state written as its map (row
+    /// `map * HV + head` of the maps, which are `[maps * HV][K][K + V]`). A first segment starts
+    /// from its sequence's `h0` (and runs only the map's `B` columns,
+    /// [`crate::schedule::UColumns::first_block`]), the others from no state.
     pub fn prescan_units(&self) -> Vec<Unit> {
         let unit = |(map, s): (usize, &Segment)| Unit {
             token_start: s.token_start,
             len: s.len,
             chunk_start: s.chunk_start,
-            h0_state: 0,
+            h0_state: (s.index == 0).then_some(s.seq),
             ht_state: Some(map),
         };
         self.prescan_segments().enumerate().map(unit).collect()
@@ -254,15 +261,15 @@ impl SplitPlan {
             token_start: s.token_start,
             len: s.len,
             chunk_start: s.chunk_start,
-            h0_state: i,
+            h0_state: Some(i),
             ht_state: if self.is_last(s) { Some(s.seq) } else { None },
         };
         self.segments.iter().enumerate().map(unit).collect()
     }
 
     /// The merge's table: per sequence, `MERGE_WORDS` words (its index, its first entry, its
-    /// segment count, its first map; see `kda_kernel::layout`). `None` when a number does not fit
-    /// in 32 bits.
+    /// segment count, its first map, and 1: its first map is the first segment's exit state; see
+    /// `kda_kernel::layout`). `None` when a number does not fit in 32 bits.
     pub fn merge_table(&self) -> Option<Vec<u32>> {
         let mut table = vec![0u32; (self.first.len() - 1) * MERGE_WORDS];
         let mut first_map = 0;
@@ -272,14 +279,16 @@ impl SplitPlan {
             r[MERGE_FIRST_ENTRY] = u32::try_from(self.first[n]).ok()?;
             r[MERGE_SEGMENTS] = u32::try_from(segments).ok()?;
             r[MERGE_FIRST_MAP] = u32::try_from(first_map).ok()?;
+            r[MERGE_FIRST_EXIT] = 1;
             first_map += segments - 1;
         }
         Some(table)
     }
 
     /// The modelled time of the batch, in chunk times of a lone chain (see `pass_time` for a
-    /// pass); when split, the pre-scan, the merge's longest chain of steps, the main pass and the
-    /// two extra launches.
+    /// pass); when split, the pre-scan (the first segments over `V` columns, the others over
+    /// `K + V`), the merge's longest chain of steps (one per map after the first, which is a
+    /// copy), the main pass and the two extra launches.
     pub fn modelled_cost(&self, work: &Work) -> u64 {
         let hv = work.value_heads as u64;
         let cost = |s: &Segment| s.chunks() as u64 + ITEM_OVERHEAD;
@@ -287,14 +296,13 @@ impl SplitPlan {
         if !self.is_split() {
             return main_pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         }
-        // Pre-scan: every segment of a cut sequence but its last, over K + V columns.
-        let prescan = pass_time(
-            &mut self.prescan_segments().map(|s| (hv * work.prescan_blocks(), cost(s))),
-            work.workers,
-            PRESCAN_CHAINS,
-        );
-        // Merge steps of the longest chain: one per map.
-        let merge = (0..self.first.len() - 1).map(|n| self.segments_of(n).len() as u64 - 1).max();
+        // Pre-scan: every segment of a cut sequence but its last, the first over its V value
+        // columns, the others over K + V.
+        let blocks = |s: &Segment| if s.index == 0 { work.blocks() } else { work.prescan_blocks() };
+        let prescan =
+            pass_time(&mut self.prescan_segments().map(|s| (hv * blocks(s), cost(s))), work.workers, PRESCAN_CHAINS);
+        // Merge steps of the longest chain: one per map after the first.
+        let merge = (0..self.first.len() - 1).map(|n| (self.segments_of(n).len() as u64).saturating_sub(2)).max();
         let merge = merge.unwrap_or(0);
         let main = main_pass(&mut self.segments.iter().map(|s| (hv * work.blocks(), cost(s))));
         prescan + merge * MERGE_STEP + main + 2 * LAUNCH_COST
@@ -323,8 +331,9 @@ pub(crate) fn pass_time(items: &mut dyn Iterator<Item = (u64, u64)>, workers: us
 
 /// `p` computed in f64 the way a split batch is (see the module): pre-scan, merge, main pass,
 /// rounding to bf16 where the kernels would. Its outputs are the unsplit recurrence's up to the
-/// roundings of the augmented state (docs/DESIGN.md, "Splitting sequences"); on an unsplit plan
-/// they are [`model_reference`]'s exactly. States in `p`'s layout.
+/// roundings of the augmented state (docs/DESIGN.md, "Splitting sequences"); on an unsplit plan,
+/// or one whose sequences have at most two segments, they are [`model_reference`]'s exactly.
+/// States in `p`'s layout.
 pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, KdaError> {
     p.validate()?;
     let s = p.shape;
@@ -337,7 +346,8 @@ pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, 
     };
     for n in 0..p.plan.num_seqs() {
         let segs = split.segments_of(n);
-        // Merge: entry(0) = h0, entry(s + 1) = M_s entry(s) + B_s, from the pre-scan's maps.
+        // Merge: entry(0) = h0, entry(1) the first segment's exit state (its run from h0),
+        // entry(s + 1) = M_s entry(s) + B_s from the pre-scan's maps.
         let mut entry = match p.h0 {
             Some(h0) => h0[n * hv * state..(n + 1) * hv * state].to_vec(),
             None => vec![0.0; hv * state],
@@ -345,9 +355,10 @@ pub fn split_reference(p: &ModelView<'_>, split: &SplitPlan) -> Result<Outputs, 
         let mut entries = Vec::with_capacity(segs.len());
         for (i, seg) in segs.iter().enumerate() {
             entries.push(entry.clone());
-            if i + 1 < segs.len() {
-                entry = merge(&entry, &segment_maps(p, seg), p);
+            if i + 1 == segs.len() {
+                break;
             }
+            entry = if i == 0 { run_segment(p, seg, &entry)?.ht } else { merge(&entry, &segment_maps(p, seg), p) };
         }
         // Main pass: every segment from its entry state; the last one's final state.
         for (seg, e) in segs.iter().zip(&entries) {
@@ -524,16 +535,27 @@ mod tests {
         assert_eq!(s.summary(), "1 of 2 sequences cut: 4 segments of 4 chunks");
         assert_eq!(SplitPlan::unsplit(&plan).summary(), "whole");
         assert_eq!(s.maps(), 3);
+        // The first segment from sequence 0's h0, the others from no state.
         let pre = s.prescan_units();
         assert_eq!(
-            pre.iter().map(|u| (u.token_start, u.len, u.ht_state)).collect::<Vec<_>>(),
-            vec![(0, 256, Some(0)), (256, 256, Some(1)), (512, 256, Some(2))]
+            pre.iter().map(|u| (u.token_start, u.len, u.h0_state, u.ht_state)).collect::<Vec<_>>(),
+            vec![(0, 256, Some(0), Some(0)), (256, 256, None, Some(1)), (512, 256, None, Some(2))]
         );
         let main = s.main_units();
         let rows: Vec<_> = main.iter().map(|u| (u.h0_state, u.ht_state, u.chunk_start)).collect();
-        assert_eq!(rows, vec![(0, None, 0), (1, None, 4), (2, None, 8), (3, Some(0), 12), (4, Some(1), 16)]);
-        // Per sequence: its index, first entry, segments, first map.
-        assert_eq!(s.merge_table().unwrap(), vec![0, 0, 4, 0, 1, 4, 1, 3]);
+        let from = |i| Some(i);
+        assert_eq!(
+            rows,
+            vec![
+                (from(0), None, 0),
+                (from(1), None, 4),
+                (from(2), None, 8),
+                (from(3), Some(0), 12),
+                (from(4), Some(1), 16)
+            ]
+        );
+        // Per sequence: its index, first entry, segments, first map, first map an exit state.
+        assert_eq!(s.merge_table().unwrap(), vec![0, 0, 4, 0, 1, 1, 4, 1, 3, 1]);
     }
 
     #[test]

@@ -212,9 +212,9 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
 }
 
 /// Consumer variants each Hopper entry holds: scalar gate or not, x key-first or value-first
-/// states, and the pre-scan of split sequences with and without the scalar gate
-/// (`hopper::consumer::run` dispatches once to each).
-const CONSUMER_VARIANTS: usize = 6;
+/// states, for the recurrence and for the pre-scan of split sequences (whose first segments read
+/// `h0` in its layout) (`hopper::consumer::run` dispatches once to each).
+const CONSUMER_VARIANTS: usize = 8;
 /// Consumer variants of the fused layer pass's entries: no pre-scan.
 const FUSED_CONSUMER_VARIANTS: usize = 4;
 

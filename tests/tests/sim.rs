@@ -197,10 +197,8 @@ impl PortablePass {
     /// The pass over `units` (sequences or segments), in blocks of `width` of the pass's
     /// `columns` per head, reading `u` at `u_columns`.
     fn of(units: &[Unit], d: &Dims, (columns, width): (usize, usize), u_columns: UColumns) -> Self {
-        let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
-        let schedule = Schedule::try_lpt_lengths(&lengths, d.value_heads, columns / width, SIM_WORKERS)
-            .unwrap()
-            .with_block_width(width);
+        let schedule =
+            Schedule::try_lpt_units(units, u_columns, d.value_heads, (columns / width, width), SIM_WORKERS).unwrap();
         let words = schedule.table_of(units, d.group(), u_columns).expect("32-bit records");
         let mut records = vec![[0u32; 4]; words.len().div_ceil(4).max(1)];
         for (i, w) in words.iter().enumerate() {
@@ -339,13 +337,8 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>,
             let mut maps = vec![f32::from_bits(POISON_F32); split.maps() * hv * kd * wide];
             let prescan =
                 PortablePass::of(&split.prescan_units(), &d, (wide, width), UColumns::Prescan { key_dim: kd });
-            let states = PassStates {
-                h0: sim::Ptr::null(),
-                ht: ptr_mut(&mut maps),
-                value_dim: wide,
-                layout: StateLayout::KeyFirst,
-                pass: PassCode::Prescan,
-            };
+            // The first segments start from `h0`, in its layout (the maps are key-first).
+            let states = PassStates { h0, ht: ptr_mut(&mut maps), value_dim: wide, layout, pass: PassCode::Prescan };
             launch_portable_pass(entry, hv, &inputs, outputs, &prescan, &states);
             let mut entries = vec![f32::from_bits(POISON_F32); split.segments().len() * hv * kd * vd];
             sim_merge(split, (&maps, h0), &mut entries, [hv, kd, vd], layout);
@@ -1130,8 +1123,10 @@ fn the_pool_copy_reads_bf16_exactly_and_rounds_what_it_writes() {
 
 /// The split merge on the simulator (`kda_split_merge`, as the launcher runs it: one CTA per
 /// merge record, value head and block of `COLS` columns): random segment maps `[M | B]` and
-/// initial states chained into every segment's entry state, `entry(s + 1) = M_s entry(s) + B_s`
-/// from `entry(0) = h0`, against the same chain in f64, in both state layouts.
+/// initial states chained into every segment's entry state, `entry(0) = h0`, `entry(1)` the
+/// first map's `B` columns (the first segment's exit state; its key columns NaN, as the
+/// pre-scan leaves them unwritten), `entry(s + 1) = M_s entry(s) + B_s`, against the same chain
+/// in f64, in both state layouts.
 #[test]
 fn the_split_merge_chains_segment_maps_into_entry_states() {
     let (heads, kd, vd) = (2usize, 64usize, 48usize);
@@ -1142,8 +1137,19 @@ fn the_split_merge_chains_segment_maps_into_entry_states() {
     let mut words = kda::inputs::random_words(5, 1).map(kda::inputs::unit_uniform);
     let mut draw =
         |n: usize, scale: f64| -> Vec<f32> { (0..n).map(|_| ((words.next().unwrap() - 0.5) * scale) as f32).collect() };
-    let maps = draw(maps_rows * heads * kd * wide, 0.2);
+    let mut maps = draw(maps_rows * heads * kd * wide, 0.2);
     let h0 = draw(plan.num_seqs() * heads * kd * vd, 1.0);
+    // The first maps' key columns are never written.
+    let firsts = (0..plan.num_seqs()).scan(0, |map, n| {
+        let first = *map;
+        *map += split.segments_of(n).len() - 1;
+        Some((split.segments_of(n).len() > 1).then_some(first))
+    });
+    for map in firsts.flatten().collect::<Vec<_>>() {
+        for row in maps[map * heads * kd * wide..][..heads * kd * wide].chunks_exact_mut(wide) {
+            row[..kd].fill(f32::NAN);
+        }
+    }
     for layout in [StateLayout::KeyFirst, StateLayout::ValueFirst] {
         let at = |a: usize, c: usize| if layout == StateLayout::KeyFirst { a * vd + c } else { c * kd + a };
         let mut entries = vec![f32::from_bits(POISON_F32); segments * heads * kd * vd];
@@ -1167,8 +1173,9 @@ fn the_split_merge_chains_segment_maps_into_entry_states() {
                         entry = (0..kd * vd)
                             .map(|e| {
                                 let (a, c) = (e / vd, e % vd);
-                                (0..kd).map(|b| m[a * wide + b] as f64 * entry[b * vd + c]).sum::<f64>()
-                                    + m[a * wide + kd + c] as f64
+                                let product = || (0..kd).map(|b| m[a * wide + b] as f64 * entry[b * vd + c]).sum();
+                                let me: f64 = if s == 0 { 0.0 } else { product() };
+                                me + m[a * wide + kd + c] as f64
                             })
                             .collect();
                     }

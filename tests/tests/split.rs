@@ -53,13 +53,13 @@ proptest! {
 
         let split = SplitPlan::decide(&plan, &work, SplitMode::Chunks(segment_chunks));
         prop_assert!(split.is_split());
-        // Merge steps from a nonzero entry: every step but, without h0, the first.
-        let skip = if with_h0 { 1 } else { 2 };
-        let merges = (0..plan.num_seqs()).map(|n| split.segments_of(n).len().saturating_sub(skip)).max().unwrap_or(0);
+        // Merge steps through a map: every step but the first (the first segment's exit state,
+        // run from h0).
+        let merges = (0..plan.num_seqs()).map(|n| split.segments_of(n).len().saturating_sub(2)).max().unwrap_or(0);
         let errs = split_reference(&p.view(), &split).unwrap().errors(&want);
         println!("{lengths:?} {shape:?} every {segment_chunks} chunks, {merges} merge steps: {:.2e} {:.2e} {:.2e}", errs[0], errs[1], errs[2]);
         if merges == 0 {
-            // One cut, no h0: only the f32 rounding of the state handed over differs (the f64 reference
+            // One cut: only the f32 rounding of the state handed over differs (the f64 reference
             // carries an f64 state), which flips a rare bf16 rounding.
             prop_assert!(errs.iter().all(|&e| e < HANDOVER_BOUND), "{:?}", errs);
         } else {
@@ -73,8 +73,9 @@ proptest! {
 
     /// The tables of the GPU passes for any batch and forced segment length: the main pass's
     /// units tile every sequence in order, only a sequence's last segment writes its final
-    /// state, the pre-scan maps exactly the other segments, the merge's records chain them, and
-    /// every work record of both passes names rows and columns inside its buffers.
+    /// state, the pre-scan maps exactly the other segments (a first segment from its sequence's
+    /// `h0`, over the map's `B` columns alone), the merge's records chain them, and every work
+    /// record of both passes names rows and columns inside its buffers.
     #[test]
     fn the_split_tables_cover_every_token_once(
         lengths in prop::collection::vec(prop_oneof![Just(0usize), 1usize..3000], 1..6),
@@ -103,38 +104,45 @@ proptest! {
         let prescan = split.prescan_units();
         prop_assert_eq!(prescan.len(), split.maps());
         prop_assert!(prescan.iter().enumerate().all(|(m, u)| u.ht_state == Some(m) && u.len % kda::layout::CHUNK == 0));
+        for (u, s) in prescan.iter().zip(split.segments().iter().filter(|s| split.segments_of(s.seq).len() > s.index + 1)) {
+            prop_assert_eq!(u.token_start, s.token_start);
+            prop_assert_eq!(u.h0_state, (s.index == 0).then_some(s.seq));
+        }
         let table = split.merge_table().unwrap();
         let (mut entry, mut map) = (0u32, 0u32);
         for (n, r) in table.chunks_exact(MERGE_WORDS).enumerate() {
-            prop_assert_eq!(r, &[n as u32, entry, split.segments_of(n).len() as u32, map][..]);
+            prop_assert_eq!(r, &[n as u32, entry, split.segments_of(n).len() as u32, map, 1][..]);
             entry += r[2];
             map += r[2] - 1;
         }
         prop_assert_eq!(map as usize, split.maps());
         // Work records of both passes.
         let passes = [
-            (prescan, (key_dim + value_dim) / BV, UColumns::Prescan { key_dim }, split.maps(), 0usize),
+            (prescan, (key_dim + value_dim) / BV, UColumns::Prescan { key_dim }, split.maps(), plan.num_seqs()),
             (main, value_dim / BV, UColumns::Values, plan.num_seqs(), split.segments().len()),
         ];
         for (units, blocks, u_columns, ht_states, h0_states) in passes {
-            let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
-            let s = Schedule::try_lpt_lengths(&lengths, value_heads, blocks, 132).unwrap();
+            let s = Schedule::try_lpt_units(&units, u_columns, value_heads, (blocks, BV), 132).unwrap();
             let t = s.table_of(&units, 1, u_columns).unwrap();
-            prop_assert_eq!(t.len(), units.len() * value_heads * blocks * ITEM_WORDS);
+            let items: usize = units.iter().map(|u| value_heads * (blocks - u_columns.first_block(u, BV))).sum();
+            prop_assert_eq!(t.len(), items * ITEM_WORDS);
             for r in t.chunks_exact(ITEM_WORDS) {
                 prop_assert!(r[ITEM_HT_ROW] == ITEM_NO_ROW || (r[ITEM_HT_ROW] as usize) < ht_states * value_heads);
-                prop_assert!((r[ITEM_H0_ROW] as usize) < h0_states.max(1) * value_heads);
+                let from_h0 = r[ITEM_H0_ROW] != ITEM_NO_ROW;
+                prop_assert!(!from_h0 || (r[ITEM_H0_ROW] as usize) < h0_states * value_heads);
                 let col = r[ITEM_VCOL0] as usize;
                 match u_columns {
                     UColumns::Prescan { .. } => {
                         prop_assert!(col + BV <= key_dim + value_dim);
                         if col < key_dim {
+                            // A map's key columns, from the identity's.
+                            prop_assert!(!from_h0);
                             prop_assert_eq!(r[ITEM_U_COL], ITEM_NO_U);
                         } else {
                             prop_assert_eq!(r[ITEM_U_COL] as usize, col - key_dim);
                         }
                     }
-                    UColumns::Values => prop_assert!(col + BV <= value_dim && r[ITEM_U_COL] as usize == col),
+                    UColumns::Values => prop_assert!(from_h0 && col + BV <= value_dim && r[ITEM_U_COL] as usize == col),
                 }
             }
         }

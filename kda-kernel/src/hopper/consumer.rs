@@ -83,8 +83,9 @@ pub unsafe fn run<C: WideKey, B: Block>(
 }
 
 /// Calls `$consume::<$types.., SCALAR_GATE, VALUE_FIRST, PRESCAN>($args.., has_h0)` for the
-/// variant `$kind` (the pre-scan's states are key-first and start from no `h0`): the one dispatch
-/// of a consumer, so that its chunk loop carries no branch on the variant.
+/// variant `$kind` (in the pre-scan, whose maps are key-first, `VALUE_FIRST` is the layout of
+/// `h0`, which its first segments start from): the one dispatch of a consumer, so that its chunk
+/// loop carries no branch on the variant.
 macro_rules! for_variant {
     ($kind:expr, $consume:ident::<$($ty:ty),+>($($arg:expr),*), $has_h0:expr) => {
         match ($kind.prescan, $kind.scalar_gate, $kind.value_first) {
@@ -92,8 +93,10 @@ macro_rules! for_variant {
             (false, false, true) => $consume::<$($ty),+, false, true, false>($($arg),*, $has_h0),
             (false, true, false) => $consume::<$($ty),+, true, false, false>($($arg),*, $has_h0),
             (false, true, true) => $consume::<$($ty),+, true, true, false>($($arg),*, $has_h0),
-            (true, false, _) => $consume::<$($ty),+, false, false, true>($($arg),*, false),
-            (true, true, _) => $consume::<$($ty),+, true, false, true>($($arg),*, false),
+            (true, false, false) => $consume::<$($ty),+, false, false, true>($($arg),*, $has_h0),
+            (true, false, true) => $consume::<$($ty),+, false, true, true>($($arg),*, $has_h0),
+            (true, true, false) => $consume::<$($ty),+, true, false, true>($($arg),*, $has_h0),
+            (true, true, true) => $consume::<$($ty),+, true, true, true>($($arg),*, $has_h0),
         }
     };
 }
@@ -135,7 +138,8 @@ pub(super) struct ItemState<S, Z, P> {
 }
 
 /// The consumer's walk over the CTA's items, the same for both block widths: per item, the
-/// initial state (zeros, the pre-scan's identity columns, or the producer's `h0` slot), its
+/// initial state (the producer's `h0` slot when `h0` is given and the item's record names a row
+/// of it, else zeros or the pre-scan's identity columns), its
 /// chunks through `chunk` at the consumer's ring and staging positions, and the final state to
 /// `ht`; then the wait for the last stores.
 ///
@@ -160,13 +164,12 @@ pub(super) unsafe fn walk_items<C: KeySize, B: Block, S, const VALUE_FIRST: bool
     let mut staging = PipelineState::consumer_start(smem.staging_buffers());
     for item in work.items::<{ super::CONSUMER_ROLE }>() {
         let mut s = (state.zero)();
-        if PRESCAN {
-            identity_columns((state.flat)(&mut s), coords, item.vcol0);
-        }
-        if has_h0 {
-            // SAFETY: the producer loads every item's state into the slot when `h0` is given.
+        if has_h0 && item.h0_row.is_some() {
+            // SAFETY: the producer loads such an item's state into the slot (the same test).
             unsafe { load_initial_state::<C, B, VALUE_FIRST>((state.flat)(&mut s), coords, smem, slot) };
             slot.advance();
+        } else if PRESCAN {
+            identity_columns((state.flat)(&mut s), coords, item.vcol0);
         }
         for c in 0..item.chunks() {
             chunk(ChunkAt { item: &item, c, stage, buf: staging.index() }, &mut s);
@@ -175,7 +178,14 @@ pub(super) unsafe fn walk_items<C: KeySize, B: Block, S, const VALUE_FIRST: bool
         }
         if let (false, Some(row)) = (out.ht.is_null(), item.ht_row) {
             // SAFETY: `ht` holds the item's row of `K x value_dim` f32 states.
-            unsafe { store_final_state::<VALUE_FIRST>((state.flat)(&mut s), coords, C::K, row, item.vcol0, out) };
+            unsafe {
+                if PRESCAN {
+                    // The maps are key-first.
+                    store_final_state::<false>((state.flat)(&mut s), coords, C::K, row, item.vcol0, out)
+                } else {
+                    store_final_state::<VALUE_FIRST>((state.flat)(&mut s), coords, C::K, row, item.vcol0, out)
+                }
+            };
         }
     }
     finish_stores(tid);

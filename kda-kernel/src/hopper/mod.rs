@@ -134,9 +134,11 @@ macro_rules! hopper_entry {
         /// names each item of the plan once, its every next word naming a record of the table or
         /// being `ITEM_LAST`, its columns inside `value_dim` (its `u` columns inside `u`'s),
         /// its rows inside `h0` and `ht`; `heads >= 1`; outputs do not overlap inputs or each
-        /// other. In the pre-scan (`pass` = `PassCode::Prescan`) `h0` is null, the states are
-        /// key-first, `ht` holds the maps (`value_dim` = `K + V` columns) and `h` and `v_new`
-        /// are not written. An entry of the fused layer pass runs no pre-scan; its `v_new` is the
+        /// other. In the pre-scan (`pass` = `PassCode::Prescan`) `ht` holds the maps (key-first,
+        /// `value_dim` = `K + V` columns), `h` and `v_new` are not written, and `h0` (when not
+        /// null: `[rows][K][V]` in `state_layout`, which names its layout alone) is read only by
+        /// the items whose records name a row of it: a first segment's `B` columns `K + c`, from
+        /// the state's column `c`. An entry of the fused layer pass runs no pre-scan; its `v_new` is the
         /// layer's output `o` (`[T, HV, V]` bf16 at its strides, the `VNew` map's tensor), `h`
         /// is not written, and the `Q`, `QRow`, `P` and `PRow` maps describe the chunks' `q Γ`
         /// (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16, zero past each row's
@@ -237,8 +239,8 @@ hopper_entry!(
 #[inline(always)]
 unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
     let map = |slot: MapSlot| maps_base + (slot as usize * TENSOR_MAP_BYTES) as u64;
-    // The pre-scan starts from `[I | 0]`, never from `h0`.
-    let has_h0 = !p.h0.is_null() && p.pass != PassCode::Prescan as u32;
+    // In the pre-scan only the first segments' items read `h0` (their records name its rows).
+    let has_h0 = !p.h0.is_null();
     let load_maps = LoadMaps {
         k: map(MapSlot::K),
         w: map(MapSlot::W),

@@ -91,9 +91,9 @@ pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usi
     let mut stage = PipelineState::producer_start(smem.ring().stages());
     let mut slot = PipelineState::producer_start(1);
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
-        if let Some(h0) = maps.h0 {
+        if let (Some(h0), Some(row)) = (maps.h0, item.h0_row) {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
-            unsafe { load_initial_state(&item, smem, lane, h0, maps.value_first, slot) };
+            unsafe { load_initial_state(&item, row, smem, lane, h0, maps.value_first, slot) };
             slot.advance();
         }
         // SAFETY: as this function's.
@@ -101,14 +101,15 @@ pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usi
     }
 }
 
-/// Loads `item`'s initial state block into the `h0` slot once the consumer has read the
-/// previous one.
+/// Loads `item`'s initial state block (state row `row`) into the `h0` slot once the consumer
+/// has read the previous one.
 ///
 /// # Safety
 /// Producer warp only; `slot` is the producer's position on the slot's barriers.
 #[inline(always)]
 unsafe fn load_initial_state<C: KeySize, B: Block>(
     item: &Item,
+    row: usize,
     smem: Smem<C, B>,
     lane: usize,
     h0: u64,
@@ -117,7 +118,7 @@ unsafe fn load_initial_state<C: KeySize, B: Block>(
 ) {
     let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
-    // lies inside `h0` (state row `item.h0_row`, columns `vcol0 ..+ BV`: the map's first two
+    // lies inside `h0` (state row `row`, columns `h0_col(item) ..+ BV`: the map's first two
     // coordinates are (value column, key row) for key-first states and (key row, value column)
     // for value-first ones, and its box is the whole `K` x `BV` block either way).
     unsafe {
@@ -125,10 +126,19 @@ unsafe fn load_initial_state<C: KeySize, B: Block>(
         if lane == 0 {
             // The item's `K x BV` f32 block.
             h0_slot.producer_commit_tx(slot, (C::K * B::BV * 4) as u32);
-            let (c0, c1) = if value_first { (0, item.vcol0 as i32) } else { (item.vcol0 as i32, 0) };
-            tma_load_3d(smem.h0(), h0, c0, c1, item.h0_row as i32, h0_slot.full(slot));
+            let col = h0_col(item) as i32;
+            let (c0, c1) = if value_first { (0, col) } else { (col, 0) };
+            tma_load_3d(smem.h0(), h0, c0, c1, row as i32, h0_slot.full(slot));
         }
     }
+}
+
+/// The first column of `item`'s block in `h0`: the `u` column it reads (its own first value
+/// column in the recurrence; in a first segment's pre-scan, whose blocks are the map's `B`
+/// columns `K + c`, the state's column `c`).
+#[inline(always)]
+fn h0_col(item: &Item) -> usize {
+    item.u_col.unwrap_or(item.vcol0)
 }
 
 /// The chunks of one item, from ring position `stage` on.

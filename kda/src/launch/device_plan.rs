@@ -437,8 +437,7 @@ fn split_device(
 ) -> Result<Option<SplitDevice>, KdaError> {
     let (hv, kd, vd) = (dims.value_heads, dims.key_dim, dims.value_dim);
     let pass = |units: Vec<Unit>, blocks: usize, u_columns: UColumns| -> Result<Option<Pass>, KdaError> {
-        let lengths: Vec<usize> = units.iter().map(|u| u.len).collect();
-        let schedule = Schedule::try_lpt_lengths(&lengths, hv, blocks, workers)?.with_block_width(width);
+        let schedule = Schedule::try_lpt_units(&units, u_columns, hv, (blocks, width), workers)?;
         let Some(table) = schedule.table_of(&units, dims.group(), u_columns) else { return Ok(None) };
         Ok(Some(Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? }))
     };

@@ -338,8 +338,8 @@ impl Kda {
         Ok(chosen)
     }
 
-    /// A split plan's three passes (`kda::split`): the pre-scan's maps, the merge's entry
-    /// states, the main pass from them; on `stream`, in order, with nothing between them on the
+    /// A split plan's three passes (`kda::split`): the pre-scan's maps (and the first segments'
+    /// exit states, from `h0`), the merge's entry states, the main pass from them; on `stream`, in order, with nothing between them on the
     /// host. `run` enqueues one pass of the persistent kernel (Hopper's or the portable one's).
     fn launch_split(
         &self,
@@ -360,14 +360,15 @@ impl Kda {
         let (main_work, _r2) = split.main.work.device_ptr(stream);
         let (table, _r3) = split.merge_table.device_ptr(stream);
         let (kd, vd) = (dims.key_dim, dims.value_dim);
+        // The first segments start from `h0`, whose layout the pre-scan's is (its maps are
+        // key-first whatever the layout).
         let prescan = PassLaunch {
             workers: split.prescan.workers,
             work: prescan_work,
-            h0: None,
             ht: maps,
             value_dim: (kd + vd) as u32,
-            layout: StateLayout::KeyFirst,
             pass: PassCode::Prescan,
+            ..PassLaunch::recurrence(dims, ptrs, 0, 0)
         };
         run(&prescan)?;
         let merge = MergeArgs {
@@ -574,7 +575,8 @@ struct PassLaunch {
     h0: Option<(args::Address, usize)>,
     ht: args::Address,
     value_dim: u32,
-    /// The layout of the pass's states.
+    /// The layout of the pass's states: of `h0` alone in the pre-scan, whose maps are always
+    /// key-first.
     layout: StateLayout,
     pass: PassCode,
 }
