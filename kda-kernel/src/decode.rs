@@ -15,9 +15,13 @@
 //! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
 //! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
 //! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
-//! shuffle, the warps theirs in shared memory. Every token's rows are copied to shared memory
-//! (`cp.async`) under the state's loads and converted once, so a CTA waits for memory once per
-//! call, not once per token, and a token then costs one CTA barrier. A sequence's tokens form a
+//! shuffle, the warps theirs in shared memory, where warp 0 alone (a lane per column vector and
+//! half of the warps, the halves then added by a shuffle) adds the warps' sums and forms the
+//! token's delta and output, handing delta back through shared memory: the sums are read by 32
+//! threads per token, not 256. Every token's rows are
+//! copied to shared memory (`cp.async`) under the state's loads and converted once, so a CTA
+//! waits for memory once per call, not once per token, and a token then costs two CTA barriers
+//! (the sums, then the deltas). A sequence's tokens form a
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
@@ -35,7 +39,7 @@ use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
     WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
@@ -371,6 +375,12 @@ struct Place {
 }
 
 impl Place {
+    /// Whether this thread reduces a token's sums for its column vector (and forms its delta
+    /// and output): warp 0, each half of it over half of the warps' sums.
+    fn is_reducer(&self) -> bool {
+        self.warp == 0
+    }
+
     fn fresh() -> Self {
         let tid = thread_idx_x_fresh();
         let (warp, lane) = (tid / 32, tid % 32);
@@ -398,6 +408,14 @@ fn floats4(w: [u32; 4]) -> [f32; 4] {
 unsafe fn add_halves(x: f32) -> f32 {
     // SAFETY: the caller's contract.
     x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
+}
+
+/// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
+/// address), or values loaded from memory before the token's first barrier.
+#[derive(Clone, Copy)]
+enum Inputs {
+    Staged(u32),
+    Loaded([f32; VEC], f32),
 }
 
 /// The shared address of draft token `t`'s raw inputs (`layout::decode::RAW_AT`).
@@ -656,8 +674,8 @@ impl Token {
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
     /// update, and, when `write_o`, the output row. Its inputs come from draft token `staged`'s
-    /// stage and raw slot when given (staged by [`Token::stage_raw`]: one CTA barrier), else from
-    /// memory through stage `parity` (two barriers); every thread calls it, with `parity`
+    /// stage and raw slot when given (staged by [`Token::stage_raw`]: two CTA barriers), else from
+    /// memory through stage `parity` (three barriers); every thread calls it, with `parity`
     /// alternating between consecutive calls.
     ///
     /// # Safety
@@ -674,16 +692,14 @@ impl Token {
             let base = smem_base_shared();
             let word = |x: usize| (x * 4) as u32;
             let sums = base + word(SUMS_AT + parity * WARPS * WARP_SUM_WORDS);
+            let deltas = base + word(DELTAS_AT);
             let at = Place::fresh();
             let c = self.col0 + VEC * at.col_lane;
-            let (stage, v, b_raw) = match staged {
-                Some(t) => {
-                    let raw = raw_slot(t);
-                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
-                    (stage_of(t), unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
-                }
+            // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
+            let (stage, reducer_inputs) = match staged {
+                Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
-                    // The token's q, k and decay staged (one key per thread), and this thread's v
+                    // The token's q, k and decay staged (one key per thread), and a reducer's v
                     // and beta, all loads issued before any wait.
                     let stage = stage_of(parity);
                     let tid = thread_idx_x_fresh();
@@ -692,10 +708,14 @@ impl Token {
                         let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
                         self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + self.gate_column(tid)));
                     }
-                    let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-                    let b_raw = *self.beta.add(value_row);
+                    let loaded = if at.is_reducer() {
+                        let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+                        Inputs::Loaded(v, *self.beta.add(value_row))
+                    } else {
+                        Inputs::Loaded([0.0; VEC], 0.0)
+                    };
                     sync_threads();
-                    (stage, v, b_raw)
+                    (stage, loaded)
                 }
             };
             let (qs, ks, decays) = (stage, stage + word(MAX_K), stage + word(2 * MAX_K));
@@ -740,33 +760,64 @@ impl Token {
             }
             sync_threads();
             let at = Place::fresh();
-            let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
-            let mut norms = [0.0f32; 4];
-            for w in 0..WARPS {
-                let theirs = sums + word(w * WARP_SUM_WORDS);
-                let (k4, q4) = (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
-                let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
+            if at.is_reducer() {
+                // The warps' partial sums of this thread's columns added, the token's delta and
+                // output formed, and delta and the key scale handed to every thread.
+                let (v, b_raw) = match reducer_inputs {
+                    Inputs::Staged(raw) => {
+                        let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                        (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+                    }
+                    Inputs::Loaded(v, b_raw) => (v, b_raw),
+                };
+                // Each half of the warp adds half of the warps' sums, then the halves theirs.
+                let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+                let mut norms = [0.0f32; 4];
+                for x in 0..WARPS / KEY_LANES {
+                    let theirs = sums + word((at.key_lane * (WARPS / KEY_LANES) + x) * WARP_SUM_WORDS);
+                    let (k4, q4) =
+                        (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
+                    let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
+                    for col in 0..VEC {
+                        sk[col] += f32::from_bits(k4[col]);
+                        sq[col] += f32::from_bits(q4[col]);
+                        norms[col] += n4[col];
+                    }
+                }
                 for col in 0..VEC {
-                    sk[col] += f32::from_bits(k4[col]);
-                    sq[col] += f32::from_bits(q4[col]);
-                    norms[col] += n4[col];
+                    sk[col] = add_halves(sk[col]);
+                    sq[col] = add_halves(sq[col]);
+                }
+                let [nq, nk, kq, _] = norms.map(|x| add_halves(x));
+                let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
+                    (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
+                } else {
+                    (1.0, 1.0)
+                };
+                let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
+                // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
+                let kq = kq * k_scale * q_scale;
+                let mut out = [0.0f32; VEC];
+                let mut delta = [0.0f32; VEC];
+                for col in 0..VEC {
+                    delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
+                    out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
+                }
+                if at.key_lane == 0 {
+                    st_shared_v4(deltas + word(VEC * at.col_lane), delta.map(f32::to_bits));
+                    if at.col_lane == 0 {
+                        st_shared_f32(deltas + word(COLS), k_scale);
+                    }
+                }
+                if write_o && at.key_lane == 0 {
+                    let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
+                    st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
                 }
             }
-            let [nq, nk, kq, _] = norms;
-            let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
-                (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
-            } else {
-                (1.0, 1.0)
-            };
-            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
-            // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
-            let kq = kq * k_scale * q_scale;
-            let mut out = [0.0f32; VEC];
-            let mut delta = [0.0f32; VEC];
-            for col in 0..VEC {
-                delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
-                out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
-            }
+            sync_threads();
+            let at = Place::fresh();
+            let delta = floats4(ld_shared_v4(deltas + word(VEC * at.col_lane)));
+            let k_scale = ld_shared_f32(deltas + word(COLS));
             let key0 = at.group * keys;
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
@@ -778,14 +829,12 @@ impl Token {
                     }
                 }
             }
-            if write_o && at.warp == 0 && at.key_lane == 0 {
-                let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
-                st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
-            }
             // Between tokens: the next token's partial sums go to the other buffer, and these
             // are rewritten two tokens on, after the next token's barrier, which every reader of
-            // these passes after reading them; a staged token's stage is only read from here on,
-            // and a loaded token's is rewritten two tokens on, after the same barrier.
+            // these passes after reading them; the deltas are rewritten by the next token's
+            // reducers after its first barrier, which every thread reaches only after reading
+            // these; a staged token's stage is only read from here on, and a loaded token's is
+            // rewritten two tokens on, after the same barrier.
         }
     }
 }

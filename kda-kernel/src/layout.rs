@@ -310,12 +310,17 @@ pub mod decode {
     /// Bytes of one token's raw inputs.
     pub const RAW_TOKEN_BYTES: usize = RAW_BETA + COPY_BYTES;
     /// Offsets in f32 words: every draft token's staged `q`, `k` and decay (converted once, at
-    /// the start, so that a token then waits on one barrier, not on memory), two buffers of
+    /// the start, so that a token then waits on barriers, not on memory), two buffers of
     /// partial sums (tokens alternate between them: a token's sums are rewritten two tokens
-    /// later, after a barrier every reader of them has passed), every draft token's raw inputs.
+    /// later, after a barrier every reader of them has passed), the token's delta per column
+    /// and its key scale (written by the reducers, read by every thread), every draft token's
+    /// raw inputs.
     pub const STAGES_AT: usize = 0;
     pub const SUMS_AT: usize = STAGES_AT + MAX_DRAFT * STAGE_WORDS;
-    pub const RAW_AT: usize = SUMS_AT + 2 * WARPS * WARP_SUM_WORDS;
+    pub const DELTAS_AT: usize = SUMS_AT + 2 * WARPS * WARP_SUM_WORDS;
+    /// f32 words of the deltas: one per column and the key scale, padded to a 16-byte vector.
+    pub const DELTA_WORDS: usize = COLS + 4;
+    pub const RAW_AT: usize = DELTAS_AT + DELTA_WORDS;
     /// f32 words of shared memory: 30 KB, three CTAs per SM on every sm_80+ GPU.
     pub const SMEM_WORDS: usize = RAW_AT + MAX_DRAFT * RAW_TOKEN_BYTES / 4;
     /// Bytes of shared memory.
@@ -327,6 +332,7 @@ pub mod decode {
 
     const _: () = {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
+        assert!(DELTAS_AT.is_multiple_of(4) && DELTA_WORDS.is_multiple_of(4), "deltas read as 16-byte vectors");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
         assert!(3 * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
     };
