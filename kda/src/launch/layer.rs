@@ -136,21 +136,32 @@ impl OutputPath {
         }
     }
 
-    /// `self` on the device of `stream` for `shape`: `Auto` resolved.
+    /// What `Auto` stands for, the one rule: the path `KDA_LAYER_OUTPUT` names; else
+    /// [`OutputPath::Fused`] where the Hopper kernel of the sm_90a module runs the recurrence
+    /// (`hopper`) and the fused pass has `shape`'s sizes, [`OutputPath::Separate`] elsewhere.
+    fn auto_for(hopper: bool, shape: &LayerShape) -> Result<Self, KdaError> {
+        Ok(match Self::from_env()? {
+            OutputPath::Auto if hopper && Self::fused_runs(shape) => OutputPath::Fused,
+            OutputPath::Auto => OutputPath::Separate,
+            named => named,
+        })
+    }
+
+    /// `self` on the device of `stream` for `shape`: `Auto` resolved by [`OutputPath::auto_for`],
+    /// the Hopper kernel taken to run where a launcher made from the environment's options
+    /// (`KdaOptions::from_env`) would run it on that device.
     fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
-        let named = Self::from_env()?;
-        Ok(match self {
-            OutputPath::Auto if named != OutputPath::Auto => named,
+        match self {
             OutputPath::Auto => {
                 let (major, _) = stream.context().compute_capability()?;
                 let options = KdaOptions::from_env()?;
                 let hopper = major == 9
                     && options.module == Module::Native
                     && matches!(options.auto, Kernel::Auto | Kernel::Hopper);
-                if hopper && Self::fused_runs(shape) { OutputPath::Fused } else { OutputPath::Separate }
+                Self::auto_for(hopper, shape)
             }
-            path => path,
-        })
+            path => Ok(path),
+        }
     }
 }
 
@@ -732,13 +743,7 @@ impl Kda {
     /// pass's), [`OutputPath::Separate`] elsewhere. A plan made with it
     /// ([`LayerPlan::with_path`]) runs on this launcher.
     pub fn layer_output_path(&self, shape: &LayerShape) -> Result<OutputPath, KdaError> {
-        Ok(match OutputPath::from_env()? {
-            OutputPath::Auto => {
-                let hopper = self.hopper_fused.is_some() && self.resolve(Kernel::Auto) == Kernel::Hopper;
-                if hopper && OutputPath::fused_runs(shape) { OutputPath::Fused } else { OutputPath::Separate }
-            }
-            named => named,
-        })
+        OutputPath::auto_for(self.hopper_fused.is_some() && self.resolve(Kernel::Auto) == Kernel::Hopper, shape)
     }
 
     /// Whether this launcher runs the fused layer pass over `recurrence` (checked before any
