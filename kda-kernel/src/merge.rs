@@ -118,21 +118,9 @@ kernel_entry! {
             // SAFETY: the record names map row `(first_map + s) * heads + head` for every segment but
             // the last.
             let map = unsafe { maps.add(((first_map + s) * heads + head) * kd * wide) };
-            if s == 0 && first_exit != 0 {
-                // entry(1) is the first segment's exit state itself, in the map's `B` columns.
-                for i in (row0..kd).step_by(ROWS_PER_PASS) {
-                    // SAFETY (block): row `i`'s `B` quad of the map; the shared address inside
-                    // buffer 1.
-                    unsafe {
-                        let x = *map.add(i * wide + kd + states.col).cast::<Quad>();
-                        st_shared_v4(shared(1, i), x.0.map(f32::to_bits));
-                        states.write(entries, entry_row(1), i, x);
-                    }
-                }
-                // SAFETY: every thread reaches it.
-                unsafe { sync_threads() };
-                continue;
-            }
+            // The key columns `M_s` spans: none for a first exit, whose entry(1) is the map's `B`
+            // columns alone (its key columns are not written).
+            let depth = if s == 0 && first_exit != 0 { 0 } else { kd };
             for i in (row0..kd).step_by(ROWS_PER_PASS) {
                 // SAFETY (block): row `i` of the map, its `B` quad at key column `kd + col`; the
                 // entry block's rows in buffer `s % 2`, written by the previous step before the
@@ -140,7 +128,7 @@ kernel_entry! {
                 unsafe {
                     let row = map.add(i * wide);
                     let mut acc = *row.add(kd + states.col).cast::<Quad>();
-                    for k0 in (0..kd).step_by(4 * LOAD_BATCH) {
+                    for k0 in (0..depth).step_by(4 * LOAD_BATCH) {
                         let m: [Quad; LOAD_BATCH] = core::array::from_fn(|j| *row.add(k0 + 4 * j).cast::<Quad>());
                         for (j, mq) in m.iter().enumerate() {
                             for (jj, &mk) in mq.0.iter().enumerate() {

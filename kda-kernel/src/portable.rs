@@ -289,10 +289,16 @@ impl Frag {
     }
 }
 
+/// The element offset of (key row `row`, column `c`) inside one `K x columns` state, value-first
+/// (`[columns][K]`) or key-first (`[K][columns]`).
+fn in_state<const K: usize>(columns: usize, value_first: bool, row: usize, c: usize) -> usize {
+    if value_first { c * K + row } else { row * columns + c }
+}
+
 /// The element offset of (key row `row`, block column `col`) of `item`'s block inside one state
 /// of the pass (`args.value_dim` columns, in its layout).
 fn state_index<const K: usize>(args: &Args, item: &Item, row: usize, col: usize) -> usize {
-    if args.value_first { (item.vcol0 + col) * K + row } else { row * args.value_dim + item.vcol0 + col }
+    in_state::<K>(args.value_dim, args.value_first, row, item.vcol0 + col)
 }
 
 /// The element offset of (key row `row`, block column `col`) of `item`'s block in state row
@@ -301,7 +307,7 @@ fn state_index<const K: usize>(args: &Args, item: &Item, row: usize, col: usize)
 /// layout.
 fn h0_index<const K: usize>(args: &Args, h0_row: usize, item: &Item, row: usize, col: usize) -> usize {
     let (columns, c) = if args.prescan { (args.value_dim - K, item.vcol0 - K + col) } else { (args.value_dim, item.vcol0 + col) };
-    h0_row * K * columns + if args.h0_value_first { c * K + row } else { row * columns + c }
+    h0_row * K * columns + in_state::<K>(columns, args.h0_value_first, row, c)
 }
 
 /// The element offset of state row `row` (of `ht`) in the pass's states.
