@@ -393,12 +393,6 @@ mod banks {
         }
         // Rows 4 words apart mod 32 took two wavefronts per half-warp for the adjacent pairs.
         assert_eq!(wavefronts(2, |l| gt(l).0 * (ROW_WORDS - 4) + 2 * gt(l).1), 4);
-        // The gate's cumulative sum: a warp's lanes the same row of 32 adjacent columns (thread
-        // `part * K + column`), where a column's two runs in one warp (rows 32 apart) collided.
-        for r in [0, 31] {
-            assert_eq!(wavefronts(1, |l| r * ROW_WORDS + l), 1, "the runs' rows");
-        }
-        assert_eq!(wavefronts(1, |l| l % 2 * 32 * ROW_WORDS + l / 2), 2);
     }
 }
 

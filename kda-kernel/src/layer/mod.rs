@@ -990,67 +990,6 @@ impl Gates {
         }
     }
 
-    /// `G`: the decay summed down each of the tile's `gw` columns (1, or a key size), in place.
-    /// Each column is cut into `parts` runs of consecutive rows, one thread each (`parts` =
-    /// `THREADS / gw`, at most [`CUMSUM_MAX_PARTS`]: 2 runs of 32 rows at `K = 128`, 4 of 16 at
-    /// 64, 32 of 2 for a per-head gate); thread `part * gw + a` takes column `a`, so a warp reads
-    /// 32 adjacent columns of a row (no bank conflict). A thread adds up its run and leaves the
-    /// total in `scratch`; after a barrier it adds the totals of the runs before its own and
-    /// writes its run's sums from there. Both walks go `CUMSUM_BATCH` rows at a time, a batch's
-    /// loads issued together before its adds and stores. One thread per column going down all
-    /// 64 rows waited for each row's load behind the previous row's store: about 64
-    /// shared-memory round trips on the kernel's path. Rows past the valid ones come out as sums
-    /// over whatever the tile holds there, after every valid row's ([`Gates::pad`] overwrites
-    /// them). Ends with the CTA synchronised.
-    ///
-    /// # Safety
-    /// The CTA calls it together, the tile's valid rows written; `gw` is 1 or a power of two
-    /// dividing `THREADS`; `scratch` holds `THREADS` f32 that nothing else uses meanwhile.
-    #[inline(always)]
-    unsafe fn cumulative_sum(self, gw: usize, scratch: Shared<f32>) {
-        let tid = thread_idx_x();
-        // Shifts, not divisions: `gw` and so `parts` are powers of two (no division by zero to
-        // guard in the kernel).
-        let parts = (THREADS >> gw.trailing_zeros()).clamp(1, CUMSUM_MAX_PARTS);
-        let run = CHUNK >> parts.trailing_zeros();
-        let taking_part = tid < gw * parts;
-        let (part, a) = split(tid, gw);
-        let first = part * run;
-        let x = |r: usize| self.tile.add(r * ROW_WORDS + a);
-        // A batch of rows from `r0` (fewer when the run is shorter), its loads issued together.
-        // SAFETY: rows below `CHUNK`, columns below `gw <= MAX_K` (the caller's contract).
-        let batch_at = |r0: usize| -> [f32; CUMSUM_BATCH] {
-            core::array::from_fn(|j| if j < run { unsafe { x(r0 + j).ld() } } else { 0.0 })
-        };
-        // SAFETY (block): as above; `scratch` below `THREADS`.
-        unsafe {
-            if taking_part {
-                let mut total = 0.0f32;
-                for r0 in (first..first + run).step_by(CUMSUM_BATCH) {
-                    total += batch_at(r0).iter().sum::<f32>();
-                }
-                scratch.add(tid).st(total);
-            }
-            sync_threads();
-            if taking_part {
-                // The totals of the column's runs before this one.
-                let mut acc = 0.0f32;
-                for before in 0..part {
-                    acc += scratch.add(before * gw + a).ld();
-                }
-                for r0 in (first..first + run).step_by(CUMSUM_BATCH) {
-                    for (j, v) in batch_at(r0).iter().enumerate() {
-                        if j < run {
-                            acc += v;
-                            x(r0 + j).st(acc);
-                        }
-                    }
-                }
-            }
-            sync_threads();
-        }
-    }
-
     /// Rows past the valid ones take the last valid row's `G` (no decay of their own). Ends
     /// with the CTA synchronised.
     ///
@@ -1069,14 +1008,6 @@ impl Gates {
         }
     }
 }
-
-/// Rows of `G` a thread of [`Gates::cumulative_sum`] loads before it adds them: the batch's
-/// loads in flight together (one wait for shared memory per batch, not per row).
-const CUMSUM_BATCH: usize = 8;
-/// The most runs [`Gates::cumulative_sum`] cuts a column into: runs of 2 rows for a per-head
-/// gate (one warp's threads; shorter runs would leave a thread adding up more totals before
-/// its run than rows in it).
-const CUMSUM_MAX_PARTS: usize = CHUNK / 2;
 
 /// `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` element by element (for the diagonal
 /// sub-blocks).

@@ -309,8 +309,16 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
             });
         }
         sync_threads();
-        // G: the decay summed down each column (the runs' totals in `L`'s tile, not yet in use).
-        gates.cumulative_sum(gw, lower);
+        // G: the decay summed down each column.
+        for a in strided(tid, gw) {
+            let mut acc = 0.0;
+            for r in 0..rows {
+                let x = gates.tile.add(r * ROW_WORDS + a);
+                acc += x.ld();
+                x.st(acc);
+            }
+        }
+        sync_threads();
         gates.pad(rows, gw);
 
         if FUSED {
