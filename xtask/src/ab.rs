@@ -384,12 +384,13 @@ fn verdict(passed: &[bool], failures: &[String]) -> Result<(), String> {
 }
 
 /// The time `kda run --repeat N` prints: the number in its last `median X us`, or in `X us
-/// (median of N launches)` as `kda layer --bench` and `kda decode --bench` print it.
+/// (median of N launches)` as `kda layer --bench` and `kda decode --bench` print it, or in `X us
+/// (host time per call ...)` as `kda layer --bench` prints a short prompt's.
 fn parse_median(output: &str) -> Option<f64> {
     output.lines().rev().find_map(|l| {
         let words: Vec<&str> = l.split_whitespace().collect();
         let before = words.windows(3).find(|w| w[0] == "median" && w[2] == "us").map(|w| w[1]);
-        let after = || words.windows(3).find(|w| w[1] == "us" && w[2] == "(median").map(|w| w[0]);
+        let after = || words.windows(3).find(|w| w[1] == "us" && (w[2] == "(median" || w[2] == "(host")).map(|w| w[0]);
         before.or_else(after).and_then(|x| x.parse().ok())
     })
 }
@@ -494,6 +495,9 @@ mod tests {
         assert_eq!(parse_median("error: no CUDA device"), None);
         let layer = "layer kda_fixed_8192: 1328.8 us (median of 10 launches), IO floor 269.9 us (0.203 of it)";
         assert_eq!(parse_median(layer), Some(1328.8));
+        let short = "layer kda_short_128: 60.5 us (host time per call of 100, planning included (29.8 us with \
+                     the plan reused)), IO floor 2.8 us (0.046 of it)";
+        assert_eq!(parse_median(short), Some(60.5));
         assert_eq!(parse_median("median nan-ish us"), None);
     }
 
