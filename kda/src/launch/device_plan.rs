@@ -7,7 +7,7 @@ use crate::schedule::{UColumns, Unit};
 use crate::split::{SplitMode, SplitPlan};
 use crate::strides::Strides;
 use crate::{Dims, KdaError, Plan, Schedule};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, SyncOnDrop};
 use half::bf16;
 use std::sync::{Arc, Mutex};
 
@@ -19,9 +19,13 @@ pub struct DevicePlan {
     pub(super) shape: ModelShape,
     pub(super) strides: Strides,
     pub(super) schedule: Schedule,
-    pub(super) descriptors: CudaSlice<i64>,
+    /// The plan's tables on the device ([`Tables`]): `None` only after a re-planning call
+    /// failed, and then the plan refuses to launch.
+    tables: Option<CudaSlice<u32>>,
+    /// The sequences' descriptors (`Plan::descriptors`, i64 as pairs of words).
+    pub(super) descriptors: Table,
     /// The Hopper kernel's work records (`Schedule::table`), when the batch's offsets fit them.
-    pub(super) work: Option<CudaSlice<u32>>,
+    pub(super) work: Option<Table>,
     /// The Hopper kernel's passes over split sequences, when the plan splits any.
     pub(super) split: Option<SplitDevice>,
     /// The split's planner verdict (unsplit when nothing is cut, or when the Hopper kernel
@@ -43,6 +47,44 @@ pub struct DevicePlan {
     smem_per_block: usize,
     /// The portable kernel's passes, when its records hold the batch's offsets.
     pub(super) portable: Option<PortableDevice>,
+    /// A table of the caller's uploaded with the plan's (a layer's chunk records).
+    pub(super) extra: Option<Table>,
+}
+
+/// One of a plan's tables of 32-bit words: its words on the host, and where they start in the
+/// plan's device tables once uploaded. A plan's tables travel to the device together, in one
+/// allocation and one copy ([`DevicePlan::upload`]): callers that plan a short prompt afresh per
+/// call paid an allocation, a copy and their events for each table separately.
+#[derive(Clone, Debug)]
+pub(super) struct Table {
+    words: Vec<u32>,
+    /// First word in the device tables.
+    at: usize,
+}
+
+/// Each table starts on a 16-byte boundary (4 words): the kernels read records as vectors, and
+/// the descriptors as 8-byte words.
+const TABLE_ALIGN_WORDS: usize = 4;
+
+impl Table {
+    /// A table of `words`, or of one zero word when empty (the driver allocates no zero bytes,
+    /// and an empty table still needs an address).
+    pub(super) fn new(mut words: Vec<u32>) -> Self {
+        if words.is_empty() {
+            words.push(0);
+        }
+        Self { words, at: 0 }
+    }
+
+    /// A table of 64-bit values, each as two words (little-endian, as the GPU reads them).
+    fn of_i64(values: &[i64]) -> Self {
+        Self::new(values.iter().flat_map(|&x| [x as u32, (x as u64 >> 32) as u32]).collect())
+    }
+
+    /// The table's device address, the plan's device tables starting at `base`.
+    pub(super) fn address(&self, base: u64) -> u64 {
+        base + (self.at * std::mem::size_of::<u32>()) as u64
+    }
 }
 
 /// The portable kernel's side of a plan: its own longest-first schedule in blocks of its `BV`
@@ -64,7 +106,7 @@ pub(super) struct PortableDevice {
 /// A persistent kernel pass: its grid and its work records on the device.
 pub(super) struct Pass {
     pub workers: usize,
-    pub work: CudaSlice<u32>,
+    pub work: Table,
 }
 
 /// The device side of a split plan (`kda::split`): the pre-scan's and the main pass's work
@@ -75,7 +117,7 @@ pub(super) struct SplitDevice {
     /// Main pass: every segment from its entry state in `workspace.entries`.
     pub main: Pass,
     /// The merge's records (`MERGE_WORDS` per sequence) and their count.
-    pub merge_table: CudaSlice<u32>,
+    pub merge_table: Table,
     pub merge_records: usize,
     /// Rows (`segments * HV`) of the entry states.
     pub entry_rows: usize,
@@ -122,6 +164,18 @@ impl DevicePlan {
         shape: &ModelShape,
         columns: ColumnMode,
     ) -> Result<Self, KdaError> {
+        Self::model_with(stream, plan, shape, columns, None)
+    }
+
+    /// [`DevicePlan::model_in`] with `extra` uploaded beside the plan's tables (a layer's chunk
+    /// records: one copy for all of them).
+    pub(super) fn model_with(
+        stream: &Arc<CudaStream>,
+        plan: Plan,
+        shape: &ModelShape,
+        columns: ColumnMode,
+        extra: Option<Table>,
+    ) -> Result<Self, KdaError> {
         shape.validate()?;
         let value_heads = shape.value_heads;
         let dims = Dims::model(&plan, shape);
@@ -149,12 +203,7 @@ impl DevicePlan {
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
-        // A one-word placeholder keeps the buffer non-empty for a batch of no sequences.
-        let mut table = plan.descriptors();
-        if table.is_empty() {
-            table.push(0);
-        }
-        let descriptors = stream.clone_htod(&table)?;
+        let descriptors = Table::of_i64(&plan.descriptors());
         let ordinal = stream.context().ordinal();
         let split_plan = SplitPlan::unsplit(&plan);
         let mut this = Self {
@@ -163,6 +212,7 @@ impl DevicePlan {
             plan,
             shape: *shape,
             strides: Strides::PACKED,
+            tables: None,
             descriptors,
             work: None,
             split: None,
@@ -176,9 +226,11 @@ impl DevicePlan {
             smem_per_sm,
             smem_per_block,
             portable: None,
+            extra,
         };
         // (Plans the portable kernel's passes too.)
-        this.set_columns(stream, columns)?;
+        this.plan_columns(stream, columns)?;
+        this.upload(stream)?;
         Ok(this)
     }
 
@@ -190,8 +242,15 @@ impl DevicePlan {
         Ok(self)
     }
 
-    /// [`DevicePlan::with_columns`] in place.
+    /// [`DevicePlan::with_columns`] in place. A plan whose re-planning fails refuses to launch.
     pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
+        self.tables = None;
+        self.plan_columns(stream, mode)?;
+        self.upload(stream)
+    }
+
+    /// Plans the column blocks `mode` asks for (and the portable passes), on the host.
+    fn plan_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
         self.column_mode = mode;
         // The portable kernel's consumer groups follow the same mode.
         self.plan_portable(stream)?;
@@ -217,7 +276,7 @@ impl DevicePlan {
             Schedule::try_lpt(&self.plan, dims.value_heads, col_blocks, self.workers)?.with_block_width(width);
         // No table (offsets past 32 bits): such batches take the baseline kernel.
         let table = self.schedule.table(&self.plan, dims.group());
-        self.work = table.map(|t| stream.clone_htod(&*non_empty(&t, 0))).transpose()?;
+        self.work = table.map(Table::new);
         self.plan_split(stream)
     }
 
@@ -243,8 +302,16 @@ impl DevicePlan {
         Ok(self)
     }
 
-    /// [`DevicePlan::with_split`] in place.
+    /// [`DevicePlan::with_split`] in place. A plan whose re-planning fails refuses to launch.
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
+        self.tables = None;
+        self.plan_split_mode(stream, mode)?;
+        self.upload(stream)
+    }
+
+    /// Plans the split `mode` asks for (and the columns it implies), on the host; allocates a
+    /// split's workspace.
+    fn plan_split_mode(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
         self.split_mode = mode;
         self.plan_portable(stream)?;
         if self.column_mode == ColumnMode::Auto {
@@ -257,7 +324,7 @@ impl DevicePlan {
         self.plan_split(stream)
     }
 
-    /// Plans and uploads the portable kernel's passes: its schedule over its workers and, as
+    /// Plans the portable kernel's passes: its schedule over its workers and, as
     /// `self.split_mode` asks, its split. None when the kernel does not run the shape (its
     /// launch names why) or the batch's offsets do not fit its 32-bit records.
     fn plan_portable(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
@@ -283,7 +350,7 @@ impl DevicePlan {
         let schedule =
             Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);
         let Some(table) = schedule.table(&self.plan, dims.group()) else { return Ok(()) };
-        let work = Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? };
+        let work = Pass { workers: schedule.workers(), work: Table::new(table) };
         let split_work = crate::split::Work::of(&self.shape, workers, width);
         let decided = SplitPlan::decide(&self.plan, &split_work, self.split_mode);
         let split = if decided.is_split() { split_device(stream, &decided, &dims, workers, width)? } else { None };
@@ -316,8 +383,8 @@ impl DevicePlan {
         portable::block_cols(self.portable.as_ref().map_or(1, |p| p.groups))
     }
 
-    /// Plans the split `self.split_mode` asks for in the plan's columns, uploading its tables and
-    /// workspace on `stream`.
+    /// Plans the split `self.split_mode` asks for in the plan's columns, allocating its workspace
+    /// on `stream`.
     fn plan_split(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
         let mode = self.split_mode;
         self.split = None;
@@ -396,6 +463,41 @@ impl DevicePlan {
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
     }
+
+    /// Uploads every table of the plan in one copy, placing each ([`Table`]).
+    fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        let words = pack(self.tables_mut());
+        self.tables = Some(stream.clone_htod(&words)?);
+        Ok(())
+    }
+
+    /// Every table of the plan, in upload order.
+    fn tables_mut(&mut self) -> Vec<&mut Table> {
+        let mut all = vec![&mut self.descriptors];
+        all.extend(self.work.as_mut());
+        all.extend(self.extra.as_mut());
+        if let Some(split) = self.split.as_mut() {
+            all.extend(split_tables(split));
+        }
+        if let Some(portable) = self.portable.as_mut() {
+            all.push(&mut portable.work.work);
+            if let Some(split) = portable.split.as_mut() {
+                all.extend(split_tables(split));
+            }
+        }
+        all
+    }
+
+    /// The device address the plan's tables start at ([`Table::address`]) for a launch on
+    /// `stream`, with the record that orders the launch after their upload; a typed refusal when
+    /// the plan's last re-planning failed.
+    pub(super) fn tables_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<(u64, SyncOnDrop<'a>), KdaError> {
+        let tables = self.tables.as_ref().ok_or_else(|| KdaError::Argument {
+            name: "plan",
+            reason: "its tables are not on the device: the last call that re-planned it failed".into(),
+        })?;
+        Ok(tables.device_ptr(stream))
+    }
 }
 
 /// The input tensors of a launch, borrowed from the caller (flat views in the contract's layouts,
@@ -439,7 +541,7 @@ fn split_device(
     let pass = |units: Vec<Unit>, blocks: usize, u_columns: UColumns| -> Result<Option<Pass>, KdaError> {
         let schedule = Schedule::try_lpt_units(&units, u_columns, hv, (blocks, width), workers)?;
         let Some(table) = schedule.table_of(&units, dims.group(), u_columns) else { return Ok(None) };
-        Ok(Some(Pass { workers: schedule.workers(), work: stream.clone_htod(&*non_empty(&table, 0))? }))
+        Ok(Some(Pass { workers: schedule.workers(), work: Table::new(table) }))
     };
     let prescan = pass(split.prescan_units(), (kd + vd) / width, UColumns::Prescan { key_dim: kd })?;
     let main = pass(split.main_units(), vd / width, UColumns::Values)?;
@@ -457,13 +559,49 @@ fn split_device(
         prescan,
         main,
         merge_records: merge.len() / kda_kernel::layout::MERGE_WORDS,
-        merge_table: stream.clone_htod(&merge)?,
+        merge_table: Table::new(merge),
         entry_rows,
         workspace: Mutex::new(workspace),
     }))
 }
 
-/// `v`, or one `fill` element when `v` is empty (the driver cannot allocate zero bytes).
-fn non_empty<T: Copy>(v: &[T], fill: T) -> std::borrow::Cow<'_, [T]> {
-    if v.is_empty() { vec![fill].into() } else { v.into() }
+/// `tables` one after another, each from a multiple of `TABLE_ALIGN_WORDS` words (zeros
+/// between them), each told where it starts.
+fn pack(tables: Vec<&mut Table>) -> Vec<u32> {
+    let mut words: Vec<u32> = Vec::new();
+    for table in tables {
+        words.resize(words.len().next_multiple_of(TABLE_ALIGN_WORDS), 0);
+        table.at = words.len();
+        words.extend_from_slice(&table.words);
+    }
+    words
+}
+
+/// A split's three tables.
+fn split_tables(split: &mut SplitDevice) -> [&mut Table; 3] {
+    [&mut split.prescan.work, &mut split.main.work, &mut split.merge_table]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_pack_into_one_buffer_at_aligned_offsets() {
+        let mut a = Table::of_i64(&[-1, 1 << 40]);
+        let mut b = Table::new(vec![7; 5]);
+        let mut empty = Table::new(Vec::new());
+        let mut c = Table::new(vec![9, 8, 7]);
+        let words = pack(vec![&mut a, &mut b, &mut empty, &mut c]);
+        assert_eq!(a.words, [u32::MAX, u32::MAX, 0, 1 << 8]);
+        assert_eq!([a.at, b.at, empty.at, c.at], [0, 4, 12, 16]);
+        assert_eq!(words.len(), 19);
+        assert_eq!(&words[..4], &a.words[..]);
+        assert_eq!(&words[4..9], &[7; 5]);
+        assert_eq!(&words[9..12], &[0; 3], "padding between tables");
+        assert_eq!(words[12], 0, "an empty table holds one word");
+        assert_eq!(&words[16..], &[9, 8, 7]);
+        assert_eq!(c.address(0x1000), 0x1000 + 16 * 4);
+        assert!([a.at, b.at, empty.at, c.at].iter().all(|&at| (at * 4) % 16 == 0));
+    }
 }

@@ -20,6 +20,7 @@
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
 
 use super::args::{Address, ArgSink, push_named};
+use super::device_plan::Table;
 use super::{
     DecodeInputs, DevicePlan, FusedOutput, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, Loaded, Module, enqueue,
 };
@@ -86,11 +87,11 @@ pub struct LayerPlan {
     options: LayerOptions,
     /// How `o` is formed: [`OutputPath::Fused`] or [`OutputPath::Separate`] (never `Auto`).
     output: OutputPath,
+    /// The recurrence's plan, whose device tables hold the chunk records too (`CHUNK_WORDS`
+    /// words per chunk: first token, valid rows, in the recurrence's chunk order).
     recurrence: DevicePlan,
     /// The states' layout (`h0`, `ht`, and `h` in the workspace).
     layout: StateLayout,
-    /// `CHUNK_WORDS` words per chunk (first token, valid rows), in the recurrence's chunk order.
-    chunks: CudaSlice<u32>,
     num_chunks: usize,
 }
 
@@ -258,16 +259,13 @@ impl LayerPlan {
         path: OutputPath,
     ) -> Result<Self, KdaError> {
         layer_supports(&shape)?;
-        let mut table = chunk_table(&plan)?;
+        let table = chunk_table(&plan)?;
         let num_chunks = table.len() / CHUNK_WORDS;
-        if table.is_empty() {
-            table.push(0); // a one-word placeholder keeps the buffer non-empty
-        }
-        let chunks = stream.clone_htod(&table)?;
         let output = path.resolve(stream, &shape)?;
         fused_sizes(output, &shape)?;
-        let recurrence = plan_recurrence(stream, plan, &shape, StateLayout::KeyFirst, output)?;
-        Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, chunks, num_chunks })
+        let chunks = Table::new(table);
+        let recurrence = plan_recurrence(stream, plan, &shape, (StateLayout::KeyFirst, output), chunks)?;
+        Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, num_chunks })
     }
 
     /// This plan with its states (`h0`, `ht`, and `h` in the workspace) in `layout`: key-first
@@ -275,7 +273,7 @@ impl LayerPlan {
     /// planned afresh (column blocks and split back to the planner's choice).
     pub fn with_state_layout(mut self, stream: &Arc<CudaStream>, layout: StateLayout) -> Result<Self, KdaError> {
         let batch = self.recurrence.plan().clone();
-        self.recurrence = plan_recurrence(stream, batch, &self.shape, layout, self.output)?;
+        self.recurrence = plan_recurrence(stream, batch, &self.shape, (layout, self.output), self.chunk_table()?)?;
         self.layout = layout;
         Ok(self)
     }
@@ -287,9 +285,22 @@ impl LayerPlan {
         let output = path.resolve(stream, &self.shape)?;
         fused_sizes(output, &self.shape)?;
         let batch = self.recurrence.plan().clone();
-        self.recurrence = plan_recurrence(stream, batch, &self.shape, self.layout, output)?;
+        self.recurrence = plan_recurrence(stream, batch, &self.shape, (self.layout, output), self.chunk_table()?)?;
         self.output = output;
         Ok(self)
+    }
+
+    /// The chunk records among the recurrence plan's tables.
+    fn chunk_records(&self) -> Result<&Table, KdaError> {
+        self.recurrence.extra.as_ref().ok_or_else(|| KdaError::Argument {
+            name: "plan",
+            reason: "the layer plan's chunk records are missing from its tables".into(),
+        })
+    }
+
+    /// A copy of the chunk records, for planning the recurrence again.
+    fn chunk_table(&self) -> Result<Table, KdaError> {
+        self.chunk_records().cloned()
     }
 
     /// How this plan forms `o`: [`OutputPath::Fused`] or [`OutputPath::Separate`].
@@ -363,19 +374,19 @@ fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
 }
 
 /// The layer's recurrence plan for `batch`: the planner's column blocks and split, except that
-/// the fused path runs wide blocks only.
+/// the fused path runs wide blocks only; `chunks` (the chunk records) uploaded with its tables.
 fn plan_recurrence(
     stream: &Arc<CudaStream>,
     batch: Plan,
     shape: &LayerShape,
-    layout: StateLayout,
-    output: OutputPath,
+    (layout, output): (StateLayout, OutputPath),
+    chunks: Table,
 ) -> Result<DevicePlan, KdaError> {
     let columns = match output {
         OutputPath::Fused => ColumnMode::Force(Columns::Wide),
         _ => ColumnMode::Auto,
     };
-    DevicePlan::model_in(stream, batch, &shape.recurrence_shape(layout), columns)
+    DevicePlan::model_with(stream, batch, &shape.recurrence_shape(layout), columns, Some(chunks))
 }
 
 /// Whether the GPU layer runs `shape`: a valid layer shape with `K` and `V` of 64 or 128 (the
@@ -479,7 +490,8 @@ impl Kda {
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let codes = plan.options.codes();
-        let (chunks, _chunks_record) = plan.chunks.device_ptr(stream);
+        let (tables, _tables_record) = plan.recurrence.tables_on(stream)?;
+        let chunks = plan.chunk_records()?.address(tables);
         if ctas > 0 {
             let mut records = Vec::new();
             let mut read = |x| keep(&mut records, x);

@@ -279,20 +279,20 @@ impl Kda {
         }
         let ptrs = Pointers::of(stream, inputs, outputs);
         let hopper = || self.loaded_for(Kernel::Hopper, dims.key_dim, plan.columns.width());
+        let (tables, _tables_record) = plan.tables_on(stream)?;
         match (choice, &plan.work, &plan.split) {
             (Kernel::Hopper, Some(_), Some(split)) => {
                 let f = hopper()?;
-                self.launch_split(stream, &dims, &ptrs, split, |pass| {
+                self.launch_split(stream, &dims, &ptrs, (split, tables), |pass| {
                     self.launch_pass(Kernel::Hopper, stream, f, plan, &dims, &ptrs, pass, fused)
                 })
             }
             (Kernel::Hopper, Some(work), None) => {
-                let (work, _record) = cudarc::driver::DevicePtr::device_ptr(work, stream);
-                let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work);
+                let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work.address(tables));
                 self.launch_pass(Kernel::Hopper, stream, hopper()?, plan, &dims, &ptrs, &pass, fused)
             }
-            (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, plan, &ptrs),
-            _ => self.launch_baseline(stream, &dims, plan, &ptrs),
+            (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, (plan, tables), &ptrs),
+            _ => self.launch_baseline(stream, &dims, (plan, tables), &ptrs),
         }
     }
 
@@ -339,26 +339,27 @@ impl Kda {
     }
 
     /// A split plan's three passes (`kda::split`): the pre-scan's maps (and the first segments'
-    /// exit states, from `h0`), the merge's entry states, the main pass from them; on `stream`, in order, with nothing between them on the
-    /// host. `run` enqueues one pass of the persistent kernel (Hopper's or the portable one's).
+    /// exit states, from `h0`), the merge's entry states, the main pass from them; on `stream`,
+    /// in order, with nothing between them on the host. `run` enqueues one pass of the
+    /// persistent kernel (Hopper's or the portable one's); the split's tables lie in the plan's
+    /// device tables from address `tables`.
     fn launch_split(
         &self,
         stream: &Arc<CudaStream>,
         dims: &Dims,
         ptrs: &Pointers<'_>,
-        split: &device_plan::SplitDevice,
+        (split, tables): (&device_plan::SplitDevice, u64),
         run: impl Fn(&PassLaunch) -> Result<(), KdaError>,
     ) -> Result<(), KdaError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtrMut;
         // A poisoned lock only means another launch panicked while enqueueing: the buffers hold
         // nothing a launch relies on before writing it.
         let mut workspace = split.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let workspace = &mut *workspace;
         let (maps, _maps_record) = workspace.maps.device_ptr_mut(stream);
         let (entries, _entries_record) = workspace.entries.device_ptr_mut(stream);
-        let (prescan_work, _r1) = split.prescan.work.device_ptr(stream);
-        let (main_work, _r2) = split.main.work.device_ptr(stream);
-        let (table, _r3) = split.merge_table.device_ptr(stream);
+        let (prescan_work, main_work) = (split.prescan.work.address(tables), split.main.work.address(tables));
+        let table = split.merge_table.address(tables);
         let (kd, vd) = (dims.key_dim, dims.value_dim);
         // The first segments start from `h0`, whose layout the pre-scan's is (its maps are
         // key-first whatever the layout).
@@ -403,15 +404,19 @@ impl Kda {
         &self,
         stream: &Arc<CudaStream>,
         dims: &Dims,
-        plan: &DevicePlan,
+        (plan, tables): (&DevicePlan, u64),
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
         let items = per_item_grid(dims, BASELINE_COL_BLOCKS)?;
         if items == 0 {
             return Ok(());
         }
-        let (seqs, _record) = cudarc::driver::DevicePtr::device_ptr(&plan.descriptors, stream);
-        let args = BaselineArgs::new(ptrs, seqs, heads_u32(dims.value_heads)?, heads_u32(dims.heads)?);
+        let args = BaselineArgs::new(
+            ptrs,
+            plan.descriptors.address(tables),
+            heads_u32(dims.value_heads)?,
+            heads_u32(dims.heads)?,
+        );
         // SAFETY: `validate` checked every buffer's length for this plan and `heads`, its
         // alignment and its device; the descriptors were built from the same plan; one CTA per
         // item; outputs are `&mut` borrows, so they cannot alias the inputs.
@@ -425,7 +430,7 @@ impl Kda {
         &self,
         stream: &Arc<CudaStream>,
         dims: &Dims,
-        plan: &DevicePlan,
+        (plan, tables): (&DevicePlan, u64),
         ptrs: &Pointers<'_>,
     ) -> Result<(), KdaError> {
         let f = self.loaded_for(Kernel::Portable, dims.key_dim, plan.portable_block_width())?;
@@ -433,11 +438,8 @@ impl Kda {
         let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
         let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass, None);
         match &portable.split {
-            Some(split) => self.launch_split(stream, dims, ptrs, split, run),
-            None => {
-                let (work, _record) = cudarc::driver::DevicePtr::device_ptr(&portable.work.work, stream);
-                run(&PassLaunch::recurrence(dims, ptrs, portable.work.workers, work))
-            }
+            Some(split) => self.launch_split(stream, dims, ptrs, (split, tables), run),
+            None => run(&PassLaunch::recurrence(dims, ptrs, portable.work.workers, portable.work.work.address(tables))),
         }
     }
 
