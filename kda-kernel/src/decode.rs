@@ -13,9 +13,8 @@
 //! ```
 //!
 //! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
-//! the state gives every sum over the state the token needs: `S^T k` and `S^T q`; the norms
-//! `q . q`, `k . k` and `k . q` (the L2 norms scale the sums afterwards) are summed once per token
-//! when it is staged, by the warps that stage its keys. The two halves of a warp add theirs by a
+//! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
+//! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
 //! shuffle, the warps theirs in shared memory, where warp 0 alone (a lane per column vector and
 //! half of the warps, the halves then added by a shuffle) adds the warps' sums and forms the
 //! token's delta and output, handing delta back through shared memory: the sums are read by 32
@@ -40,8 +39,8 @@ use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_NORMS, STAGE_WORDS, STAGES_AT,
-    STAGING_WARPS, SUMS_AT, VEC, WARP_SUM_WORDS, WARPS,
+    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -411,34 +410,6 @@ unsafe fn add_halves(x: f32) -> f32 {
     x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
-/// Lanes of a warp.
-const LANES: usize = 32;
-
-/// Key `key`'s shares of its token's norms `q . q`, `k . k` and `k . q`, summed over the calling
-/// warp's keys (`LANES` consecutive keys, one per lane) into the warp's norm vector of the stage
-/// at `stage` (`layout::decode::STAGE_NORMS`).
-///
-/// # Safety
-/// The whole warp calls it together, lane `x` with key `LANES * w + x` (`w < STAGING_WARPS`);
-/// `stage` is a stage's shared address.
-#[inline(always)]
-unsafe fn stage_norms(stage: u32, key: usize, q: f32, k: f32) {
-    let mut n = [q * q, k * k, k * q];
-    let mut lanes = LANES as u32 / 2;
-    while lanes > 0 {
-        for x in &mut n {
-            // SAFETY: the caller's contract (the whole warp).
-            *x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), lanes) });
-        }
-        lanes /= 2;
-    }
-    if key.is_multiple_of(LANES) {
-        let at = stage + ((STAGE_NORMS + 4 * (key / LANES)) * 4) as u32;
-        // SAFETY: the warp's norm vector lies in the stage (`key / LANES < STAGING_WARPS`).
-        unsafe { st_shared_v4(at, [n[0], n[1], n[2], 0.0].map(f32::to_bits)) };
-    }
-}
-
 /// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
 /// address), or values loaded from memory before the token's first barrier.
 #[derive(Clone, Copy)]
@@ -673,7 +644,6 @@ impl Token {
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
                         let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
                         self.stage_key(stage_of(t), tid, q, k, g);
-                        stage_norms(stage_of(t), tid, q, k);
                     }
                 }
             }
@@ -737,7 +707,6 @@ impl Token {
                         let e = head_row * kd + tid;
                         let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
                         self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + self.gate_column(tid)));
-                        stage_norms(stage, tid, q, k);
                     }
                     let loaded = if at.is_reducer() {
                         let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
@@ -751,10 +720,11 @@ impl Token {
             };
             let (qs, ks, decays) = (stage, stage + word(MAX_K), stage + word(2 * MAX_K));
 
-            // The decayed state, and this thread's parts of S^T k and S^T q, its keys' staged
-            // values read four at a time.
+            // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
+            // its keys' staged values read four at a time.
             let key0 = at.group * keys;
             let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+            let (mut nq, mut nk, mut kq) = (0.0, 0.0, 0.0);
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
                     let at_key = word(key0 + KEY_VECTOR * quad);
@@ -768,6 +738,9 @@ impl Token {
                             sk[col] = fma_f32(*state, k, sk[col]);
                             sq[col] = fma_f32(*state, q, sq[col]);
                         }
+                        nq = fma_f32(q, q, nq);
+                        nk = fma_f32(k, k, nk);
+                        kq = fma_f32(k, q, kq);
                     }
                 }
             }
@@ -776,10 +749,14 @@ impl Token {
                 sk[col] = add_halves(sk[col]);
                 sq[col] = add_halves(sq[col]);
             }
+            let (nq, nk, kq) = (add_halves(nq), add_halves(nk), add_halves(kq));
             if at.key_lane == 0 {
                 let mine = sums + word(at.warp * WARP_SUM_WORDS);
                 st_shared_v4(mine + word(VEC * at.col_lane), sk.map(f32::to_bits));
                 st_shared_v4(mine + word(COLS + VEC * at.col_lane), sq.map(f32::to_bits));
+                if at.col_lane == 0 {
+                    st_shared_v4(mine + word(2 * COLS), [nq, nk, kq, 0.0].map(f32::to_bits));
+                }
             }
             sync_threads();
             let at = Place::fresh();
@@ -795,30 +772,23 @@ impl Token {
                 };
                 // Each half of the warp adds half of the warps' sums, then the halves theirs.
                 let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+                let mut norms = [0.0f32; 4];
                 for x in 0..WARPS / KEY_LANES {
                     let theirs = sums + word((at.key_lane * (WARPS / KEY_LANES) + x) * WARP_SUM_WORDS);
                     let (k4, q4) =
                         (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
+                    let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
                     for col in 0..VEC {
                         sk[col] += f32::from_bits(k4[col]);
                         sq[col] += f32::from_bits(q4[col]);
+                        norms[col] += n4[col];
                     }
                 }
                 for col in 0..VEC {
                     sk[col] = add_halves(sk[col]);
                     sq[col] = add_halves(sq[col]);
                 }
-                // The token's norms, from its staging warps' sums.
-                let mut norms = [0.0f32; 4];
-                for w in 0..STAGING_WARPS {
-                    if w < kd / LANES {
-                        let n4 = floats4(ld_shared_v4(stage + word(STAGE_NORMS + 4 * w)));
-                        for (n, x) in norms.iter_mut().zip(n4) {
-                            *n += x;
-                        }
-                    }
-                }
-                let [nq, nk, kq, _] = norms;
+                let [nq, nk, kq, _] = norms.map(|x| add_halves(x));
                 let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
                     (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
                 } else {

@@ -285,18 +285,12 @@ pub mod decode {
     pub const MAX_K: usize = 128;
     /// Keys per thread at `MAX_K`.
     pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
-    /// Warps that stage a token's keys at `MAX_K`, one key per lane.
-    pub const STAGING_WARPS: usize = MAX_K / 32;
-    /// Offset in f32 words, inside a token's stage, of its norms: a vector `[q . q, k . k, k . q,
-    /// 0]` per staging warp, over the warp's 32 keys (summed once per token when it is staged,
-    /// not by every thread over its keys in each step).
-    pub const STAGE_NORMS: usize = 3 * MAX_K;
-    /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each),
-    /// then the norms.
-    pub const STAGE_WORDS: usize = STAGE_NORMS + 4 * STAGING_WARPS;
+    /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
+    pub const STAGE_WORDS: usize = 3 * MAX_K;
     /// f32 words a warp adds to a token's shared partial sums: `S^T k` and `S^T q` over its keys
-    /// for the CTA's columns.
-    pub const WARP_SUM_WORDS: usize = 2 * COLS;
+    /// for the CTA's columns, then `q . q`, `k . k` and `k . q` over its keys, and one word to
+    /// keep the next warp's vectors 16-byte aligned.
+    pub const WARP_SUM_WORDS: usize = 2 * COLS + 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
     /// token's path from the initial state is a bit mask over the sequence's tokens in one
     /// register, and a path has at most this many steps.
@@ -339,11 +333,6 @@ pub mod decode {
     const _: () = {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
         assert!(DELTAS_AT.is_multiple_of(4) && DELTA_WORDS.is_multiple_of(4), "deltas read as 16-byte vectors");
-        assert!(
-            STAGE_WORDS.is_multiple_of(4) && STAGE_NORMS.is_multiple_of(4) && WARP_SUM_WORDS.is_multiple_of(4),
-            "stages' norms and warps' sums read as 16-byte vectors"
-        );
-        assert!(K_MULTIPLE.is_multiple_of(32), "whole warps stage a token's keys");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
         assert!(3 * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
     };
