@@ -212,10 +212,6 @@ pub struct LayerTiming {
     /// A host-timed shape's time per call with the plan built once and reused, as every layer
     /// of a model reuses its batch's plan (`None` for a device-timed shape).
     pub plan_reused_us: Option<f64>,
-    /// A host-timed shape's device time per call (`queued_median_us`: the kernels and the gaps
-    /// between them, the host's enqueueing hidden), which says whether the host or the device
-    /// bounds the call (`None` for a device-timed shape).
-    pub device_us: Option<f64>,
     /// Launches (device-timed) or calls (host-timed) behind `us`.
     pub timed: usize,
     /// The IO floor, us.
@@ -227,16 +223,11 @@ pub struct LayerTiming {
 impl LayerTiming {
     /// How `us` was taken, for tables and logs.
     pub fn method(&self) -> String {
-        match (self.plan_reused_us, self.device_us) {
-            (Some(reused), Some(device)) => format!(
-                "host time per call of {}, planning included ({reused:.1} us with the plan reused, {device:.1} us \
-                 of it on the device)",
-                self.timed
-            ),
-            (Some(reused), None) => {
+        match self.plan_reused_us {
+            Some(reused) => {
                 format!("host time per call of {}, planning included ({reused:.1} us with the plan reused)", self.timed)
             }
-            _ => format!("median of {} launches", self.timed),
+            None => format!("median of {} launches", self.timed),
         }
     }
 }
@@ -269,7 +260,6 @@ pub fn time_layer(
     Ok(LayerTiming {
         us,
         plan_reused_us: None,
-        device_us: None,
         timed: repeat,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
         outputs,
@@ -281,8 +271,7 @@ pub fn time_layer(
 /// layer, and returns the host's wall time per call until the stream has finished them: what a
 /// serving engine pays per layer for a short prompt, launches and planning included; then the
 /// same with the plan built once and reused by every call (what the other layers of a model
-/// pay); and the device's own time per call (`queued_median_us`), which shows whether the host
-/// or the device bounds it.
+/// pay).
 pub fn time_layer_calls(
     kda: &Kda,
     stream: &Arc<CudaStream>,
@@ -305,11 +294,9 @@ pub fn time_layer_calls(
     };
     let us = per_call(true)?;
     let plan_reused_us = Some(per_call(false)?);
-    let device_us = Some(crate::queued_median_us(stream, calls, || dev.launch(kda, stream))?);
     Ok(LayerTiming {
         us,
         plan_reused_us,
-        device_us,
         timed: calls,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
         outputs,

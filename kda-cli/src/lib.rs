@@ -33,5 +33,5 @@ pub use layer::{
     layer_floor_bytes, reference_heads, time_layer, time_layer_calls, time_layer_shape,
 };
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
-pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us, queued_median_us};
+pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

@@ -38,39 +38,6 @@ pub fn median_us(
     Ok(times[repeat / 2])
 }
 
-/// Bytes of the memset [`queued_median_us`] puts ahead of each timed launch: about 100 us of
-/// work on an H100 or H200, longer than the host takes to enqueue one layer call.
-pub const QUEUE_BYTES: usize = 256 << 20;
-
-/// Median device time in microseconds of `repeat` launches, each enqueued behind a memset of
-/// [`QUEUE_BYTES`] and timed by its own pair of CUDA events: the host has enqueued the whole
-/// launch before the device reaches it, so the time is the device's alone (the kernels and the
-/// gaps between them), never the host's time to enqueue them. One synchronisation per launch.
-pub fn queued_median_us(
-    stream: &Arc<CudaStream>,
-    repeat: usize,
-    mut launch: impl FnMut() -> Result<(), KdaError>,
-) -> Result<f64, KdaError> {
-    if repeat == 0 {
-        return Err(KdaError::Argument { name: "repeat", reason: "must be at least 1".into() });
-    }
-    let mut busy = stream.alloc_zeros::<u8>(QUEUE_BYTES)?;
-    let ctx = stream.context();
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let (start, end) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
-    let mut times = Vec::with_capacity(repeat);
-    for _ in 0..repeat {
-        stream.memset_zeros(&mut busy)?;
-        start.record(stream)?;
-        launch()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(f64::from(start.elapsed_ms(&end)?) * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[repeat / 2])
-}
-
 /// Bytes each copy of [`copy_bandwidth`] moves one way: large enough to leave the L2 (50 MB on an
 /// H200) far behind.
 pub const COPY_BENCH_BYTES: usize = 1 << 30;
