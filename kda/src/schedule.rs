@@ -30,6 +30,8 @@ use std::collections::BinaryHeap;
 /// for loading the initial state, storing the final one and filling the pipeline. (An item
 /// with no chunks still loads `h0` and stores `ht`.)
 pub const ITEM_OVERHEAD: u64 = 2;
+/// No item costs nothing, which `Schedule::try_lpt` relies on to place its first items.
+const _: () = assert!(ITEM_OVERHEAD > 0);
 
 /// Modelled cost of one item of a sequence of `len` tokens.
 pub fn item_cost(len: usize) -> u64 {
@@ -170,7 +172,7 @@ impl Schedule {
             return Err(KdaError::Argument { name: "col_blocks", reason: "must be at least 1".into() });
         }
         let count = lengths.len().checked_mul(heads).and_then(|n| n.checked_mul(col_blocks));
-        let Some(count32) = count.and_then(|n| u32::try_from(n).ok()) else {
+        if count.and_then(|n| u32::try_from(n).ok()).is_none() {
             return Err(KdaError::Argument {
                 name: "heads",
                 reason: format!(
@@ -178,33 +180,58 @@ impl Schedule {
                     lengths.len()
                 ),
             });
-        };
+        }
         // Items per sequence: at least 1 whenever there is an item.
         let per_seq = heads * col_blocks;
-        let runs = |&item: &u32| item as usize % col_blocks >= first_block(item as usize / per_seq);
-        let mut order: Vec<u32> = (0..count32).filter(runs).collect();
-        let workers = max_workers.max(1).min(order.len());
         let cost = |item: u32| item_cost(lengths[item as usize / per_seq]);
-        // Longest first; ties in item order, so the column blocks of a head stay adjacent.
-        order.sort_by_key(|&i| (Reverse(cost(i)), i));
+        // Longest first; ties in item order, so the column blocks of a head stay adjacent. A
+        // sequence's items cost the same and are numbered consecutively, so the units are
+        // sorted (by cost, then index) and each one's items follow in order: the same order as
+        // sorting the items, at the cost of sorting the units.
+        let mut units: Vec<u32> = (0..lengths.len() as u32).collect();
+        units.sort_by_key(|&u| (Reverse(item_cost(lengths[u as usize])), u));
+        let mut order: Vec<u32> = Vec::with_capacity(count.unwrap_or(0));
+        for &u in &units {
+            let first = u as usize * per_seq;
+            for head in 0..heads {
+                let blocks = first + head * col_blocks..first + (head + 1) * col_blocks;
+                // Every item number fits in `u32` (checked above).
+                order.extend(blocks.skip(first_block(u as usize)).map(|item| item as u32));
+            }
+        }
+        let workers = max_workers.max(1).min(order.len());
+        // Each item's worker, in the order they are placed; then the workers' lists laid end to
+        // end by a counting pass (two flat buffers, not a list per worker). The first `workers`
+        // items go to workers 0, 1, .. in turn (every load is 0 and ties go to the lowest index,
+        // and no cost is 0), so the heap starts from them: a batch of no more items than
+        // workers (a short prompt) takes no heap step at all.
+        let mut owner: Vec<u32> = (0..workers as u32).collect();
         // Min-heap of (load, worker): the least-loaded worker, the lowest index on ties.
-        let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..workers).map(|w| Reverse((0, w))).collect();
-        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); workers];
-        let order_len = order.len();
-        for item in order {
+        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = if order.len() > workers {
+            order[..workers].iter().zip(0u32..).map(|(&item, w)| Reverse((cost(item), w))).collect()
+        } else {
+            BinaryHeap::new()
+        };
+        for &item in &order[workers..] {
             // There is a worker whenever there is an item (`workers >= 1` when `order` is not
             // empty).
             let Some(Reverse((load, w))) = heap.pop() else { break };
-            lists[w].push(item);
+            owner.push(w);
             heap.push(Reverse((load.saturating_add(cost(item)), w)));
         }
-        let mut offsets = Vec::with_capacity(workers + 1);
-        offsets.push(0u32);
-        let mut items = Vec::with_capacity(order_len);
-        for list in lists {
-            items.extend(list);
-            // At most the item count, which fits in `u32`.
-            offsets.push(items.len() as u32);
+        // Counts fit in `u32`: at most the item count.
+        let mut offsets = vec![0u32; workers + 1];
+        for &w in &owner {
+            offsets[w as usize + 1] += 1;
+        }
+        for w in 0..workers {
+            offsets[w + 1] += offsets[w];
+        }
+        let mut next = offsets.clone();
+        let mut items = vec![0u32; owner.len()];
+        for (&item, &w) in order.iter().zip(&owner) {
+            items[next[w as usize] as usize] = item;
+            next[w as usize] += 1;
         }
         Ok(Self { offsets, items, heads, col_blocks, block_width: BV })
     }
@@ -301,6 +328,41 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// LPT as defined: items longest first (ties in item order), each to the least-loaded worker
+    /// (the lowest index on ties), found by scanning every worker.
+    fn naive_lpt(lengths: &[usize], heads: usize, col_blocks: usize, max_workers: usize) -> Vec<Vec<u32>> {
+        let per_seq = heads * col_blocks;
+        let cost = |i: u32| item_cost(lengths[i as usize / per_seq]);
+        let mut order: Vec<u32> = (0..(lengths.len() * per_seq) as u32).collect();
+        order.sort_by_key(|&i| (Reverse(cost(i)), i));
+        let workers = max_workers.max(1).min(order.len());
+        let (mut loads, mut lists) = (vec![0u64; workers], vec![Vec::new(); workers]);
+        for item in order {
+            let w = (0..workers).min_by_key(|&w| (loads[w], w)).unwrap();
+            lists[w].push(item);
+            loads[w] += cost(item);
+        }
+        lists
+    }
+
+    proptest! {
+        #[test]
+        fn the_schedule_is_lpt_as_defined(
+            lengths in prop::collection::vec(0usize..3000, 0..12),
+            heads in 1usize..5,
+            col_blocks in 1usize..4,
+            max_workers in 0usize..40,
+        ) {
+            let s = Schedule::try_lpt_lengths(&lengths, heads, col_blocks, max_workers).unwrap();
+            let want = naive_lpt(&lengths, heads, col_blocks, max_workers);
+            prop_assert_eq!(s.workers(), want.len());
+            for (w, list) in want.iter().enumerate() {
+                prop_assert_eq!(s.items_of(w), &list[..]);
+            }
+        }
+    }
 
     #[test]
     fn longest_items_start_first_and_blocks_of_a_head_are_adjacent() {
