@@ -279,15 +279,16 @@ impl Schedule {
         // Record of worker `w`'s `n`-th item: the first items, then each worker's others in turn.
         let record = |w: usize, n: usize| if n == 0 { w } else { workers + self.offsets[w] as usize - w + n - 1 };
         let mut table = vec![0u32; self.items.len() * ITEM_WORDS];
+        // An item's sequence, head and block in 32-bit divisions (every item number fits in
+        // `u32`; 64-bit divisions were most of a short prompt's table).
+        let (heads, col_blocks) = (u32::try_from(self.heads).ok()?, u32::try_from(self.col_blocks).ok()?);
+        let per_unit = heads.checked_mul(col_blocks)?;
         for w in 0..workers {
             let list = self.items_of(w);
             for (n, &item) in list.iter().enumerate() {
-                let item = item as usize;
-                let (seq, head, block) = (
-                    item / (self.heads * self.col_blocks),
-                    (item / self.col_blocks) % self.heads,
-                    item % self.col_blocks,
-                );
+                let (seq, rest) = (item.checked_div(per_unit)?, item.checked_rem(per_unit)?);
+                let (seq, head, block) =
+                    (seq as usize, rest.checked_div(col_blocks)? as usize, rest.checked_rem(col_blocks)? as usize);
                 let unit = units.get(seq)?;
                 let next = if n + 1 < list.len() { u32::try_from(record(w, n + 1)).ok()? } else { ITEM_LAST };
                 let row = |state: usize| state.checked_mul(self.heads)?.checked_add(head);
@@ -310,7 +311,7 @@ impl Schedule {
                 r[ITEM_LEN] = u32::try_from(unit.len).ok()?;
                 r[ITEM_CHUNK_START] = u32::try_from(unit.chunk_start).ok()?;
                 r[ITEM_NEXT] = next;
-                r[ITEM_KEY_HEAD] = u32::try_from(head.checked_div(group)?).ok()?;
+                r[ITEM_KEY_HEAD] = (head as u32).checked_div(u32::try_from(group).ok()?)?;
             }
         }
         Some(table)
