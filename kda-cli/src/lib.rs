@@ -20,6 +20,7 @@ pub mod device;
 pub mod floor;
 pub mod interrupt;
 pub mod layer;
+pub mod progress;
 pub mod shapes;
 pub mod timing;
 pub mod tools;
@@ -32,6 +33,7 @@ pub use layer::{
     BENCH_ERROR_BOUNDS, DeviceLayer, HOST_TIMED_CALLS, LayerBenchShape, LayerTiming, layer_bench_shapes,
     layer_floor_bytes, reference_heads, time_layer, time_layer_calls, time_layer_shape,
 };
+pub use progress::Progress;
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
 pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
 pub use tools::{TOOLS_VENV, cuda_tool};

@@ -21,6 +21,7 @@ use crate::proc::{Combined, Finished, Scratch, create_dir, describe, run_logged,
 use crate::shapes;
 use kda::model::ModelProblem;
 use kda::{Outputs, io, precision, reference};
+use kda_cli::Progress;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -278,11 +279,12 @@ impl Ab {
     fn time(&self, timed: &[usize]) -> Result<Timing, String> {
         let mut timing =
             Timing { times: vec![vec![Vec::new(); self.o.builds.len()]; self.o.shapes.len()], failures: Vec::new() };
+        let progress = Progress::new("ab", self.o.rounds * self.o.shapes.len() * timed.len());
         for round in 0..self.o.rounds {
             let order: Vec<usize> = if round % 2 == 0 { timed.to_vec() } else { timed.iter().rev().copied().collect() };
             for s in 0..self.o.shapes.len() {
                 for &i in &order {
-                    self.time_run(round, s, i, &mut timing)?;
+                    self.time_run((round, s, i), &mut timing, &progress)?;
                 }
             }
         }
@@ -291,8 +293,14 @@ impl Ab {
 
     /// One timed run (`kda run --repeat N`) of build `i` on shape `s` in `round`: its median, or
     /// a failure.
-    fn time_run(&self, round: usize, s: usize, i: usize, timing: &mut Timing) -> Result<(), String> {
+    fn time_run(
+        &self,
+        (round, s, i): (usize, usize, usize),
+        timing: &mut Timing,
+        progress: &Progress,
+    ) -> Result<(), String> {
         let shape = &self.o.shapes[s];
+        progress.show(&format!("round {}/{} {shape} {}", round + 1, self.o.rounds, label(i)));
         let mut cmd = Command::new(&self.o.builds[i]);
         match bench_shape(shape) {
             Some((command, name)) => {
@@ -307,21 +315,22 @@ impl Ab {
         let (f, text) = self.run(&format!("round {} {shape} {}", round + 1, label(i)), &mut cmd, self.o.timeout)?;
         match parse_median(&text).filter(|_| f.ok()) {
             Some(us) => {
-                println!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, self.o.rounds, label(i));
+                progress.out(&format!("round {}/{} {shape:<18} {} {us:>10.2} us", round + 1, self.o.rounds, label(i)));
                 timing.times[s][i].push(us);
             }
             None => {
                 let last = tail(&text, 1);
-                println!(
+                progress.out(&format!(
                     "round {}/{} {shape:<18} {} no median: {} {last}",
                     round + 1,
                     self.o.rounds,
                     label(i),
                     f.describe()
-                );
+                ));
                 timing.failures.push(format!("{shape} {}: {}", label(i), f.describe()));
             }
         }
+        progress.skip(1);
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use kda::columns::{ColumnMode, Columns};
 use kda::model::{ModelShape, ModelView};
 use kda::split::SplitMode;
 use kda::{Dims, Kda, KdaError, KdaOptions, Kernel, Module, Outputs, Plan, Strides, inputs, reference, rel_error};
-use kda_cli::{gates_name, layout_name, model_bench_shapes, model_floor_us};
+use kda_cli::{Progress, gates_name, layout_name, model_bench_shapes, model_floor_us};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -69,6 +69,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("device-to-device copy bandwidth: {:.3} TB/s (read + write)", copy_bw / 1e12);
     let best = kda.resolve(Kernel::Auto);
     print_occupancy(&kda, best);
+    // Every item the bench times: the recurrence and model shapes, then the layer and decode
+    // shapes once per module (twice on 9.x: the portable module's too).
+    let modules = if best == Kernel::Hopper { 2 } else { 1 };
+    let items = bench_shapes().len()
+        + model_bench_shapes().len()
+        + modules * (kda_cli::layer_bench_shapes().len() + kda_cli::decode_bench_shapes().len());
+    let progress = Progress::new("bench", items);
     // The device work as closures over the stream, whose type (cudarc's) is not named here.
     let bench = Bench {
         best,
@@ -85,15 +92,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
         },
         set_split: &|dev: &mut DeviceProblem, mode: SplitMode| dev.set_split(&stream, mode),
         set_columns: &|dev: &mut DeviceProblem, mode: ColumnMode| dev.set_columns(&stream, mode),
+        progress: &progress,
     };
     let shapes = bench_shapes().into_iter().map(|(name, lengths)| bench.measure(name, lengths));
     let shapes = shapes.collect::<Result<Vec<_>, _>>()?;
     // The reference shapes' table first: it stands even if a model shape fails or time runs out.
-    println!("\n{}\n", table(best, &shapes));
+    progress.out(&format!("\n{}\n", table(best, &shapes)));
     let models =
         model_bench_shapes().into_iter().map(|(name, lengths, shape)| bench.measure_model(name, lengths, shape));
     let models = models.collect::<Result<Vec<_>, _>>()?;
-    println!("\nmodel shapes:\n\n{}", model_table(&models));
+    progress.out(&format!("\nmodel shapes:\n\n{}", model_table(&models)));
     let layer_repeat = o.repeat.min(LAYER_REPEAT);
     let layer_cases = layer_cases()?;
     let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
@@ -102,10 +110,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // A layer or decode shape that fails is reported in its table and fails the bench after the
     // results are written, so one shape does not cost the run's other numbers.
     let mut failed = Vec::new();
-    let layers = layer_rows(&layer_cases, &time, "layer", &mut failed);
+    let layers = layer_rows(&layer_cases, &time, ("layer", &progress), &mut failed);
     let rows = shapes.iter().map(|s| s.record(best, o.repeat));
     let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&kda, &stream, d, o.repeat, copy_bw);
-    let decodes = decode_rows(&time, o.repeat, "decode", &mut failed);
+    let decodes = decode_rows(&time, o.repeat, ("decode", &progress), &mut failed);
     let mut rows: Vec<Value> =
         rows.chain(models.iter().map(|m| m.record(o.repeat))).chain(layers).chain(decodes).collect();
     // On a 9.x GPU, the layer and decode again with the portable module (what every other GPU
@@ -116,13 +124,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let time = |s: &kda_cli::LayerBenchShape, p: &kda::layer::LayerProblem| {
             kda_cli::time_layer_shape(&portable, &stream, (s, p), layer_repeat, copy_bw)
         };
-        rows.extend(layer_rows(&layer_cases, &time, "layer-portable", &mut failed));
+        rows.extend(layer_rows(&layer_cases, &time, ("layer-portable", &progress), &mut failed));
         let time = |d: &kda_cli::DecodeShape| kda_cli::time_decode(&portable, &stream, d, o.repeat, copy_bw);
-        rows.extend(decode_rows(&time, o.repeat, "decode-portable", &mut failed));
+        rows.extend(decode_rows(&time, o.repeat, ("decode-portable", &progress), &mut failed));
     }
     // The portable kernel's entries (`"kernel": "portable"`), where it ran the shape.
     let portable = shapes.iter().filter_map(|s| s.portable_record(o.repeat));
     let rows: Vec<Value> = rows.into_iter().chain(portable).collect();
+    drop(progress);
     let doc = json!({ "gpu": gpu, "date": date, "copy_bw_Bps": copy_bw, "shapes": rows });
     write_results(&o.out_dir, &doc)?;
     if o.plot {
@@ -174,6 +183,7 @@ struct Bench<'a> {
     fresh_outputs: FreshOutputs<'a>,
     set_split: SetSplit<'a>,
     set_columns: SetColumns<'a>,
+    progress: &'a Progress,
 }
 
 /// What the benchmark measured on one shape.
@@ -251,7 +261,7 @@ impl Bench<'_> {
             Ok(devs) => devs,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        eprint!(" {copies} copies uploaded; timing ...");
+        self.progress.stage(&format!("{copies} copies uploaded; timing"));
         let us = match refusable((self.median_us)(self.best, &mut devs))? {
             Ok(us) => us,
             Err(refusal) => return Ok(Err(refusal)),
@@ -274,7 +284,7 @@ impl Bench<'_> {
         };
         // (`K = 256` runs in narrow blocks only.)
         if self.best == Kernel::Hopper && other.runs(p.shape.key_dim) {
-            eprint!(" {columns:?} blocks; timing {other:?} ...");
+            self.progress.stage(&format!("{columns:?} blocks; timing {other:?}"));
             other_columns_us = Some(time_columns(ColumnMode::Force(other))?);
             time_columns(ColumnMode::Auto)?;
         }
@@ -287,7 +297,7 @@ impl Bench<'_> {
         };
         let (mut unsplit_us, mut sweep) = (None, Vec::new());
         if is_split && self.best == Kernel::Hopper {
-            eprint!(" split ({split}); timing unsplit and the sweep ...");
+            self.progress.stage(&format!("split ({split}); timing unsplit and the sweep"));
             unsplit_us = Some(time_split(SplitMode::Off)?);
             for chunks in SPLIT_SWEEP {
                 sweep.push((chunks, time_split(SplitMode::Chunks(chunks))?));
@@ -312,7 +322,8 @@ impl Bench<'_> {
     /// outputs against the f64 reference.
     fn measure(&self, name: &'static str, lengths: Vec<usize>) -> Result<Shape, String> {
         let t0 = Instant::now();
-        eprint!("[{name}] generating inputs ...");
+        self.progress.start(name);
+        self.progress.stage("generating inputs");
         let p = inputs::random_problem(Plan::from_lengths(&lengths), inputs::REFERENCE_HEADS, true, SEED);
         let dims = p.dims();
         let refused = |kernel: Kernel, r: Refusal| format!("{name}: the {kernel:?} kernel refused it: {}", r.reason);
@@ -322,13 +333,13 @@ impl Bench<'_> {
             portable_out,
         } = self.time(&p.model_view())?.map_err(|r| refused(self.best, r))?;
         let baseline_us = baseline_us.map_err(|r| refused(Kernel::Baseline, r))?;
-        eprint!(" reference ...");
+        self.progress.stage("reference");
         let want = reference::reference(&p).map_err(text)?;
         let errs = out.errors(&want);
         // The f32 rounding floor of this problem (see `reference::reference_f32`), on `h`.
         let f32_floor = rel_error(&reference::reference_f32(&p).map_err(text)?.h, &want.h);
         let floor_us = floor_us(&dims, self.copy_bw);
-        eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
+        self.progress.finish(&format!("done in {:.1} s", t0.elapsed().as_secs_f64()));
         let portable = portable_us.ok().zip(portable_out.map(|o| o.errors(&want)));
         Ok(Shape {
             name,
@@ -350,24 +361,26 @@ impl Bench<'_> {
     /// launcher's refusal of it.
     fn measure_model(&self, name: &'static str, lengths: Vec<usize>, shape: ModelShape) -> Result<ModelRow, String> {
         let t0 = Instant::now();
-        eprint!("[{name}] generating inputs ...");
+        self.progress.start(name);
+        self.progress.stage("generating inputs");
         let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, true, SEED).map_err(text)?;
         let view = p.view();
         let floor_us = model_floor_us(&p.plan, &shape, self.copy_bw);
         let (seqs, tokens) = (p.plan.num_seqs(), p.plan.tokens());
         let result = match self.time(&view)? {
             Err(refusal) => {
-                eprintln!(" unsupported: {}", refusal.reason);
+                self.progress.finish(&format!("unsupported: {}", refusal.reason));
                 Err(refusal)
             }
             Ok(Timed { timing, out, .. }) => {
-                eprint!(" reference ...");
+                self.progress.stage("reference");
                 let want = reference::model_reference(&view).map_err(text)?;
                 let errs = out.errors(&want);
                 let f32_floor = rel_error(&reference::model_reference_f32(&view).map_err(text)?.h, &want.h);
-                eprintln!(" done in {:.1} s", t0.elapsed().as_secs_f64());
+                self.progress.finish(&format!("done in {:.1} s", t0.elapsed().as_secs_f64()));
                 for (chunks, t) in &timing.sweep {
-                    eprintln!("    [{name}] segments of {chunks} chunks: {t:.1} us ({:.3})", floor_us / t);
+                    self.progress
+                        .line(&format!("    [{name}] segments of {chunks} chunks: {t:.1} us ({:.3})", floor_us / t));
                 }
                 Ok(Measured { timing, errs, f32_floor })
             }
@@ -613,7 +626,7 @@ fn layer_cases() -> Result<Vec<LayerCase>, String> {
 fn layer_rows(
     cases: &[LayerCase],
     time: &dyn Fn(&kda_cli::LayerBenchShape, &kda::layer::LayerProblem) -> Result<kda_cli::LayerTiming, KdaError>,
-    kernel: &str,
+    (kernel, progress): (&str, &Progress),
     failed: &mut Vec<String>,
 ) -> Vec<Value> {
     let mut rows = Vec::new();
@@ -624,7 +637,15 @@ fn layer_rows(
     lines.push("|---|---:|---:|---:|---|---:|---:|---|".into());
     for c in cases {
         let (s, p) = (&c.shape, &c.problem);
-        let t = match time(s, p) {
+        let t0 = Instant::now();
+        progress.start(&format!("layer_{} ({kernel})", s.name));
+        progress.stage("timing");
+        let timed = time(s, p);
+        progress.finish(&match &timed {
+            Ok(_) => format!("done in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(e) => format!("failed: {e}"),
+        });
+        let t = match timed {
             Ok(t) => t,
             Err(e) => {
                 lines.push(format!("| layer_{} | failed: {e} |", s.name));
@@ -656,7 +677,7 @@ fn layer_rows(
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
         }));
     }
-    println!("\nthe layer ({kernel}):\n\n{}", lines.join("\n"));
+    progress.out(&format!("\nthe layer ({kernel}):\n\n{}", lines.join("\n")));
     rows
 }
 
@@ -667,14 +688,22 @@ fn layer_rows(
 fn decode_rows(
     time: &dyn Fn(&kda_cli::DecodeShape) -> Result<kda_cli::DecodeTiming, KdaError>,
     repeat: usize,
-    kernel: &str,
+    (kernel, progress): (&str, &Progress),
     failed: &mut Vec<String>,
 ) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err ht |".to_string()];
     lines.push("|---|---:|---:|---:|---:|---:|".into());
     for d in kda_cli::decode_bench_shapes() {
-        let t = match time(&d) {
+        let t0 = Instant::now();
+        progress.start(&format!("{} ({kernel})", d.name));
+        progress.stage("timing");
+        let timed = time(&d);
+        progress.finish(&match &timed {
+            Ok(_) => format!("done in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(e) => format!("failed: {e}"),
+        });
+        let t = match timed {
             Ok(t) => t,
             Err(e) => {
                 lines.push(format!("| {} | failed: {e} |", d.name));
@@ -695,7 +724,7 @@ fn decode_rows(
             "value_dim": s.value_dim, "options": format!("{:?}", d.options),
         }));
     }
-    println!("\nthe decode step ({kernel}):\n\n{}", lines.join("\n"));
+    progress.out(&format!("\nthe decode step ({kernel}):\n\n{}", lines.join("\n")));
     rows
 }
 

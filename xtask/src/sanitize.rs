@@ -258,6 +258,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let mut outcomes = Vec::new();
+    let progress = kda_cli::Progress::new("sanitize", tools.len() * cases.len());
     for tool in &tools {
         let limit = if *tool == "racecheck" { RACECHECK_TIMEOUT } else { RUN_TIMEOUT };
         for case in &cases {
@@ -269,21 +270,24 @@ pub fn run(args: &[String]) -> Result<(), String> {
             if case.program == Program::Gpu {
                 cmd.env("KDA_FIXTURES", &fixtures);
             }
-            println!("== {tool} on {} ...", case.name);
+            progress.out(&format!("== {tool} on {} ...", case.name));
+            progress.show(&format!("{tool} on {}", case.name));
             let (finished, text) = run_logged(&mut cmd, limit, &log)?;
             let o = Outcome { tool, case: case.name.clone(), summary: summary_line(&text).map(String::from), finished };
-            println!(
+            progress.out(&format!(
                 "   {tool:<9} {:<36} {}; {}",
                 o.case,
                 o.summary.as_deref().unwrap_or("no summary line"),
                 finished.describe()
-            );
+            ));
             if !o.clean() {
-                println!("{}", abridge(&text, 60, 60));
+                progress.out(&abridge(&text, 60, 60));
             }
+            progress.skip(1);
             outcomes.push(o);
         }
     }
+    drop(progress);
     println!("\n{}", table(&tools, &outcomes));
     let failed: Vec<String> =
         outcomes.iter().filter(|o| !o.clean()).map(|o| format!("{} on {}", o.tool, o.case)).collect();
