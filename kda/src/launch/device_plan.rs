@@ -19,7 +19,7 @@ pub struct DevicePlan {
     pub(super) shape: ModelShape,
     pub(super) strides: Strides,
     pub(super) schedule: Schedule,
-    /// The plan's tables on the device ([`Tables`]): `None` only after a re-planning call
+    /// The plan's tables on the device, packed ([`Table`]): `None` only after a re-planning call
     /// failed, and then the plan refuses to launch.
     tables: Option<CudaSlice<u32>>,
     /// The sequences' descriptors (`Plan::descriptors`, i64 as pairs of words).
