@@ -15,7 +15,7 @@ const BAR_TEMPLATE: &str = "{prefix} [{bar:28}] {pos}/{len} {elapsed_precise} (a
 pub struct Progress {
     bar: Option<ProgressBar>,
     /// The item under way.
-    item: RefCell<String>,
+    current: RefCell<String>,
 }
 
 impl Progress {
@@ -35,12 +35,12 @@ impl Progress {
             b.set_prefix(what.to_string());
             b
         });
-        Self { bar, item: RefCell::new(String::new()) }
+        Self { bar, current: RefCell::new(String::new()) }
     }
 
     /// Starts item `name`.
     pub fn start(&self, name: &str) {
-        *self.item.borrow_mut() = name.to_string();
+        *self.current.borrow_mut() = name.to_string();
         match &self.bar {
             Some(b) => b.set_message(name.to_string()),
             None => eprint!("[{name}]"),
@@ -50,7 +50,7 @@ impl Progress {
     /// The current item reached `stage` (`generating inputs`, `reference`, ..).
     pub fn stage(&self, stage: &str) {
         match &self.bar {
-            Some(b) => b.set_message(format!("{}: {stage}", self.item.borrow())),
+            Some(b) => b.set_message(format!("{}: {stage}", self.current.borrow())),
             None => eprint!(" {stage} ..."),
         }
     }
@@ -59,11 +59,30 @@ impl Progress {
     pub fn finish(&self, outcome: &str) {
         match &self.bar {
             Some(b) => {
-                b.println(format!("[{}] {outcome}", self.item.borrow()));
+                b.println(format!("[{}] {outcome}", self.current.borrow()));
                 b.inc(1);
             }
             None => eprintln!(" {outcome}"),
         }
+    }
+
+    /// Item `name` as one step: started, at `stage` while `work` runs, finished with its time
+    /// or its error; `work`'s result returned.
+    pub fn item<T, E: std::fmt::Display>(
+        &self,
+        name: &str,
+        stage: &str,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let t0 = std::time::Instant::now();
+        self.start(name);
+        self.stage(stage);
+        let result = work();
+        self.finish(&match &result {
+            Ok(_) => format!("done in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(e) => format!("failed: {e}"),
+        });
+        result
     }
 
     /// A line of its own (above the bar on a terminal).
@@ -98,7 +117,8 @@ impl Progress {
     }
 
     /// Items counted so far (0 without a bar: nothing is counted then).
-    pub fn done(&self) -> u64 {
+    #[cfg(test)]
+    fn done(&self) -> u64 {
         self.bar.as_ref().map_or(0, ProgressBar::position)
     }
 }
@@ -125,7 +145,11 @@ mod tests {
         p.finish("done in 1.0 s");
         p.skip(2);
         assert_eq!(p.done(), 3);
-        assert_eq!(*p.item.borrow(), "fixed_8192");
+        assert_eq!(*p.current.borrow(), "fixed_8192");
+        assert_eq!(p.item("tiny", "timing", || Ok::<_, String>(7)), Ok(7));
+        assert_eq!(p.item("huge", "timing", || Err::<u8, _>("refused".to_string())), Err("refused".into()));
+        assert_eq!(p.done(), 5, "an item counts whether it succeeds or fails");
+        assert_eq!(*p.current.borrow(), "huge");
     }
 
     #[test]

@@ -637,15 +637,7 @@ fn layer_rows(
     lines.push("|---|---:|---:|---:|---|---:|---:|---|".into());
     for c in cases {
         let (s, p) = (&c.shape, &c.problem);
-        let t0 = Instant::now();
-        progress.start(&format!("layer_{} ({kernel})", s.name));
-        progress.stage("timing");
-        let timed = time(s, p);
-        progress.finish(&match &timed {
-            Ok(_) => format!("done in {:.1} s", t0.elapsed().as_secs_f64()),
-            Err(e) => format!("failed: {e}"),
-        });
-        let t = match timed {
+        let t = match progress.item(&format!("layer_{} ({kernel})", s.name), "timing", || time(s, p)) {
             Ok(t) => t,
             Err(e) => {
                 lines.push(format!("| layer_{} | failed: {e} |", s.name));
@@ -695,15 +687,7 @@ fn decode_rows(
     let mut lines = vec!["| decode shape | us | floor us | floor / time | rel err o | rel err ht |".to_string()];
     lines.push("|---|---:|---:|---:|---:|---:|".into());
     for d in kda_cli::decode_bench_shapes() {
-        let t0 = Instant::now();
-        progress.start(&format!("{} ({kernel})", d.name));
-        progress.stage("timing");
-        let timed = time(&d);
-        progress.finish(&match &timed {
-            Ok(_) => format!("done in {:.1} s", t0.elapsed().as_secs_f64()),
-            Err(e) => format!("failed: {e}"),
-        });
-        let t = match timed {
+        let t = match progress.item(&format!("{} ({kernel})", d.name), "timing", || time(&d)) {
             Ok(t) => t,
             Err(e) => {
                 lines.push(format!("| {} | failed: {e} |", d.name));
