@@ -134,7 +134,12 @@ kernel_entry! {
         let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
-            let slot = *slots.add(n);
+            // The sequence's slot and start, and this thread's key's gate scalars, requested
+            // together: the state's loads wait for one memory round trip before them, and the
+            // tokens' staging for none (the plan's tables and the head's scalars, not the
+            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
+            let scalars = token.gate_scalars(thread_idx_x_fresh());
+            let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
             if slot < 0 {
                 return; // padding: nothing read or written
             }
@@ -143,12 +148,11 @@ kernel_entry! {
             token.copy_raw(n * d, d);
             // `s` is the state after token `current` (-1: the initial state, read from the slot,
             // or zeros).
-            let start_fresh = *fresh.add(n) != 0;
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
             if !start_fresh {
                 token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
             }
-            token.stage_raw(d);
+            token.stage_raw(d, scalars);
             let mut current = -1i64;
             // Which of the two shared buffers of partial sums the next `step` writes.
             let mut parity = 0;
@@ -410,6 +414,14 @@ unsafe fn add_halves(x: f32) -> f32 {
     x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
+/// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
+/// (absent: a strength of 1) and the key's `dt_bias` (0 when absent).
+#[derive(Clone, Copy)]
+struct GateScalars {
+    a_log: Option<f32>,
+    bias: f32,
+}
+
 /// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
 /// address), or values loaded from memory before the token's first barrier.
 #[derive(Clone, Copy)]
@@ -625,12 +637,13 @@ impl Token {
     }
 
     /// Waits for [`Token::copy_raw`]'s copies, then converts each of the `d` tokens' `q`, `k` and
-    /// gate into its stage (f32, the decay activated), one key per thread. Two CTA barriers.
+    /// gate into its stage (f32, the decay activated), one key per thread, the thread's key's
+    /// gate scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers.
     ///
     /// # Safety
     /// Every thread calls it, after `copy_raw(_, d)`.
     #[inline(always)]
-    unsafe fn stage_raw(&self, d: usize) {
+    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars) {
         cp_async_wait_all();
         // SAFETY (block): every thread calls it; the addresses lie in the raw slots and stages.
         unsafe {
@@ -643,7 +656,7 @@ impl Token {
                         let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
                         let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
-                        self.stage_key(stage_of(t), tid, q, k, g);
+                        self.stage_key(stage_of(t), tid, q, k, g, scalars);
                     }
                 }
             }
@@ -651,24 +664,45 @@ impl Token {
         }
     }
 
+    /// The gate's scalars of key `key` (below `K`; zeros past it): the raw `A_log` of the value
+    /// head and the key's `dt_bias` (each absent when its tensor is), loaded and not yet used, so
+    /// that a caller may request them beside other loads and use them later.
+    ///
+    /// # Safety
+    /// `a_log` and `dt_bias` hold `HV` and `HV * gate_width` values when present.
+    #[inline(always)]
+    unsafe fn gate_scalars(&self, key: usize) -> GateScalars {
+        if key >= self.kd {
+            return GateScalars { a_log: None, bias: 0.0 };
+        }
+        // SAFETY: see the function's contract.
+        unsafe {
+            GateScalars {
+                a_log: if self.a_log.is_null() { None } else { Some(*self.a_log.add(self.i)) },
+                bias: if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + self.gate_column(key)) },
+            }
+        }
+    }
+
     /// Key `key` of a token into the stage at `stage`: `q`, `k` and the decay, `exp` of the gate
-    /// `raw` activated (one code path for the copied and the loaded rows, so that both give the
-    /// same bits).
+    /// `raw` activated with the key's `scalars` (one code path for the copied and the loaded
+    /// rows, so that both give the same bits).
     ///
     /// # Safety
     /// `stage` is a stage's shared address, `key < K`.
     #[inline(always)]
-    unsafe fn stage_key(&self, stage: u32, key: usize, q: f32, k: f32, raw: f32) {
-        let a = self.gate_column(key);
-        // SAFETY (block): see the function's contract; `a_log` and `dt_bias` hold `HV` and
-        // `HV * gate_width` values when present.
+    unsafe fn stage_key(&self, stage: u32, key: usize, q: f32, k: f32, raw: f32, scalars: GateScalars) {
+        let strength = match scalars.a_log {
+            Some(a_log) => exp(a_log),
+            None => 1.0,
+        };
+        let decay = exp(activate(raw, self.gate_mode, strength, scalars.bias, self.lower_bound));
+        // SAFETY: see the function's contract.
         unsafe {
-            let strength = if self.a_log.is_null() { 1.0 } else { exp(*self.a_log.add(self.i)) };
-            let bias = if self.dt_bias.is_null() { 0.0 } else { *self.dt_bias.add(self.i * self.gw + a) };
             let word = |x: usize| stage + (x * 4) as u32;
             st_shared_f32(word(key), q);
             st_shared_f32(word(MAX_K + key), k);
-            st_shared_f32(word(2 * MAX_K + key), exp(activate(raw, self.gate_mode, strength, bias, self.lower_bound)));
+            st_shared_f32(word(2 * MAX_K + key), decay);
         }
     }
 
@@ -706,7 +740,8 @@ impl Token {
                     if tid < kd {
                         let e = head_row * kd + tid;
                         let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
-                        self.stage_key(stage, tid, q, k, *self.g.add(value_row * self.gw + self.gate_column(tid)));
+                        let raw = *self.g.add(value_row * self.gw + self.gate_column(tid));
+                        self.stage_key(stage, tid, q, k, raw, self.gate_scalars(tid));
                     }
                     let loaded = if at.is_reducer() {
                         let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
