@@ -255,9 +255,10 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
 /// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
 /// element type (a [`StateDtypeCode`]) and layout (a [`StateLayoutCode`]), `draft`
-/// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
+/// (tokens per sequence), `sequences` (`N`), `lookahead` (how many items ahead a CTA requests
+/// the state and token rows of into the L2: the CTAs resident at once), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
 /// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 25] = [
+pub const DECODE_PARAMS: [Param; 27] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -274,6 +275,8 @@ pub const DECODE_PARAMS: [Param; 25] = [
     Param::u32("pool_dtype"),
     Param::u32("pool_layout"),
     Param::u32("draft"),
+    Param::u32("sequences"),
+    Param::u32("lookahead"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),
@@ -661,6 +664,15 @@ pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
 /// of the token loop's and the tree path's bookkeeping at 80 (the PTX test bounds it). Against
 /// 128 registers (two CTAs) on the H200: 15% faster on verify, up to 3% on one-token steps.
 pub const DECODE_MAX_REGISTERS: u32 = 80;
+
+/// 32-bit registers of an SM on every sm_80+ GPU.
+pub const REGISTERS_PER_SM: usize = 65536;
+
+const _: () = assert!(
+    crate::layout::decode::CTAS_PER_SM * crate::layout::decode::THREADS * DECODE_MAX_REGISTERS as usize
+        <= REGISTERS_PER_SM,
+    "the decode step's CTAs per SM fit the register file at its budget"
+);
 
 /// The decode step: a few tokens per sequence, states in a pool by slot (plain f32, every target).
 pub const DECODE: KernelAbi = KernelAbi {

@@ -32,7 +32,7 @@
 
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
-    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
+    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, prefetch_l2, rsqrt_approx, shfl_xor,
     smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
@@ -48,8 +48,11 @@ use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
 kernel_entry! {
-    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
-    /// CTAs, sequence-major; `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
+    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: one CTA per item,
+    /// the `N * HV * V / COLS` (sequence, value head, column block) triples, sequence-major;
+    /// `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`. CTA `b` requests into the
+    /// L2 the state and token rows of item `b + lookahead` (the CTAs resident at once), which
+    /// starts about when it ends.
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
@@ -70,7 +73,8 @@ kernel_entry! {
     /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
-    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
+    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`;
+    /// the grid holds one CTA per item.
     pub unsafe fn kda_decode_step(
         q: *const u16,
         k: *const u16,
@@ -88,6 +92,8 @@ kernel_entry! {
         pool_dtype: u32,
         pool_layout: u32,
         draft: u32,
+        sequences: u32,
+        lookahead: u32,
         heads: u32,
         value_heads: u32,
         key_dim: u32,
@@ -124,80 +130,117 @@ kernel_entry! {
         }
         let blocks = (vd / COLS) as u32;
         let per_seq = value_heads.wrapping_mul(blocks);
-        let b = block_idx_x() as u32;
-        let (Some(n), Some(rest)) = (b.checked_div(per_seq), b.checked_rem(per_seq)) else { return };
+        let Some(items) = sequences.checked_mul(per_seq) else { return };
+        // An item's sequence, value head and first column.
         // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
-        let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
-        let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
+        let place = |item: u32| -> Option<(usize, usize, usize)> {
+            let (n, rest) = (item.checked_div(per_seq)?, item.checked_rem(per_seq)?);
+            let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
+            Some((n as usize, i as usize, block as usize * COLS))
+        };
+        let item = block_idx_x() as u32;
+        let Some((n, i, col0)) = place(item) else { return };
         let dims = Dims { h, hv, kd, vd, gw };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
         let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
+        // The item that starts about when this one ends: `lookahead` apart, the CTAs resident at
+        // once (the grid's CTAs start in order, each as one ends).
+        let ahead = item.checked_add(lookahead).filter(|&x| x < items);
         // SAFETY (block): the kernel's contract.
         unsafe {
             // The sequence's slot and start, and this thread's key's gate scalars, requested
             // together: the state's loads wait for one memory round trip before them, and the
             // tokens' staging for none (the plan's tables and the head's scalars, not the
-            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
+            // sequence's pool slot, so a padding sequence still reads nothing of the pool). The
+            // item ahead's slot and start too, for its requests into the L2 below.
             let scalars = token.gate_scalars(thread_idx_x_fresh());
             let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
-            if slot < 0 {
-                return; // padding: nothing read or written
+            let ahead = ahead.and_then(place).map(|(m, i, col0)| (m, i, col0, *slots.add(m), *fresh.add(m) != 0));
+            if slot >= 0 {
+                let tables = (parents, token_slots);
+                run_sequence(&token, (n, d), (slot, start_fresh), scalars, tables, pool, ahead);
+            } else {
+                token.prefetch_item(ahead, d, pool);
             }
-            // Every token's rows copied to shared memory, under the state's loads; then
-            // converted once, so that each token waits on a barrier, not on memory.
-            token.copy_raw(n * d, d);
-            // `s` is the state after token `current` (-1: the initial state, read from the slot,
-            // or zeros).
-            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-            if !start_fresh {
-                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+        }
+    }
+}
+
+/// One item of the decode step: sequence `n`'s `d` tokens through the CTA's head and columns of
+/// its state in `slot` (from zeros when `start_fresh`), each token's output and the states the
+/// tables name written; once the item's loads are all requested, the item `ahead`'s requested
+/// into the L2 ([`Token::prefetch_item`]).
+///
+/// # Safety
+/// As `kda_decode_step`'s; `slot` is not negative; every thread of the CTA calls it.
+#[inline(always)]
+unsafe fn run_sequence(
+    token: &Token,
+    (n, d): (usize, usize),
+    (slot, start_fresh): (i64, bool),
+    scalars: GateScalars,
+    (parents, token_slots): (*const i64, *const i64),
+    pool: *mut f32,
+    ahead: Ahead,
+) {
+    // SAFETY (block): the function's contract.
+    unsafe {
+        // Every token's rows copied to shared memory, under the state's loads; then
+        // converted once, so that each token waits on a barrier, not on memory.
+        token.copy_raw(n * d, d);
+        // `s` is the state after token `current` (-1: the initial state, read from the slot,
+        // or zeros).
+        let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+        if !start_fresh {
+            token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+        }
+        // Everything of this item requested: the item ahead's go out behind them.
+        token.prefetch_item(ahead, d, pool);
+        token.stage_raw(d, scalars);
+        let mut current = -1i64;
+        // Which of the two shared buffers of partial sums the next `step` writes.
+        let mut parity = 0;
+        for t in 0..d {
+            let row = n * d + t;
+            let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
+            // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
+            // parent's ancestors from the initial state when `s` is not the parent's state.
+            let mut run = 1u32 << t;
+            if parent != current {
+                // Rebuild from the initial state, read again (the contract keeps a tree's own
+                // slot unwritten until the call ends), rather than held in registers.
+                s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                if !start_fresh {
+                    token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+                }
+                // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
+                // token by the contract.)
+                let mut at = parent;
+                for _ in 0..MAX_DRAFT {
+                    if at < 0 || at as usize >= t {
+                        break;
+                    }
+                    run |= 1 << at;
+                    at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
+                }
             }
-            token.stage_raw(d, scalars);
-            let mut current = -1i64;
-            // Which of the two shared buffers of partial sums the next `step` writes.
-            let mut parity = 0;
-            for t in 0..d {
-                let row = n * d + t;
-                let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
-                // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
-                // parent's ancestors from the initial state when `s` is not the parent's state.
-                let mut run = 1u32 << t;
-                if parent != current {
-                    // Rebuild from the initial state, read again (the contract keeps a tree's own
-                    // slot unwritten until the call ends), rather than held in registers.
-                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                    if !start_fresh {
-                        token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
-                    }
-                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
-                    // token by the contract.)
-                    let mut at = parent;
-                    for _ in 0..MAX_DRAFT {
-                        if at < 0 || at as usize >= t {
-                            break;
-                        }
-                        run |= 1 << at;
-                        at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
-                    }
+            // Ancestors precede their tokens, so running the mask in token order runs the
+            // path from the root (one call site of `step`: the kernel keeps one copy of it).
+            for u in 0..=t {
+                if run & (1 << u) != 0 {
+                    token.step(n * d + u, Some(u), &mut s, u == t, parity);
+                    token.as_stored(&mut s);
+                    parity ^= 1;
                 }
-                // Ancestors precede their tokens, so running the mask in token order runs the
-                // path from the root (one call site of `step`: the kernel keeps one copy of it).
-                for u in 0..=t {
-                    if run & (1 << u) != 0 {
-                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
-                        token.as_stored(&mut s);
-                        parity ^= 1;
-                    }
-                }
-                current = t as i64;
-                let store = if token_slots.is_null() {
-                    if t + 1 == d { slot } else { -1 }
-                } else {
-                    *token_slots.add(row)
-                };
-                if store >= 0 {
-                    token.store(pool, store as usize, &s);
-                }
+            }
+            current = t as i64;
+            let store = if token_slots.is_null() {
+                if t + 1 == d { slot } else { -1 }
+            } else {
+                *token_slots.add(row)
+            };
+            if store >= 0 {
+                token.store(pool, store as usize, &s);
             }
         }
     }
@@ -335,6 +378,7 @@ struct Codes {
 
 /// What one CTA needs to run a token: the inputs, its head and column, this thread's place, the
 /// layer's options.
+#[derive(Clone, Copy)]
 struct Token {
     q: *const u16,
     k: *const u16,
@@ -414,6 +458,10 @@ unsafe fn add_halves(x: f32) -> f32 {
     x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
+/// The item a CTA requests into the L2 for the CTA that runs it: its sequence, value head, first
+/// column, slot and whether it starts fresh (`None`: no item that far ahead).
+type Ahead = Option<(usize, usize, usize, i64, bool)>;
+
 /// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
 /// (absent: a strength of 1) and the key's `dt_bias` (0 when absent).
 #[derive(Clone, Copy)]
@@ -464,7 +512,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            j: i.checked_div(d.hv / d.h).unwrap_or(0),
+            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -473,6 +521,13 @@ impl Token {
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
         }
+    }
+
+    /// The same launch's view for value head `i` and first column `col0` (another item's).
+    #[inline(always)]
+    fn of_item(&self, i: usize, col0: usize) -> Self {
+        let group = self.hv.checked_div(self.h).unwrap_or(1);
+        Self { i, j: i.checked_div(group).unwrap_or(0), col0, ..*self }
     }
 
     /// Keys per thread.
@@ -588,49 +643,126 @@ impl Token {
         }
     }
 
-    /// Copies the rows of the sequence's `d` tokens from `first_row` on (`q`, `k`, the gate,
-    /// this CTA's columns of `v`, `beta`) to their raw slots in shared memory, one 16-byte copy (or
-    /// one f32) per thread per token, asynchronously: [`Token::stage_raw`] waits for them.
+    /// This thread's copy of token row `row`'s inputs (`q`, `k`, the gate, this CTA's columns
+    /// of `v`, `beta`), the copies of each row laid end to end over the threads: the byte offset
+    /// in the token's raw slot, the source and whether it is one f32 (else 16 bytes); `None`
+    /// for threads past the copies.
+    ///
+    /// # Safety
+    /// As the kernel's: the row exists.
+    #[inline(always)]
+    unsafe fn raw_copy(&self, tid: usize, row: usize) -> Option<(usize, *const u8, bool)> {
+        let (kd, gw) = (self.kd, self.gw);
+        let q_end = kd * 2 / COPY_BYTES;
+        let k_end = 2 * q_end;
+        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
+        let v_end = g_end + COLS * 2 / COPY_BYTES;
+        let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
+        // SAFETY (block): the function's contract; copy `e` of a row starts at element `8 e` of
+        // a bf16 row, `4 e` of an f32 one.
+        unsafe {
+            Some(if tid < q_end {
+                (RAW_Q + COPY_BYTES * tid, self.q.add(head_row * kd + 8 * tid) as *const u8, false)
+            } else if tid < k_end {
+                let e = tid - q_end;
+                (RAW_K + COPY_BYTES * e, self.k.add(head_row * kd + 8 * e) as *const u8, false)
+            } else if tid < g_end {
+                let e = tid - k_end;
+                if gw == 1 {
+                    (RAW_G, self.g.add(value_row) as *const u8, true)
+                } else {
+                    (RAW_G + COPY_BYTES * e, self.g.add(value_row * gw + 4 * e) as *const u8, false)
+                }
+            } else if tid < v_end {
+                let e = tid - g_end;
+                (RAW_V + COPY_BYTES * e, self.v.add(value_row * self.vd + self.col0 + 8 * e) as *const u8, false)
+            } else if tid == v_end {
+                (RAW_BETA, self.beta.add(value_row) as *const u8, true)
+            } else {
+                return None;
+            })
+        }
+    }
+
+    /// Copies the rows of the sequence's `d` tokens from `first_row` on ([`Token::raw_copy`]) to
+    /// their raw slots in shared memory, one 16-byte copy (or one f32) per thread per token,
+    /// asynchronously: [`Token::stage_raw`] waits for them.
     ///
     /// # Safety
     /// As the kernel's: the rows exist; `q`, `k`, `v` and a gate per key start 16-byte aligned.
     #[inline(always)]
     unsafe fn copy_raw(&self, first_row: usize, d: usize) {
-        let (kd, gw) = (self.kd, self.gw);
         let tid = thread_idx_x_fresh();
-        // Copies per token of each row, laid end to end over the threads.
-        let q_end = kd * 2 / COPY_BYTES;
-        let k_end = 2 * q_end;
-        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
-        let v_end = g_end + COLS * 2 / COPY_BYTES;
         // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
         unsafe {
-            let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
             for t in 0..MAX_DRAFT {
-                if t < d {
-                    let row = first_row + t;
-                    let raw = raw_slot(t);
-                    let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
-                    // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
-                    if tid < q_end {
-                        copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
-                    } else if tid < k_end {
-                        let e = tid - q_end;
-                        copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
-                    } else if tid < g_end {
-                        let e = tid - k_end;
-                        if gw == 1 {
-                            cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
-                        } else {
-                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
-                        }
-                    } else if tid < v_end {
-                        let e = tid - g_end;
-                        let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
-                        copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
-                    } else if tid == v_end {
-                        cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
+                if t < d
+                    && let Some((offset, src, one_word)) = self.raw_copy(tid, first_row + t)
+                {
+                    let dst = raw_slot(t) + offset as u32;
+                    if one_word {
+                        cp_async_4(dst, src, 4);
+                    } else {
+                        cp_async_16(dst, src, COPY_BYTES as u32);
                     }
+                }
+            }
+        }
+    }
+
+    /// [`Token::prefetch`] for the item `ahead` of this launch (`d` tokens per sequence), if any
+    /// and not padding: the state and token rows the CTA that runs it will read, requested into
+    /// the L2 so that it finds them there.
+    ///
+    /// # Safety
+    /// As the kernel's; `ahead` is an item of the launch.
+    #[inline(always)]
+    unsafe fn prefetch_item(&self, ahead: Ahead, d: usize, pool: *const f32) {
+        if let Some((m, i, col0, slot, start_fresh)) = ahead
+            && slot >= 0
+        {
+            // SAFETY: the function's contract.
+            unsafe { self.of_item(i, col0).prefetch(m * d, d, (slot, start_fresh), pool) };
+        }
+    }
+
+    /// Requests into the L2 what the item of this token's head and columns will read, the
+    /// sequence's `d` token rows from `first_row` on and, unless it starts fresh, its state in
+    /// `slot`: one request per vector of [`Token::load`] and per copy of [`Token::copy_raw`]
+    /// (the lanes of a warp that share a line share its request).
+    ///
+    /// # Safety
+    /// As the kernel's: the rows exist, `slot` lies inside the pool.
+    #[inline(always)]
+    unsafe fn prefetch(&self, first_row: usize, d: usize, (slot, start_fresh): (i64, bool), pool: *const f32) {
+        let at = Place::fresh();
+        let element = if self.bf16_pool { 2 } else { 4 };
+        // SAFETY (block): the function's contract; the offsets are `load`'s.
+        unsafe {
+            let line = |e: usize| prefetch_l2((pool as *const u8).add(e * element));
+            if !start_fresh {
+                for t in 0..MAX_KEYS_PER_THREAD {
+                    if t < self.keys() {
+                        let key = at.group * self.keys() + t;
+                        if self.value_first_pool {
+                            // The thread's keys of a column are contiguous: one request per column.
+                            if t == 0 {
+                                for x in 0..VEC {
+                                    line(self.value_first_offset(slot as usize, x, key, &at));
+                                }
+                            }
+                        } else {
+                            line(self.state_offset(slot as usize, key, &at));
+                        }
+                    }
+                }
+            }
+            let tid = thread_idx_x_fresh();
+            for t in 0..MAX_DRAFT {
+                if t < d
+                    && let Some((_, src, _)) = self.raw_copy(tid, first_row + t)
+                {
+                    prefetch_l2(src);
                 }
             }
         }

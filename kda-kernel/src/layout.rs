@@ -273,6 +273,10 @@ pub mod decode {
     pub const WARPS: usize = 8;
     /// Threads per CTA.
     pub const THREADS: usize = 32 * WARPS;
+    /// CTAs of the decode step resident per SM, as its register budget allows
+    /// (`abi::DECODE_MAX_REGISTERS`): a CTA requests into the L2 the state and token rows of
+    /// the item this many times the SMs ahead of its own, whose CTA starts about when it ends.
+    pub const CTAS_PER_SM: usize = 3;
     /// Groups of keys, one per (warp, key lane): each thread holds `K / KEY_GROUPS` consecutive
     /// keys of its `VEC` columns.
     pub const KEY_GROUPS: usize = KEY_LANES * WARPS;
@@ -334,7 +338,7 @@ pub mod decode {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
         assert!(DELTAS_AT.is_multiple_of(4) && DELTA_WORDS.is_multiple_of(4), "deltas read as 16-byte vectors");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
-        assert!(3 * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
+        assert!(CTAS_PER_SM * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
     };
 }
 

@@ -778,6 +778,11 @@ fn sim_decode<P: PoolElement>(
     sim_decode_in(StateLayout::KeyFirst, p, slots, fresh, tables, pool)
 }
 
+/// How far ahead [`sim_decode_in`]'s CTAs request items into the L2 (a no-op on the simulator,
+/// whose addresses the pool's bounds still check): a few items, so that live, padding and fresh
+/// items ahead and items past the end all occur.
+const DECODE_LOOKAHEAD: u32 = 3;
+
 /// [`sim_decode`] over a pool of `layout`.
 fn sim_decode_in<P: PoolElement>(
     layout: StateLayout,
@@ -799,13 +804,10 @@ fn sim_decode_in<P: PoolElement>(
     let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
     let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
     let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
-    let launch = Launch {
-        grid: seqs * s.value_heads * (s.value_dim / decode::COLS),
-        block: decode::THREADS,
-        shared_bytes: decode::SMEM_BYTES,
-    };
+    let items = seqs * s.value_heads * (s.value_dim / decode::COLS);
+    let launch = Launch { grid: items, block: decode::THREADS, shared_bytes: decode::SMEM_BYTES };
     // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
-    // pool (`slot_uses`, `draft_tables`).
+    // pool (`slot_uses`, `draft_tables`); one CTA per item.
     unsafe {
         sim::launch(launch, || {
             kda_kernel::decode::kda_decode_step(
@@ -825,6 +827,8 @@ fn sim_decode_in<P: PoolElement>(
                 P::DTYPE.code(),
                 layout.code(),
                 tables.draft as u32,
+                seqs as u32,
+                DECODE_LOOKAHEAD,
                 words[0],
                 words[1],
                 words[2],
