@@ -817,8 +817,8 @@ fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
 
 /// The decode step captured once in a CUDA graph and replayed with new tokens copied into the
 /// same input buffers: each replay continues every sequence from the state the previous one left
-/// in its slot, and matches the pooled f64 layer step by step; then the time per replayed step of
-/// one sequence of 32 heads (`decode_kda_1`'s shape) is printed.
+/// in its slot, and matches the pooled f64 layer step by step; then the time per replay of the
+/// one-step graph, and per step of a graph of `STEPS_PER_GRAPH` steps, is printed.
 #[test]
 fn decode_steps_replay_in_a_cuda_graph() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -919,9 +919,37 @@ fn decode_steps_replay_in_a_cuda_graph() {
             "H {heads}: pool after {STEPS} replays: error {e:.2e}"
         );
         let us = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| graph.launch().map_err(kda::KdaError::from)).unwrap();
-        println!("H {heads}, {n} sequences: {STEPS} replays match the pooled layer; {us:.2} us per replayed step");
+        // A serving engine captures a whole forward, every layer's step, in one graph: the
+        // step's cost there is the graph's time over its steps.
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
+        let launched: Result<(), kda::KdaError> = (0..STEPS_PER_GRAPH).try_for_each(|_| {
+            let inputs = DecodeInputs {
+                q: q.slice(..),
+                k: k.slice(..),
+                v: v.slice(..),
+                g: g.slice(..),
+                beta: beta.slice(..),
+                a_log: Some(a_log.slice(..)),
+                dt_bias: Some(dt_bias.slice(..)),
+            };
+            gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..))
+        });
+        let steps = s.end_capture(CUgraphInstantiate_flags(0));
+        launched.expect("the decode steps under capture");
+        let steps = steps.expect("end capture").expect("a graph holding the steps");
+        let per_step = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| steps.launch().map_err(kda::KdaError::from))
+            .unwrap()
+            / STEPS_PER_GRAPH as f64;
+        println!(
+            "H {heads}, {n} sequences: {STEPS} replays match the pooled layer; {us:.2} us per replayed one-step \
+             graph, {per_step:.2} us per step in a replayed graph of {STEPS_PER_GRAPH} steps"
+        );
     }
 }
+
+/// Steps [`decode_steps_replay_in_a_cuda_graph`] captures in one graph for its second timing, as
+/// a model's layers' steps in one forward.
+const STEPS_PER_GRAPH: usize = 32;
 
 /// The layer's prefill over a pool (`Kda::launch_layer_pooled`): a sequence continuing its
 /// slot, a padding one with no tokens, a fresh one, one ending on a chunk boundary, against
