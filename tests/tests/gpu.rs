@@ -817,7 +817,8 @@ fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
 
 /// The decode step captured once in a CUDA graph and replayed with new tokens copied into the
 /// same input buffers: each replay continues every sequence from the state the previous one left
-/// in its slot, and matches the pooled f64 layer step by step; then the time per replay of the
+/// in its slot, and matches the pooled f64 layer step by step, the last one over other slots
+/// (`DecodePlan::rebind`: permuted, a padding one moved, a fresh one); then the time per replay of the
 /// one-step graph, and per step of a graph of `STEPS_PER_GRAPH` steps, is printed.
 #[test]
 fn decode_steps_replay_in_a_cuda_graph() {
@@ -831,7 +832,8 @@ fn decode_steps_replay_in_a_cuda_graph() {
     let gpu = Gpu::open();
     let ctx = gpu.kda.context().clone();
     let s = &ctx.new_stream().unwrap();
-    for (heads, indices) in [(2, vec![2i64, -1, 0, 5]), (32, vec![0])] {
+    // Each case's slots, and the slots its last replay is rebound to (the last sequence fresh).
+    for (heads, indices, rebound) in [(2, vec![2i64, -1, 0, 5], vec![5i64, 0, -1, 3]), (32, vec![0], vec![3])] {
         let shape = LayerShape { kind: LayerKind::Kda, heads, value_heads: heads, key_dim: 128, value_dim: 128 };
         let options = LayerOptions {
             scale: 128f64.powf(-0.5),
@@ -843,7 +845,8 @@ fn decode_steps_replay_in_a_cuda_graph() {
         let fresh = vec![false; n];
         let pool_shape = PoolShape::for_layer(&shape, 6, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, heads as u64);
-        let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let mut uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
+        let rebound_fresh: Vec<bool> = (0..n).map(|seq| seq + 1 == n).collect();
         // New tokens each step, one layer: every step keeps the first step's `A_log` and `dt_bias`.
         let mut steps: Vec<_> =
             (0..STEPS).map(|t| kda::inputs::random_layer_problem(&vec![1; n], shape, options, false, 70 + t)).collect();
@@ -855,7 +858,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
         // SAFETY: these buffers are used on this one stream only, in order; tracking is back on
         // before the test ends.
         unsafe { ctx.disable_event_tracking() };
-        let plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
+        let mut plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
         let first = &steps[0];
         let (mut q, mut k, mut v) =
             (s.clone_htod(&first.q).unwrap(), s.clone_htod(&first.k).unwrap(), s.clone_htod(&first.v).unwrap());
@@ -887,6 +890,12 @@ fn decode_steps_replay_in_a_cuda_graph() {
 
         let mut want_pool = pool.clone();
         for (t, p) in steps.iter().enumerate() {
+            if t + 1 == steps.len() {
+                // The last replay over other slots: the plan rebound in place, the graph as
+                // captured.
+                plan.rebind(s, &rebound, &rebound_fresh, None, None).expect("rebind");
+                uses = slot_uses(&rebound, &rebound_fresh, &pool_shape).unwrap();
+            }
             s.memcpy_htod(&p.q, &mut q).unwrap();
             s.memcpy_htod(&p.k, &mut k).unwrap();
             s.memcpy_htod(&p.v, &mut v).unwrap();

@@ -172,6 +172,45 @@ impl DecodePlan {
         })
     }
 
+    /// Points the plan at new slots in place: the slot of each of its `N` sequences, which start
+    /// fresh, and for a verify plan its tokens' parents and state slots, checked as
+    /// [`DecodePlan::verify`] checks them and copied on `stream` into the buffers the plan
+    /// already holds. A launch (or a CUDA graph captured from one) enqueued after this on
+    /// `stream` runs the new slots: a serving loop captures one step per batch size and replays
+    /// it as requests come and go. The plan keeps its sequence count, `draft` and kind: an
+    /// `indices` of another length, or `parents` / `token_slots` given where the plan has none
+    /// (or missing where it has them), is refused with a typed error, and a refused call copies
+    /// nothing.
+    pub fn rebind(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        indices: &[i64],
+        fresh: &[bool],
+        parents: Option<&[i64]>,
+        token_slots: Option<&[i64]>,
+    ) -> Result<(), KdaError> {
+        let tables = rebound_tables(self.shape_of_tables(), &self.pool, indices, fresh, parents, token_slots)?;
+        stream.memcpy_htod(&tables.slots, &mut self.slots)?;
+        stream.memcpy_htod(&tables.fresh, &mut self.fresh)?;
+        if let Some(buffer) = &mut self.parents {
+            stream.memcpy_htod(&tables.parents, buffer)?;
+        }
+        if let Some(buffer) = &mut self.token_slots {
+            stream.memcpy_htod(&tables.token_slots, buffer)?;
+        }
+        Ok(())
+    }
+
+    /// What [`DecodePlan::rebind`] keeps: the sequence count, `draft` and which tables it holds.
+    fn shape_of_tables(&self) -> TablesShape {
+        TablesShape {
+            sequences: self.num_seqs,
+            draft: self.draft,
+            parents: self.parents.is_some(),
+            token_slots: self.token_slots.is_some(),
+        }
+    }
+
     /// Tokens per sequence.
     pub fn draft(&self) -> usize {
         self.draft
@@ -196,6 +235,63 @@ impl DecodePlan {
     pub fn pool(&self) -> PoolShape {
         self.pool
     }
+}
+
+/// The sequence count, tokens per sequence and tables of a plan, which [`DecodePlan::rebind`]
+/// keeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct TablesShape {
+    sequences: usize,
+    draft: usize,
+    parents: bool,
+    token_slots: bool,
+}
+
+/// A decode plan's device tables as the kernel reads them.
+struct DecodeTables {
+    slots: Vec<i64>,
+    fresh: Vec<u32>,
+    parents: Vec<i64>,
+    token_slots: Vec<i64>,
+}
+
+/// The tables of new slots for a plan of `shape` over `pool` ([`DecodePlan::rebind`]): checked
+/// as [`DecodePlan::verify`] checks them, and refused unless they are the plan's shape.
+fn rebound_tables(
+    shape: TablesShape,
+    pool: &PoolShape,
+    indices: &[i64],
+    fresh: &[bool],
+    parents: Option<&[i64]>,
+    token_slots: Option<&[i64]>,
+) -> Result<DecodeTables, KdaError> {
+    if indices.len() != shape.sequences {
+        return Err(KdaError::Argument {
+            name: "slot_indices",
+            reason: format!(
+                "{} sequences where the plan has {}: plan a call of this size instead",
+                indices.len(),
+                shape.sequences
+            ),
+        });
+    }
+    let uses = slot_uses(indices, fresh, pool)?;
+    let tables = draft_tables(&uses, shape.draft, parents, token_slots, pool)?;
+    let kept = |name: &'static str, planned: bool, given: bool| {
+        if planned == given {
+            Ok(())
+        } else {
+            let (has, gets) = if planned { ("has", "none") } else { ("has none", "some") };
+            Err(KdaError::Argument {
+                name,
+                reason: format!("the plan {has}; rebinding gives {gets}: plan the call anew"),
+            })
+        }
+    };
+    kept("parents", shape.parents, !tables.parents.is_empty())?;
+    kept("token_slots", shape.token_slots, !tables.token_slots.is_empty())?;
+    let (slots, fresh) = SlotUse::decode_tables(&uses);
+    Ok(DecodeTables { slots, fresh, parents: tables.parents, token_slots: tables.token_slots })
 }
 
 /// Whether the decode kernel runs `shape` over `pool` (typed refusals otherwise).
@@ -402,6 +498,36 @@ mod tests {
             layout,
             dtype: crate::pool::StateDtype::F32,
         }
+    }
+
+    #[test]
+    fn rebinding_keeps_the_plans_shape_and_checks_the_slots() {
+        let s = shape(128, 128);
+        let pool = pool(&s, StateLayout::KeyFirst);
+        let chain = TablesShape { sequences: 3, draft: 1, parents: false, token_slots: false };
+        let t = rebound_tables(chain, &pool, &[4, -1, 0], &[false, false, true], None, None).unwrap();
+        assert_eq!((t.slots, t.fresh), (vec![4, -1, 0, -1], vec![0, 0, 1, 0]));
+        assert!(t.parents.is_empty() && t.token_slots.is_empty());
+        let refused = |r: Result<DecodeTables, KdaError>| match r {
+            Err(KdaError::Argument { name, .. }) => name,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted"),
+        };
+        // Another sequence count, a slot named twice, a slot past the pool's 8.
+        assert_eq!(refused(rebound_tables(chain, &pool, &[4, 0], &[false; 2], None, None)), "slot_indices");
+        assert!(rebound_tables(chain, &pool, &[4, 4, 0], &[false; 3], None, None).is_err());
+        assert!(rebound_tables(chain, &pool, &[4, 8, 0], &[false; 3], None, None).is_err());
+        // Token slots where the plan has none, and none where it has them.
+        let verify = TablesShape { sequences: 2, draft: 2, parents: false, token_slots: true };
+        let chain2 = TablesShape { sequences: 2, draft: 2, parents: false, token_slots: false };
+        let token_slots = [5, 1, 6, 2];
+        assert_eq!(
+            refused(rebound_tables(chain2, &pool, &[1, 2], &[false; 2], None, Some(&token_slots))),
+            "token_slots"
+        );
+        assert_eq!(refused(rebound_tables(verify, &pool, &[1, 2], &[false; 2], None, None)), "token_slots");
+        let t = rebound_tables(verify, &pool, &[1, 2], &[false; 2], None, Some(&token_slots)).unwrap();
+        assert_eq!(t.token_slots, token_slots);
     }
 
     #[test]
