@@ -822,11 +822,10 @@ fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
 /// one-step graph, and per step of a graph of `STEPS_PER_GRAPH` steps, is printed.
 #[test]
 fn decode_steps_replay_in_a_cuda_graph() {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
     use kda::pool::layer_reference_pooled;
     use kda::pool::{PoolShape, slot_uses};
-    use kda::{DecodeInputs, DecodePlan, bf16};
+    use kda::{DecodePlan, bf16};
     const STEPS: u64 = 4;
     const TIMED_REPLAYS: usize = 200;
     let gpu = Gpu::open();
@@ -860,33 +859,21 @@ fn decode_steps_replay_in_a_cuda_graph() {
         unsafe { ctx.disable_event_tracking() };
         let mut plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
         let first = &steps[0];
-        let (mut q, mut k, mut v) =
-            (s.clone_htod(&first.q).unwrap(), s.clone_htod(&first.k).unwrap(), s.clone_htod(&first.v).unwrap());
-        let (mut g, mut beta) = (s.clone_htod(&first.g).unwrap(), s.clone_htod(&first.beta).unwrap());
-        let a_log = s.clone_htod(first.a_log.as_deref().unwrap()).unwrap();
-        let dt_bias = s.clone_htod(first.dt_bias.as_deref().unwrap()).unwrap();
-        let mut pool_dev = s.clone_htod(&pool).unwrap();
         let row = heads * 128;
-        let mut o = s.clone_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row]).unwrap();
+        let mut b = StepBuffers {
+            q: s.clone_htod(&first.q).unwrap(),
+            k: s.clone_htod(&first.k).unwrap(),
+            v: s.clone_htod(&first.v).unwrap(),
+            g: s.clone_htod(&first.g).unwrap(),
+            beta: s.clone_htod(&first.beta).unwrap(),
+            a_log: s.clone_htod(first.a_log.as_deref().unwrap()).unwrap(),
+            dt_bias: s.clone_htod(first.dt_bias.as_deref().unwrap()).unwrap(),
+            pool: s.clone_htod(&pool).unwrap(),
+            o: s.clone_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row]).unwrap(),
+        };
         unsafe { ctx.enable_event_tracking() };
         s.synchronize().unwrap();
-
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
-        let launched = {
-            let inputs = DecodeInputs {
-                q: q.slice(..),
-                k: k.slice(..),
-                v: v.slice(..),
-                g: g.slice(..),
-                beta: beta.slice(..),
-                a_log: Some(a_log.slice(..)),
-                dt_bias: Some(dt_bias.slice(..)),
-            };
-            gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..))
-        };
-        let graph = s.end_capture(CUgraphInstantiate_flags(0));
-        launched.expect("the decode step under capture");
-        let graph = graph.expect("end capture").expect("a graph holding the step");
+        let graph = b.capture(&gpu, s, &plan, 1);
 
         let mut want_pool = pool.clone();
         for (t, p) in steps.iter().enumerate() {
@@ -896,13 +883,13 @@ fn decode_steps_replay_in_a_cuda_graph() {
                 plan.rebind(s, &rebound, &rebound_fresh, None, None).expect("rebind");
                 uses = slot_uses(&rebound, &rebound_fresh, &pool_shape).unwrap();
             }
-            s.memcpy_htod(&p.q, &mut q).unwrap();
-            s.memcpy_htod(&p.k, &mut k).unwrap();
-            s.memcpy_htod(&p.v, &mut v).unwrap();
-            s.memcpy_htod(&p.g, &mut g).unwrap();
-            s.memcpy_htod(&p.beta, &mut beta).unwrap();
+            s.memcpy_htod(&p.q, &mut b.q).unwrap();
+            s.memcpy_htod(&p.k, &mut b.k).unwrap();
+            s.memcpy_htod(&p.v, &mut b.v).unwrap();
+            s.memcpy_htod(&p.g, &mut b.g).unwrap();
+            s.memcpy_htod(&p.beta, &mut b.beta).unwrap();
             graph.launch().expect("replay");
-            let got_o = s.clone_dtoh(&o).unwrap();
+            let got_o = s.clone_dtoh(&b.o).unwrap();
             let want_o = layer_reference_pooled(p, &mut want_pool, &pool_shape, &uses).unwrap();
             for (seq, want) in want_o.iter().enumerate() {
                 let got = &got_o[seq * row..(seq + 1) * row];
@@ -922,7 +909,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
                 }
             }
         }
-        let e = kda::rel_error(&s.clone_dtoh(&pool_dev).unwrap(), &want_pool);
+        let e = kda::rel_error(&s.clone_dtoh(&b.pool).unwrap(), &want_pool);
         assert!(
             e < kda_tests::DECODE_STATE_BOUND * STEPS as f64,
             "H {heads}: pool after {STEPS} replays: error {e:.2e}"
@@ -930,22 +917,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
         let us = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| graph.launch().map_err(kda::KdaError::from)).unwrap();
         // A serving engine captures a whole forward, every layer's step, in one graph: the
         // step's cost there is the graph's time over its steps.
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
-        let launched: Result<(), kda::KdaError> = (0..STEPS_PER_GRAPH).try_for_each(|_| {
-            let inputs = DecodeInputs {
-                q: q.slice(..),
-                k: k.slice(..),
-                v: v.slice(..),
-                g: g.slice(..),
-                beta: beta.slice(..),
-                a_log: Some(a_log.slice(..)),
-                dt_bias: Some(dt_bias.slice(..)),
-            };
-            gpu.kda.launch_decode(s, &plan, &inputs, &mut pool_dev.slice_mut(..), &mut o.slice_mut(..))
-        });
-        let steps = s.end_capture(CUgraphInstantiate_flags(0));
-        launched.expect("the decode steps under capture");
-        let steps = steps.expect("end capture").expect("a graph holding the steps");
+        let steps = b.capture(&gpu, s, &plan, STEPS_PER_GRAPH);
         let per_step = kda_cli::median_us(s, 10, TIMED_REPLAYS, |_| steps.launch().map_err(kda::KdaError::from))
             .unwrap()
             / STEPS_PER_GRAPH as f64;
@@ -959,6 +931,48 @@ fn decode_steps_replay_in_a_cuda_graph() {
 /// Steps [`decode_steps_replay_in_a_cuda_graph`] captures in one graph for its second timing, as
 /// a model's layers' steps in one forward.
 const STEPS_PER_GRAPH: usize = 32;
+
+/// The device buffers of [`decode_steps_replay_in_a_cuda_graph`]'s decode step.
+struct StepBuffers {
+    q: cudarc::driver::CudaSlice<kda::bf16>,
+    k: cudarc::driver::CudaSlice<kda::bf16>,
+    v: cudarc::driver::CudaSlice<kda::bf16>,
+    g: cudarc::driver::CudaSlice<f32>,
+    beta: cudarc::driver::CudaSlice<f32>,
+    a_log: cudarc::driver::CudaSlice<f32>,
+    dt_bias: cudarc::driver::CudaSlice<f32>,
+    pool: cudarc::driver::CudaSlice<f32>,
+    o: cudarc::driver::CudaSlice<kda::bf16>,
+}
+
+impl StepBuffers {
+    /// `count` decode steps of `plan` over these buffers captured in one CUDA graph on `s`.
+    fn capture(
+        &mut self,
+        gpu: &Gpu,
+        s: &std::sync::Arc<cudarc::driver::CudaStream>,
+        plan: &kda::DecodePlan,
+        count: usize,
+    ) -> cudarc::driver::CudaGraph {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
+        let launched: Result<(), KdaError> = (0..count).try_for_each(|_| {
+            let inputs = kda::DecodeInputs {
+                q: self.q.slice(..),
+                k: self.k.slice(..),
+                v: self.v.slice(..),
+                g: self.g.slice(..),
+                beta: self.beta.slice(..),
+                a_log: Some(self.a_log.slice(..)),
+                dt_bias: Some(self.dt_bias.slice(..)),
+            };
+            gpu.kda.launch_decode(s, plan, &inputs, &mut self.pool.slice_mut(..), &mut self.o.slice_mut(..))
+        });
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        launched.expect("the decode steps under capture");
+        graph.expect("end capture").expect("a graph holding the steps")
+    }
+}
 
 /// The layer's prefill over a pool (`Kda::launch_layer_pooled`): a sequence continuing its
 /// slot, a padding one with no tokens, a fresh one, one ending on a chunk boundary, against
