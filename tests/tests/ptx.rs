@@ -10,17 +10,14 @@ use kda_cli::cuda_tool;
 use kda_kernel::abi::{
     ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_FUSED, HOPPER_K64, HOPPER_K64_FUSED,
     HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE,
-    LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES,
+    LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES, REGISTERS_PER_SM,
 };
+use kda_kernel::layout::decode;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Registers per SM on sm_80 and sm_90.
-const REGISTERS_PER_SM: usize = 65536;
 /// CTAs of the baseline each SM should hold at once (the tiles are sized for two).
 const BASELINE_CTAS_PER_SM: usize = 2;
-/// CTAs of the decode step each SM should hold at once (`abi::DECODE_MAX_REGISTERS`).
-const DECODE_CTAS_PER_SM: usize = 3;
 /// Bytes the decode step may spill under its register budget: a few words of the token loop's
 /// and the tree's rebuild path's bookkeeping; never the state, which is 128 bytes per thread.
 const DECODE_SPILL_LIMIT: usize = 64;
@@ -334,15 +331,15 @@ fn entry_directives_match_the_abi() {
 /// and stores, the warp's shuffles and their barriers.
 #[test]
 fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
-    assert!(DECODE_CTAS_PER_SM * DECODE.threads * DECODE_MAX_REGISTERS as usize <= REGISTERS_PER_SM);
+    assert!(decode::CTAS_PER_SM * DECODE.threads * DECODE_MAX_REGISTERS as usize <= REGISTERS_PER_SM);
     let targets = [(SM90A, "sm_90a")].into_iter().chain(JIT_TARGETS.map(|arch| (SM80, arch)));
     for (ptx, arch) in targets {
         let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
         let code = sass(&cubin);
         // Once each in the code: the decode step's two barriers of staging every token's
-        // copied rows and a token's two (its partial sums, its deltas); the checkpoint kernel's
-        // three per token (its loaded inputs, its partial sums, its deltas).
-        for (abi, barriers) in [(&DECODE, 4), (&ADVANCE, 3)] {
+        // copied rows (a token's sums over the keys are its warps' shuffles: no barrier); the
+        // checkpoint kernel's one per token (its loaded inputs).
+        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 1)] {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}", abi.entry);
             assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);
