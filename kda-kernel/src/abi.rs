@@ -255,10 +255,9 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
 /// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
 /// element type (a [`StateDtypeCode`]) and layout (a [`StateLayoutCode`]), `draft`
-/// (tokens per sequence), `sequences` (`N`), `lookahead` (how many items ahead a CTA requests
-/// the state and token rows of into the L2: the CTAs resident at once), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
+/// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
 /// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 27] = [
+pub const DECODE_PARAMS: [Param; 25] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -275,8 +274,6 @@ pub const DECODE_PARAMS: [Param; 27] = [
     Param::u32("pool_dtype"),
     Param::u32("pool_layout"),
     Param::u32("draft"),
-    Param::u32("sequences"),
-    Param::u32("lookahead"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),

@@ -32,7 +32,7 @@
 
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
-    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, prefetch_l2, rsqrt_approx, shfl_xor,
+    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
     smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
@@ -47,11 +47,8 @@ use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
 kernel_entry! {
-    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: one CTA per item,
-    /// the `N * HV * V / COLS` (sequence, value head, column block) triples, sequence-major;
-    /// `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`. CTA `b` requests into the
-    /// L2 the state and token rows of item `b + lookahead` (the CTAs resident at once), which
-    /// starts about when it ends.
+    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
+    /// CTAs, sequence-major; `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
@@ -72,8 +69,7 @@ kernel_entry! {
     /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
-    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`;
-    /// the grid holds one CTA per item.
+    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
     pub unsafe fn kda_decode_step(
         q: *const u16,
         k: *const u16,
@@ -91,8 +87,6 @@ kernel_entry! {
         pool_dtype: u32,
         pool_layout: u32,
         draft: u32,
-        sequences: u32,
-        lookahead: u32,
         heads: u32,
         value_heads: u32,
         key_dim: u32,
@@ -129,37 +123,24 @@ kernel_entry! {
         }
         let blocks = (vd / COLS) as u32;
         let per_seq = value_heads.wrapping_mul(blocks);
-        let Some(items) = sequences.checked_mul(per_seq) else { return };
-        // An item's sequence, value head and first column.
+        let b = block_idx_x() as u32;
+        let (Some(n), Some(rest)) = (b.checked_div(per_seq), b.checked_rem(per_seq)) else { return };
         // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
-        let place = |item: u32| -> Option<(usize, usize, usize)> {
-            let (n, rest) = (item.checked_div(per_seq)?, item.checked_rem(per_seq)?);
-            let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
-            Some((n as usize, i as usize, block as usize * COLS))
-        };
-        let item = block_idx_x() as u32;
-        let Some((n, i, col0)) = place(item) else { return };
+        let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
+        let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
         let dims = Dims { h, hv, kd, vd, gw };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
         let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
-        // The item that starts about when this one ends: `lookahead` apart, the CTAs resident at
-        // once (the grid's CTAs start in order, each as one ends).
-        let ahead = item.checked_add(lookahead).filter(|&x| x < items);
         // SAFETY (block): the kernel's contract.
         unsafe {
             // The sequence's slot and start, and this thread's key's gate scalars, requested
             // together: the state's loads wait for one memory round trip before them, and the
-            // tokens' staging for none (the plan's tables and the head's scalars, not the
-            // sequence's pool slot, so a padding sequence still reads nothing of the pool). The
-            // item ahead's slot and start too, for its requests into the L2 below.
+            // tokens' staging for none (the plan's table and the head's scalars, not the
+            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
             let scalars = token.gate_scalars(thread_idx_x_fresh());
             let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
-            let ahead = ahead.and_then(place).map(|(m, i, col0)| (m, i, col0, *slots.add(m), *fresh.add(m) != 0));
             if slot >= 0 {
-                let tables = (parents, token_slots);
-                run_sequence(&token, (n, d), (slot, start_fresh), scalars, tables, pool, ahead);
-            } else {
-                token.prefetch_item(ahead, d, pool);
+                run_sequence(&token, (n, d), (slot, start_fresh), scalars, (parents, token_slots), pool);
             }
         }
     }
@@ -167,8 +148,7 @@ kernel_entry! {
 
 /// One item of the decode step: sequence `n`'s `d` tokens through the CTA's head and columns of
 /// its state in `slot` (from zeros when `start_fresh`), each token's output and the states the
-/// tables name written; once the item's loads are all requested, the item `ahead`'s requested
-/// into the L2 ([`Token::prefetch_item`]).
+/// tables name written.
 ///
 /// # Safety
 /// As `kda_decode_step`'s; `slot` is not negative; every thread of the CTA calls it.
@@ -180,7 +160,6 @@ unsafe fn run_sequence(
     scalars: GateScalars,
     (parents, token_slots): (*const i64, *const i64),
     pool: *mut f32,
-    ahead: Ahead,
 ) {
     // SAFETY (block): the function's contract.
     unsafe {
@@ -193,8 +172,6 @@ unsafe fn run_sequence(
         if !start_fresh {
             token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
         }
-        // Everything of this item requested: the item ahead's go out behind them.
-        token.prefetch_item(ahead, d, pool);
         token.stage_raw(d, scalars);
         let mut current = -1i64;
         // Which of the two shared buffers of partial sums the next `step` writes.
@@ -377,7 +354,6 @@ struct Codes {
 
 /// What one CTA needs to run a token: the inputs, its head and column, this thread's place, the
 /// layer's options.
-#[derive(Clone, Copy)]
 struct Token {
     q: *const u16,
     k: *const u16,
@@ -458,10 +434,6 @@ unsafe fn sum_over_keys(mut x: f32) -> f32 {
     x
 }
 
-/// The item a CTA requests into the L2 for the CTA that runs it: its sequence, value head, first
-/// column, slot and whether it starts fresh (`None`: no item that far ahead).
-type Ahead = Option<(usize, usize, usize, i64, bool)>;
-
 /// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
 /// (absent: a strength of 1) and the key's `dt_bias` (0 when absent).
 #[derive(Clone, Copy)]
@@ -521,13 +493,6 @@ impl Token {
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
         }
-    }
-
-    /// The same launch's view for value head `i` and first column `col0` (another item's).
-    #[inline(always)]
-    fn of_item(&self, i: usize, col0: usize) -> Self {
-        let group = self.hv.checked_div(self.h).unwrap_or(1);
-        Self { i, j: i.checked_div(group).unwrap_or(0), col0, ..*self }
     }
 
     /// Keys per thread.
@@ -705,64 +670,6 @@ impl Token {
                     } else {
                         cp_async_16(dst, src, COPY_BYTES as u32);
                     }
-                }
-            }
-        }
-    }
-
-    /// [`Token::prefetch`] for the item `ahead` of this launch (`d` tokens per sequence), if any
-    /// and not padding: the state and token rows the CTA that runs it will read, requested into
-    /// the L2 so that it finds them there.
-    ///
-    /// # Safety
-    /// As the kernel's; `ahead` is an item of the launch.
-    #[inline(always)]
-    unsafe fn prefetch_item(&self, ahead: Ahead, d: usize, pool: *const f32) {
-        if let Some((m, i, col0, slot, start_fresh)) = ahead
-            && slot >= 0
-        {
-            // SAFETY: the function's contract.
-            unsafe { self.of_item(i, col0).prefetch(m * d, d, (slot, start_fresh), pool) };
-        }
-    }
-
-    /// Requests into the L2 what the item of this token's head and columns will read, the
-    /// sequence's `d` token rows from `first_row` on and, unless it starts fresh, its state in
-    /// `slot`: one request per vector of [`Token::load`] and per copy of [`Token::copy_raw`]
-    /// (the lanes of a warp that share a line share its request).
-    ///
-    /// # Safety
-    /// As the kernel's: the rows exist, `slot` lies inside the pool.
-    #[inline(always)]
-    unsafe fn prefetch(&self, first_row: usize, d: usize, (slot, start_fresh): (i64, bool), pool: *const f32) {
-        let at = Place::fresh();
-        let element = if self.bf16_pool { 2 } else { 4 };
-        // SAFETY (block): the function's contract; the offsets are `load`'s.
-        unsafe {
-            let line = |e: usize| prefetch_l2((pool as *const u8).add(e * element));
-            if !start_fresh {
-                for t in 0..MAX_KEYS_PER_THREAD {
-                    if t < self.keys() {
-                        let key = at.group * self.keys() + t;
-                        if self.value_first_pool {
-                            // The thread's keys of a column are contiguous: one request per column.
-                            if t == 0 {
-                                for x in 0..VEC {
-                                    line(self.value_first_offset(slot as usize, x, key, &at));
-                                }
-                            }
-                        } else {
-                            line(self.state_offset(slot as usize, key, &at));
-                        }
-                    }
-                }
-            }
-            let tid = thread_idx_x_fresh();
-            for t in 0..MAX_DRAFT {
-                if t < d
-                    && let Some((_, src, _)) = self.raw_copy(tid, first_row + t)
-                {
-                    prefetch_l2(src);
                 }
             }
         }

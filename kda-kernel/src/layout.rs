@@ -276,8 +276,7 @@ pub mod decode {
     /// Threads per CTA.
     pub const THREADS: usize = 32 * WARPS;
     /// CTAs of the decode step resident per SM, as its register budget allows
-    /// (`abi::DECODE_MAX_REGISTERS`): a CTA requests into the L2 the state and token rows of
-    /// the item this many times the SMs ahead of its own, whose CTA starts about when it ends.
+    /// (`abi::DECODE_MAX_REGISTERS`).
     pub const CTAS_PER_SM: usize = 3;
     /// Groups of keys, one per key lane: each thread holds `K / KEY_GROUPS` consecutive keys of
     /// its `VEC` columns.

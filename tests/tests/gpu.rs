@@ -882,6 +882,8 @@ fn decode_steps_replay_in_a_cuda_graph() {
                 // captured.
                 plan.rebind(s, &rebound, &rebound_fresh, None, None).expect("rebind");
                 uses = slot_uses(&rebound, &rebound_fresh, &pool_shape).unwrap();
+                // `o` poisoned again: a sequence live before may be padding now.
+                s.memcpy_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row], &mut b.o).unwrap();
             }
             s.memcpy_htod(&p.q, &mut b.q).unwrap();
             s.memcpy_htod(&p.k, &mut b.k).unwrap();

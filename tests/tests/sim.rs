@@ -778,11 +778,6 @@ fn sim_decode<P: PoolElement>(
     sim_decode_in(StateLayout::KeyFirst, p, slots, fresh, tables, pool)
 }
 
-/// How far ahead [`sim_decode_in`]'s CTAs request items into the L2 (a no-op on the simulator,
-/// whose addresses the pool's bounds still check): a few items, so that live, padding and fresh
-/// items ahead and items past the end all occur.
-const DECODE_LOOKAHEAD: u32 = 3;
-
 /// [`sim_decode`] over a pool of `layout`.
 fn sim_decode_in<P: PoolElement>(
     layout: StateLayout,
@@ -827,8 +822,6 @@ fn sim_decode_in<P: PoolElement>(
                 P::DTYPE.code(),
                 layout.code(),
                 tables.draft as u32,
-                seqs as u32,
-                DECODE_LOOKAHEAD,
                 words[0],
                 words[1],
                 words[2],

@@ -375,14 +375,6 @@ pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
     unsafe { (ptr as *const [u32; 2]).read() }
 }
 
-/// `prefetch.global.L2`: a hint; the simulator has no cache, so nothing.
-///
-/// # Safety
-/// `ptr` addresses global memory of the kernel's tensors.
-pub unsafe fn prefetch_l2(ptr: *const u8) {
-    let _ = ptr;
-}
-
 /// `st.global.v2.b32`.
 ///
 /// # Safety

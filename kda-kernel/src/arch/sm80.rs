@@ -487,17 +487,6 @@ pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
     [x, y]
 }
 
-/// `prefetch.global.L2` (PTX 2.0): brings the line holding `ptr` into the L2, so that a later
-/// load of it does not wait for DRAM. Changes no value.
-///
-/// # Safety
-/// `ptr` addresses global memory of the kernel's tensors.
-#[inline(always)]
-pub unsafe fn prefetch_l2(ptr: *const u8) {
-    // SAFETY: see the function's contract.
-    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) ptr, options(nostack, readonly)) };
-}
-
 /// `st.global.v2.b32` (PTX 1.0): 8 bytes to global memory.
 ///
 /// # Safety

@@ -13,10 +13,9 @@ use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
-use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
-use kda_kernel::layout::decode::{COLS, COPY_BYTES, CTAS_PER_SM, K_MULTIPLE, MAX_K, VEC};
+use kda_kernel::layout::decode::{COLS, COPY_BYTES, K_MULTIPLE, MAX_K, VEC};
 use std::sync::Arc;
 
 /// One decode step's sequences and their slots, planned for the GPU.
@@ -35,9 +34,6 @@ pub struct DecodePlan {
     /// `[N * draft]` i64: where each token's state goes.
     token_slots: Option<CudaSlice<i64>>,
     num_seqs: usize,
-    /// CTAs the device keeps resident at once (`CTAS_PER_SM` per SM): how far ahead a CTA of the
-    /// step requests an item's state into the L2 (that item's CTA starts about when it ends).
-    workers: usize,
 }
 
 /// The decode step's token inputs on the device (one token per sequence; the shapes of a layer
@@ -157,7 +153,6 @@ impl DecodePlan {
         let (slots, fresh) = SlotUse::decode_tables(&uses);
         // (One padding entry past the end keeps the buffers non-empty for a call of no sequences.)
         let upload = |t: Vec<i64>| (!t.is_empty()).then(|| stream.clone_htod(&t)).transpose();
-        let sms = stream.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         Ok(Self {
             shape,
             options,
@@ -168,7 +163,6 @@ impl DecodePlan {
             parents: upload(parents)?,
             token_slots: upload(token_slots)?,
             num_seqs: uses.len(),
-            workers: sms.max(1) * CTAS_PER_SM,
         })
     }
 
@@ -380,8 +374,6 @@ impl Kda {
                 plan.pool.dtype.code(),
                 plan.pool.layout.code(),
                 word("draft", plan.draft)?,
-                word("slot_indices", n)?,
-                word("slot_indices", plan.workers)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,
                 word("key_dim", kd)?,
@@ -444,18 +436,16 @@ fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Re
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
 pub(super) struct DecodeArgs {
     ptrs: [Address; 13],
-    words: [u32; 14],
+    words: [u32; 12],
 }
 
 impl DecodeArgs {
     const TENSORS: [&'static str; 13] =
         ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
-    const WORDS: [&'static str; 14] = [
+    const WORDS: [&'static str; 12] = [
         "pool_dtype",
         "pool_layout",
         "draft",
-        "sequences",
-        "lookahead",
         "heads",
         "value_heads",
         "key_dim",
@@ -476,7 +466,7 @@ impl DecodeArgs {
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 13], words: [2; 14] }
+    DecodeArgs { ptrs: [1; 13], words: [2; 12] }
 }
 
 #[cfg(test)]
