@@ -33,13 +33,14 @@
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
+    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -135,88 +136,68 @@ kernel_entry! {
         unsafe {
             // The sequence's slot and start, and this thread's key's gate scalars, requested
             // together: the state's loads wait for one memory round trip before them, and the
-            // tokens' staging for none (the plan's table and the head's scalars, not the
+            // tokens' staging for none (the plan's tables and the head's scalars, not the
             // sequence's pool slot, so a padding sequence still reads nothing of the pool).
             let scalars = token.gate_scalars(thread_idx_x_fresh());
             let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
-            if slot >= 0 {
-                run_sequence(&token, (n, d), (slot, start_fresh), scalars, (parents, token_slots), pool);
+            if slot < 0 {
+                return; // padding: nothing read or written
             }
-        }
-    }
-}
-
-/// One item of the decode step: sequence `n`'s `d` tokens through the CTA's head and columns of
-/// its state in `slot` (from zeros when `start_fresh`), each token's output and the states the
-/// tables name written.
-///
-/// # Safety
-/// As `kda_decode_step`'s; `slot` is not negative; every thread of the CTA calls it.
-#[inline(always)]
-unsafe fn run_sequence(
-    token: &Token,
-    (n, d): (usize, usize),
-    (slot, start_fresh): (i64, bool),
-    scalars: GateScalars,
-    (parents, token_slots): (*const i64, *const i64),
-    pool: *mut f32,
-) {
-    // SAFETY (block): the function's contract.
-    unsafe {
-        // Every token's rows copied to shared memory, under the state's loads; then
-        // converted once, so that each token waits on a barrier, not on memory.
-        token.copy_raw(n * d, d);
-        // `s` is the state after token `current` (-1: the initial state, read from the slot,
-        // or zeros).
-        let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-        if !start_fresh {
-            token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
-        }
-        token.stage_raw(d, scalars);
-        let mut current = -1i64;
-        // Which of the two shared buffers of partial sums the next `step` writes.
-        let mut parity = 0;
-        for t in 0..d {
-            let row = n * d + t;
-            let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
-            // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
-            // parent's ancestors from the initial state when `s` is not the parent's state.
-            let mut run = 1u32 << t;
-            if parent != current {
-                // Rebuild from the initial state, read again (the contract keeps a tree's own
-                // slot unwritten until the call ends), rather than held in registers.
-                s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                if !start_fresh {
-                    token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
-                }
-                // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
-                // token by the contract.)
-                let mut at = parent;
-                for _ in 0..MAX_DRAFT {
-                    if at < 0 || at as usize >= t {
-                        break;
+            // Every token's rows copied to shared memory, under the state's loads; then
+            // converted once, so that each token waits on a barrier, not on memory.
+            token.copy_raw(n * d, d);
+            // `s` is the state after token `current` (-1: the initial state, read from the slot,
+            // or zeros).
+            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+            if !start_fresh {
+                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+            }
+            token.stage_raw(d, scalars);
+            let mut current = -1i64;
+            // Which of the two shared buffers of partial sums the next `step` writes.
+            let mut parity = 0;
+            for t in 0..d {
+                let row = n * d + t;
+                let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
+                // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
+                // parent's ancestors from the initial state when `s` is not the parent's state.
+                let mut run = 1u32 << t;
+                if parent != current {
+                    // Rebuild from the initial state, read again (the contract keeps a tree's own
+                    // slot unwritten until the call ends), rather than held in registers.
+                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                    if !start_fresh {
+                        token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
                     }
-                    run |= 1 << at;
-                    at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
+                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
+                    // token by the contract.)
+                    let mut at = parent;
+                    for _ in 0..MAX_DRAFT {
+                        if at < 0 || at as usize >= t {
+                            break;
+                        }
+                        run |= 1 << at;
+                        at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
+                    }
                 }
-            }
-            // Ancestors precede their tokens, so running the mask in token order runs the
-            // path from the root (one call site of `step`: the kernel keeps one copy of it).
-            for u in 0..=t {
-                if run & (1 << u) != 0 {
-                    token.step(n * d + u, Some(u), &mut s, u == t, parity);
-                    token.as_stored(&mut s);
-                    parity ^= 1;
+                // Ancestors precede their tokens, so running the mask in token order runs the
+                // path from the root (one call site of `step`: the kernel keeps one copy of it).
+                for u in 0..=t {
+                    if run & (1 << u) != 0 {
+                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
+                        token.as_stored(&mut s);
+                        parity ^= 1;
+                    }
                 }
-            }
-            current = t as i64;
-            let store = if token_slots.is_null() {
-                if t + 1 == d { slot } else { -1 }
-            } else {
-                *token_slots.add(row)
-            };
-            if store >= 0 {
-                token.store(pool, store as usize, &s);
+                current = t as i64;
+                let store = if token_slots.is_null() {
+                    if t + 1 == d { slot } else { -1 }
+                } else {
+                    *token_slots.add(row)
+                };
+                if store >= 0 {
+                    token.store(pool, store as usize, &s);
+                }
             }
         }
     }
@@ -383,28 +364,34 @@ struct Token {
     scale: f32,
 }
 
-/// A thread's place: its column vector and its group of keys, read afresh from `%tid.x` by each
-/// use (`thread_idx_x_fresh`), so that the compiler recomputes the addresses derived from it per
-/// token instead of keeping all of them in registers across the token loop. A warp holds
-/// `COL_LANES` column vectors of every key, so a token's sums over the keys stay in the warp.
+/// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
+/// read afresh from `%tid.x` by each use (`thread_idx_x_fresh`), so that the compiler recomputes
+/// the addresses derived from it per token instead of keeping all of them in registers across
+/// the token loop.
 struct Place {
-    /// The thread's vector of `VEC` columns in the block: its warp's `COL_LANES`, then its lane's.
-    col: usize,
-    /// The thread's key lane: its keys are `group * K / KEY_GROUPS ..` onwards.
+    warp: usize,
+    /// The lane's vector of `VEC` columns in the block.
+    col_lane: usize,
+    /// The lane's half of the warp (its keys).
+    key_lane: usize,
+    /// `warp * KEY_LANES + key_lane`: the thread's keys are `group * K / KEY_GROUPS ..` onwards.
     group: usize,
 }
 
 impl Place {
+    /// Whether this thread reduces a token's sums for its column vector (and forms its delta
+    /// and output): warp 0, each half of it over half of the warps' sums.
+    fn is_reducer(&self) -> bool {
+        self.warp == 0
+    }
+
     fn fresh() -> Self {
         let tid = thread_idx_x_fresh();
-        let (warp, lane) = (tid / LANES, tid % LANES);
-        Self { col: warp * COL_LANES + lane % COL_LANES, group: lane / COL_LANES }
+        let (warp, lane) = (tid / 32, tid % 32);
+        let key_lane = lane / COL_LANES;
+        Self { warp, col_lane: lane % COL_LANES, key_lane, group: warp * KEY_LANES + key_lane }
     }
 }
-
-/// Lanes of a warp.
-const LANES: usize = 32;
-const _: () = assert!(COL_LANES * KEY_LANES == LANES && KEY_GROUPS == KEY_LANES && KEY_LANES.is_power_of_two());
 
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
 fn unpack4(w: [u32; 2]) -> [f32; 4] {
@@ -417,21 +404,14 @@ fn floats4(w: [u32; 4]) -> [f32; 4] {
     w.map(f32::from_bits)
 }
 
-/// The sum of `x` over the warp's key lanes (the lanes of one column vector, `COL_LANES` apart),
-/// in every one of them: a butterfly of shuffles, each lane adding its partner's sum of the same
-/// lanes, so that all of them end with the same bits.
+/// The sum of `x` over the warp's two key halves (lanes `COL_LANES` apart).
 ///
 /// # Safety
 /// The whole warp calls it together.
 #[inline(always)]
-unsafe fn sum_over_keys(mut x: f32) -> f32 {
-    let mut apart = COL_LANES;
-    while apart < LANES {
-        // SAFETY: the caller's contract.
-        x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), apart as u32) });
-        apart *= 2;
-    }
-    x
+unsafe fn add_halves(x: f32) -> f32 {
+    // SAFETY: the caller's contract.
+    x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
 /// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
@@ -442,8 +422,8 @@ struct GateScalars {
     bias: f32,
 }
 
-/// Where a thread reads a token's `v` (its columns) and `beta`: the draft token's raw slot (shared
-/// address), or values loaded from memory before the token's barrier.
+/// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
+/// address), or values loaded from memory before the token's first barrier.
 #[derive(Clone, Copy)]
 enum Inputs {
     Staged(u32),
@@ -484,7 +464,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
+            j: i.checked_div(d.hv / d.h).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -503,13 +483,13 @@ impl Token {
     /// The element offset of this thread's first column in key row `key` of the head's state in
     /// `slot` of a key-first pool (64-bit; a multiple of `VEC`).
     fn state_offset(&self, slot: usize, key: usize, at: &Place) -> usize {
-        ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col
+        ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col_lane
     }
 
     /// The element offset of key `key` in this thread's column `x` of the head's state in `slot`
     /// of a value-first pool (`[slots, HV, V, K]`; 64-bit).
     fn value_first_offset(&self, slot: usize, x: usize, key: usize, at: &Place) -> usize {
-        ((slot * self.hv + self.i) * self.vd + self.col0 + VEC * at.col + x) * self.kd + key
+        ((slot * self.hv + self.i) * self.vd + self.col0 + VEC * at.col_lane + x) * self.kd + key
     }
 
     /// This thread's keys of the head's state in `slot` of `pool` (`[slots, HV, K, V]`, or
@@ -608,67 +588,48 @@ impl Token {
         }
     }
 
-    /// This thread's copy of token row `row`'s inputs (`q`, `k`, the gate, this CTA's columns
-    /// of `v`, `beta`), the copies of each row laid end to end over the threads: the byte offset
-    /// in the token's raw slot, the source and whether it is one f32 (else 16 bytes); `None`
-    /// for threads past the copies.
-    ///
-    /// # Safety
-    /// As the kernel's: the row exists.
-    #[inline(always)]
-    unsafe fn raw_copy(&self, tid: usize, row: usize) -> Option<(usize, *const u8, bool)> {
-        let (kd, gw) = (self.kd, self.gw);
-        let q_end = kd * 2 / COPY_BYTES;
-        let k_end = 2 * q_end;
-        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
-        let v_end = g_end + COLS * 2 / COPY_BYTES;
-        let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
-        // SAFETY (block): the function's contract; copy `e` of a row starts at element `8 e` of
-        // a bf16 row, `4 e` of an f32 one.
-        unsafe {
-            Some(if tid < q_end {
-                (RAW_Q + COPY_BYTES * tid, self.q.add(head_row * kd + 8 * tid) as *const u8, false)
-            } else if tid < k_end {
-                let e = tid - q_end;
-                (RAW_K + COPY_BYTES * e, self.k.add(head_row * kd + 8 * e) as *const u8, false)
-            } else if tid < g_end {
-                let e = tid - k_end;
-                if gw == 1 {
-                    (RAW_G, self.g.add(value_row) as *const u8, true)
-                } else {
-                    (RAW_G + COPY_BYTES * e, self.g.add(value_row * gw + 4 * e) as *const u8, false)
-                }
-            } else if tid < v_end {
-                let e = tid - g_end;
-                (RAW_V + COPY_BYTES * e, self.v.add(value_row * self.vd + self.col0 + 8 * e) as *const u8, false)
-            } else if tid == v_end {
-                (RAW_BETA, self.beta.add(value_row) as *const u8, true)
-            } else {
-                return None;
-            })
-        }
-    }
-
-    /// Copies the rows of the sequence's `d` tokens from `first_row` on ([`Token::raw_copy`]) to
-    /// their raw slots in shared memory, one 16-byte copy (or one f32) per thread per token,
-    /// asynchronously: [`Token::stage_raw`] waits for them.
+    /// Copies the rows of the sequence's `d` tokens from `first_row` on (`q`, `k`, the gate,
+    /// this CTA's columns of `v`, `beta`) to their raw slots in shared memory, one 16-byte copy (or
+    /// one f32) per thread per token, asynchronously: [`Token::stage_raw`] waits for them.
     ///
     /// # Safety
     /// As the kernel's: the rows exist; `q`, `k`, `v` and a gate per key start 16-byte aligned.
     #[inline(always)]
     unsafe fn copy_raw(&self, first_row: usize, d: usize) {
+        let (kd, gw) = (self.kd, self.gw);
         let tid = thread_idx_x_fresh();
+        // Copies per token of each row, laid end to end over the threads.
+        let q_end = kd * 2 / COPY_BYTES;
+        let k_end = 2 * q_end;
+        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
+        let v_end = g_end + COLS * 2 / COPY_BYTES;
         // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
         unsafe {
+            let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
             for t in 0..MAX_DRAFT {
-                if t < d
-                    && let Some((offset, src, one_word)) = self.raw_copy(tid, first_row + t)
-                {
-                    let dst = raw_slot(t) + offset as u32;
-                    if one_word {
-                        cp_async_4(dst, src, 4);
-                    } else {
-                        cp_async_16(dst, src, COPY_BYTES as u32);
+                if t < d {
+                    let row = first_row + t;
+                    let raw = raw_slot(t);
+                    let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
+                    // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
+                    if tid < q_end {
+                        copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
+                    } else if tid < k_end {
+                        let e = tid - q_end;
+                        copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
+                    } else if tid < g_end {
+                        let e = tid - k_end;
+                        if gw == 1 {
+                            cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
+                        } else {
+                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
+                        }
+                    } else if tid < v_end {
+                        let e = tid - g_end;
+                        let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
+                        copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
+                    } else if tid == v_end {
+                        cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
                     }
                 }
             }
@@ -747,10 +708,9 @@ impl Token {
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
     /// update, and, when `write_o`, the output row. Its inputs come from draft token `staged`'s
-    /// stage and raw slot when given (staged by [`Token::stage_raw`]), else from memory through
-    /// stage `parity` (one CTA barrier); every thread calls it, with `parity` alternating between
-    /// consecutive calls. Each warp sums over the keys by shuffles and forms its own columns'
-    /// deltas: a staged token waits on no barrier.
+    /// stage and raw slot when given (staged by [`Token::stage_raw`]: two CTA barriers), else from
+    /// memory through stage `parity` (three barriers); every thread calls it, with `parity`
+    /// alternating between consecutive calls.
     ///
     /// # Safety
     /// As the kernel's: `row` is a row of every tensor; a `staged` token is staged.
@@ -761,16 +721,20 @@ impl Token {
         // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
         // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
+            // Shared addresses (32-bit, `.shared` window) of this token's stage (`q`, `k`, decay)
+            // and of its partial sums.
+            let base = smem_base_shared();
             let word = |x: usize| (x * 4) as u32;
+            let sums = base + word(SUMS_AT + parity * WARPS * WARP_SUM_WORDS);
+            let deltas = base + word(DELTAS_AT);
             let at = Place::fresh();
-            let c = self.col0 + VEC * at.col;
-            // The stage (`q`, `k`, decay: shared addresses) and the thread's `v` and `beta`: from
-            // the raw slot when staged, else from memory.
-            let (stage, inputs) = match staged {
+            let c = self.col0 + VEC * at.col_lane;
+            // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
+            let (stage, reducer_inputs) = match staged {
                 Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
-                    // The token's q, k and decay staged (one key per thread), and the thread's v
-                    // and beta, all loads issued before the wait.
+                    // The token's q, k and decay staged (one key per thread), and a reducer's v
+                    // and beta, all loads issued before any wait.
                     let stage = stage_of(parity);
                     let tid = thread_idx_x_fresh();
                     if tid < kd {
@@ -779,8 +743,12 @@ impl Token {
                         let raw = *self.g.add(value_row * self.gw + self.gate_column(tid));
                         self.stage_key(stage, tid, q, k, raw, self.gate_scalars(tid));
                     }
-                    let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-                    let loaded = Inputs::Loaded(v, *self.beta.add(value_row));
+                    let loaded = if at.is_reducer() {
+                        let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+                        Inputs::Loaded(v, *self.beta.add(value_row))
+                    } else {
+                        Inputs::Loaded([0.0; VEC], 0.0)
+                    };
                     sync_threads();
                     (stage, loaded)
                 }
@@ -811,37 +779,81 @@ impl Token {
                     }
                 }
             }
-            // The sums over every key, in each of the warp's key lanes.
+            // The warp's two key halves, then the warps through shared memory.
             for col in 0..VEC {
-                sk[col] = sum_over_keys(sk[col]);
-                sq[col] = sum_over_keys(sq[col]);
+                sk[col] = add_halves(sk[col]);
+                sq[col] = add_halves(sq[col]);
             }
-            let (nq, nk, kq) = (sum_over_keys(nq), sum_over_keys(nk), sum_over_keys(kq));
-            let (v, b_raw) = match inputs {
-                Inputs::Staged(raw) => {
-                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col) as u32).map(f32::to_bits);
-                    (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+            let (nq, nk, kq) = (add_halves(nq), add_halves(nk), add_halves(kq));
+            if at.key_lane == 0 {
+                let mine = sums + word(at.warp * WARP_SUM_WORDS);
+                st_shared_v4(mine + word(VEC * at.col_lane), sk.map(f32::to_bits));
+                st_shared_v4(mine + word(COLS + VEC * at.col_lane), sq.map(f32::to_bits));
+                if at.col_lane == 0 {
+                    st_shared_v4(mine + word(2 * COLS), [nq, nk, kq, 0.0].map(f32::to_bits));
                 }
-                Inputs::Loaded(v, b_raw) => (v, b_raw),
-            };
-            let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
-                (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
-            } else {
-                (1.0, 1.0)
-            };
-            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
-            // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
-            let kq = kq * k_scale * q_scale;
-            let mut out = [0.0f32; VEC];
-            let mut delta = [0.0f32; VEC];
-            for col in 0..VEC {
-                delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
-                out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
             }
-            if write_o && at.group == 0 {
-                let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
-                st_global_v2(self.o.add(value_row * vd + c) as *mut u32, w);
+            sync_threads();
+            let at = Place::fresh();
+            if at.is_reducer() {
+                // The warps' partial sums of this thread's columns added, the token's delta and
+                // output formed, and delta and the key scale handed to every thread.
+                let (v, b_raw) = match reducer_inputs {
+                    Inputs::Staged(raw) => {
+                        let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                        (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+                    }
+                    Inputs::Loaded(v, b_raw) => (v, b_raw),
+                };
+                // Each half of the warp adds half of the warps' sums, then the halves theirs.
+                let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+                let mut norms = [0.0f32; 4];
+                for x in 0..WARPS / KEY_LANES {
+                    let theirs = sums + word((at.key_lane * (WARPS / KEY_LANES) + x) * WARP_SUM_WORDS);
+                    let (k4, q4) =
+                        (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
+                    let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
+                    for col in 0..VEC {
+                        sk[col] += f32::from_bits(k4[col]);
+                        sq[col] += f32::from_bits(q4[col]);
+                        norms[col] += n4[col];
+                    }
+                }
+                for col in 0..VEC {
+                    sk[col] = add_halves(sk[col]);
+                    sq[col] = add_halves(sq[col]);
+                }
+                let [nq, nk, kq, _] = norms.map(|x| add_halves(x));
+                let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
+                    (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
+                } else {
+                    (1.0, 1.0)
+                };
+                let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
+                // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
+                let kq = kq * k_scale * q_scale;
+                let mut out = [0.0f32; VEC];
+                let mut delta = [0.0f32; VEC];
+                for col in 0..VEC {
+                    delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
+                    out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
+                }
+                if at.key_lane == 0 {
+                    st_shared_v4(deltas + word(VEC * at.col_lane), delta.map(f32::to_bits));
+                    if at.col_lane == 0 {
+                        st_shared_f32(deltas + word(COLS), k_scale);
+                    }
+                }
+                if write_o && at.key_lane == 0 {
+                    let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
+                    st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
+                }
             }
+            sync_threads();
+            let at = Place::fresh();
+            let delta = floats4(ld_shared_v4(deltas + word(VEC * at.col_lane)));
+            let k_scale = ld_shared_f32(deltas + word(COLS));
+            let key0 = at.group * keys;
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
                     let k4 = floats4(ld_shared_v4(ks + word(key0 + KEY_VECTOR * quad)));
@@ -852,9 +864,12 @@ impl Token {
                     }
                 }
             }
-            // Between tokens: a staged token's stage and raw slot are only read from here on; a
-            // loaded token's stage is rewritten two tokens on, after the next token's barrier,
-            // which every thread reaches only after reading this one.
+            // Between tokens: the next token's partial sums go to the other buffer, and these
+            // are rewritten two tokens on, after the next token's barrier, which every reader of
+            // these passes after reading them; the deltas are rewritten by the next token's
+            // reducers after its first barrier, which every thread reaches only after reading
+            // these; a staged token's stage is only read from here on, and a loaded token's is
+            // rewritten two tokens on, after the same barrier.
         }
     }
 }
