@@ -166,8 +166,9 @@ impl DecodePlan {
         })
     }
 
-    /// Points the plan at new slots in place: the slot of each of its `N` sequences, which start
-    /// fresh, and for a verify plan its tokens' parents and state slots, checked as
+    /// Points the plan at new slots in place: the slot of each of its `N` sequences (negative:
+    /// padding), which of them start fresh, and for a verify plan its tokens' parents and state
+    /// slots, checked as
     /// [`DecodePlan::verify`] checks them and copied on `stream` into the buffers the plan
     /// already holds. A launch (or a CUDA graph captured from one) enqueued after this on
     /// `stream` runs the new slots: a serving loop captures one step per batch size and replays
@@ -342,7 +343,6 @@ impl Kda {
         if items == 0 {
             return Ok(());
         }
-
         let word = |name: &'static str, x: usize| {
             u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
         };
