@@ -174,7 +174,7 @@ mod unix {
 #[cfg(all(test, unix))]
 mod tests {
     use super::RemoveOnInterrupt;
-    use std::os::unix::process::ExitStatusExt;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
@@ -189,11 +189,22 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // libtest names tests by their path without the crate.
         let module = module_path!().split_once("::").unwrap().1;
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", &format!("{module}::{name}"), "--nocapture", "--test-threads", "1"])
-            .env(CHILD, &dir)
-            .output()
-            .unwrap();
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.args(["--exact", &format!("{module}::{name}"), "--nocapture", "--test-threads", "1"]).env(CHILD, &dir);
+        // The child starts with the signals' default actions, whatever this process inherited
+        // (a shell's background job ignores SIGINT, and the guard keeps an ignored signal
+        // ignored): what a program run from a terminal gets.
+        // SAFETY: between fork and exec the closure only calls `signal`, which is
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            command.pre_exec(|| {
+                for signal in [libc::SIGINT, libc::SIGTERM] {
+                    libc::signal(signal, libc::SIG_DFL);
+                }
+                Ok(())
+            })
+        };
+        let child = command.output().unwrap();
         // Shown when the test fails.
         println!("{}{}", String::from_utf8_lossy(&child.stdout), String::from_utf8_lossy(&child.stderr));
         let left = std::fs::read_dir(&dir)
