@@ -818,8 +818,8 @@ fn verify_steps_match_the_definition_and_one_token_calls_bit_for_bit() {
 /// The decode step captured once in a CUDA graph and replayed with new tokens copied into the
 /// same input buffers: each replay continues every sequence from the state the previous one left
 /// in its slot, and matches the pooled f64 layer step by step, the last one over other slots
-/// (`DecodePlan::rebind`: permuted, a padding one moved, a fresh one); then the time per replay of the
-/// one-step graph, and per step of a graph of `STEPS_PER_GRAPH` steps, is printed.
+/// (`DecodePlan::rebind`: permuted, a padding one moved, a fresh one); then the time per replay
+/// of the one-step graph, and per step of a graph of `STEPS_PER_GRAPH` steps, is printed.
 #[test]
 fn decode_steps_replay_in_a_cuda_graph() {
     use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
@@ -860,6 +860,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
         let mut plan = DecodePlan::new(s, shape, options, pool_shape, &indices, &fresh).unwrap();
         let first = &steps[0];
         let row = heads * 128;
+        let poisoned_o = vec![bf16::from_bits(kda_tests::POISON_BF16); n * row];
         let mut b = StepBuffers {
             q: s.clone_htod(&first.q).unwrap(),
             k: s.clone_htod(&first.k).unwrap(),
@@ -869,7 +870,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
             a_log: s.clone_htod(first.a_log.as_deref().unwrap()).unwrap(),
             dt_bias: s.clone_htod(first.dt_bias.as_deref().unwrap()).unwrap(),
             pool: s.clone_htod(&pool).unwrap(),
-            o: s.clone_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row]).unwrap(),
+            o: s.clone_htod(&poisoned_o).unwrap(),
         };
         unsafe { ctx.enable_event_tracking() };
         s.synchronize().unwrap();
@@ -883,7 +884,7 @@ fn decode_steps_replay_in_a_cuda_graph() {
                 plan.rebind(s, &rebound, &rebound_fresh, None, None).expect("rebind");
                 uses = slot_uses(&rebound, &rebound_fresh, &pool_shape).unwrap();
                 // `o` poisoned again: a sequence live before may be padding now.
-                s.memcpy_htod(&vec![bf16::from_bits(kda_tests::POISON_BF16); n * row], &mut b.o).unwrap();
+                s.memcpy_htod(&poisoned_o, &mut b.o).unwrap();
             }
             s.memcpy_htod(&p.q, &mut b.q).unwrap();
             s.memcpy_htod(&p.k, &mut b.k).unwrap();

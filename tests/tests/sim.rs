@@ -799,10 +799,13 @@ fn sim_decode_in<P: PoolElement>(
     let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
     let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
     let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
-    let items = seqs * s.value_heads * (s.value_dim / decode::COLS);
-    let launch = Launch { grid: items, block: decode::THREADS, shared_bytes: decode::SMEM_BYTES };
+    let launch = Launch {
+        grid: seqs * s.value_heads * (s.value_dim / decode::COLS),
+        block: decode::THREADS,
+        shared_bytes: decode::SMEM_BYTES,
+    };
     // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
-    // pool (`slot_uses`, `draft_tables`); one CTA per item.
+    // pool (`slot_uses`, `draft_tables`).
     unsafe {
         sim::launch(launch, || {
             kda_kernel::decode::kda_decode_step(

@@ -332,15 +332,11 @@ impl Kda {
         let here = [("stream", ordinal(stream)), ("plan", ordinal(plan.slots.stream()))];
         let outputs = [("pool", ordinal(pool.stream())), ("o", ordinal(o.stream()))];
         check_devices(self.ctx.ordinal(), &[&here[..], &inputs.devices(self.ctx.ordinal()), &outputs].concat())?;
-        // Items: (sequence, value head, column block), a CTA each.
-        let items =
-            n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).filter(|&x| u32::try_from(x).is_ok()).ok_or_else(
-                || KdaError::Argument {
-                    name: "slot_indices",
-                    reason: format!("{n} sequences x {hv} heads x {} column blocks exceed 32 bits", vd / COLS),
-                },
-            )?;
-        if items == 0 {
+        let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
+            name: "slot_indices",
+            reason: format!("{n} sequences x {hv} heads exceed the grid"),
+        })?;
+        if ctas == 0 {
             return Ok(());
         }
         let word = |name: &'static str, x: usize| {
@@ -392,7 +388,7 @@ impl Kda {
         // their tokens, and
         // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
         // so they alias no input.
-        unsafe { enqueue(stream, self.decode_kernel(), items, |sink| args.push(sink)) }
+        unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
     }
 
     fn decode_kernel(&self) -> &Loaded {
