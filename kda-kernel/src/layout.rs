@@ -205,8 +205,9 @@ pub mod layer {
     /// Bytes of the prepare kernel's shared memory.
     pub const PREPARE_SMEM_BYTES: usize = PREPARE_WORDS * 4;
     /// Bytes of the fused layer's prepare kernel's shared memory: the prepare kernel's and the
-    /// chunk's queries (bf16 `[CHUNK][KEY_ROW]`; the causal attention is formed over `L`'s tile
-    /// before `L`). About 110 KB: two CTAs per SM on 9.x, the only GPUs it runs on.
+    /// chunk's queries (bf16 `[CHUNK][KEY_ROW]`; the causal attention, formed in the same pass as
+    /// `L`, goes from its accumulators to global memory). About 110 KB: two CTAs per SM on 9.x,
+    /// the only GPUs it runs on.
     pub const PREPARE_FUSED_SMEM_BYTES: usize = PREPARE_SMEM_BYTES + CHUNK * KEY_ROW * 2;
     /// Shared memory one CTA may use with two per SM on 9.x (228 KB per SM, 1 KB of it reserved
     /// per CTA).
@@ -248,10 +249,6 @@ pub mod layer {
             "the layer kernels run on every sm_80+ GPU"
         );
         assert!(PREPARE_FUSED_SMEM_BYTES <= SM90_TWO_CTA_SMEM, "the fused prepare kernel keeps two CTAs per SM");
-        assert!(
-            CHUNK * ATTENTION_ROW * 2 <= CHUNK * MATRIX_ROW_WORDS * 4,
-            "the causal attention fits L's tile, which it precedes"
-        );
         assert!((PREPARE_WORDS * 4).is_multiple_of(16), "the fused prepare kernel's queries start 16-byte aligned");
     };
 }

@@ -28,9 +28,9 @@
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, f32_to_bf16, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
+    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
-    shfl_xor, st_global_v4, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
+    shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::shared::Shared;
@@ -620,18 +620,40 @@ impl Depths {
 unsafe fn mma_tiles<const N: usize>(
     acc: &mut [[f32; 4]; N],
     depth: usize,
-    (l, depths): (Lane, Depths),
+    lane: (Lane, Depths),
     a: impl Fn(usize, usize) -> [f32; 2],
+    b: impl Fn(usize, usize) -> [f32; 2],
+) {
+    let mut sets = [*acc];
+    // SAFETY: the caller's contract.
+    unsafe { mma_sets(&mut sets, depth, lane, |m, k| [a(m, k)], b) };
+    *acc = sets[0];
+}
+
+/// [`mma_tiles`] for `P` products that share their B: `acc[p][j] += A_p B_j`, `a(m, k)` giving
+/// each product's A elements at once (so that what they share, a gated product's decays, is
+/// formed once), each B fragment read once per k-step for all of them.
+///
+/// # Safety
+/// As [`mma_tiles`].
+#[inline(always)]
+unsafe fn mma_sets<const P: usize, const N: usize>(
+    acc: &mut [[[f32; 4]; N]; P],
+    depth: usize,
+    (l, depths): (Lane, Depths),
+    a: impl Fn(usize, usize) -> [[f32; 2]; P],
     b: impl Fn(usize, usize) -> [f32; 2],
 ) {
     let g = l.g;
     let mut step = |k: usize| {
         let (upper, lower) = (a(g, k), a(g + 8, k));
-        let af = [upper[0], lower[0], upper[1], lower[1]].map(tf32);
-        for (j, acc) in acc.iter_mut().enumerate() {
+        let af: [[u32; 4]; P] = core::array::from_fn(|p| [upper[p][0], lower[p][0], upper[p][1], lower[p][1]].map(tf32));
+        for j in 0..N {
             let bf = b(k, j).map(tf32);
-            // SAFETY: the warp is converged here (the caller's contract).
-            unsafe { mma_m16n8k8_tf32(acc, af, bf) };
+            for (acc, af) in acc.iter_mut().zip(&af) {
+                // SAFETY: the warp is converged here (the caller's contract).
+                unsafe { mma_m16n8k8_tf32(&mut acc[j], *af, bf) };
+            }
         }
     };
     for k0 in (0..depth).step_by(MMA_UNROLL * TILE_K) {
@@ -725,11 +747,11 @@ impl RowTile for Bf16Rows {
 
 /// A `[CHUNK][CHUNK]` matrix a gated product writes, element `(r, s)`.
 trait MatrixTile: Copy {
-    /// Stores `v` at `(r, s)`.
+    /// Stores `v` at `(r, s)` and `(r, s + 1)`, `s` even.
     ///
     /// # Safety
-    /// The element lies inside the tile.
-    unsafe fn put(self, r: usize, s: usize, v: f32);
+    /// The elements lie inside the tile.
+    unsafe fn put_pair(self, r: usize, s: usize, v: [f32; 2]);
 }
 
 /// An f32 matrix at `MATRIX_ROW_WORDS` words per row (the prepare kernel's `L`, which the solve
@@ -739,9 +761,9 @@ struct F32Matrix(Shared<f32>);
 
 impl MatrixTile for F32Matrix {
     #[inline(always)]
-    unsafe fn put(self, r: usize, s: usize, v: f32) {
-        // SAFETY: the caller's contract.
-        unsafe { self.0.add(r * MATRIX_ROW_WORDS + s).st(v) }
+    unsafe fn put_pair(self, r: usize, s: usize, v: [f32; 2]) {
+        // SAFETY: the caller's contract (`MATRIX_ROW_WORDS` and `s` even: 8-byte aligned).
+        unsafe { st_shared_v2_f32(self.0.add(r * MATRIX_ROW_WORDS + s).addr(), v) }
     }
 }
 
@@ -752,9 +774,145 @@ struct Bf16Matrix(Shared<u16>);
 
 impl MatrixTile for Bf16Matrix {
     #[inline(always)]
-    unsafe fn put(self, r: usize, s: usize, v: f32) {
+    unsafe fn put_pair(self, r: usize, s: usize, v: [f32; 2]) {
+        // SAFETY: the caller's contract (`ATTENTION_ROW` and `s` even: 4-byte aligned).
+        unsafe { st_shared_u32(self.0.add(r * ATTENTION_ROW + s).addr(), pack_bf16x2(v[0], v[1])) }
+    }
+}
+
+/// A chunk's rows of a `[T, HV, CHUNK]` bf16 tensor in global memory, written straight from the
+/// product's accumulators (the fused prepare kernel's causal attention, which has no tile of its
+/// own: `L`'s is formed in the same pass). Rows past `rows` are not written.
+#[derive(Clone, Copy)]
+struct GlobalBf16Matrix {
+    out: *mut u16,
+    at: RowsAt,
+    rows: usize,
+}
+
+impl MatrixTile for GlobalBf16Matrix {
+    #[inline(always)]
+    unsafe fn put_pair(self, r: usize, s: usize, v: [f32; 2]) {
+        if r < self.rows {
+            // SAFETY: the caller's contract: row `r` is a valid row of the chunk, which the
+            // tensor holds from `at.at(r)` (4-byte aligned: `CHUNK` and `s` even).
+            unsafe { *self.out.add(self.at.at(r) + s).cast::<u32>() = pack_bf16x2(v[0], v[1]) };
+        }
+    }
+}
+
+/// One gated product of [`gated_products`]: its rows `x` (`x[r] exp(G[r])`), the tile it writes,
+/// whether it stops below the diagonal (`strict`) and the scale of its rows.
+#[derive(Clone, Copy)]
+struct Gated<X, M, F> {
+    x: X,
+    out: M,
+    strict: bool,
+    row_scale: F,
+}
+
+/// `P` gated products formed in one pass over their shared `y` rows and gate ([`gated_products`]):
+/// their A fragments' decays and their B fragments are formed once for all of them.
+trait Products<const P: usize>: Copy {
+    /// Elements `(r, a)` and `(r, a + 1)` of each product's `x`, `a` even.
+    ///
+    /// # Safety
+    /// As [`RowTile::pair`].
+    unsafe fn x_pairs(self, r: usize, a: usize) -> [[f32; 2]; P];
+
+    /// Product `p`'s gated sum at `(r, s)` element by element ([`gated_dot`]).
+    ///
+    /// # Safety
+    /// As [`gated_dot`].
+    unsafe fn dot(self, p: usize, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32;
+
+    /// Whether product `p` stops below the diagonal.
+    fn strict(self, p: usize) -> bool;
+
+    /// Product `p`'s scale of row `r`.
+    ///
+    /// # Safety
+    /// Whatever the product's scale reads is written.
+    unsafe fn row_scale(self, p: usize, r: usize) -> f32;
+
+    /// Product `p`'s `(r, s)` and `(r, s + 1)`: `v`.
+    ///
+    /// # Safety
+    /// As [`MatrixTile::put_pair`].
+    unsafe fn put_pair(self, p: usize, r: usize, s: usize, v: [f32; 2]);
+}
+
+impl<X: RowTile, M: MatrixTile, F: Fn(usize) -> f32 + Copy> Products<1> for Gated<X, M, F> {
+    #[inline(always)]
+    unsafe fn x_pairs(self, r: usize, a: usize) -> [[f32; 2]; 1] {
         // SAFETY: the caller's contract.
-        unsafe { self.0.add(r * ATTENTION_ROW + s).st(f32_to_bf16(v)) }
+        [unsafe { self.x.pair(r, a) }]
+    }
+
+    #[inline(always)]
+    unsafe fn dot(self, _: usize, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { gated_dot(self.x, r, y, s, g, kd) }
+    }
+
+    #[inline(always)]
+    fn strict(self, _: usize) -> bool {
+        self.strict
+    }
+
+    #[inline(always)]
+    unsafe fn row_scale(self, _: usize, r: usize) -> f32 {
+        (self.row_scale)(r)
+    }
+
+    #[inline(always)]
+    unsafe fn put_pair(self, _: usize, r: usize, s: usize, v: [f32; 2]) {
+        // SAFETY: the caller's contract.
+        unsafe { self.out.put_pair(r, s, v) }
+    }
+}
+
+impl<X0, M0, F0, X1, M1, F1> Products<2> for (Gated<X0, M0, F0>, Gated<X1, M1, F1>)
+where
+    X0: RowTile,
+    M0: MatrixTile,
+    F0: Fn(usize) -> f32 + Copy,
+    X1: RowTile,
+    M1: MatrixTile,
+    F1: Fn(usize) -> f32 + Copy,
+{
+    #[inline(always)]
+    unsafe fn x_pairs(self, r: usize, a: usize) -> [[f32; 2]; 2] {
+        // SAFETY: the caller's contract.
+        unsafe { [self.0.x.pair(r, a), self.1.x.pair(r, a)] }
+    }
+
+    #[inline(always)]
+    unsafe fn dot(self, p: usize, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { if p == 0 { gated_dot(self.0.x, r, y, s, g, kd) } else { gated_dot(self.1.x, r, y, s, g, kd) } }
+    }
+
+    #[inline(always)]
+    fn strict(self, p: usize) -> bool {
+        if p == 0 { self.0.strict } else { self.1.strict }
+    }
+
+    #[inline(always)]
+    unsafe fn row_scale(self, p: usize, r: usize) -> f32 {
+        if p == 0 { (self.0.row_scale)(r) } else { (self.1.row_scale)(r) }
+    }
+
+    #[inline(always)]
+    unsafe fn put_pair(self, p: usize, r: usize, s: usize, v: [f32; 2]) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if p == 0 {
+                self.0.out.put_pair(r, s, v)
+            } else {
+                self.1.out.put_pair(r, s, v)
+            }
+        }
     }
 }
 
@@ -902,22 +1060,26 @@ unsafe fn put_rows_bf16(dst: Shared<u16>, rows: &Fetched<ROW_VECTORS>, w: &Work,
     }
 }
 
-/// The causal attention `tile` (bf16 `[CHUNK][ATTENTION_ROW]`, as [`gated_products`] leaves it)
-/// to the chunk's valid rows of `out` (`[T, HV, CHUNK]` bf16, value head `w.i` of `hv`), zeros
-/// for the sub-blocks above the diagonal (not in the tile; the diagonal sub-block's upper half
-/// holds them already), so that a product over every column adds nothing past the diagonal.
+/// Zeros into the sub-blocks above the diagonal of the chunk's valid rows of `out` (`[T, HV,
+/// CHUNK]` bf16, value head `w.i` of `hv`): the causal attention's part that no product forms
+/// (the diagonal sub-blocks' upper halves are formed as zeros), so that a product over every
+/// column adds nothing past the diagonal.
 ///
 /// # Safety
-/// The tile is written; the chunk's valid rows exist in `out`, 16-byte aligned.
+/// The chunk's valid rows exist in `out`, 16-byte aligned.
 #[inline(always)]
-unsafe fn store_attention(out: *mut u16, tile: Shared<u16>, w: &Work, hv: usize) {
+unsafe fn zero_attention_above_diagonal(out: *mut u16, w: &Work, hv: usize) {
     let at = RowsAt::heads(w, hv, w.i, CHUNK);
-    // SAFETY: see the function's contract (`ATTENTION_ROW` keeps the tile's rows 16-byte
-    // aligned).
-    unsafe {
-        store_rows_v4(out, w.rows, (CHUNK, BF16_VECTOR), at, |r, c| {
-            if c < (r / SUB + 1) * SUB { ld_shared_v4(tile.add(r * ATTENTION_ROW + c).addr()) } else { [0; 4] }
-        })
+    let RowWalk { r0, col: c, step, first, jump } = at.walk(CHUNK, BF16_VECTOR);
+    let mut to = out.wrapping_add(first);
+    let mut r = r0;
+    while r < w.rows as u32 {
+        if c >= (r as usize / SUB + 1) * SUB {
+            // SAFETY: see the function's contract (`r` is a valid row).
+            unsafe { st_global_v4(to, [0; 4]) };
+        }
+        r += step;
+        to = to.wrapping_add(jump);
     }
 }
 
@@ -1060,46 +1222,40 @@ fn lower_unit(unit: usize) -> (usize, usize, usize) {
 }
 
 /// One factored unit of [`gated_products`]: rows `r0..r0 + SUB`, columns from `s0`, the factors
-/// taken at row `f`; a diagonal sub-block keeps `s <= r` (`s < r` when `strict`).
+/// taken at row `f`; a diagonal sub-block keeps `s <= r` (`s < r` where a product is `strict`).
 #[derive(Clone, Copy)]
 struct UnitTiles {
     r0: usize,
     s0: usize,
     f: usize,
     diagonal: bool,
-    strict: bool,
     l: Lane,
 }
 
 impl UnitTiles {
-    /// The unit's `N` n8 tiles of the gated product into `out`, each row times `row_scale(r)`.
+    /// The unit's `N` n8 tiles of each of the `P` gated products into its tile, each row times
+    /// the product's `row_scale(r)`: the decays of A's rows and the B fragments formed once for
+    /// all the products.
     ///
     /// # Safety
     /// As [`gated_products`]; the warp calls it together.
     #[inline(always)]
-    unsafe fn product<const N: usize>(
-        self,
-        out: impl MatrixTile,
-        x: impl RowTile,
-        y: impl RowTile,
-        g: Gates,
-        kd: usize,
-        row_scale: &impl Fn(usize) -> f32,
-    ) {
-        let Self { r0, s0, f, diagonal, strict, l } = self;
-        let mut acc = [[0.0f32; 4]; N];
+    unsafe fn product<const N: usize, const P: usize>(self, products: impl Products<P>, y: impl RowTile, g: Gates, kd: usize) {
+        let Self { r0, s0, f, diagonal, l } = self;
+        let mut acc = [[[0.0f32; 4]; N]; P];
         // SAFETY (block): every index below `CHUNK` rows and `kd` or `CHUNK` columns (the
         // caller's); the warp is converged.
         unsafe {
             if g.per_key {
                 // A's rows and B's columns are rows of the tiles, two adjacent keys each.
-                mma_tiles(
+                mma_sets(
                     &mut acc,
                     kd,
                     (l, Depths::Adjacent),
                     |m, a| {
-                        let (v, gr, gf) = (x.pair(r0 + m, a), g.pair(r0 + m, a), g.pair(f, a));
-                        [v[0] * exp2(gr[0] - gf[0]), v[1] * exp2(gr[1] - gf[1])]
+                        let (gr, gf) = (g.pair(r0 + m, a), g.pair(f, a));
+                        let decay = [exp2(gr[0] - gf[0]), exp2(gr[1] - gf[1])];
+                        products.x_pairs(r0 + m, a).map(|v| [v[0] * decay[0], v[1] * decay[1]])
                     },
                     |a, j| {
                         let n = TILE_N * j + l.g;
@@ -1108,48 +1264,55 @@ impl UnitTiles {
                     },
                 );
             } else {
-                mma_tiles(&mut acc, kd, (l, Depths::Adjacent), |m, a| x.pair(r0 + m, a), |a, j| {
+                mma_sets(&mut acc, kd, (l, Depths::Adjacent), |m, a| products.x_pairs(r0 + m, a), |a, j| {
                     y.pair(s0 + TILE_N * j + l.g, a)
                 });
             }
-            for (j, acc) in acc.iter().enumerate() {
-                for (e, v) in acc.iter().enumerate() {
-                    let (m, n) = l.acc_at(e);
-                    let (r, s) = (r0 + m, s0 + TILE_N * j + n);
-                    let kept = !diagonal || if strict { s < r } else { s <= r };
-                    let value = if !kept {
-                        0.0
-                    } else {
-                        let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
-                        v * decay * row_scale(r)
-                    };
-                    out.put(r, s, value);
+            for (p, acc) in acc.iter().enumerate() {
+                let strict = products.strict(p);
+                for (j, acc) in acc.iter().enumerate() {
+                    // A lane's accumulator pairs: (row g, columns 2t and 2t + 1), then row g + 8.
+                    for half in 0..2 {
+                        let (m, n) = l.acc_at(2 * half);
+                        let (r, s) = (r0 + m, s0 + TILE_N * j + n);
+                        let scale = products.row_scale(p, r);
+                        let value = core::array::from_fn(|e| {
+                            let s = s + e;
+                            let kept = !diagonal || if strict { s < r } else { s <= r };
+                            if !kept {
+                                0.0
+                            } else {
+                                let decay = if g.per_key { 1.0 } else { exp2(g.at(r, 0) - g.at(s, 0)) };
+                                acc[2 * half + e] * decay * scale
+                            }
+                        });
+                        products.put_pair(p, r, s, value);
+                    }
                 }
             }
         }
     }
 }
 
-/// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk into `out`,
-/// each times `row_scale(r)`, on the tensor cores: a sub-block
-/// pair below the diagonal factored through the first row `f` of the lower block (both factors
-/// at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves more than
-/// `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping `s <= r`
-/// (`s < r` when `strict`) and zeros above it inside the diagonal sub-blocks. The sub-blocks
-/// above the diagonal are left unwritten: no product reads them (the solve's `L_b,<b` and the
-/// output's attention by `v_new` stop at the row block's own diagonal sub-block). Ends with the
-/// CTA synchronised.
+/// The gated products `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` of the chunk, `P` of them
+/// over the same `y` rows and gate (each its own `x`, tile, diagonal and row scale:
+/// [`Products`]), each element times its product's `row_scale(r)`, on the tensor cores: a
+/// sub-block pair below the diagonal factored through the first row `f` of the lower block (both
+/// factors at most 1), a diagonal sub-block through its middle row `m` when no key's gate moves
+/// more than `SAFE_EXPONENT` between `m` and the block's ends (else element by element), keeping
+/// `s <= r` (`s < r` when `strict`) and zeros above it inside the diagonal sub-blocks. The
+/// sub-blocks above the diagonal are left unwritten: no product reads them (the solve's `L_b,<b`
+/// and the output's attention by `v_new` stop at the row block's own diagonal sub-block; the
+/// fused prepare kernel writes their zeros apart). Ends with the CTA synchronised.
 ///
 /// # Safety
-/// The CTA calls it together; `x`, `y` and the gate tile have all `CHUNK` rows written.
+/// The CTA calls it together; the `x` tiles, `y` and the gate tile have all `CHUNK` rows written.
 #[inline(always)]
-unsafe fn gated_products(
-    out: impl MatrixTile,
-    (x, y): (impl RowTile, impl RowTile),
+unsafe fn gated_products<const P: usize>(
+    products: impl Products<P>,
+    y: impl RowTile,
     g: Gates,
     kd: usize,
-    strict: bool,
-    row_scale: impl Fn(usize) -> f32,
     diagonal_then: impl Fn(usize),
 ) {
     let (_, warp, l) = Lane::this_thread();
@@ -1179,21 +1342,28 @@ unsafe fn gated_products(
                 !vote_any(far)
             };
             if factored {
-                // The unit's n8 tiles at once: the A fragment (and its exponentials) read once
-                // per k-step for all of them.
-                let unit_tiles = UnitTiles { r0, s0, f, diagonal, strict, l };
+                // The unit's n8 tiles at once: the A fragments (and their exponentials) read
+                // once per k-step for all of them.
+                let unit_tiles = UnitTiles { r0, s0, f, diagonal, l };
                 match tiles {
-                    2 => unit_tiles.product::<2>(out, x, y, g, kd, &row_scale),
-                    3 => unit_tiles.product::<3>(out, x, y, g, kd, &row_scale),
-                    _ => unit_tiles.product::<4>(out, x, y, g, kd, &row_scale),
+                    2 => unit_tiles.product::<2, P>(products, y, g, kd),
+                    3 => unit_tiles.product::<3, P>(products, y, g, kd),
+                    _ => unit_tiles.product::<4, P>(products, y, g, kd),
                 }
             } else {
-                for e in (l.g * 4 + l.t..SUB * SUB).step_by(LANES) {
-                    let (m, n) = split(e, SUB);
-                    let (r, s) = (r0 + m, s0 + n);
-                    let kept = if strict { s < r } else { s <= r };
-                    let value = if kept { gated_dot(x, r, y, s, g, kd) * row_scale(r) } else { 0.0 };
-                    out.put(r, s, value);
+                for p in 0..P {
+                    let strict = products.strict(p);
+                    for e in (2 * (l.g * 4 + l.t)..SUB * SUB).step_by(2 * LANES) {
+                        let (m, n) = split(e, SUB);
+                        let (r, s) = (r0 + m, s0 + n);
+                        let scale = products.row_scale(p, r);
+                        let value = core::array::from_fn(|e| {
+                            let s = s + e;
+                            let kept = if strict { s < r } else { s <= r };
+                            if kept { products.dot(p, r, y, s, g, kd) * scale } else { 0.0 }
+                        });
+                        products.put_pair(p, r, s, value);
+                    }
                 }
             }
             if diagonal {
@@ -1205,4 +1375,3 @@ unsafe fn gated_products(
         sync_threads();
     }
 }
-

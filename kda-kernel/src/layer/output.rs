@@ -141,7 +141,8 @@ impl Attention {
             gates.pad(rows, gw);
 
             // P = causal((q Γ) (k / Γ)^T), diagonal included.
-            gated_products(Bf16Matrix(attention), (F32Rows(queries), Bf16Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
+            let attention_product = Gated { x: F32Rows(queries), out: Bf16Matrix(attention), strict: false, row_scale: |_| 1.0 };
+            gated_products(attention_product, Bf16Rows(keys), gates, kd, |_| {});
             Self { wk, qg: keys, queries, gates, attention }
         }
     }

@@ -218,9 +218,9 @@ struct AttentionTensors {
 }
 
 /// The prepare kernel's work for one CTA; with `FUSED` also the chunk's causal attention and
-/// `q Γ` for the fused recurrence (from a bf16 query tile after the prepare kernel's tiles,
-/// before `L`, in `L`'s place), and of a per-key gate only each chunk's last row written (all
-/// the fused recurrence reads of it).
+/// `q Γ` for the fused recurrence (from a bf16 query tile after the prepare kernel's tiles; the
+/// attention in the same pass as `L`, written from its accumulators), and of a per-key gate only
+/// each chunk's last row written (all the fused recurrence reads of it).
 ///
 /// # Safety
 /// The entries' contract.
@@ -244,10 +244,8 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         let betas = gates.tile.add(CHUNK * ROW_WORDS);
         let lower = betas.add(CHUNK);
         let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
-        // Fused: the queries (bf16) after the inverses, and the attention over `L`'s tile
-        // until `L` is formed.
+        // Fused: the queries (bf16) after the inverses.
         let queries = inverse.add(SUBS * SUB * INVERSE_ROW_WORDS).cast::<u16>();
-        let attention = lower.cast::<u16>();
 
         // Every input of the chunk's first steps in flight at once (one wait for memory, not
         // one per tile): the keys, the gate (a per-key gate's rows in the layout its
@@ -321,10 +319,21 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         sync_threads();
         gates.pad(rows, gw);
 
+        // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
+        // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
+        // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
+        let lower_product =
+            Gated { x: F32Rows(keys), out: F32Matrix(lower), strict: true, row_scale: move |r: usize| -betas.add(r).ld() };
+        let invert = move |b| invert_diagonal_block(lower, inverse, b);
         if FUSED {
-            // P = causal((q Γ) (k / Γ)^T), diagonal included, over L's tile; q Γ and P out.
+            // With L, in the same pass over the keys' decays: P = causal((q Γ) (k / Γ)^T),
+            // diagonal included, straight to `attention` (its sub-blocks above the diagonal
+            // zeros, stored apart), then q Γ out.
             put_rows_bf16(queries, &query_rows, &wk, kd, options & OPT_L2NORM != 0);
-            gated_products(Bf16Matrix(attention), (Bf16Rows(queries), F32Rows(keys)), gates, kd, false, |_| 1.0, |_| {});
+            zero_attention_above_diagonal(fused.attention_out, &wk, hv);
+            let attention = GlobalBf16Matrix { out: fused.attention_out, at: RowsAt::heads(&wk, hv, i, CHUNK), rows };
+            let attention_product = Gated { x: Bf16Rows(queries), out: attention, strict: false, row_scale: |_| 1.0 };
+            gated_products((lower_product, attention_product), F32Rows(keys), gates, kd, invert);
             let row_at = RowsAt::heads(&wk, hv, i, kd);
             let scale_queries = |per_key: bool| {
                 store_bf16_rows(fused.qg_out, rows, kd, row_at, |r, a| {
@@ -337,17 +346,9 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
             } else {
                 scale_queries(false);
             }
-            store_attention(fused.attention_out, attention, &wk, hv);
-            // L is formed over the attention's tile.
-            sync_threads();
+        } else {
+            gated_products(lower_product, F32Rows(keys), gates, kd, invert);
         }
-
-        // -L = -strictly_lower(diag(beta) (k Γ) (k / Γ)^T), negated once here for the two
-        // products that subtract it (the inverses' substitution and `R_b - L_b,<b X_<b`).
-        // Each diagonal sub-block's warp then inverts it (I + L's diagonal blocks).
-        gated_products(F32Matrix(lower), (F32Rows(keys), F32Rows(keys)), gates, kd, true, |r| -betas.add(r).ld(), |b| {
-            invert_diagonal_block(lower, inverse, b)
-        });
 
         // The values' loads issued here, to arrive while the keys and gate go out and the
         // right-hand side is formed.
