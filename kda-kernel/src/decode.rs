@@ -33,13 +33,14 @@
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
+    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -363,28 +364,34 @@ struct Token {
     scale: f32,
 }
 
-/// A thread's place: its column vector and its group of keys, read afresh from `%tid.x` by each
-/// use (`thread_idx_x_fresh`), so that the compiler recomputes the addresses derived from it per
-/// token instead of keeping all of them in registers across the token loop. A warp holds
-/// `COL_LANES` column vectors of every key, so a token's sums over the keys stay in the warp.
+/// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
+/// read afresh from `%tid.x` by each use (`thread_idx_x_fresh`), so that the compiler recomputes
+/// the addresses derived from it per token instead of keeping all of them in registers across
+/// the token loop.
 struct Place {
-    /// The thread's vector of `VEC` columns in the block: its warp's `COL_LANES`, then its lane's.
-    col: usize,
-    /// The thread's key lane: its keys are `group * K / KEY_GROUPS ..` onwards.
+    warp: usize,
+    /// The lane's vector of `VEC` columns in the block.
+    col_lane: usize,
+    /// The lane's half of the warp (its keys).
+    key_lane: usize,
+    /// `warp * KEY_LANES + key_lane`: the thread's keys are `group * K / KEY_GROUPS ..` onwards.
     group: usize,
 }
 
 impl Place {
+    /// Whether this thread reduces a token's sums for its column vector (and forms its delta
+    /// and output): warp 0, each half of it over half of the warps' sums.
+    fn is_reducer(&self) -> bool {
+        self.warp == 0
+    }
+
     fn fresh() -> Self {
         let tid = thread_idx_x_fresh();
-        let (warp, lane) = (tid / LANES, tid % LANES);
-        Self { col: warp * COL_LANES + lane % COL_LANES, group: lane / COL_LANES }
+        let (warp, lane) = (tid / 32, tid % 32);
+        let key_lane = lane / COL_LANES;
+        Self { warp, col_lane: lane % COL_LANES, key_lane, group: warp * KEY_LANES + key_lane }
     }
 }
-
-/// Lanes of a warp.
-const LANES: usize = 32;
-const _: () = assert!(COL_LANES * KEY_LANES == LANES && KEY_GROUPS == KEY_LANES && KEY_LANES.is_power_of_two());
 
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
 fn unpack4(w: [u32; 2]) -> [f32; 4] {
@@ -397,21 +404,14 @@ fn floats4(w: [u32; 4]) -> [f32; 4] {
     w.map(f32::from_bits)
 }
 
-/// The sum of `x` over the warp's key lanes (the lanes of one column vector, `COL_LANES` apart),
-/// in every one of them: a butterfly of shuffles, each lane adding its partner's sum of the same
-/// lanes, so that all of them end with the same bits.
+/// The sum of `x` over the warp's two key halves (lanes `COL_LANES` apart).
 ///
 /// # Safety
 /// The whole warp calls it together.
 #[inline(always)]
-unsafe fn sum_over_keys(mut x: f32) -> f32 {
-    let mut apart = COL_LANES;
-    while apart < LANES {
-        // SAFETY: the caller's contract.
-        x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), apart as u32) });
-        apart *= 2;
-    }
-    x
+unsafe fn add_halves(x: f32) -> f32 {
+    // SAFETY: the caller's contract.
+    x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
 }
 
 /// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
@@ -422,8 +422,8 @@ struct GateScalars {
     bias: f32,
 }
 
-/// Where a thread reads a token's `v` (its columns) and `beta`: the draft token's raw slot (shared
-/// address), or values loaded from memory before the token's barrier.
+/// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
+/// address), or values loaded from memory before the token's first barrier.
 #[derive(Clone, Copy)]
 enum Inputs {
     Staged(u32),
@@ -483,13 +483,13 @@ impl Token {
     /// The element offset of this thread's first column in key row `key` of the head's state in
     /// `slot` of a key-first pool (64-bit; a multiple of `VEC`).
     fn state_offset(&self, slot: usize, key: usize, at: &Place) -> usize {
-        ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col
+        ((slot * self.hv + self.i) * self.kd + key) * self.vd + self.col0 + VEC * at.col_lane
     }
 
     /// The element offset of key `key` in this thread's column `x` of the head's state in `slot`
     /// of a value-first pool (`[slots, HV, V, K]`; 64-bit).
     fn value_first_offset(&self, slot: usize, x: usize, key: usize, at: &Place) -> usize {
-        ((slot * self.hv + self.i) * self.vd + self.col0 + VEC * at.col + x) * self.kd + key
+        ((slot * self.hv + self.i) * self.vd + self.col0 + VEC * at.col_lane + x) * self.kd + key
     }
 
     /// This thread's keys of the head's state in `slot` of `pool` (`[slots, HV, K, V]`, or
@@ -708,10 +708,9 @@ impl Token {
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
     /// update, and, when `write_o`, the output row. Its inputs come from draft token `staged`'s
-    /// stage and raw slot when given (staged by [`Token::stage_raw`]), else from memory through
-    /// stage `parity` (one CTA barrier); every thread calls it, with `parity` alternating between
-    /// consecutive calls. Each warp sums over the keys by shuffles and forms its own columns'
-    /// deltas: a staged token waits on no barrier.
+    /// stage and raw slot when given (staged by [`Token::stage_raw`]: two CTA barriers), else from
+    /// memory through stage `parity` (three barriers); every thread calls it, with `parity`
+    /// alternating between consecutive calls.
     ///
     /// # Safety
     /// As the kernel's: `row` is a row of every tensor; a `staged` token is staged.
@@ -722,16 +721,20 @@ impl Token {
         // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
         // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
+            // Shared addresses (32-bit, `.shared` window) of this token's stage (`q`, `k`, decay)
+            // and of its partial sums.
+            let base = smem_base_shared();
             let word = |x: usize| (x * 4) as u32;
+            let sums = base + word(SUMS_AT + parity * WARPS * WARP_SUM_WORDS);
+            let deltas = base + word(DELTAS_AT);
             let at = Place::fresh();
-            let c = self.col0 + VEC * at.col;
-            // The stage (`q`, `k`, decay: shared addresses) and the thread's `v` and `beta`: from
-            // the raw slot when staged, else from memory.
-            let (stage, inputs) = match staged {
+            let c = self.col0 + VEC * at.col_lane;
+            // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
+            let (stage, reducer_inputs) = match staged {
                 Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
-                    // The token's q, k and decay staged (one key per thread), and the thread's v
-                    // and beta, all loads issued before the wait.
+                    // The token's q, k and decay staged (one key per thread), and a reducer's v
+                    // and beta, all loads issued before any wait.
                     let stage = stage_of(parity);
                     let tid = thread_idx_x_fresh();
                     if tid < kd {
@@ -740,8 +743,12 @@ impl Token {
                         let raw = *self.g.add(value_row * self.gw + self.gate_column(tid));
                         self.stage_key(stage, tid, q, k, raw, self.gate_scalars(tid));
                     }
-                    let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-                    let loaded = Inputs::Loaded(v, *self.beta.add(value_row));
+                    let loaded = if at.is_reducer() {
+                        let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+                        Inputs::Loaded(v, *self.beta.add(value_row))
+                    } else {
+                        Inputs::Loaded([0.0; VEC], 0.0)
+                    };
                     sync_threads();
                     (stage, loaded)
                 }
@@ -772,37 +779,81 @@ impl Token {
                     }
                 }
             }
-            // The sums over every key, in each of the warp's key lanes.
+            // The warp's two key halves, then the warps through shared memory.
             for col in 0..VEC {
-                sk[col] = sum_over_keys(sk[col]);
-                sq[col] = sum_over_keys(sq[col]);
+                sk[col] = add_halves(sk[col]);
+                sq[col] = add_halves(sq[col]);
             }
-            let (nq, nk, kq) = (sum_over_keys(nq), sum_over_keys(nk), sum_over_keys(kq));
-            let (v, b_raw) = match inputs {
-                Inputs::Staged(raw) => {
-                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col) as u32).map(f32::to_bits);
-                    (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+            let (nq, nk, kq) = (add_halves(nq), add_halves(nk), add_halves(kq));
+            if at.key_lane == 0 {
+                let mine = sums + word(at.warp * WARP_SUM_WORDS);
+                st_shared_v4(mine + word(VEC * at.col_lane), sk.map(f32::to_bits));
+                st_shared_v4(mine + word(COLS + VEC * at.col_lane), sq.map(f32::to_bits));
+                if at.col_lane == 0 {
+                    st_shared_v4(mine + word(2 * COLS), [nq, nk, kq, 0.0].map(f32::to_bits));
                 }
-                Inputs::Loaded(v, b_raw) => (v, b_raw),
-            };
-            let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
-                (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
-            } else {
-                (1.0, 1.0)
-            };
-            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
-            // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
-            let kq = kq * k_scale * q_scale;
-            let mut out = [0.0f32; VEC];
-            let mut delta = [0.0f32; VEC];
-            for col in 0..VEC {
-                delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
-                out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
             }
-            if write_o && at.group == 0 {
-                let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
-                st_global_v2(self.o.add(value_row * vd + c) as *mut u32, w);
+            sync_threads();
+            let at = Place::fresh();
+            if at.is_reducer() {
+                // The warps' partial sums of this thread's columns added, the token's delta and
+                // output formed, and delta and the key scale handed to every thread.
+                let (v, b_raw) = match reducer_inputs {
+                    Inputs::Staged(raw) => {
+                        let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                        (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
+                    }
+                    Inputs::Loaded(v, b_raw) => (v, b_raw),
+                };
+                // Each half of the warp adds half of the warps' sums, then the halves theirs.
+                let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
+                let mut norms = [0.0f32; 4];
+                for x in 0..WARPS / KEY_LANES {
+                    let theirs = sums + word((at.key_lane * (WARPS / KEY_LANES) + x) * WARP_SUM_WORDS);
+                    let (k4, q4) =
+                        (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
+                    let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
+                    for col in 0..VEC {
+                        sk[col] += f32::from_bits(k4[col]);
+                        sq[col] += f32::from_bits(q4[col]);
+                        norms[col] += n4[col];
+                    }
+                }
+                for col in 0..VEC {
+                    sk[col] = add_halves(sk[col]);
+                    sq[col] = add_halves(sq[col]);
+                }
+                let [nq, nk, kq, _] = norms.map(|x| add_halves(x));
+                let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
+                    (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
+                } else {
+                    (1.0, 1.0)
+                };
+                let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
+                // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
+                let kq = kq * k_scale * q_scale;
+                let mut out = [0.0f32; VEC];
+                let mut delta = [0.0f32; VEC];
+                for col in 0..VEC {
+                    delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
+                    out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
+                }
+                if at.key_lane == 0 {
+                    st_shared_v4(deltas + word(VEC * at.col_lane), delta.map(f32::to_bits));
+                    if at.col_lane == 0 {
+                        st_shared_f32(deltas + word(COLS), k_scale);
+                    }
+                }
+                if write_o && at.key_lane == 0 {
+                    let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
+                    st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
+                }
             }
+            sync_threads();
+            let at = Place::fresh();
+            let delta = floats4(ld_shared_v4(deltas + word(VEC * at.col_lane)));
+            let k_scale = ld_shared_f32(deltas + word(COLS));
+            let key0 = at.group * keys;
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
                     let k4 = floats4(ld_shared_v4(ks + word(key0 + KEY_VECTOR * quad)));
@@ -813,9 +864,12 @@ impl Token {
                     }
                 }
             }
-            // Between tokens: a staged token's stage and raw slot are only read from here on; a
-            // loaded token's stage is rewritten two tokens on, after the next token's barrier,
-            // which every thread reaches only after reading this one.
+            // Between tokens: the next token's partial sums go to the other buffer, and these
+            // are rewritten two tokens on, after the next token's barrier, which every reader of
+            // these passes after reading them; the deltas are rewritten by the next token's
+            // reducers after its first barrier, which every thread reaches only after reading
+            // these; a staged token's stage is only read from here on, and a loaded token's is
+            // rewritten two tokens on, after the same barrier.
         }
     }
 }

@@ -337,9 +337,9 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
         let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
         let code = sass(&cubin);
         // Once each in the code: the decode step's two barriers of staging every token's
-        // copied rows (a token's sums over the keys are its warps' shuffles: no barrier); the
-        // checkpoint kernel's one per token (its loaded inputs).
-        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 1)] {
+        // copied rows and a token's two (its partial sums, its deltas); the checkpoint kernel's
+        // three per token (its loaded inputs, its partial sums, its deltas).
+        for (abi, barriers) in [(&DECODE, 4), (&ADVANCE, 3)] {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}", abi.entry);
             assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);
