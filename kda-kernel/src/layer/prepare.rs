@@ -328,24 +328,12 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         if FUSED {
             // With L, in the same pass over the keys' decays: P = causal((q Γ) (k / Γ)^T),
             // diagonal included, straight to `attention` (its sub-blocks above the diagonal
-            // zeros, stored apart), then q Γ out.
+            // zeros, stored apart). q Γ goes out below, with the right-hand side.
             put_rows_bf16(queries, &query_rows, &wk, kd, options & OPT_L2NORM != 0);
             zero_attention_above_diagonal(fused.attention_out, &wk, hv);
             let attention = GlobalBf16Matrix { out: fused.attention_out, at: RowsAt::heads(&wk, hv, i, CHUNK), rows };
             let attention_product = Gated { x: Bf16Rows(queries), out: attention, strict: false, row_scale: |_| 1.0 };
             gated_products((lower_product, attention_product), F32Rows(keys), gates, kd, invert);
-            let row_at = RowsAt::heads(&wk, hv, i, kd);
-            let scale_queries = |per_key: bool| {
-                store_bf16_rows(fused.qg_out, rows, kd, row_at, |r, a| {
-                    let query = unpack_bf16x8(ld_shared_v4(queries.add(r * KEY_ROW + a).addr()));
-                    gates.decay8(per_key, r, a, query)
-                })
-            };
-            if per_key {
-                scale_queries(true);
-            } else {
-                scale_queries(false);
-            }
         } else {
             gated_products(lower_product, F32Rows(keys), gates, kd, invert);
         }
@@ -353,18 +341,9 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         // The values' loads issued here, to arrive while the keys and gate go out and the
         // right-hand side is formed.
         let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
-        // The recurrence's keys and gate, while the key and gate tiles still hold them.
         let last = rows - 1;
         let row_at = RowsAt::heads(&wk, hv, i, kd);
-        if per_key {
-            store_bf16_rows(k_rec, rows, kd, row_at, |r, a| {
-                let (key, to, from) = (row8(keys, r, a), row8(gates.tile, last, a), row8(gates.tile, r, a));
-                core::array::from_fn(|j| key[j] * exp2(to[j] - from[j]))
-            });
-        } else if i.checked_rem(d.group()) == Some(0) {
-            // GDN's keys are the key head's, written by the first value head of its group.
-            store_bf16_rows(k_rec, rows, kd, RowsAt::heads(&wk, d.heads, wk.j, kd), |r, a| row8(keys, r, a));
-        }
+        // The recurrence's gate, while the gate tile still holds it.
         if per_key && FUSED {
             // The fused recurrence reads a per-key gate's last row of each chunk only.
             if tid < kd / F32_VECTOR {
@@ -378,32 +357,58 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         } else if tid < rows {
             *gate_out.add((t0 + tid) * hv + i) = gates.at(tid, 0);
         }
-        // The right-hand side in place: diag(beta) k Γ over the keys (each thread the same
-        // 8 elements of each row as it read for `k_rec` above, so no thread overwrites a key
-        // another still reads), then, once no thread reads G any more, diag(beta) v over the
-        // gate tile (zeros past the valid rows). The solution [w | u] stays there: w's columns
-        // in the key tile, u's in the gate tile. Rows past the valid ones come out zeros
-        // without a branch: their keys and `beta` are zeros, their G the last valid row's. The
-        // gate's kind chosen once, outside the loop.
-        let right_hand_side = |per_key: bool| {
-            for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
-                let (r, col) = split(e * BF16_VECTOR, kd);
-                let (b, key) = (betas.add(r).ld(), row8(keys, r, col));
+        // One walk down the rows (the gate's kind chosen once, outside it) for what the keys
+        // and the gate give: of the valid rows, the recurrence's keys (KDA: `k Γ_last / Γ`;
+        // GDN: the key head's `k`, written by the first value head of its group) and, fused,
+        // `q Γ`; of every row, the right-hand side `diag(beta) k Γ` in place over the keys. Each
+        // row's decay `Γ` is formed once for `q Γ` and the right-hand side. Each thread takes
+        // the same 8 columns of every row it takes, so no thread overwrites a key another still
+        // reads. Rows past the valid ones come out zeros without a branch: their keys and
+        // `beta` are zeros, their G the last valid row's.
+        let key_at = if per_key { row_at } else { RowsAt::heads(&wk, d.heads, wk.j, kd) };
+        let write_keys = per_key || i.checked_rem(d.group()) == Some(0);
+        let walk_rows = |per_key: bool| {
+            let RowWalk { r0, col, step, first, jump } = row_at.walk(kd, BF16_VECTOR);
+            let key_walk = key_at.walk(kd, BF16_VECTOR);
+            // Formed, not written, past the valid rows.
+            let (mut key_to, mut qg_to) = (k_rec.wrapping_add(key_walk.first), fused.qg_out.wrapping_add(first));
+            let last_gate = if per_key { row8(gates.tile, last, col) } else { [0.0; BF16_VECTOR] };
+            let mut r = r0;
+            while r < CHUNK as u32 {
+                let row = r as usize;
+                let (b, key) = (betas.add(row).ld(), row8(keys, row, col));
+                let gate = if per_key { row8(gates.tile, row, col) } else { [gates.at(row, 0); BF16_VECTOR] };
+                let decay = if per_key { gate.map(exp2) } else { [exp2(gate[0]); BF16_VECTOR] };
+                if row < rows {
+                    if write_keys {
+                        let out = if per_key { core::array::from_fn(|j| key[j] * exp2(last_gate[j] - gate[j])) } else { key };
+                        st_global_v4(key_to, pack_bf16x8(out));
+                    }
+                    if FUSED {
+                        let query = unpack_bf16x8(ld_shared_v4(queries.add(row * KEY_ROW + col).addr()));
+                        st_global_v4(qg_to, pack_bf16x8(core::array::from_fn(|j| query[j] * decay[j])));
+                    }
+                }
                 let x = if per_key {
-                    let gate = row8(gates.tile, r, col);
-                    core::array::from_fn(|j| b * key[j] * exp2(gate[j]))
+                    core::array::from_fn(|j| b * key[j] * decay[j])
                 } else {
-                    let scale = b * exp2(gates.at(r, 0));
+                    let scale = b * decay[0];
                     key.map(|k| scale * k)
                 };
-                set_row8(keys, r, col, x);
+                set_row8(keys, row, col, x);
+                r += step;
+                key_to = key_to.wrapping_add(key_walk.jump);
+                qg_to = qg_to.wrapping_add(jump);
             }
         };
         if per_key {
-            right_hand_side(true);
+            walk_rows(true);
         } else {
-            right_hand_side(false);
+            walk_rows(false);
         }
+        // Then, once no thread reads G any more, diag(beta) v over the gate tile (zeros past the
+        // valid rows). The solution [w | u] stays there: w's columns in the key tile, u's in the
+        // gate tile.
         sync_threads();
         let values = gates.tile;
         value_rows.store(|r, col, words| {
