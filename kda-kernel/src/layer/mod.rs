@@ -1134,7 +1134,7 @@ impl Gates {
 
     /// `x`, elements `a..a + 8` of row `r`, times their decay `exp2(G)`: each key's (`per_key`)
     /// or the row's. `per_key` is `self.per_key`, given by the caller as a constant of its loop
-    /// (the gate's kind chosen once, outside the loop): `q Γ` in both kernels that form it.
+    /// (the gate's kind chosen once, outside the loop): the output kernel's `q Γ`.
     ///
     /// # Safety
     /// As [`Gates::at`].
