@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
-use kda::{Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, bf16};
+use kda::{Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, bf16};
 use std::sync::Arc;
 
 /// A [`LayerProblem`]'s tensors on the device, its plan, the intermediates and the outputs.
@@ -83,12 +83,23 @@ impl DeviceLayer {
 
     /// Enqueues the layer forward on `stream`.
     pub fn launch(&mut self, kda: &Kda, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        self.launch_staged(kda, stream, &mut |_| Ok(()))
+    }
+
+    /// [`DeviceLayer::launch`], calling `after(stage)` once each stage is enqueued
+    /// (`Kda::launch_layer_staged`).
+    pub fn launch_staged(
+        &mut self,
+        kda: &Kda,
+        stream: &Arc<CudaStream>,
+        after: &mut dyn FnMut(LayerStage) -> Result<(), KdaError>,
+    ) -> Result<(), KdaError> {
         let s = self.plan.shape();
         let (t, n) = (self.plan.batch().tokens(), self.plan.batch().num_seqs());
         let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
         let inputs = self.inputs.views(&self.plan);
         let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
-        kda.launch_layer(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace)
+        kda.launch_layer_staged(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace, after)
     }
 
     /// Writes `checkpoints` into `pool` from the chunk states the last [`DeviceLayer::launch`]
@@ -216,6 +227,9 @@ pub struct LayerTiming {
     pub timed: usize,
     /// The IO floor, us.
     pub floor_us: f64,
+    /// Each stage's median device time over `timed` event-timed launches with the plan reused,
+    /// us, in launch order (`kda_cli::median_stage_us`): where the layer's time goes.
+    pub stages: Vec<(LayerStage, f64)>,
     /// `o` and the final states of the first run.
     pub outputs: LayerOutputs,
 }
@@ -229,6 +243,11 @@ impl LayerTiming {
             }
             None => format!("median of {} launches", self.timed),
         }
+    }
+
+    /// The stages' times for tables: `prepare 645.2, recurrence 246.1` (us).
+    pub fn stages_text(&self) -> String {
+        self.stages.iter().map(|(stage, us)| format!("{} {us:.1}", stage.name())).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -257,13 +276,26 @@ pub fn time_layer(
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
     let us = crate::median_us(stream, 3, repeat, |_| dev.launch(kda, stream))?;
+    let stages = stage_times(kda, stream, &mut dev, repeat)?;
     Ok(LayerTiming {
         us,
         plan_reused_us: None,
         timed: repeat,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
+        stages,
         outputs,
     })
+}
+
+/// Each stage's median device time over `repeat` launches of `dev` (after one warm-up), timed
+/// apart from the layer's own time so that the marks between stages add nothing to it.
+fn stage_times(
+    kda: &Kda,
+    stream: &Arc<CudaStream>,
+    dev: &mut DeviceLayer,
+    repeat: usize,
+) -> Result<Vec<(LayerStage, f64)>, KdaError> {
+    crate::timing::median_stage_us(stream, 1, repeat, &mut |after| dev.launch_staged(kda, stream, after))
 }
 
 /// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
@@ -294,11 +326,13 @@ pub fn time_layer_calls(
     };
     let us = per_call(true)?;
     let plan_reused_us = Some(per_call(false)?);
+    let stages = stage_times(kda, stream, &mut dev, calls)?;
     Ok(LayerTiming {
         us,
         plan_reused_us,
         timed: calls,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
+        stages,
         outputs,
     })
 }

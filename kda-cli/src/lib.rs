@@ -35,5 +35,5 @@ pub use layer::{
 };
 pub use progress::Progress;
 pub use shapes::{bench_shapes, gates_name, layout_name, model_bench_shapes};
-pub use timing::{COPY_BENCH_BYTES, copy_bandwidth, median_us};
+pub use timing::{COPY_BENCH_BYTES, StagedLaunch, copy_bandwidth, median_stage_us, median_us, stage_medians};
 pub use tools::{TOOLS_VENV, cuda_tool};

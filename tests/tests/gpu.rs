@@ -689,16 +689,23 @@ fn layer_speed_on_the_peer_shapes() {
         let want = kda::layer::layer_reference(&p.key_heads(&heads)).unwrap();
         let errs = t.outputs.key_heads(&p, &heads).errors(&want);
         println!(
-            "{}: layer {:.1} us ({}), IO floor {:.1} us ({:.3} of it); heads {heads:?}: o {:.2e} ht {:.2e}",
+            "{}: layer {:.1} us ({}), IO floor {:.1} us ({:.3} of it); stages (us) {}; heads {heads:?}: o {:.2e} ht {:.2e}",
             s.name,
             t.us,
             t.method(),
             t.floor_us,
             t.floor_us / t.us,
+            t.stages_text(),
             errs[0],
             errs[1]
         );
         assert!(errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b), "{}: {errs:?}", s.name);
+        // The stages the layer's path launches, in order, each a positive time.
+        use kda::LayerStage::{Output, Prepare, Recurrence};
+        let fused = gpu.kda.layer_output_path(&s.shape).unwrap() == kda::OutputPath::Fused;
+        let want_stages = if fused { vec![Prepare, Recurrence] } else { vec![Prepare, Recurrence, Output] };
+        assert_eq!(t.stages.iter().map(|x| x.0).collect::<Vec<_>>(), want_stages, "{}", s.name);
+        assert!(t.stages.iter().all(|&(_, us)| us > 0.0), "{}: {:?}", s.name, t.stages);
     }
 }
 

@@ -631,10 +631,10 @@ fn layer_rows(
 ) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut lines = vec![
-        "| layer shape | us | IO floor us | floor / time | timing | rel err o | rel err ht | heads checked |"
+        "| layer shape | us | IO floor us | floor / time | timing | stages us | rel err o | rel err ht | heads checked |"
             .to_string(),
     ];
-    lines.push("|---|---:|---:|---:|---|---:|---:|---|".into());
+    lines.push("|---|---:|---:|---:|---|---|---:|---:|---|".into());
     for c in cases {
         let (s, p) = (&c.shape, &c.problem);
         let t = match progress.item(&format!("layer_{} ({kernel})", s.name), "timing", || time(s, p)) {
@@ -649,11 +649,12 @@ fn layer_rows(
         let within = errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b);
         let ratio = t.floor_us / t.us;
         lines.push(format!(
-            "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {} | {:.2e}{} | {:.2e} | {:?} of {} |",
+            "| layer_{} | {:.1} | {:.1} | {ratio:.3} | {} | {} | {:.2e}{} | {:.2e} | {:?} of {} |",
             s.name,
             t.us,
             t.floor_us,
             t.method(),
+            t.stages_text(),
             errs[0],
             if within { "" } else { " (over the bound)" },
             errs[1],
@@ -665,6 +666,7 @@ fn layer_rows(
             "rel_err_o": errs[0], "rel_err_ht": errs[1], "within_bounds": within, "reference_heads": c.heads,
             "repeat": t.timed, "host_timed": s.host_timed,
             "plan_reused_us": t.plan_reused_us,
+            "stages_us": t.stages.iter().map(|(stage, us)| (stage.name().to_string(), json!(us))).collect::<serde_json::Map<_, _>>(),
             "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
         }));

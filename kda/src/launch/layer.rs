@@ -95,6 +95,32 @@ pub struct LayerPlan {
     num_chunks: usize,
 }
 
+/// One launch of a layer forward, in the order a layer enqueues them: what
+/// [`Kda::launch_layer_staged`] names after enqueueing each, so that a caller can time the
+/// layer's kernels apart (CUDA events recorded between them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerStage {
+    /// The token-parallel prepare kernel (on the fused path, with the output's token-parallel
+    /// part).
+    Prepare,
+    /// The recurrence: its split's pre-scan and merge where the plan splits, then its main pass
+    /// (on the fused path, forming `o`).
+    Recurrence,
+    /// The output kernel (the separate path only).
+    Output,
+}
+
+impl LayerStage {
+    /// The stage's name, for tables and records: `prepare`, `recurrence` or `output`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerStage::Prepare => "prepare",
+            LayerStage::Recurrence => "recurrence",
+            LayerStage::Output => "output",
+        }
+    }
+}
+
 /// `auto`, `fused` or `separate`: what [`OutputPath::Auto`] stands for (for tests and A/B runs
 /// of one build).
 pub const OUTPUT_VAR: &str = "KDA_LAYER_OUTPUT";
@@ -472,6 +498,23 @@ impl Kda {
         outputs: &mut LayerDeviceOutputs<'_>,
         workspace: &mut LayerWorkspace,
     ) -> Result<(), KdaError> {
+        self.launch_layer_staged(stream, plan, inputs, outputs, workspace, &mut |_| Ok(()))
+    }
+
+    /// [`Kda::launch_layer`], calling `after(stage)` once each stage's launches are enqueued on
+    /// `stream` ([`LayerStage`]: `Prepare`, `Recurrence`, then `Output` on the separate path),
+    /// so that the caller can record an event there. Stages of a batch with no chunks enqueue
+    /// nothing and are still named. An error of `after` ends the call with it (the stages
+    /// already enqueued stay enqueued).
+    pub fn launch_layer_staged(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &LayerPlan,
+        inputs: &LayerInputs<'_>,
+        outputs: &mut LayerDeviceOutputs<'_>,
+        workspace: &mut LayerWorkspace,
+        after: &mut dyn FnMut(LayerStage) -> Result<(), KdaError>,
+    ) -> Result<(), KdaError> {
         self.check_layer(stream, plan, inputs, outputs, workspace)?;
         let fused = plan.output == OutputPath::Fused;
         if fused {
@@ -530,6 +573,7 @@ impl Kda {
             // `[T, HV, CHUNK]`).
             unsafe { enqueue(stream, kernel, ctas, |sink| args.push(sink)) }?;
         }
+        after(LayerStage::Prepare)?;
         let gate = || workspace.gate.slice(..t * hv * s.gate_width());
         let rec_inputs = KdaInputs {
             k: workspace.k_rec.slice(..t * key_heads * kd),
@@ -550,14 +594,8 @@ impl Kda {
                 v_new: outputs.o.slice_mut(..),
                 ht: outputs.ht.as_mut().map(|x| x.slice_mut(..)),
             };
-            return self.launch_with(
-                stream,
-                &plan.recurrence,
-                &rec_inputs,
-                &mut rec_outputs,
-                Kernel::Hopper,
-                Some(output),
-            );
+            self.launch_with(stream, &plan.recurrence, &rec_inputs, &mut rec_outputs, Kernel::Hopper, Some(output))?;
+            return after(LayerStage::Recurrence);
         }
         {
             let mut rec_outputs = KdaOutputs {
@@ -567,6 +605,7 @@ impl Kda {
             };
             self.launch(stream, &plan.recurrence, &rec_inputs, &mut rec_outputs, Kernel::Auto)?;
         }
+        after(LayerStage::Recurrence)?;
         if ctas > 0 {
             let mut records = Vec::new();
             let mut read = |x| keep(&mut records, x);
@@ -589,7 +628,7 @@ impl Kda {
             // the chunk table's order, written by the recurrence just before on this stream.
             unsafe { enqueue(stream, self.layer_kernel(1)?, ctas, |sink| args.push(sink)) }?;
         }
-        Ok(())
+        after(LayerStage::Output)
     }
 }
 

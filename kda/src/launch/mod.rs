@@ -19,7 +19,7 @@ mod validate;
 pub use checkpoint::CheckpointPlan;
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
-pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerWorkspace, OUTPUT_VAR, OutputPath};
+pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, OUTPUT_VAR, OutputPath};
 pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
 pub use pooled::{LayerPool, PooledStates};
 pub use validate::TENSOR_ALIGN;
