@@ -610,6 +610,13 @@ fn run_layer_keeping_h(
         }
         .unwrap_or_else(|e| panic!("prepare: {e}"));
     }
+    // Gated DeltaNet's keys without the L2 norm inside are `k` itself, which the launcher hands
+    // the recurrence: the prepare kernel leaves `k_rec` as it was.
+    let keys_given = s.kind == LayerKind::Gdn && !p.options.l2norm_qk;
+    if keys_given {
+        assert!(k_rec.iter().all(|x| x.to_bits() == POISON_BF16), "prepare wrote k_rec, which is k");
+    }
+    let k_rec = if keys_given { p.k.clone() } else { k_rec };
     for (name, written) in [("k_rec", &k_rec), ("w", &w), ("u", &u), ("qg", &qg), ("attention", &attention)] {
         assert!(written.iter().all(|x| x.to_bits() != POISON_BF16), "prepare left {name} unwritten");
     }

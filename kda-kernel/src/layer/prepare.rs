@@ -359,14 +359,15 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         }
         // One walk down the rows (the gate's kind chosen once, outside it) for what the keys
         // and the gate give: of the valid rows, the recurrence's keys (KDA: `k Γ_last / Γ`;
-        // GDN: the key head's `k`, written by the first value head of its group) and, fused,
+        // GDN: the key head's normalised `k`, written by the first value head of its group;
+        // without the L2 norm they are `k` itself, which the recurrence reads) and, fused,
         // `q Γ`; of every row, the right-hand side `diag(beta) k Γ` in place over the keys. Each
         // row's decay `Γ` is formed once for `q Γ` and the right-hand side. Each thread takes
         // the same 8 columns of every row it takes, so no thread overwrites a key another still
         // reads. Rows past the valid ones come out zeros without a branch: their keys and
         // `beta` are zeros, their G the last valid row's.
         let key_at = if per_key { row_at } else { RowsAt::heads(&wk, d.heads, wk.j, kd) };
-        let write_keys = per_key || i.checked_rem(d.group()) == Some(0);
+        let write_keys = per_key || (options & OPT_L2NORM != 0 && i.checked_rem(d.group()) == Some(0));
         let walk_rows = |per_key: bool| {
             let RowWalk { r0, col, step, first, jump } = row_at.walk(kd, BF16_VECTOR);
             let key_walk = key_at.walk(kd, BF16_VECTOR);
@@ -443,8 +444,9 @@ kernel_entry! {
     /// Reads `k` `[T, H, K]`, `v` `[T, HV, V]` (bf16), the gate `g` `[T, HV, gate_width]`, `beta`
     /// `[T, HV]` (f32) and, for a raw gate, `a_log` `[HV]` and `dt_bias` `[HV, gate_width]` (either
     /// may be null: 0 and 1 in their place); writes `w` `[T, HV, K]`, `u` `[T, HV, V]` (bf16), the
-    /// recurrence's keys `k_rec` (bf16; KDA `[T, HV, K]`, GDN `[T, H, K]`) and gate `gate_out`
-    /// (f32 `[T, HV, gate_width]`, log2, cumulative inside each chunk).
+    /// recurrence's keys `k_rec` (bf16; KDA `[T, HV, K]`; GDN `[T, H, K]`, only with `OPT_L2NORM`:
+    /// without it they are `k`) and gate `gate_out` (f32 `[T, HV, gate_width]`, log2, cumulative
+    /// inside each chunk).
     ///
     /// # Safety
     /// `chunks` holds `gridDim.x / value_heads` entries (first token, valid rows `1..=CHUNK`), each

@@ -239,7 +239,9 @@ pub struct LayerDeviceOutputs<'a> {
 }
 
 /// The intermediates of one layer launch: the recurrence's keys, `w`, `u` and gate (written by
-/// the prepare kernel; on the fused path, of a per-key gate only each chunk's last row); on the
+/// the prepare kernel; on the fused path, of a per-key gate only each chunk's last row; Gated
+/// DeltaNet's keys only when the layer normalises them, its recurrence reading the caller's `k`
+/// otherwise); on the
 /// separate path `h` and `v_new` (written by the recurrence: `h` holds every chunk's entry state,
 /// for callers that want it), on the fused path `qg` and `attention` (written by the prepare
 /// kernel). The other path's two are one element each.
@@ -575,8 +577,15 @@ impl Kda {
         }
         after(LayerStage::Prepare)?;
         let gate = || workspace.gate.slice(..t * hv * s.gate_width());
+        // Gated DeltaNet's keys without the L2 norm inside are the caller's `k` itself: the
+        // recurrence reads it, and the prepare kernel writes no copy.
+        let keys_given = s.kind == LayerKind::Gdn && !plan.options.l2norm_qk;
         let rec_inputs = KdaInputs {
-            k: workspace.k_rec.slice(..t * key_heads * kd),
+            k: if keys_given {
+                inputs.k.slice(..t * key_heads * kd)
+            } else {
+                workspace.k_rec.slice(..t * key_heads * kd)
+            },
             w: workspace.w.slice(..t * hv * kd),
             u: workspace.u.slice(..t * hv * vd),
             g: (s.kind == LayerKind::Gdn).then(gate),
