@@ -504,6 +504,9 @@ mod tests {
         assert_eq!(parse_median("error: no CUDA device"), None);
         let layer = "layer kda_fixed_8192: 1328.8 us (median of 10 launches), IO floor 269.9 us (0.203 of it)";
         assert_eq!(parse_median(layer), Some(1328.8));
+        // With the stages' times after it, as `kda layer --bench` prints them now.
+        let staged = format!("{layer}; stages (us, device) prepare 1001.2, recurrence 327.6");
+        assert_eq!(parse_median(&staged), Some(1328.8));
         let short = "layer kda_short_128: 60.5 us (host time per call of 100, planning included (29.8 us with \
                      the plan reused)), IO floor 2.8 us (0.046 of it)";
         assert_eq!(parse_median(short), Some(60.5));
