@@ -508,6 +508,32 @@ impl Kda {
     /// so that the caller can record an event there. Stages of a batch with no chunks enqueue
     /// nothing and are still named. An error of `after` ends the call with it (the stages
     /// already enqueued stay enqueued).
+    ///
+    /// Where a layer's time goes, by an event after each stage (`plan`, `inputs`, `outputs` and
+    /// `workspace` as in [`LayerPlan`]'s example):
+    ///
+    /// ```no_run
+    /// # use kda::{Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace};
+    /// # fn time(kda: &Kda, stream: &std::sync::Arc<cudarc::driver::CudaStream>, plan: &LayerPlan,
+    /// #     inputs: &LayerInputs<'_>, outputs: &mut LayerDeviceOutputs<'_>, workspace: &mut LayerWorkspace)
+    /// #     -> Result<(), KdaError> {
+    /// let start = stream.context().new_event(None)?;
+    /// start.record(stream)?;
+    /// let mut marks = Vec::new();
+    /// kda.launch_layer_staged(stream, plan, inputs, outputs, workspace, &mut |stage: LayerStage| {
+    ///     let mark = stream.context().new_event(None)?;
+    ///     mark.record(stream)?;
+    ///     marks.push((stage, mark));
+    ///     Ok(())
+    /// })?;
+    /// let mut before = &start;
+    /// for (stage, mark) in &marks {
+    ///     println!("{}: {:.1} us", stage.name(), before.elapsed_ms(mark)? * 1e3);
+    ///     before = mark;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn launch_layer_staged(
         &self,
         stream: &Arc<CudaStream>,
