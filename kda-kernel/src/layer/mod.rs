@@ -872,47 +872,35 @@ impl<X: RowTile, M: MatrixTile, F: Fn(usize) -> f32 + Copy> Products<1> for Gate
     }
 }
 
-impl<X0, M0, F0, X1, M1, F1> Products<2> for (Gated<X0, M0, F0>, Gated<X1, M1, F1>)
-where
-    X0: RowTile,
-    M0: MatrixTile,
-    F0: Fn(usize) -> f32 + Copy,
-    X1: RowTile,
-    M1: MatrixTile,
-    F1: Fn(usize) -> f32 + Copy,
-{
+/// Two products in one pass: each element's own [`Products<1>`], product `p` the `p`-th.
+impl<A: Products<1>, B: Products<1>> Products<2> for (A, B) {
     #[inline(always)]
     unsafe fn x_pairs(self, r: usize, a: usize) -> [[f32; 2]; 2] {
         // SAFETY: the caller's contract.
-        unsafe { [self.0.x.pair(r, a), self.1.x.pair(r, a)] }
+        unsafe { [self.0.x_pairs(r, a)[0], self.1.x_pairs(r, a)[0]] }
     }
 
     #[inline(always)]
     unsafe fn dot(self, p: usize, r: usize, y: impl RowTile, s: usize, g: Gates, kd: usize) -> f32 {
         // SAFETY: the caller's contract.
-        unsafe { if p == 0 { gated_dot(self.0.x, r, y, s, g, kd) } else { gated_dot(self.1.x, r, y, s, g, kd) } }
+        unsafe { if p == 0 { self.0.dot(0, r, y, s, g, kd) } else { self.1.dot(0, r, y, s, g, kd) } }
     }
 
     #[inline(always)]
     fn strict(self, p: usize) -> bool {
-        if p == 0 { self.0.strict } else { self.1.strict }
+        if p == 0 { self.0.strict(0) } else { self.1.strict(0) }
     }
 
     #[inline(always)]
     unsafe fn row_scale(self, p: usize, r: usize) -> f32 {
-        if p == 0 { (self.0.row_scale)(r) } else { (self.1.row_scale)(r) }
+        // SAFETY: the caller's contract.
+        unsafe { if p == 0 { self.0.row_scale(0, r) } else { self.1.row_scale(0, r) } }
     }
 
     #[inline(always)]
     unsafe fn put_pair(self, p: usize, r: usize, s: usize, v: [f32; 2]) {
         // SAFETY: the caller's contract.
-        unsafe {
-            if p == 0 {
-                self.0.out.put_pair(r, s, v)
-            } else {
-                self.1.out.put_pair(r, s, v)
-            }
-        }
+        unsafe { if p == 0 { self.0.put_pair(0, r, s, v) } else { self.1.put_pair(0, r, s, v) } }
     }
 }
 
