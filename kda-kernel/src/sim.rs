@@ -100,8 +100,6 @@ impl std::error::Error for SimError {}
 pub struct Cta {
     /// `%ctaid.x`.
     pub index: usize,
-    /// `%nctaid.x`: the grid's CTAs.
-    pub grid: usize,
     /// `blockDim.x`.
     pub threads: usize,
     shared: SharedMemory,
@@ -287,7 +285,6 @@ impl Cta {
             .collect();
         Self {
             index,
-            grid: launch.grid,
             threads: launch.block,
             shared: SharedMemory::new(launch.shared_bytes),
             barriers: Mutex::new([Barrier::default(); NAMED_BARRIERS]),

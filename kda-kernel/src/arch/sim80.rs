@@ -22,26 +22,6 @@ pub fn block_idx_x() -> usize {
     with_thread(|cta, _| cta.index)
 }
 
-/// `%nctaid.x`.
-pub fn grid_dim_x() -> usize {
-    with_thread(|cta, _| cta.grid)
-}
-
-/// `%nsmid`: the simulator runs its CTAs on one SM.
-pub fn sm_count() -> usize {
-    1
-}
-
-/// `prefetch.global.L2`: a hint; the simulator has no cache, but reads the byte, so that a
-/// request for an address outside the caller's memory shows up in the tests.
-///
-/// # Safety
-/// `ptr` addresses a readable byte.
-pub unsafe fn prefetch_l2(ptr: *const u8) {
-    // SAFETY: the caller's contract.
-    unsafe { ptr.read_volatile() };
-}
-
 /// `%ctaid.x`, read by the warp role `ROLE`.
 pub fn block_idx_x_in_role<const ROLE: u32>() -> usize {
     block_idx_x()

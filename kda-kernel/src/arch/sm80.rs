@@ -25,34 +25,6 @@ pub fn block_idx_x() -> usize {
     unsafe { nvptx::_block_idx_x() as usize }
 }
 
-/// `%nctaid.x`: the grid's CTAs.
-#[inline(always)]
-pub fn grid_dim_x() -> usize {
-    // SAFETY: reading a special register has no preconditions.
-    unsafe { nvptx::_grid_dim_x() as usize }
-}
-
-/// `mov.u32 r, %nsmid;` (PTX 2.0): the number of SM identifiers, at least the GPU's SM count
-/// (identifiers need not be contiguous, so an upper bound of it).
-#[inline(always)]
-pub fn sm_count() -> usize {
-    let n: u32;
-    // SAFETY: reading a special register has no preconditions.
-    unsafe { asm!("mov.u32 {n}, %nsmid;", n = out(reg32) n, options(nostack, nomem, pure)) };
-    n as usize
-}
-
-/// `prefetch.global.L2 [ptr];` (PTX 2.0): brings the line holding `ptr` into the L2, so that a
-/// later load finds it there. A hint: nothing waits for it, and nothing the program sees changes.
-///
-/// # Safety
-/// `ptr` is a global address of the caller's memory.
-#[inline(always)]
-pub unsafe fn prefetch_l2(ptr: *const u8) {
-    // SAFETY: see the function's contract.
-    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) ptr, options(nostack, readonly)) };
-}
-
 /// `mov.u32 r, %ctaid.x;` (PTX 1.0), as read by the warp role `ROLE`: the role's number is in the
 /// instruction's comment, so the reads of two roles are different instructions and the compiler
 /// cannot hoist them into one above the branch between the roles. Read inside its role, the value

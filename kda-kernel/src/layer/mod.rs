@@ -28,7 +28,7 @@
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, grid_dim_x, prefetch_l2, sm_count, exp2_approx_ftz, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
+    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
     shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
@@ -217,69 +217,13 @@ impl Work {
     /// `chunks` holds `gridDim.x / value_heads` entries of `CHUNK_WORDS` words.
     #[inline(always)]
     unsafe fn of_this_cta(chunks: *const u32, d: &Dims) -> Self {
-        // SAFETY: see the function's contract; this CTA's index is inside the grid.
-        unsafe { Self::of_cta(chunks, d, block_idx_x() as u32) }
-    }
-
-    /// The work of CTA `b` (grid: chunk-major, one CTA per value head).
-    ///
-    /// # Safety
-    /// `chunks` holds `b / value_heads + 1` entries of `CHUNK_WORDS` words or more.
-    #[inline(always)]
-    unsafe fn of_cta(chunks: *const u32, d: &Dims, b: u32) -> Self {
         // 32-bit index arithmetic: the grid is below 2^31 CTAs.
-        let hv = d.value_heads as u32;
+        let (b, hv) = (block_idx_x() as u32, d.value_heads as u32);
         let (chunk, i) = (b.checked_div(hv).unwrap_or(0) as usize, b.checked_rem(hv).unwrap_or(0) as usize);
         // SAFETY: see the function's contract.
         let (t0, rows) = unsafe { (*chunks.add(chunk * CHUNK_WORDS), *chunks.add(chunk * CHUNK_WORDS + 1)) };
         let j = i.checked_div(d.group()).unwrap_or(0);
         Self { chunk, i, j, t0: t0 as usize, rows: (rows as usize).clamp(1, CHUNK) }
-    }
-}
-
-/// CTAs of a prepare kernel resident on an SM of 9.x (two of `PREPARE_FUSED_SMEM_BYTES` or
-/// `PREPARE_SMEM_BYTES`; one on GPUs of less shared memory, where the requests below come a
-/// wave earlier than needed, and the L2 still holds them).
-const PREPARE_CTAS_PER_SM: u32 = 2;
-/// Bytes of an L2 line, the unit a `prefetch.global.L2` brings in.
-const L2_LINE: usize = 128;
-/// The prefetch gives each of four tensors a quarter of the CTA, a thread per row.
-const _: () = assert!(THREADS == 4 * CHUNK);
-
-/// Requests into the L2 the input rows of the CTA one wave of resident CTAs after this one
-/// (`PREPARE_CTAS_PER_SM` per SM), which starts on a freed slot about when this one ends: its
-/// keys, queries (`q`, when not null), values and per-key gate rows, a thread per row, so that
-/// its loads find the L2 rather than DRAM, and DRAM works while this CTA computes. Issued after
-/// this CTA's own loads.
-///
-/// # Safety
-/// `chunks` holds `gridDim.x / value_heads` entries; every valid row of every chunk exists in
-/// each tensor, as the prepare kernels' contract says.
-#[inline(always)]
-unsafe fn prefetch_wave_ahead(tensors: (*const u16, *const u16, *const u16, *const f32), chunks: *const u32, d: &Dims) {
-    let (k, q, v, g) = tensors;
-    let ahead = block_idx_x() as u32 + PREPARE_CTAS_PER_SM * sm_count() as u32;
-    if ahead >= grid_dim_x() as u32 {
-        return;
-    }
-    // SAFETY: `ahead` is inside the grid (the function's contract).
-    let w = unsafe { Work::of_cta(chunks, d, ahead) };
-    let (tid, hv) = (thread_idx_x(), d.value_heads);
-    let (part, r) = (tid / CHUNK, tid % CHUNK);
-    if r >= w.rows {
-        return;
-    }
-    // The row's first byte and its length: keys, queries, values, a per-key gate.
-    let (row, bytes) = match part {
-        0 => (k.wrapping_add(RowsAt::heads(&w, d.heads, w.j, d.key_dim).at(r)) as *const u8, d.key_dim * 2),
-        1 if !q.is_null() => (q.wrapping_add(RowsAt::heads(&w, d.heads, w.j, d.key_dim).at(r)) as *const u8, d.key_dim * 2),
-        2 => (v.wrapping_add(RowsAt::heads(&w, hv, w.i, d.value_dim).at(r)) as *const u8, d.value_dim * 2),
-        3 if d.per_key_gate() => (g.wrapping_add(RowsAt::heads(&w, hv, w.i, d.gate_width).at(r)) as *const u8, d.gate_width * 4),
-        _ => return,
-    };
-    for line in (0..bytes).step_by(L2_LINE) {
-        // SAFETY: a valid row of the tensor (the function's contract).
-        unsafe { prefetch_l2(row.wrapping_add(line)) };
     }
 }
 

@@ -294,7 +294,6 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
         let gate_values = fetch_gate(g, &wk, &d);
         let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
-        prefetch_wave_ahead((k, if FUSED { fused.q } else { core::ptr::null() }, v, g), chunks, &d);
         let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
         // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
         // multiple of `K`), so their biases are read once.
