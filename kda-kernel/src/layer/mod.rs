@@ -667,8 +667,9 @@ unsafe fn mma_sets<const P: usize, const N: usize>(
 /// order: a k-step of 16 takes the lane's pairs at `k0 + 2 t` and `k0 + 8 + 2 t` (the two TF32
 /// k-steps it replaces), each pair rounded to bf16 and packed into one register, so the same
 /// elements cost half the `mma`s, a conversion per pair instead of one per element, and half
-/// the chain of accumulator dependences. For the gated products of a per-head gate (the keys
-/// and queries themselves) and a per-key gate's below the diagonal; the solve keeps TF32.
+/// the chain of accumulator dependences. For the gated products of a per-head gate, whose
+/// operands are the keys and queries themselves; the solve and a per-key gate's products keep
+/// TF32.
 ///
 /// # Safety
 /// As [`mma_tiles`]; `depth` is a multiple of `MMA_K`.
@@ -1272,26 +1273,24 @@ impl UnitTiles {
         // caller's); the warp is converged.
         unsafe {
             if g.per_key {
-                // A's rows and B's columns are rows of the tiles, two adjacent keys each. Below
-                // the diagonal both factors are at most 1, and bf16 operands cost the KDA
-                // fixtures' `o` 0.91x -> 0.97x FLA's error; the diagonal sub-blocks, factored
-                // through their middle row (factors up to `2^SAFE_EXPONENT`), stay TF32 (all in
-                // bf16: 1.09x).
-                let a_op = |m: usize, a: usize| {
-                    let (gr, gf) = (g.pair(r0 + m, a), g.pair(f, a));
-                    let decay = [exp2(gr[0] - gf[0]), exp2(gr[1] - gf[1])];
-                    products.x_pairs(r0 + m, a).map(|v| [v[0] * decay[0], v[1] * decay[1]])
-                };
-                let b_op = |a: usize, j: usize| {
-                    let n = TILE_N * j + l.g;
-                    let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
-                    [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
-                };
-                if diagonal {
-                    mma_sets(&mut acc, kd, (l, Depths::Adjacent), a_op, b_op);
-                } else {
-                    mma_sets_bf16(&mut acc, kd, l, a_op, b_op);
-                }
+                // A's rows and B's columns are rows of the tiles, two adjacent keys each, in
+                // TF32: keys times per-key decays rounded to bf16 took the KDA layer's `o` from
+                // 0.91x to 1.09x FLA's error on its fixtures.
+                mma_sets(
+                    &mut acc,
+                    kd,
+                    (l, Depths::Adjacent),
+                    |m, a| {
+                        let (gr, gf) = (g.pair(r0 + m, a), g.pair(f, a));
+                        let decay = [exp2(gr[0] - gf[0]), exp2(gr[1] - gf[1])];
+                        products.x_pairs(r0 + m, a).map(|v| [v[0] * decay[0], v[1] * decay[1]])
+                    },
+                    |a, j| {
+                        let n = TILE_N * j + l.g;
+                        let (v, gs, gf) = (y.pair(s0 + n, a), g.pair(s0 + n, a), g.pair(f, a));
+                        [v[0] * exp2(gf[0] - gs[0]), v[1] * exp2(gf[1] - gs[1])]
+                    },
+                );
             } else {
                 // A per-head gate leaves the operands the keys and queries themselves (bf16
                 // inputs, or their f32 norms): bf16 products, the decays applied below.
