@@ -663,44 +663,6 @@ unsafe fn mma_sets<const P: usize, const N: usize>(
     }
 }
 
-/// [`mma_sets`] in bf16 (`m16n8k16`, f32 accumulation) over depths in [`Depths::Adjacent`]
-/// order: a k-step of 16 takes the lane's pairs at `k0 + 2 t` and `k0 + 8 + 2 t` (the two TF32
-/// k-steps it replaces), each pair rounded to bf16 and packed into one register, so the same
-/// elements cost half the `mma`s, a conversion per pair instead of one per element, and half
-/// the chain of accumulator dependences. For the gated products of a per-head gate, whose
-/// operands are the keys and queries themselves; the solve and a per-key gate's products keep
-/// TF32.
-///
-/// # Safety
-/// As [`mma_tiles`]; `depth` is a multiple of `MMA_K`.
-#[inline(always)]
-unsafe fn mma_sets_bf16<const P: usize, const N: usize>(
-    acc: &mut [[[f32; 4]; N]; P],
-    depth: usize,
-    l: Lane,
-    a: impl Fn(usize, usize) -> [[f32; 2]; P],
-    b: impl Fn(usize, usize) -> [f32; 2],
-) {
-    let g = l.g;
-    let pack = |x: [f32; 2]| pack_bf16x2(x[0], x[1]);
-    let mut step = |k0: usize| {
-        let (k, k8) = (k0 + 2 * l.t, k0 + TILE_K + 2 * l.t);
-        let (upper, lower, upper8, lower8) = (a(g, k), a(g + 8, k), a(g, k8), a(g + 8, k8));
-        let af: [[u32; 4]; P] =
-            core::array::from_fn(|p| [pack(upper[p]), pack(lower[p]), pack(upper8[p]), pack(lower8[p])]);
-        for j in 0..N {
-            let bf = [pack(b(k, j)), pack(b(k8, j))];
-            for (acc, af) in acc.iter_mut().zip(&af) {
-                // SAFETY: the warp is converged here (the caller's contract).
-                unsafe { mma_m16n8k16_bf16(&mut acc[j], *af, bf) };
-            }
-        }
-    };
-    for k0 in (0..depth).step_by(MMA_K) {
-        step(k0);
-    }
-}
-
 /// k-steps of [`mma_tiles`] per loop pass: every depth it takes is a multiple of `SUB` (the
 /// solve's) or of 64 (a key dimension), so two passes of `TILE_K` halve the loop's counter,
 /// branch and address steps.
@@ -1273,9 +1235,7 @@ impl UnitTiles {
         // caller's); the warp is converged.
         unsafe {
             if g.per_key {
-                // A's rows and B's columns are rows of the tiles, two adjacent keys each, in
-                // TF32: keys times per-key decays rounded to bf16 took the KDA layer's `o` from
-                // 0.91x to 1.09x FLA's error on its fixtures.
+                // A's rows and B's columns are rows of the tiles, two adjacent keys each.
                 mma_sets(
                     &mut acc,
                     kd,
@@ -1292,9 +1252,7 @@ impl UnitTiles {
                     },
                 );
             } else {
-                // A per-head gate leaves the operands the keys and queries themselves (bf16
-                // inputs, or their f32 norms): bf16 products, the decays applied below.
-                mma_sets_bf16(&mut acc, kd, l, |m, a| products.x_pairs(r0 + m, a), |a, j| {
+                mma_sets(&mut acc, kd, (l, Depths::Adjacent), |m, a| products.x_pairs(r0 + m, a), |a, j| {
                     y.pair(s0 + TILE_N * j + l.g, a)
                 });
             }
