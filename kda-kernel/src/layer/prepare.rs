@@ -61,46 +61,6 @@ unsafe fn invert_diagonal_block(lower: Shared<f32>, inverse: Shared<f32>, b: usi
     }
 }
 
-/// A per-head gate's decays (column 0 of `tile`'s first `rows` rows) summed down the chunk in
-/// place, by the calling warp: lane `l` takes rows `2 l` and `2 l + 1`, and the sum of the pairs
-/// before its own comes from a butterfly of shuffles (five steps; one thread walking the rows
-/// was a chain of 64 dependent shared-memory round trips while the CTA waited at its barrier).
-/// Rows from `rows` on are left as they are ([`Gates::pad`] fills them).
-///
-/// # Safety
-/// The warp calls it together; rows below `rows` of column 0 are written and visible to it.
-#[inline(always)]
-unsafe fn scan_head_gate(tile: Shared<f32>, rows: usize) {
-    let lane = thread_idx_x() % LANES;
-    let (r0, r1) = (2 * lane, 2 * lane + 1);
-    // SAFETY (block): rows below `CHUNK` (`2 LANES`) of column 0; the function's contract.
-    unsafe {
-        let x0 = if r0 < rows { tile.add(r0 * ROW_WORDS).ld() } else { 0.0 };
-        let x1 = if r1 < rows { tile.add(r1 * ROW_WORDS).ld() } else { 0.0 };
-        let pair = x0 + x1;
-        // `before`: the pairs of the lanes below this one; `total`: of the lanes that differ
-        // from this one in the bits stepped so far.
-        let (mut before, mut total) = (0.0f32, pair);
-        let mut bit = 1u32;
-        while bit < LANES as u32 {
-            let other = f32::from_bits(shfl_xor(total.to_bits(), bit));
-            if lane as u32 & bit != 0 {
-                before += other;
-            }
-            total += other;
-            bit <<= 1;
-        }
-        if r0 < rows {
-            tile.add(r0 * ROW_WORDS).st(before + x0);
-        }
-        if r1 < rows {
-            tile.add(r1 * ROW_WORDS).st(before + pair);
-        }
-    }
-}
-/// [`scan_head_gate`]'s lanes take two rows each, its shuffles five bits.
-const _: () = assert!(CHUNK == 2 * LANES && LANES == 32);
-
 /// One warp's columns of the WY solve `(I + L) [w | u] = R`, in place over the right-hand side:
 /// `w`'s columns in the key tile, `u`'s in the gate tile (`[CHUNK][ROW_WORDS]` f32 each), the
 /// warp's from column `col0` of `[w | u]`.
@@ -347,20 +307,13 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
             });
         }
         sync_threads();
-        // G: the decay summed down each column (a per-head gate's one column by warp 0's
-        // shuffles; a per-key gate's columns a thread each).
-        if !per_key {
-            if warp == 0 {
-                scan_head_gate(gates.tile, rows);
-            }
-        } else {
-            for a in strided(tid, gw) {
-                let mut acc = 0.0;
-                for r in 0..rows {
-                    let x = gates.tile.add(r * ROW_WORDS + a);
-                    acc += x.ld();
-                    x.st(acc);
-                }
+        // G: the decay summed down each column.
+        for a in strided(tid, gw) {
+            let mut acc = 0.0;
+            for r in 0..rows {
+                let x = gates.tile.add(r * ROW_WORDS + a);
+                acc += x.ld();
+                x.st(acc);
             }
         }
         sync_threads();
