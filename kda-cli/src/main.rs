@@ -677,6 +677,14 @@ fn explanation(plan: &Plan, work: &Work, mode: SplitMode, split: &SplitPlan) -> 
             work.key_dim + work.value_dim,
             split.segments().len()
         );
+        if !split.keeps_precision(work) {
+            text += &format!(
+                "  precision: entry states composed through maps of segments shorter than {} chunks drift past \
+                 the contract's bound with this gate (kda::split::PRECISE_SEGMENT_CHUNKS); the planner never \
+                 chooses it\n",
+                kda::split::PRECISE_SEGMENT_CHUNKS
+            );
+        }
     }
     text += &format!("  modelled time: {unsplit} chunk times unsplit, {} as planned\n", split.modelled_cost(work));
     text
@@ -719,7 +727,14 @@ mod tests {
 
     #[test]
     fn explain_names_the_split_and_its_modelled_time() {
-        let work = Work { value_heads: 4, key_dim: 128, value_dim: 128, workers: 132, block_width: 64 };
+        let work = Work {
+            value_heads: 4,
+            key_dim: 128,
+            value_dim: 128,
+            workers: 132,
+            block_width: 64,
+            gates: kda::model::Gates { g: false, gk: true },
+        };
         let plan = Plan::from_lengths(&[131072]);
         let split = SplitPlan::decide(&plan, &work, SplitMode::Auto);
         let text = explanation(&plan, &work, SplitMode::Auto, &split);
@@ -728,6 +743,14 @@ mod tests {
             text.starts_with("plan: 8 work items (1 sequences x 4 value heads x 2 column blocks of 64) on 132 CTAs")
         );
         assert!(text.contains("split (Auto): 1 of 1 sequences cut: 8 segments of 256 chunks"), "{text}");
+        assert!(!text.contains("precision"), "{text}");
+        // A forced cut into short segments says it leaves the contract.
+        let forced = SplitPlan::decide(&plan, &work, SplitMode::Chunks(16));
+        let forced = explanation(&plan, &work, SplitMode::Chunks(16), &forced);
+        assert!(
+            forced.contains("precision: entry states composed through maps of segments shorter than 256"),
+            "{forced}"
+        );
         assert!(
             text.contains(
                 "pre-scan of 1 first segments from h0 over V = 128 columns and 6 segment maps over K + V = 256"

@@ -147,7 +147,8 @@ mod tests {
     }
 
     fn work(value_heads: usize, key_dim: usize, value_dim: usize) -> Work {
-        Work { value_heads, key_dim, value_dim, workers: 132, block_width: BV }
+        let gates = crate::model::Gates { g: false, gk: true };
+        Work { value_heads, key_dim, value_dim, workers: 132, block_width: BV, gates }
     }
 
     fn choose(lengths: &[usize], w: Work) -> Columns {

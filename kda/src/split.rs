@@ -18,7 +18,7 @@
 //! The planner ([`SplitPlan::decide`]) weighs that extra work (the pre-scan's `K + V` columns,
 //! the serial merge) against the idle SMs of a batch with too few chains.
 
-use crate::model::ModelView;
+use crate::model::{Gates, ModelView};
 use crate::reference::model_reference;
 use crate::schedule::Unit;
 use crate::{KdaError, Outputs, Plan};
@@ -50,6 +50,19 @@ pub const MIN_GAIN: f64 = 0.85;
 /// The shortest segment the planner cuts, in chunks: shorter ones pay the item overhead and the
 /// merge for too little work.
 pub const MIN_SEGMENT_CHUNKS: usize = 8;
+
+/// The shortest segment the planner cuts a sequence into when that sequence gets more than two
+/// segments and the batch has a per-key gate or none (a scalar gate alone is free of it). Two
+/// segments need no map (the second starts from the first one's exit state, as exact as the
+/// unsplit recurrence), but every later entry state is composed through the pre-scan's map
+/// `[M | B]`, rounded to bf16 in its products (docs/DESIGN.md, "Splitting sequences"), and that
+/// drift does not shrink with the sequence. Measured on the H100 (bench/RESULTS.md, twelfth
+/// session): 8192-token KDA sequences forced into segments of 32 and 16 chunks land at 2.1e-3 to
+/// 2.5e-3 relative in `h` against the contract's 1.47e-3 (`1.5 x` their f32 floor), while the
+/// 256-chunk segments of tp_long_h4 and tp_mixed_h8 stay inside it (2.72e-3 against 3.77e-3,
+/// 2.43e-3 against 3.18e-3: sequences long enough for three such segments have an f32 floor
+/// above the drift). A scalar gate alone stays below the contract's 1e-3 at 16 chunks (3.5e-4).
+pub const PRECISE_SEGMENT_CHUNKS: usize = 256;
 
 /// One segment of a sequence: a run of whole chunks (the last segment may end in a partial one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +112,9 @@ pub struct Work {
     /// Value columns per block of both passes (`hopper::BV`, or `hopper::NARROW_BV` for the
     /// narrow kernel).
     pub block_width: usize,
+    /// The batch's gates: with a per-key gate or none, a sequence cut into more than two
+    /// segments takes segments of [`PRECISE_SEGMENT_CHUNKS`] or more.
+    pub gates: Gates,
 }
 
 impl Work {
@@ -111,7 +127,14 @@ impl Work {
             value_dim: shape.value_dim,
             workers,
             block_width,
+            gates: shape.gates,
         }
+    }
+
+    /// Whether the merge steps through composed maps drift past the contract on short segments
+    /// ([`PRECISE_SEGMENT_CHUNKS`]): with a per-key gate or with none.
+    fn merges_drift(&self) -> bool {
+        self.gates.gk || !self.gates.g
     }
 
     /// Column blocks per head of the main pass.
@@ -164,18 +187,27 @@ impl SplitPlan {
     }
 
     /// The split `mode` asks for; with [`SplitMode::Auto`], the cheapest of no split and cuts at
-    /// `MIN_SEGMENT_CHUNKS` to half the longest sequence (powers of two), by
-    /// [`SplitPlan::modelled_cost`], taken only when it saves more than `1 - MIN_GAIN`.
+    /// `MIN_SEGMENT_CHUNKS` to half the longest sequence (powers of two) that keep the
+    /// contract's precision ([`PRECISE_SEGMENT_CHUNKS`]), by [`SplitPlan::modelled_cost`], taken
+    /// only when it saves more than `1 - MIN_GAIN`. A forced length is obeyed as it is.
     ///
     /// ```
     /// use kda::Plan;
+    /// use kda::model::Gates;
     /// use kda::split::{SplitMode, SplitPlan, Work};
-    /// // An H200 (132 SMs), K = V = 128 in 64-column blocks.
-    /// let work = |value_heads| Work { value_heads, key_dim: 128, value_dim: 128, workers: 132, block_width: 64 };
+    /// // An H200 (132 SMs), KDA's per-key gate, K = V = 128 in 64-column blocks.
+    /// let gates = Gates { g: false, gk: true };
+    /// let work = |value_heads| Work { value_heads, key_dim: 128, value_dim: 128, workers: 132, block_width: 64, gates };
     /// // Four heads of one 131072-token prompt: 8 chains for 132 SMs, so it splits.
     /// assert!(SplitPlan::decide(&Plan::from_lengths(&[131072]), &work(4), SplitMode::Auto).is_split());
     /// // Sixty-four heads fill the GPU already: never split.
     /// assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &work(64), SplitMode::Auto).is_split());
+    /// // Four heads of 8192 tokens: short segments would leave the contract's precision, and two
+    /// // halves gain nothing (the first half's pre-scan lasts as long as the main pass).
+    /// assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &work(4), SplitMode::Auto).is_split());
+    /// // With a scalar gate alone the same batch is cut short.
+    /// let gdn = Work { gates: Gates { g: true, gk: false }, ..work(4) };
+    /// assert!(SplitPlan::decide(&Plan::from_lengths(&[8192]), &gdn, SplitMode::Auto).segments().len() > 2);
     /// ```
     pub fn decide(plan: &Plan, work: &Work, mode: SplitMode) -> Self {
         match mode {
@@ -187,13 +219,27 @@ impl SplitPlan {
                 let longest = plan.seqs().iter().map(|d| d.chunks()).max().unwrap_or(0);
                 let candidates = std::iter::successors(Some(MIN_SEGMENT_CHUNKS), |&n| n.checked_mul(2))
                     .take_while(|&n| n.saturating_mul(2) <= longest);
-                let best = candidates.map(|n| Self::cut(plan, n)).min_by_key(|s| s.modelled_cost(work));
+                let best = candidates
+                    .map(|n| Self::cut(plan, n))
+                    .filter(|s| s.keeps_precision(work))
+                    .min_by_key(|s| s.modelled_cost(work));
                 match best {
                     Some(s) if (s.modelled_cost(work) as f64) < MIN_GAIN * base as f64 => s,
                     _ => unsplit,
                 }
             }
         }
+    }
+
+    /// Whether every entry state of this plan stays inside the contract's precision on `work`'s
+    /// batch: each sequence in at most two segments, or in segments of
+    /// [`PRECISE_SEGMENT_CHUNKS`] or more, unless a scalar gate alone keeps every cut inside.
+    pub fn keeps_precision(&self, work: &Work) -> bool {
+        !work.merges_drift()
+            || (0..self.first.len() - 1).all(|n| {
+                let segs = self.segments_of(n);
+                segs.len() <= 2 || segs[0].chunks() >= PRECISE_SEGMENT_CHUNKS
+            })
     }
 
     /// Every segment, sequence by sequence.
@@ -471,8 +517,11 @@ mod tests {
 
     const H200_WORKERS: usize = 132;
 
+    const KDA: Gates = Gates { g: false, gk: true };
+    const GDN: Gates = Gates { g: true, gk: false };
+
     fn work(value_heads: usize) -> Work {
-        Work { value_heads, key_dim: 128, value_dim: 128, workers: H200_WORKERS, block_width: BV }
+        Work { value_heads, key_dim: 128, value_dim: 128, workers: H200_WORKERS, block_width: BV, gates: KDA }
     }
 
     #[test]
@@ -513,17 +562,48 @@ mod tests {
         // In a mixed batch only the long sequence is cut.
         let tp_mixed_h8 = auto(&[65536, 8192, 300], 8);
         assert!(tp_mixed_h8.segments_of(0).len() > 1 && tp_mixed_h8.segments_of(2).len() == 1);
-        assert!(auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
+        let gdn_auto = |lengths: &[usize], hv| {
+            SplitPlan::decide(&Plan::from_lengths(lengths), &Work { gates: GDN, ..work(hv) }, SplitMode::Auto)
+        };
+        assert!(gdn_auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
         // The segment lengths the H200's sweeps measured fastest (bench/RESULTS.md).
         let chunks = |s: &SplitPlan| s.segments()[0].chunks();
         assert_eq!(chunks(&tp_long_h4), 256);
         assert_eq!(chunks(&tp_mixed_h8), 256);
-        assert_eq!(chunks(&auto(&[65536], 4)), 128);
+        assert_eq!(chunks(&gdn_auto(&[65536], 4)), 128);
         // Batches short of chains but with nothing long to cut stay whole: the pre-scan's extra
         // columns cost more than the idle SMs (qwen3_next_8192, kda_k64_8192).
         assert!(!auto(&[8192], 32).is_split());
-        let k64 = Work { value_heads: 64, key_dim: 64, value_dim: 64, workers: H200_WORKERS, block_width: BV };
+        let k64 =
+            Work { value_heads: 64, key_dim: 64, value_dim: 64, workers: H200_WORKERS, block_width: BV, gates: KDA };
         assert!(!SplitPlan::decide(&Plan::from_lengths(&[8192]), &k64, SplitMode::Auto).is_split());
+    }
+
+    /// With a per-key gate (or none), a sequence gets more than two segments only in segments of
+    /// `PRECISE_SEGMENT_CHUNKS` or more, where the composed maps' drift stays inside the
+    /// contract; a scalar gate alone is cut as the cost model likes.
+    #[test]
+    fn the_planner_keeps_the_contracts_precision() {
+        let gdn = |hv| Work { gates: GDN, ..work(hv) };
+        let no_gate = |hv| Work { gates: Gates { g: false, gk: false }, ..work(hv) };
+        for len in [4096, 8192, 16384, 32768, 65536, 131072, 262144] {
+            for hv in [1, 2, 4, 8] {
+                let plan = Plan::from_lengths(&[len, 300]);
+                for w in [work(hv), no_gate(hv)] {
+                    let s = SplitPlan::decide(&plan, &w, SplitMode::Auto);
+                    let segs = s.segments_of(0);
+                    assert!(s.keeps_precision(&w), "{len} x {hv}: {}", s.summary());
+                    assert!(segs.len() <= 2 || segs[0].chunks() >= PRECISE_SEGMENT_CHUNKS, "{len} x {hv}");
+                }
+            }
+        }
+        // A scalar gate alone: short segments stay allowed (8 x 16 chunks for 8192 tokens x 2).
+        let s = SplitPlan::decide(&Plan::from_lengths(&[8192]), &gdn(2), SplitMode::Auto);
+        assert!(s.segments().len() > 2 && s.segments()[0].chunks() < PRECISE_SEGMENT_CHUNKS, "{}", s.summary());
+        // Forced lengths are obeyed, and say when they leave the contract.
+        let forced = SplitPlan::decide(&Plan::from_lengths(&[8192]), &work(4), SplitMode::Chunks(16));
+        assert_eq!(forced.segments().len(), 8);
+        assert!(!forced.keeps_precision(&work(4)) && forced.keeps_precision(&gdn(4)));
     }
 
     #[test]
