@@ -223,6 +223,10 @@ pub struct LayerTiming {
     /// A host-timed shape's time per call with the plan built once and reused, as every layer
     /// of a model reuses its batch's plan (`None` for a device-timed shape).
     pub plan_reused_us: Option<f64>,
+    /// A host-timed shape's host time per plan built and dropped alone (`LayerPlan` with its
+    /// tables uploaded, no launch), us: the planning share of `us` (`None` for a device-timed
+    /// shape).
+    pub planning_us: Option<f64>,
     /// Launches (device-timed) or calls (host-timed) behind `us`.
     pub timed: usize,
     /// The IO floor, us.
@@ -239,7 +243,11 @@ impl LayerTiming {
     pub fn method(&self) -> String {
         match self.plan_reused_us {
             Some(reused) => {
-                format!("host time per call of {}, planning included ({reused:.1} us with the plan reused)", self.timed)
+                let planning = self.planning_us.map_or(String::new(), |p| format!("; planning alone {p:.1} us"));
+                format!(
+                    "host time per call of {}, planning included ({reused:.1} us with the plan reused{planning})",
+                    self.timed
+                )
             }
             None => format!("median of {} launches", self.timed),
         }
@@ -280,6 +288,7 @@ pub fn time_layer(
     Ok(LayerTiming {
         us,
         plan_reused_us: None,
+        planning_us: None,
         timed: repeat,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
         stages,
@@ -326,10 +335,18 @@ pub fn time_layer_calls(
     };
     let us = per_call(true)?;
     let plan_reused_us = Some(per_call(false)?);
+    // The plans alone: built (tables uploaded) and dropped, nothing launched.
+    let start = std::time::Instant::now();
+    for _ in 0..calls {
+        drop(LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?);
+    }
+    stream.synchronize()?;
+    let planning_us = Some(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64);
     let stages = stage_times(kda, stream, &mut dev, calls)?;
     Ok(LayerTiming {
         us,
         plan_reused_us,
+        planning_us,
         timed: calls,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
         stages,

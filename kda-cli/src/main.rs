@@ -401,7 +401,7 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
         let p = kda::inputs::random_layer_problem(&s.lengths, s.shape, s.options, false, LAYER_BENCH_SEED);
         let t = kda_cli::time_layer_shape(&kda, &stream, (s, &p), repeat, bandwidth)?;
         let fields = json!({ "shape": s.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
-            "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "copy_bw_Bps": bandwidth,
+            "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "planning_us": t.planning_us, "copy_bw_Bps": bandwidth,
             "stages_us": t.stages.iter().map(|(stage, us)| (stage.name().to_string(), json!(us))).collect::<serde_json::Map<_, _>>() });
         record("layer-bench", fields);
         say!(
