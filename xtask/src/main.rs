@@ -31,8 +31,9 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
   bench [--repeat N] [--out DIR] [--timeout S] [--plot]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench), with --plot also DIR/chart.svg
   plot [--results FILE] [--out FILE]    the chart of a saved run (bench/results.json to bench/chart.svg); no GPU
-  profile [--shape NAME [--portable] | --layer NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3),
-                                        --portable of the portable kernel's, or with --layer of the layer's prepare and output kernels under `kda layer --bench NAME`;
+  profile [--shape NAME [--portable] | --layer NAME | --decode NAME] [--skip N] [--out DIR]  GPU: ncu profile of one kda_fwd_h_hopper launch on a shape (fixed_8192) after N (3),
+                                        --portable of the portable kernel's, with --layer of the layer's prepare and output kernels under `kda layer --bench NAME`,
+                                        with --decode of the decode step under `kda decode --bench NAME`;
                                         details and SASS source CSV in DIR (target/profile)
   sanitize [--out DIR] [--tools A,B] [--only S,...]   GPU: compute-sanitizer memcheck, racecheck, synccheck, initcheck over every kernel
                                         variant (`kda run`, `kda layer`, the suite's sanitizer_workload); --tools: a subset, --only: the cases

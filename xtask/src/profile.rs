@@ -1,10 +1,11 @@
-//! `xtask profile [--shape NAME | --layer NAME] [--skip N] [--out DIR] [--bundle DIR]`: an Nsight
+//! `xtask profile [--shape NAME | --layer NAME | --decode NAME] [--skip N] [--out DIR] [--bundle DIR]`: an Nsight
 //! Compute profile of one launch of the Hopper kernel under `kda run` on one shape (default
 //! `fixed_8192`), after skipping `N` of its launches (default 3; a split shape launches the kernel
 //! twice per run, the pre-scan then the main pass, so an even `N` profiles a pre-scan), clocks
 //! left alone; with `--layer`, of the layer's two kernels named `kda_layer_*` under `kda layer
 //! --bench NAME`, past its checked first run (the separate path's prepare and output kernels, or
-//! on the fused path the prepare kernel and the fused recurrence); with
+//! on the fused path the prepare kernel and the fused recurrence); with `--decode`, of the decode
+//! step (`kda_decode_step`) under `kda decode --bench NAME`, past its checked first call; with
 //! `--portable`, of the portable tensor-core kernel (`KDA_KERNEL=portable`) on the shape. Leaves in
 //! DIR: `profile.ncu-rep`, `ncu_run.txt` (ncu's own log), `ncu.txt` (the details page of the
 //! summary sections) and `source.csv` (per-SASS-instruction warp stall samples).
@@ -24,6 +25,10 @@ const PORTABLE_KERNEL: &str = "regex:^kda_fwd_h_portable";
 const LAYER_KERNELS: &str = "regex:^kda_layer_";
 /// Layer launches skipped: the checked first run's two.
 const LAYER_SKIP: usize = 2;
+/// The decode step's kernels (the step, and the pool copy where a bench shape uses one).
+const DECODE_KERNELS: &str = "regex:^kda_decode";
+/// Decode launches skipped: the checked first call's.
+const DECODE_SKIP: usize = 1;
 const SECTIONS: &[&str] = &[
     "SpeedOfLight",
     "MemoryWorkloadAnalysis",
@@ -39,16 +44,28 @@ const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let a = Args::parse("profile", args, &["--shape", "--layer", "--skip", "--out", "--bundle"], &["--portable"])?;
+    let a = Args::parse(
+        "profile",
+        args,
+        &["--shape", "--layer", "--decode", "--skip", "--out", "--bundle"],
+        &["--portable"],
+    )?;
     a.no_positional("profile")?;
-    let layer = a.value("--layer");
-    if layer.is_some() && (a.value("--shape").is_some() || a.has("--portable")) {
-        return Err(
-            "profile: --layer profiles the layer's own kernels; --shape and --portable name a recurrence run".into()
-        );
+    let (layer, decode) = (a.value("--layer"), a.value("--decode"));
+    if (layer.is_some() || decode.is_some()) && (a.value("--shape").is_some() || a.has("--portable")) {
+        return Err("profile: --layer and --decode profile their own kernels; --shape and --portable name a \
+                    recurrence run"
+            .into());
+    }
+    if layer.is_some() && decode.is_some() {
+        return Err("profile: one of --layer and --decode".into());
     }
     let shape = a.value("--shape").unwrap_or("fixed_8192");
-    let default_skip = if layer.is_some() { LAYER_SKIP } else { DEFAULT_SKIP };
+    let default_skip = match (layer, decode) {
+        (Some(_), _) => LAYER_SKIP,
+        (_, Some(_)) => DECODE_SKIP,
+        _ => DEFAULT_SKIP,
+    };
     let skip = a.parsed::<usize>("--skip", default_skip)?.to_string();
     let out = a.path("--out", "target/profile");
     let kda = bundle_bin(&bundle_dir(a.value("--bundle"))?, "kda")?;
@@ -59,10 +76,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let report = out.join("profile");
     let mut cmd = Command::new(&ncu);
     let portable = a.has("--portable");
-    let (kernels, launches) = match (layer, portable) {
-        (Some(_), _) => (LAYER_KERNELS, "2"),
-        (None, true) => (PORTABLE_KERNEL, "1"),
-        (None, false) => (KERNEL, "1"),
+    let (kernels, launches) = match (layer, decode, portable) {
+        (Some(_), _, _) => (LAYER_KERNELS, "2"),
+        (_, Some(_), _) => (DECODE_KERNELS, "1"),
+        (None, None, true) => (PORTABLE_KERNEL, "1"),
+        (None, None, false) => (KERNEL, "1"),
     };
     if portable {
         cmd.env("KDA_KERNEL", "portable");
@@ -75,6 +93,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(name) = layer {
         // The layer's bench draws its own random inputs; one timed launch after the checked one.
         cmd.arg(&kda).args(["layer", "--bench", name, "--repeat", "1"]);
+    } else if let Some(name) = decode {
+        // The same for the decode step's bench shapes.
+        cmd.arg(&kda).args(["decode", "--bench", name, "--repeat", "1"]);
     } else {
         let input = scratch.join(&format!("{shape}.safetensors"));
         println!("== inputs: {shape} -> {}", input.display());
