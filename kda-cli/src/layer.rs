@@ -218,11 +218,14 @@ pub fn layer_floor_bytes(p: &LayerProblem) -> usize {
 /// outputs.
 pub struct LayerTiming {
     /// Median of the event-timed launches, us (a host-timed shape: the host's time per call,
-    /// planning included).
+    /// the batch re-planned in place each call).
     pub us: f64,
     /// A host-timed shape's time per call with the plan built once and reused, as every layer
     /// of a model reuses its batch's plan (`None` for a device-timed shape).
     pub plan_reused_us: Option<f64>,
+    /// A host-timed shape's time per call with a new plan per call (`LayerPlan::with_path`, the
+    /// previous one dropped) in place of `replan` (`None` for a device-timed shape).
+    pub new_plan_us: Option<f64>,
     /// A host-timed shape's host time per plan built and dropped alone (`LayerPlan` with its
     /// tables uploaded, no launch), us: the planning share of `us` (`None` for a device-timed
     /// shape).
@@ -243,9 +246,10 @@ impl LayerTiming {
     pub fn method(&self) -> String {
         match self.plan_reused_us {
             Some(reused) => {
+                let new_plan = self.new_plan_us.map_or(String::new(), |p| format!("; a new plan per call {p:.1} us"));
                 let planning = self.planning_us.map_or(String::new(), |p| format!("; planning alone {p:.1} us"));
                 format!(
-                    "host time per call of {}, planning included ({reused:.1} us with the plan reused{planning})",
+                    "host time per call of {}, re-planned in place ({reused:.1} us with the plan reused{new_plan}{planning})",
                     self.timed
                 )
             }
@@ -288,6 +292,7 @@ pub fn time_layer(
     Ok(LayerTiming {
         us,
         plan_reused_us: None,
+        new_plan_us: None,
         planning_us: None,
         timed: repeat,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,
@@ -307,12 +312,24 @@ fn stage_times(
     crate::timing::median_stage_us(stream, 1, repeat, &mut |after| dev.launch_staged(kda, stream, after))
 }
 
+/// How [`time_layer_calls`] plans each call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Planning {
+    /// The batch re-planned in place (`LayerPlan::replan`: tables built and uploaded into the
+    /// plan's own buffer).
+    Replan,
+    /// A new plan per call (`LayerPlan::with_path`), the previous one dropped.
+    NewPlan,
+    /// The plan built once and reused.
+    Reuse,
+}
+
 /// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
-/// planning the batch afresh (`LayerPlan::new`: its tables built and uploaded) and launching the
-/// layer, and returns the host's wall time per call until the stream has finished them: what a
-/// serving engine pays per layer for a short prompt, launches and planning included; then the
-/// same with the plan built once and reused by every call (what the other layers of a model
-/// pay).
+/// planning the batch afresh (`LayerPlan::replan`: its tables built and uploaded into the plan's
+/// buffer) and launching the layer, and returns the host's wall time per call until the stream
+/// has finished them: what a serving engine pays per layer for a short prompt, launches and
+/// planning included; then the same with a new plan per call, with the plan built once and
+/// reused by every call (what the other layers of a model pay), and the plans alone.
 pub fn time_layer_calls(
     kda: &Kda,
     stream: &Arc<CudaStream>,
@@ -322,19 +339,22 @@ pub fn time_layer_calls(
 ) -> Result<LayerTiming, KdaError> {
     let (mut dev, outputs) = checked_first_run(kda, stream, p)?;
     let path = dev.plan.output_path();
-    let mut per_call = |plan_each: bool| -> Result<f64, KdaError> {
+    let mut per_call = |planning: Planning| -> Result<f64, KdaError> {
         let start = std::time::Instant::now();
         for _ in 0..calls {
-            if plan_each {
-                dev.plan = LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?;
+            match planning {
+                Planning::Replan => dev.plan.replan(stream, p.plan.clone())?,
+                Planning::NewPlan => dev.plan = LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?,
+                Planning::Reuse => {}
             }
             dev.launch(kda, stream)?;
         }
         stream.synchronize()?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
     };
-    let us = per_call(true)?;
-    let plan_reused_us = Some(per_call(false)?);
+    let us = per_call(Planning::Replan)?;
+    let new_plan_us = Some(per_call(Planning::NewPlan)?);
+    let plan_reused_us = Some(per_call(Planning::Reuse)?);
     // The plans alone: built (tables uploaded) and dropped, nothing launched.
     let start = std::time::Instant::now();
     for _ in 0..calls {
@@ -346,6 +366,7 @@ pub fn time_layer_calls(
     Ok(LayerTiming {
         us,
         plan_reused_us,
+        new_plan_us,
         planning_us,
         timed: calls,
         floor_us: layer_floor_bytes(p) as f64 / bandwidth * 1e6,

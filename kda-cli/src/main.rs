@@ -78,7 +78,7 @@ const SUBCOMMANDS: [(&str, &str); 4] = [
       gdn_qwen3_next_mixed6, gdn_tp_qwen3_next_h2; the short prompts kda_short_128, kda_short_1000,
       gdn_short_128, gdn_short_1000) on random inputs on the GPU: a checked first run, then the
       median time of N launches (the short prompts: the host's time per call over 100 calls back
-      to back, planning included) against the IO floor.
+      to back, each re-planning the batch in place, LayerPlan::replan) against the IO floor.
   kda layer --inputs IN.safetensors --out OUT.safetensors [--repeat N] [--cpu]
       The whole layer's forward on a layer file (q, k, v, the gate, beta, FLA's option names in
       the metadata; tests/fixtures/layer/README.md): writes o and ht. On the GPU (K and V up to
@@ -401,7 +401,7 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
         let p = kda::inputs::random_layer_problem(&s.lengths, s.shape, s.options, false, LAYER_BENCH_SEED);
         let t = kda_cli::time_layer_shape(&kda, &stream, (s, &p), repeat, bandwidth)?;
         let fields = json!({ "shape": s.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
-            "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "planning_us": t.planning_us, "copy_bw_Bps": bandwidth,
+            "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "new_plan_us": t.new_plan_us, "planning_us": t.planning_us, "copy_bw_Bps": bandwidth,
             "stages_us": t.stages.iter().map(|(stage, us)| (stage.name().to_string(), json!(us))).collect::<serde_json::Map<_, _>>() });
         record("layer-bench", fields);
         say!(

@@ -339,14 +339,28 @@ pub fn run_layer_guarded_on(
     layout: StateLayout,
     path: kda::OutputPath,
 ) -> Result<LayerOutputs, KdaError> {
-    use kda::{LayerDeviceOutputs, LayerInputs, LayerPlan};
+    use kda::LayerPlan;
     let s = &gpu.stream;
     let path = if path == kda::OutputPath::Auto { gpu.kda.layer_output_path(&p.shape)? } else { path };
     let plan = LayerPlan::with_path(s, p.plan.clone(), p.shape, p.options, path)?.with_state_layout(s, layout)?;
+    let mut workspace = plan.workspace(s)?;
+    run_layer_guarded_with(gpu, p, &plan, &mut workspace)
+}
+
+/// [`run_layer_guarded`] through a given plan (of `p`'s batch, shape and options) and workspace
+/// (one that holds the batch), in the plan's state layout.
+pub fn run_layer_guarded_with(
+    gpu: &Gpu,
+    p: &LayerProblem,
+    plan: &kda::LayerPlan,
+    workspace: &mut kda::LayerWorkspace,
+) -> Result<LayerOutputs, KdaError> {
+    use kda::{LayerDeviceOutputs, LayerInputs};
+    let s = &gpu.stream;
+    let layout = plan.state_layout();
     let (kd_, vd_) = (p.shape.key_dim, p.shape.value_dim);
     let value_first = layout == StateLayout::ValueFirst;
     let h0_laid = p.h0.as_ref().map(|h0| if value_first { transpose_states(h0, kd_, vd_, false) } else { h0.clone() });
-    let mut workspace = plan.workspace(s)?;
     let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
     let (hv, vd) = (p.shape.value_heads, p.shape.value_dim);
     let state = n * hv * p.shape.key_dim * vd;
@@ -374,7 +388,7 @@ pub fn run_layer_guarded_on(
             o: o.slice_mut(GUARD..GUARD + t * hv * vd),
             ht: Some(ht.slice_mut(GUARD..GUARD + state)),
         };
-        gpu.kda.launch_layer(s, &plan, &inputs, &mut outputs, &mut workspace)?;
+        gpu.kda.launch_layer(s, plan, &inputs, &mut outputs, workspace)?;
     }
     s.synchronize().expect("layer kernels failed");
     let o = s.clone_dtoh(&o).expect("download");

@@ -742,6 +742,45 @@ fn layer_value_first_states() {
     }
 }
 
+/// `LayerPlan::replan`: one plan and one workspace carried across batches of other lengths (the
+/// workspace sized by the longest), each launch bit for bit a fresh plan's, on every output
+/// path; a batch the workspace does not hold is refused, naming the buffer.
+#[test]
+fn layer_replan_matches_fresh_plans() {
+    use kda::LayerPlan;
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    let gpu = Gpu::open();
+    let s = &gpu.stream;
+    let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
+    for kind in [LayerKind::Kda, LayerKind::Gdn] {
+        let shape = LayerShape { kind, heads: 2, value_heads: 4, key_dim: 128, value_dim: 128 };
+        let batches: [&[usize]; 3] = [&[300, 0, 64, 17], &[129, 40], &[1, 65, 3]];
+        let problems: Vec<_> = batches
+            .iter()
+            .enumerate()
+            .map(|(i, l)| kda_tests::random_layer_problem(l, shape, options, i != 1, 90 + i as u64))
+            .collect();
+        for path in kda_tests::output_paths(&gpu, &problems[0]) {
+            let mut plan = LayerPlan::with_path(s, problems[0].plan.clone(), shape, options, path).unwrap();
+            let mut workspace = plan.workspace(s).unwrap();
+            for (i, p) in problems.iter().enumerate() {
+                if i > 0 {
+                    plan.replan(s, p.plan.clone()).unwrap();
+                }
+                let got = kda_tests::run_layer_guarded_with(&gpu, p, &plan, &mut workspace).unwrap();
+                let fresh = kda_tests::run_layer_guarded_on(&gpu, p, StateLayout::KeyFirst, path).unwrap();
+                assert!(got.o == fresh.o && got.ht == fresh.ht, "{kind:?} {path:?} batch {i}: replanned differs");
+                println!("{kind:?} {path:?} batch {:?}: replanned = fresh, bit for bit", batches[i]);
+            }
+            // Longer than the workspace holds: refused, the buffer named.
+            let long = kda_tests::random_layer_problem(&[400], shape, options, true, 99);
+            plan.replan(s, long.plan.clone()).unwrap();
+            let e = kda_tests::run_layer_guarded_with(&gpu, &long, &plan, &mut workspace).unwrap_err();
+            assert!(e.to_string().contains("workspace."), "{e}");
+        }
+    }
+}
+
 /// The decode step (`Kda::launch_decode`) against the f64 layer over a pool
 /// (`kda_tests::decode_cases`): both kinds, grouped value heads, the gate forms and options;
 /// padding sequences (nothing read or written), a fresh sequence (from zeros).

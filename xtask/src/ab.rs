@@ -510,9 +510,10 @@ mod tests {
         let short = "layer kda_short_128: 60.5 us (host time per call of 100, planning included (29.8 us with \
                      the plan reused)), IO floor 2.8 us (0.046 of it)";
         assert_eq!(parse_median(short), Some(60.5));
-        let planned = "layer kda_short_128: 46.4 us (host time per call of 100, planning included (25.3 us with \
-                       the plan reused; planning alone 18.0 us)), IO floor 2.8 us (0.060 of it)";
-        assert_eq!(parse_median(planned), Some(46.4));
+        let planned = "layer kda_short_128: 27.4 us (host time per call of 100, re-planned in place (25.3 us \
+                       with the plan reused; a new plan per call 53.8 us; planning alone 8.8 us)), IO floor 2.8 us \
+                       (0.060 of it)";
+        assert_eq!(parse_median(planned), Some(27.4));
         assert_eq!(parse_median("median nan-ish us"), None);
     }
 

@@ -665,7 +665,7 @@ fn layer_rows(
             "shape": format!("layer_{}", s.name), "kernel": kernel, "us": t.us, "floor_us": t.floor_us, "ratio": ratio,
             "rel_err_o": errs[0], "rel_err_ht": errs[1], "within_bounds": within, "reference_heads": c.heads,
             "repeat": t.timed, "host_timed": s.host_timed,
-            "plan_reused_us": t.plan_reused_us, "planning_us": t.planning_us,
+            "plan_reused_us": t.plan_reused_us, "new_plan_us": t.new_plan_us, "planning_us": t.planning_us,
             "stages_us": t.stages.iter().map(|(stage, us)| (stage.name().to_string(), json!(us))).collect::<serde_json::Map<_, _>>(),
             "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),

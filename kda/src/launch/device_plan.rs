@@ -51,6 +51,25 @@ pub struct DevicePlan {
     pub(super) extra: Option<Table>,
 }
 
+/// That `plan` fits `shape`'s kernels: its tensors in memory (`Dims::check`) and its work items
+/// (at the narrowest column blocks) in the grid.
+fn check_batch(plan: &Plan, shape: &ModelShape) -> Result<(), KdaError> {
+    let value_heads = shape.value_heads;
+    // The head counts (and that every tensor of the batch fits in memory).
+    Dims::model(plan, shape).check()?;
+    // Column blocks of the Hopper kernel at their narrowest (a partial last block when the
+    // width does not divide `V`: such shapes take no Hopper launch, see `Kda::launch`).
+    let col_blocks = shape.value_dim.div_ceil(hopper::NARROW_BV);
+    let items = value_heads.checked_mul(col_blocks).and_then(|n| plan.num_seqs().checked_mul(n));
+    if items.is_none_or(|n| n > i32::MAX as usize) {
+        return Err(KdaError::Argument {
+            name: "heads",
+            reason: format!("N * HV = {} x {value_heads} work items exceed the grid limit", plan.num_seqs()),
+        });
+    }
+    Ok(())
+}
+
 /// One of a plan's tables of 32-bit words: its words on the host, and where they start in the
 /// plan's device tables once uploaded. A plan's tables travel to the device together, in one
 /// allocation and one copy ([`DevicePlan::upload`]): callers that plan a short prompt afresh per
@@ -178,19 +197,7 @@ impl DevicePlan {
     ) -> Result<Self, KdaError> {
         shape.validate()?;
         let value_heads = shape.value_heads;
-        let dims = Dims::model(&plan, shape);
-        // The head counts (and that every tensor of the batch fits in memory).
-        dims.check()?;
-        // Column blocks of the Hopper kernel at their narrowest (a partial last block when the
-        // width does not divide `V`: such shapes take no Hopper launch, see `Kda::launch`).
-        let col_blocks = shape.value_dim.div_ceil(hopper::NARROW_BV);
-        let items = value_heads.checked_mul(col_blocks).and_then(|n| plan.num_seqs().checked_mul(n));
-        if items.is_none_or(|n| n > i32::MAX as usize) {
-            return Err(KdaError::Argument {
-                name: "heads",
-                reason: format!("N * HV = {} x {value_heads} work items exceed the grid limit", plan.num_seqs()),
-            });
-        }
+        check_batch(&plan, shape)?;
         let sms = stream
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
@@ -244,9 +251,56 @@ impl DevicePlan {
 
     /// [`DevicePlan::with_columns`] in place. A plan whose re-planning fails refuses to launch.
     pub fn set_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
-        self.tables = None;
+        let buffer = self.tables.take();
         self.plan_columns(stream, mode)?;
-        self.upload(stream)
+        self.upload_into(stream, buffer)
+    }
+
+    /// This plan re-planned in place for the batch `plan` (new sequence lengths; the same shape,
+    /// strides, column and split modes), its tables uploaded into the plan's own device buffer
+    /// when they fit it: no allocation and no free, so a host loop that plans each call afresh
+    /// runs ahead of the device (a new plan per call frees tables an in-flight launch still
+    /// reads, and measured twice the time per call of a short prompt, H100). The copy is
+    /// ordered after every launch that read the old tables: on `stream` by the stream itself,
+    /// on other streams by cudarc's events. A plan whose re-planning fails refuses to launch.
+    ///
+    /// ```no_run
+    /// # use kda::{DevicePlan, Plan, model::ModelShape};
+    /// # fn main() -> Result<(), kda::KdaError> {
+    /// let stream = cudarc::driver::CudaContext::new(0)?.default_stream();
+    /// let mut plan = DevicePlan::model(&stream, Plan::from_lengths(&[300, 17]), &ModelShape::kda(32))?;
+    /// // ... launches of this batch ...
+    /// plan.replan(&stream, Plan::from_lengths(&[301, 18]))?; // the next step's lengths
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn replan(&mut self, stream: &Arc<CudaStream>, plan: Plan) -> Result<(), KdaError> {
+        if self.extra.is_some() {
+            // Its chunk records are the layer's, which only the layer plan rebuilds.
+            return Err(KdaError::Argument {
+                name: "plan",
+                reason: "a layer's recurrence plan is re-planned through LayerPlan::replan".into(),
+            });
+        }
+        self.replan_with(stream, plan, None)
+    }
+
+    /// [`DevicePlan::replan`] with `extra`, a table of the caller's uploaded with the plan's (a
+    /// layer's chunk records).
+    pub(super) fn replan_with(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        plan: Plan,
+        extra: Option<Table>,
+    ) -> Result<(), KdaError> {
+        let buffer = self.tables.take();
+        check_batch(&plan, &self.shape)?;
+        self.descriptors = Table::of_i64(&plan.descriptors());
+        self.split_plan = SplitPlan::unsplit(&plan);
+        self.plan = plan;
+        self.extra = extra;
+        self.plan_columns(stream, self.column_mode)?;
+        self.upload_into(stream, buffer)
     }
 
     /// Plans the column blocks `mode` asks for (and the portable passes), on the host.
@@ -304,9 +358,9 @@ impl DevicePlan {
 
     /// [`DevicePlan::with_split`] in place. A plan whose re-planning fails refuses to launch.
     pub fn set_split(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
-        self.tables = None;
+        let buffer = self.tables.take();
         self.plan_split_mode(stream, mode)?;
-        self.upload(stream)
+        self.upload_into(stream, buffer)
     }
 
     /// Plans the split `mode` asks for (and the columns it implies), on the host; allocates a
@@ -466,8 +520,20 @@ impl DevicePlan {
 
     /// Uploads every table of the plan in one copy, placing each ([`Table`]).
     fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        self.upload_into(stream, None)
+    }
+
+    /// [`DevicePlan::upload`] into `buffer` when the tables fit it (a copy ordered after every
+    /// launch that read it, by the stream or by cudarc's events), else into a new allocation.
+    fn upload_into(&mut self, stream: &Arc<CudaStream>, buffer: Option<CudaSlice<u32>>) -> Result<(), KdaError> {
         let words = pack(self.tables_mut());
-        self.tables = Some(stream.clone_htod(&words)?);
+        self.tables = Some(match buffer {
+            Some(mut b) if b.len() >= words.len() => {
+                stream.memcpy_htod(&words, &mut b)?;
+                b
+            }
+            _ => stream.clone_htod(&words)?,
+        });
         Ok(())
     }
 

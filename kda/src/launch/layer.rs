@@ -296,6 +296,35 @@ impl LayerPlan {
         Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, num_chunks })
     }
 
+    /// This plan re-planned in place for the batch `batch` (new sequence lengths; the same shape,
+    /// options, output path and state layout), its tables uploaded into its own device buffer
+    /// when they fit ([`DevicePlan::replan`]): what a serving loop calls per step, with no
+    /// allocation, no free and no wait on the device. A workspace serves any batch it holds: one
+    /// from [`LayerPlan::workspace`] of the longest batch to come stays valid across re-plans (a
+    /// launch refuses one too small, naming the buffer). A plan whose re-planning fails refuses
+    /// to launch.
+    ///
+    /// ```no_run
+    /// use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    /// use kda::{Kda, LayerPlan, Plan};
+    ///
+    /// # fn main() -> Result<(), kda::KdaError> {
+    /// let (kda, stream) = Kda::open(0)?;
+    /// let shape = LayerShape { kind: LayerKind::Kda, heads: 32, value_heads: 32, key_dim: 128, value_dim: 128 };
+    /// let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
+    /// let mut plan = LayerPlan::new(&stream, Plan::from_lengths(&[128]), shape, options)?;
+    /// let mut workspace = plan.workspace(&stream)?; // holds every batch of 128 tokens or fewer
+    /// // ... this prompt's layers: kda.launch_layer(&stream, &plan, ..., &mut workspace) ...
+    /// plan.replan(&stream, Plan::from_lengths(&[100]))?; // the next prompt: the same workspace
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn replan(&mut self, stream: &Arc<CudaStream>, batch: Plan) -> Result<(), KdaError> {
+        let table = chunk_table(&batch)?;
+        self.num_chunks = table.len() / CHUNK_WORDS;
+        self.recurrence.replan_with(stream, batch, Some(Table::new(table)))
+    }
+
     /// This plan with its states (`h0`, `ht`, and `h` in the workspace) in `layout`: key-first
     /// `[.., K, V]` (what [`LayerPlan::new`] plans) or value-first `[.., V, K]`. The recurrence is
     /// planned afresh (column blocks and split back to the planner's choice).
@@ -771,10 +800,16 @@ impl Kda {
         let key_heads = s.recurrence_shape(plan.layout).heads;
         let opt = |present: bool, len: usize| present.then_some(len);
         let fused = plan.output == OutputPath::Fused;
-        // The path's own intermediates (the other path's are not read).
-        let path_len = |wanted: bool, actual: usize, len: usize| {
-            if wanted { (Some(actual), Some(len.max(1))) } else { (None, None) }
-        };
+        // The path's own intermediates (the other path's are not read). A workspace may be
+        // larger than this batch needs (one sized for a longer batch, kept across `replan`): each
+        // buffer must hold at least the batch's length.
+        let at_least = |actual: usize, len: usize| (Some(actual.min(len.max(1))), Some(len.max(1)));
+        let path_len =
+            |wanted: bool, actual: usize, len: usize| if wanted { at_least(actual, len) } else { (None, None) };
+        let (k_rec_actual, k_rec_len) = at_least(workspace.k_rec.len(), t * key_heads * kd);
+        let (w_actual, w_len) = at_least(workspace.w.len(), t * hv * kd);
+        let (u_actual, u_len) = at_least(workspace.u.len(), t * hv * vd);
+        let (gate_actual, gate_len) = at_least(workspace.gate.len(), t * hv * s.gate_width());
         let (h_actual, h_len) = path_len(!fused, workspace.h.len(), nt * hv * kd * vd);
         let (vn_actual, vn_len) = path_len(!fused, workspace.v_new.len(), t * hv * vd);
         let (qg_actual, qg_len) = path_len(fused, workspace.qg.len(), t * hv * kd);
@@ -790,11 +825,11 @@ impl Kda {
             ("h0", inputs.h0.as_ref().map(|x| x.len()), inputs.h0.as_ref().map(|_| n * hv * kd * vd)),
             ("o", Some(outputs.o.len()), Some(t * hv * vd)),
             ("ht", outputs.ht.as_ref().map(|x| x.len()), outputs.ht.as_ref().map(|_| n * hv * kd * vd)),
-            ("workspace.k_rec", Some(workspace.k_rec.len()), Some((t * key_heads * kd).max(1))),
-            ("workspace.w", Some(workspace.w.len()), Some((t * hv * kd).max(1))),
-            ("workspace.u", Some(workspace.u.len()), Some((t * hv * vd).max(1))),
+            ("workspace.k_rec", k_rec_actual, k_rec_len),
+            ("workspace.w", w_actual, w_len),
+            ("workspace.u", u_actual, u_len),
             ("workspace.v_new", vn_actual, vn_len),
-            ("workspace.gate", Some(workspace.gate.len()), Some((t * hv * s.gate_width()).max(1))),
+            ("workspace.gate", gate_actual, gate_len),
             ("workspace.h", h_actual, h_len),
             ("workspace.qg", qg_actual, qg_len),
             ("workspace.attention", p_actual, p_len),
