@@ -258,11 +258,11 @@ impl DevicePlan {
 
     /// This plan re-planned in place for the batch `plan` (new sequence lengths; the same shape,
     /// strides, column and split modes), its tables uploaded into the plan's own device buffer
-    /// when they fit it: no allocation and no free, so a host loop that plans each call afresh
-    /// runs ahead of the device (a new plan per call frees tables an in-flight launch still
-    /// reads, and measured twice the time per call of a short prompt, H100). The copy is
-    /// ordered after every launch that read the old tables: on `stream` by the stream itself,
-    /// on other streams by cudarc's events. A plan whose re-planning fails refuses to launch.
+    /// when they fit it: no allocation and no free (a new plan per call measured 1 to 4 us more
+    /// per call of a 128-token layer than re-planning, H100), and the buffer's address stays the
+    /// same. The copy is ordered after every launch that read the old tables: on `stream` by the
+    /// stream itself, on other streams by cudarc's events. A plan whose re-planning fails
+    /// refuses to launch.
     ///
     /// ```no_run
     /// # use kda::{DevicePlan, Plan, model::ModelShape};

@@ -313,7 +313,7 @@ impl LayerPlan {
     /// let shape = LayerShape { kind: LayerKind::Kda, heads: 32, value_heads: 32, key_dim: 128, value_dim: 128 };
     /// let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
     /// let mut plan = LayerPlan::new(&stream, Plan::from_lengths(&[128]), shape, options)?;
-    /// let mut workspace = plan.workspace(&stream)?; // holds every batch of 128 tokens or fewer
+    /// let mut workspace = plan.workspace(&stream)?; // holds any batch of at most 128 tokens in 2 chunks
     /// // ... this prompt's layers: kda.launch_layer(&stream, &plan, ..., &mut workspace) ...
     /// plan.replan(&stream, Plan::from_lengths(&[100]))?; // the next prompt: the same workspace
     /// # Ok(())
