@@ -25,7 +25,7 @@ const PORTABLE_KERNEL: &str = "regex:^kda_fwd_h_portable";
 const LAYER_KERNELS: &str = "regex:^kda_layer_";
 /// Layer launches skipped: the checked first run's two.
 const LAYER_SKIP: usize = 2;
-/// The decode step's kernels (the step, and the pool copy where a bench shape uses one).
+/// The decode step's kernel (`kda_decode_step`).
 const DECODE_KERNELS: &str = "regex:^kda_decode";
 /// Decode launches skipped: the checked first call's.
 const DECODE_SKIP: usize = 1;
@@ -43,6 +43,16 @@ const DEFAULT_SKIP: usize = 3;
 const PROFILE_TIMEOUT: Duration = Duration::from_secs(300);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// What a profile runs under ncu.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    /// `kda run` on recurrence shape `shape`: the Hopper kernel, or with `portable` the portable one.
+    Recurrence { shape: &'a str, portable: bool },
+    /// `kda COMMAND --bench NAME` (`layer` or `decode`): `launches` of the kernels `kernels`,
+    /// after `skip` by default (the checked first run's).
+    Bench { command: &'static str, name: &'a str, kernels: &'static str, launches: &'static str, skip: usize },
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = Args::parse(
         "profile",
@@ -51,20 +61,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
         &["--portable"],
     )?;
     a.no_positional("profile")?;
-    let (layer, decode) = (a.value("--layer"), a.value("--decode"));
-    if (layer.is_some() || decode.is_some()) && (a.value("--shape").is_some() || a.has("--portable")) {
-        return Err("profile: --layer and --decode profile their own kernels; --shape and --portable name a \
-                    recurrence run"
-            .into());
-    }
-    if layer.is_some() && decode.is_some() {
-        return Err("profile: one of --layer and --decode".into());
-    }
-    let shape = a.value("--shape").unwrap_or("fixed_8192");
-    let default_skip = match (layer, decode) {
-        (Some(_), _) => LAYER_SKIP,
-        (_, Some(_)) => DECODE_SKIP,
-        _ => DEFAULT_SKIP,
+    let recurrence_args = a.value("--shape").is_some() || a.has("--portable");
+    let target = match (a.value("--layer"), a.value("--decode")) {
+        (Some(_), Some(_)) => return Err("profile: one of --layer and --decode".into()),
+        (Some(_), None) | (None, Some(_)) if recurrence_args => {
+            return Err("profile: --layer and --decode profile their own kernels; --shape and --portable name a \
+                        recurrence run"
+                .into());
+        }
+        (Some(name), None) => {
+            Target::Bench { command: "layer", name, kernels: LAYER_KERNELS, launches: "2", skip: LAYER_SKIP }
+        }
+        (None, Some(name)) => {
+            Target::Bench { command: "decode", name, kernels: DECODE_KERNELS, launches: "1", skip: DECODE_SKIP }
+        }
+        (None, None) => {
+            Target::Recurrence { shape: a.value("--shape").unwrap_or("fixed_8192"), portable: a.has("--portable") }
+        }
+    };
+    let default_skip = match target {
+        Target::Bench { skip, .. } => skip,
+        Target::Recurrence { .. } => DEFAULT_SKIP,
     };
     let skip = a.parsed::<usize>("--skip", default_skip)?.to_string();
     let out = a.path("--out", "target/profile");
@@ -75,14 +92,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let report = out.join("profile");
     let mut cmd = Command::new(&ncu);
-    let portable = a.has("--portable");
-    let (kernels, launches) = match (layer, decode, portable) {
-        (Some(_), _, _) => (LAYER_KERNELS, "2"),
-        (_, Some(_), _) => (DECODE_KERNELS, "1"),
-        (None, None, true) => (PORTABLE_KERNEL, "1"),
-        (None, None, false) => (KERNEL, "1"),
+    let (kernels, launches) = match target {
+        Target::Bench { kernels, launches, .. } => (kernels, launches),
+        Target::Recurrence { portable: true, .. } => (PORTABLE_KERNEL, "1"),
+        Target::Recurrence { portable: false, .. } => (KERNEL, "1"),
     };
-    if portable {
+    if let Target::Recurrence { portable: true, .. } = target {
         cmd.env("KDA_KERNEL", "portable");
     }
     cmd.args(["--clock-control", "none", "--kernel-name", kernels, "--launch-skip", &skip, "--launch-count", launches]);
@@ -90,18 +105,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cmd.args(["--section", s]);
     }
     cmd.args(["--import-source", "no", "-f", "-o"]).arg(&report);
-    if let Some(name) = layer {
-        // The layer's bench draws its own random inputs; one timed launch after the checked one.
-        cmd.arg(&kda).args(["layer", "--bench", name, "--repeat", "1"]);
-    } else if let Some(name) = decode {
-        // The same for the decode step's bench shapes.
-        cmd.arg(&kda).args(["decode", "--bench", name, "--repeat", "1"]);
-    } else {
-        let input = scratch.join(&format!("{shape}.safetensors"));
-        println!("== inputs: {shape} -> {}", input.display());
-        shapes::write(shape, &input)?;
-        cmd.arg(&kda).arg("run").arg("--inputs").arg(&input);
-        cmd.arg("--out").arg(scratch.join("out.safetensors")).args(["--repeat", "5"]);
+    match target {
+        Target::Bench { command, name, .. } => {
+            // The bench draws its own random inputs; one timed launch after the checked one.
+            cmd.arg(&kda).args([command, "--bench", name, "--repeat", "1"]);
+        }
+        Target::Recurrence { shape, .. } => {
+            let input = scratch.join(&format!("{shape}.safetensors"));
+            println!("== inputs: {shape} -> {}", input.display());
+            shapes::write(shape, &input)?;
+            cmd.arg(&kda).arg("run").arg("--inputs").arg(&input);
+            cmd.arg("--out").arg(scratch.join("out.safetensors")).args(["--repeat", "5"]);
+        }
     }
     println!("== ncu: {}", describe(&cmd));
     let (f, log) = run_logged(&mut cmd, PROFILE_TIMEOUT, &out.join("ncu_run.txt"))?;
