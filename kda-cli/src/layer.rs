@@ -322,6 +322,8 @@ enum Planning {
     NewPlan,
     /// The plan built once and reused.
     Reuse,
+    /// New plans built and dropped, nothing launched: the planning alone.
+    Alone,
 }
 
 /// Runs `p` once (checked as [`time_layer`]), then `calls` calls back to back from the host, each
@@ -346,8 +348,11 @@ pub fn time_layer_calls(
                 Planning::Replan => dev.plan.replan(stream, p.plan.clone())?,
                 Planning::NewPlan => dev.plan = LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?,
                 Planning::Reuse => {}
+                Planning::Alone => drop(LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?),
             }
-            dev.launch(kda, stream)?;
+            if planning != Planning::Alone {
+                dev.launch(kda, stream)?;
+            }
         }
         stream.synchronize()?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
@@ -359,13 +364,7 @@ pub fn time_layer_calls(
     let us = per_call(Planning::Replan)?;
     let new_plan_us = Some(per_call(Planning::NewPlan)?);
     let plan_reused_us = Some(per_call(Planning::Reuse)?);
-    // The plans alone: built (tables uploaded) and dropped, nothing launched.
-    let start = std::time::Instant::now();
-    for _ in 0..calls {
-        drop(LayerPlan::with_path(stream, p.plan.clone(), p.shape, p.options, path)?);
-    }
-    stream.synchronize()?;
-    let planning_us = Some(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64);
+    let planning_us = Some(per_call(Planning::Alone)?);
     let stages = stage_times(kda, stream, &mut dev, calls)?;
     Ok(LayerTiming {
         us,
