@@ -742,18 +742,6 @@ pub mod hopper {
     pub const STAGING: usize = 2;
     /// Staging buffers at `K = 256` (shared memory holds one beside two ring stages).
     pub const K256_STAGING: usize = 1;
-    /// Staging buffers at `K = 128`: one, so that a second initial-state slot fits
-    /// ([`H0_SLOTS`]).
-    pub const K128_STAGING: usize = 1;
-    /// Initial-state slots: the producer loads the states of the CTA's next `H0_SLOTS` items
-    /// ahead of the consumer. With one, the producer cannot start item `i + 2`'s loads (its
-    /// state, then its chunks) before the consumer has started item `i + 1`, so batches of
-    /// one-chunk items (`decode_like`) ran one item ahead: the consumer waited for its stage
-    /// in 40% of its samples, DRAM 58% busy.
-    pub const H0_SLOTS: usize = 2;
-    /// Initial-state slots at `K = 256` and in the fused layer pass, where a second does not fit
-    /// beside their stages.
-    pub const ONE_H0_SLOT: usize = 1;
 
     /// One 128-byte-swizzled bf16 box `[CHUNK][BOX_COLS]` as TMA writes it: 1024-byte aligned,
     /// as the swizzle pattern requires of a tile base.
@@ -873,15 +861,7 @@ pub mod hopper {
     /// (`core::mem::offset_of!`) as shared-memory addresses, and the launcher allocates
     /// [`smem_bytes`].
     #[repr(C)]
-    pub struct SharedStorage<
-        const K: usize,
-        const KB: usize,
-        B: Block,
-        const R: usize,
-        const G: usize,
-        const O: usize,
-        const H: usize,
-    > {
+    pub struct SharedStorage<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize> {
         /// The ring of chunk tiles the producer loads and the consumer reads.
         pub stages: [Stage<KB, O>; R],
         /// Per stage, the state's decay per key row (f32 `[K]`: `exp2` of the chunk's last `gk`
@@ -902,18 +882,17 @@ pub mod hopper {
         /// Narrow blocks: `bf16(Vn)^T` (scaled by the scalar gate when there is one), product
         /// 2's `B`.
         pub vn_operand: B::OperandBox,
-        /// The slots the producer loads the next items' initial states into, round robin by
-        /// item: the consumer starts an item from shared memory instead of waiting on a global
-        /// load.
-        pub h0: [[B::InitialBox; KB]; H],
+        /// The slot the producer loads the next item's initial state into: the consumer starts
+        /// an item from shared memory instead of waiting on a global load.
+        pub h0: [B::InitialBox; KB],
         /// The ring's `full` mbarriers (the stage's tiles have landed).
         pub full: [u64; R],
         /// The ring's `empty` mbarriers (the consumer is done with the stage).
         pub empty: [u64; R],
-        /// The `h0` slots' `full` mbarriers.
-        pub h0_full: [u64; H],
-        /// The `h0` slots' `empty` mbarriers.
-        pub h0_empty: [u64; H],
+        /// The `h0` slot's `full` mbarrier.
+        pub h0_full: u64,
+        /// The `h0` slot's `empty` mbarrier.
+        pub h0_empty: u64,
     }
 
     /// Dynamic shared memory of one CTA of key size `K`, block width `B`, `R` ring stages, `G`
@@ -926,9 +905,8 @@ pub mod hopper {
         const R: usize,
         const G: usize,
         const O: usize,
-        const H: usize,
     >() -> usize {
-        core::mem::offset_of!(SharedStorage<K, KB, B, R, G, O, H>, h0_empty) + 8 * H
+        core::mem::offset_of!(SharedStorage<K, KB, B, R, G, O>, h0_empty) + 8
     }
 
     /// Dynamic shared memory of one CTA for key size `key_dim` (one of [`KEY_DIMS`]; 0 for any
@@ -936,11 +914,11 @@ pub mod hopper {
     /// in wide blocks).
     pub const fn smem_bytes(key_dim: usize, bv: usize) -> usize {
         match (key_dim, bv) {
-            (64, BV) => storage_bytes::<64, 1, Wide, STAGES, STAGING, 0, H0_SLOTS>(),
-            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, K128_STAGING, 0, H0_SLOTS>(),
-            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow, STAGES, STAGING, 0, H0_SLOTS>(),
-            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, K128_STAGING, 0, H0_SLOTS>(),
-            (256, NARROW_BV) => storage_bytes::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0, ONE_H0_SLOT>(),
+            (64, BV) => storage_bytes::<64, 1, Wide, STAGES, STAGING, 0>(),
+            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING, 0>(),
+            (64, NARROW_BV) => storage_bytes::<64, 1, Narrow, STAGES, STAGING, 0>(),
+            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING, 0>(),
+            (256, NARROW_BV) => storage_bytes::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0>(),
             _ => 0,
         }
     }
@@ -949,8 +927,8 @@ pub mod hopper {
     /// [`K_DIM`]; 0 for any other).
     pub const fn fused_smem_bytes(key_dim: usize) -> usize {
         match key_dim {
-            64 => storage_bytes::<64, 1, Fused, FUSED_STAGES, STAGING, 1, ONE_H0_SLOT>(),
-            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1, ONE_H0_SLOT>(),
+            64 => storage_bytes::<64, 1, Fused, FUSED_STAGES, STAGING, 1>(),
+            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>(),
             _ => 0,
         }
     }
@@ -963,16 +941,8 @@ pub mod hopper {
     pub const CTAS_PER_SM: usize = 1;
 
     /// Compile-time checks of one key size's layout.
-    const fn check<
-        const K: usize,
-        const KB: usize,
-        B: Block,
-        const R: usize,
-        const G: usize,
-        const O: usize,
-        const H: usize,
-    >() {
-        let bytes = storage_bytes::<K, KB, B, R, G, O, H>();
+    const fn check<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize>() {
+        let bytes = storage_bytes::<K, KB, B, R, G, O>();
         assert!(K == KB * BOX_COLS, "a k or w tile is KB boxes");
         assert!(
             core::mem::size_of::<Stage<KB, O>>() == (2 * KB + 1 + O * (KB + 1)) * BOX_BYTES,
@@ -982,15 +952,15 @@ pub mod hopper {
         assert!(core::mem::size_of::<B::ValueTile>() == CHUNK * B::BV * 2);
         assert!(core::mem::size_of::<[B::InitialBox; KB]>() == K * B::BV * 4);
         assert!(bytes <= 227 * 1024, "one CTA may use at most 227 KB");
-        assert!(core::mem::size_of::<SharedStorage<K, KB, B, R, G, O, H>>() - bytes < 1024);
+        assert!(core::mem::size_of::<SharedStorage<K, KB, B, R, G, O>>() - bytes < 1024);
     }
-    const _: () = check::<64, 1, Wide, STAGES, STAGING, 0, H0_SLOTS>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, K128_STAGING, 0, H0_SLOTS>();
-    const _: () = check::<64, 1, Narrow, STAGES, STAGING, 0, H0_SLOTS>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, K128_STAGING, 0, H0_SLOTS>();
-    const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0, ONE_H0_SLOT>();
-    const _: () = check::<64, 1, Fused, FUSED_STAGES, STAGING, 1, ONE_H0_SLOT>();
-    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1, ONE_H0_SLOT>();
+    const _: () = check::<64, 1, Wide, STAGES, STAGING, 0>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Wide, STAGES, STAGING, 0>();
+    const _: () = check::<64, 1, Narrow, STAGES, STAGING, 0>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Narrow, STAGES, STAGING, 0>();
+    const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0>();
+    const _: () = check::<64, 1, Fused, FUSED_STAGES, STAGING, 1>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));

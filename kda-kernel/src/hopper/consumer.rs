@@ -158,7 +158,7 @@ pub(super) unsafe fn walk_items<C: KeySize, B: Block, S, const VALUE_FIRST: bool
 ) {
     let coords = state.coords;
     let mut stage = PipelineState::consumer_start(smem.ring().stages());
-    let mut slot = PipelineState::consumer_start(smem.h0_slots().stages());
+    let mut slot = PipelineState::consumer_start(1);
     // The staging buffers go round robin by chunk, like the ring (their wait is the stores'
     // bulk-group read, not a barrier).
     let mut staging = PipelineState::consumer_start(smem.staging_buffers());
@@ -222,22 +222,22 @@ unsafe fn load_initial_state<C: KeySize, B: Block, const VALUE_FIRST: bool>(
     smem: Smem<C, B>,
     slot: PipelineState,
 ) {
-    let h0_slots = smem.h0_slots();
+    let h0_slot = smem.h0_slot();
     // SAFETY: the slot holds this item's block once the wait returns; this thread reads it and
     // releases it right after.
     unsafe {
-        h0_slots.consumer_wait(slot);
+        h0_slot.consumer_wait(slot);
         for (e, x) in s.iter_mut().enumerate() {
             let (kk, v) = coords(e);
             let at = if VALUE_FIRST { v * C::K + kk } else { kk * B::BV + v };
-            *x = ld_shared_f32(smem.h0(slot.index()) + (at * 4) as u32);
+            *x = ld_shared_f32(smem.h0() + (at * 4) as u32);
         }
         // The producer's next TMA load (async proxy) overwrites the slot once it is released:
         // the reads above (generic proxy) must be complete first. The arrive alone does not wait
         // for them (measured: without this fence, value-first slots, whose reads are slower, were
         // overwritten under the reads of a CTA's later items).
         fence_proxy_async();
-        h0_slots.consumer_release(slot);
+        h0_slot.consumer_release(slot);
     }
 }
 

@@ -11,8 +11,7 @@ use crate::arch::sm90::{
     wgmma_wait_m64n128,
 };
 use crate::layout::hopper::{
-    Block, CONSUMER_THREADS, FUSED_STAGES, H0_SLOTS, K128_STAGING, K256_STAGES, K256_STAGING, NARROW_BV, ONE_H0_SLOT, STAGES,
-    STAGING, SharedStorage, Stage,
+    Block, CONSUMER_THREADS, FUSED_STAGES, K256_STAGES, K256_STAGING, NARROW_BV, STAGES, STAGING, SharedStorage, Stage,
 };
 use crate::layout::{CHUNK, K_DIM};
 use core::mem::{offset_of, size_of};
@@ -42,46 +41,33 @@ pub struct Offsets {
     pub empty: u32,
     pub h0_full: u32,
     pub h0_empty: u32,
-    /// `h0` slots.
-    pub slots: u32,
-    /// Bytes of one `h0` slot.
-    pub slot_bytes: u32,
     /// Ring stages.
     pub ring: u32,
     /// Staging buffers.
     pub staging: u32,
 }
 
-/// The offsets of `SharedStorage<K, KB, B, R, G, O, H>`.
-const fn offsets<
-    const K: usize,
-    const KB: usize,
-    B: Block,
-    const R: usize,
-    const G: usize,
-    const O: usize,
-    const H: usize,
->() -> Offsets {
-    type S<const K: usize, const KB: usize, B, const R: usize, const G: usize, const O: usize, const H: usize> =
-        SharedStorage<K, KB, B, R, G, O, H>;
+/// The offsets of `SharedStorage<K, KB, B, R, G, O>`.
+const fn offsets<const K: usize, const KB: usize, B: Block, const R: usize, const G: usize, const O: usize>() -> Offsets
+{
+    type S<const K: usize, const KB: usize, B, const R: usize, const G: usize, const O: usize> =
+        SharedStorage<K, KB, B, R, G, O>;
     Offsets {
-        stages: offset_of!(S<K, KB, B, R, G, O, H>, stages) as u32,
+        stages: offset_of!(S<K, KB, B, R, G, O>, stages) as u32,
         stage_bytes: size_of::<Stage<KB, O>>() as u32,
-        decay: offset_of!(S<K, KB, B, R, G, O, H>, decay) as u32,
-        row_scale: offset_of!(S<K, KB, B, R, G, O, H>, row_scale) as u32,
-        h_staging: offset_of!(S<K, KB, B, R, G, O, H>, h_staging) as u32,
+        decay: offset_of!(S<K, KB, B, R, G, O>, decay) as u32,
+        row_scale: offset_of!(S<K, KB, B, R, G, O>, row_scale) as u32,
+        h_staging: offset_of!(S<K, KB, B, R, G, O>, h_staging) as u32,
         state_tile_bytes: size_of::<[B::StateBox; KB]>() as u32,
-        vn_staging: offset_of!(S<K, KB, B, R, G, O, H>, vn_staging) as u32,
+        vn_staging: offset_of!(S<K, KB, B, R, G, O>, vn_staging) as u32,
         value_tile_bytes: size_of::<B::ValueTile>() as u32,
-        s_operand: offset_of!(S<K, KB, B, R, G, O, H>, s_operand) as u32,
-        vn_operand: offset_of!(S<K, KB, B, R, G, O, H>, vn_operand) as u32,
-        h0: offset_of!(S<K, KB, B, R, G, O, H>, h0) as u32,
-        full: offset_of!(S<K, KB, B, R, G, O, H>, full) as u32,
-        empty: offset_of!(S<K, KB, B, R, G, O, H>, empty) as u32,
-        h0_full: offset_of!(S<K, KB, B, R, G, O, H>, h0_full) as u32,
-        h0_empty: offset_of!(S<K, KB, B, R, G, O, H>, h0_empty) as u32,
-        slots: H as u32,
-        slot_bytes: size_of::<[B::InitialBox; KB]>() as u32,
+        s_operand: offset_of!(S<K, KB, B, R, G, O>, s_operand) as u32,
+        vn_operand: offset_of!(S<K, KB, B, R, G, O>, vn_operand) as u32,
+        h0: offset_of!(S<K, KB, B, R, G, O>, h0) as u32,
+        full: offset_of!(S<K, KB, B, R, G, O>, full) as u32,
+        empty: offset_of!(S<K, KB, B, R, G, O>, empty) as u32,
+        h0_full: offset_of!(S<K, KB, B, R, G, O>, h0_full) as u32,
+        h0_empty: offset_of!(S<K, KB, B, R, G, O>, h0_empty) as u32,
         ring: R as u32,
         staging: G as u32,
     }
@@ -149,19 +135,19 @@ pub struct K128;
 /// `K = 256` (Gated DeltaNet research models; narrow blocks only).
 pub struct K256;
 
-/// Implements [`KeySize`] for `$key`: `K = $k` in `$kb` boxes, `$ring` ring stages, `$staging`
-/// staging buffers and `$slots` initial-state slots.
+/// Implements [`KeySize`] for `$key`: `K = $k` in `$kb` boxes, `$ring` ring stages and
+/// `$staging` staging buffers.
 macro_rules! key_size {
-    ($key:ty, k $k:expr, boxes $kb:literal, ring $ring:expr, staging $staging:expr, slots $slots:expr) => {
+    ($key:ty, k $k:expr, boxes $kb:literal, ring $ring:expr, staging $staging:expr) => {
         impl KeySize for $key {
             const K: usize = $k;
             const KB: usize = $kb;
             #[inline(always)]
             fn smem<B: Block>() -> Offsets {
                 if B::OUTPUT {
-                    const { offsets::<{ $k }, $kb, B, FUSED_STAGES, STAGING, 1, ONE_H0_SLOT>() }
+                    const { offsets::<{ $k }, $kb, B, FUSED_STAGES, STAGING, 1>() }
                 } else {
-                    const { offsets::<{ $k }, $kb, B, { $ring }, { $staging }, 0, { $slots }>() }
+                    const { offsets::<{ $k }, $kb, B, { $ring }, { $staging }, 0>() }
                 }
             }
             type NarrowState = [[f32; NARROW_ACC]; $kb];
@@ -210,9 +196,9 @@ macro_rules! wide_key {
     };
 }
 
-key_size!(K64, k 64, boxes 1, ring STAGES, staging STAGING, slots H0_SLOTS);
-key_size!(K128, k K_DIM, boxes 2, ring STAGES, staging K128_STAGING, slots H0_SLOTS);
-key_size!(K256, k 256, boxes 4, ring K256_STAGES, staging K256_STAGING, slots ONE_H0_SLOT);
+key_size!(K64, k 64, boxes 1, ring STAGES, staging STAGING);
+key_size!(K128, k K_DIM, boxes 2, ring STAGES, staging STAGING);
+key_size!(K256, k 256, boxes 4, ring K256_STAGES, staging K256_STAGING);
 wide_key!(K64, k 64,
     product1 wgmma_m64n64k16x4_sub_start, output wgmma_m64n64k16x4_add_kmajor_start,
     product2 wgmma_m64n64k16x4_add_start, wait2 wgmma_wait_m64n64);

@@ -10,7 +10,7 @@
 //! | file | role |
 //! |---|---|
 //! | `mod.rs` | the entry: barriers, then a match on the thread's role |
-//! | [`producer`] | warp 4: the `h0` slots and the ring's chunk tiles (TMA), `STAGES` chunks and `H0_SLOTS` states ahead |
+//! | [`producer`] | warp 4: the `h0` slot and the ring's chunk tiles (TMA), `STAGES` chunks ahead |
 //! | [`consumer`] | warps 0-3 (one warpgroup) of a wide block: the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores (in the fused layer pass, two more products and the `o` stores) |
 //! | [`narrow`] | the consumer of a narrow block: the state key-major, both products' operands in shared memory |
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
@@ -296,9 +296,9 @@ unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
         // publish them before any use.
         unsafe {
             // Every producer lane writes the ring's stages (decay rows, row scales, zeroed rows)
-            // and arrives itself; only lane 0 fills an `h0` slot.
+            // and arrives itself; only lane 0 fills the `h0` slot.
             smem.ring().init(PRODUCER_THREADS as u32, CONSUMER_THREADS as u32);
-            smem.h0_slots().init(1, CONSUMER_THREADS as u32);
+            smem.h0_slot().init(1, CONSUMER_THREADS as u32);
         }
         fence_mbarrier_init();
     }

@@ -1,4 +1,4 @@
-//! The producer warp: loads each item's initial state into an `h0` slot and each chunk's tiles
+//! The producer warp: loads each item's initial state into the `h0` slot and each chunk's tiles
 //! into the ring, running up to its depth in chunks ahead of the consumer (across item boundaries:
 //! the next item's first loads overlap the current item's last chunks).
 
@@ -89,7 +89,7 @@ impl Gates {
 #[inline(always)]
 pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usize, maps: LoadMaps, gates: Gates) {
     let mut stage = PipelineState::producer_start(smem.ring().stages());
-    let mut slot = PipelineState::producer_start(smem.h0_slots().stages());
+    let mut slot = PipelineState::producer_start(1);
     for item in work.items::<{ super::PRODUCER_ROLE }>() {
         if let (Some(h0), Some(row)) = (maps.h0, item.h0_row) {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
@@ -101,8 +101,8 @@ pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usi
     }
 }
 
-/// Loads `item`'s initial state block (state row `row`) into its `h0` slot once the consumer
-/// has read the state that slot held before.
+/// Loads `item`'s initial state block (state row `row`) into the `h0` slot once the consumer
+/// has read the previous one.
 ///
 /// # Safety
 /// Producer warp only; `slot` is the producer's position on the slot's barriers.
@@ -116,19 +116,19 @@ unsafe fn load_initial_state<C: KeySize, B: Block>(
     value_first: bool,
     slot: PipelineState,
 ) {
-    let h0_slots = smem.h0_slots();
+    let h0_slot = smem.h0_slot();
     // SAFETY: the barriers are initialised; one lane announces and issues the one box, which
     // lies inside `h0` (state row `row`, columns `h0_col(item) ..+ BV`: the map's first two
     // coordinates are (value column, key row) for key-first states and (key row, value column)
     // for value-first ones, and its box is the whole `K` x `BV` block either way).
     unsafe {
-        h0_slots.producer_acquire(slot);
+        h0_slot.producer_acquire(slot);
         if lane == 0 {
             // The item's `K x BV` f32 block.
-            h0_slots.producer_commit_tx(slot, (C::K * B::BV * 4) as u32);
+            h0_slot.producer_commit_tx(slot, (C::K * B::BV * 4) as u32);
             let col = h0_col(item) as i32;
             let (c0, c1) = if value_first { (0, col) } else { (col, 0) };
-            tma_load_3d(smem.h0(slot.index()), h0, c0, c1, row as i32, h0_slots.full(slot));
+            tma_load_3d(smem.h0(), h0, c0, c1, row as i32, h0_slot.full(slot));
         }
     }
 }

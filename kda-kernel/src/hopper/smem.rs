@@ -75,10 +75,10 @@ impl<C: KeySize, B: Block> Smem<C, B> {
         self.base + C::smem::<B>().vn_operand
     }
 
-    /// Initial-state slot `slot`, f32 `[K][B::BV]` (or `[B::BV][K]`).
+    /// The initial-state slot, f32 `[K][B::BV]` (or `[B::BV][K]`).
     #[inline(always)]
-    pub fn h0(self, slot: usize) -> u32 {
-        self.base + C::smem::<B>().h0 + slot as u32 * C::smem::<B>().slot_bytes
+    pub fn h0(self) -> u32 {
+        self.base + C::smem::<B>().h0
     }
 
     /// The ring's barriers.
@@ -88,11 +88,10 @@ impl<C: KeySize, B: Block> Smem<C, B> {
         Pipeline::new(self.base + o.full, self.base + o.empty, o.ring as usize)
     }
 
-    /// The initial-state slots' barriers: a ring of one stage per slot.
+    /// The initial-state slot's barriers: a one-stage ring.
     #[inline(always)]
-    pub fn h0_slots(self) -> Pipeline {
-        let o = C::smem::<B>();
-        Pipeline::new(self.base + o.h0_full, self.base + o.h0_empty, o.slots as usize)
+    pub fn h0_slot(self) -> Pipeline {
+        Pipeline::new(self.base + C::smem::<B>().h0_full, self.base + C::smem::<B>().h0_empty, 1)
     }
 
     /// Staging buffers of the output stores.
