@@ -64,10 +64,21 @@ pub enum MapSlot {
     P,
     /// `P` in one-token boxes.
     PRow,
+    /// `k` in boxes of one swizzle atom of tokens (`[8][1][64]`, `layout::hopper::ATOM_ROWS`),
+    /// for the tail chunk's valid rows a whole atom at a time.
+    KAtom,
+    /// `w` in boxes of one atom of tokens.
+    WAtom,
+    /// `u` in boxes of one atom of tokens.
+    UAtom,
+    /// `q Γ` in boxes of one atom of tokens (fused pass only).
+    QAtom,
+    /// `P` in boxes of one atom of tokens (fused pass only).
+    PAtom,
 }
 
 /// Tensor maps per Hopper launch.
-pub const TENSOR_MAPS: usize = MapSlot::PRow as usize + 1;
+pub const TENSOR_MAPS: usize = MapSlot::PAtom as usize + 1;
 
 /// The Hopper kernel's tensor maps, indexed by [`MapSlot`]: its first parameter, passed by
 /// value and handed to TMA by address (`cvta.param`), so each map's address is the parameter's

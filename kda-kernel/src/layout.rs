@@ -727,6 +727,12 @@ pub mod hopper {
     /// Columns of one 128-byte-swizzled TMA box: 64 bf16 are one 128-byte row, the widest row
     /// the 128-byte swizzle allows.
     pub const BOX_COLS: usize = 64;
+    /// Rows of one swizzle atom: the 128-byte swizzle repeats every 8 rows (1024 bytes), so a
+    /// box of 8 rows loaded at a multiple of 8 rows lands exactly where the full box's rows
+    /// would. A tail chunk's valid rows go in such boxes, then one-row boxes for the rest: at
+    /// most 7 + 7 loads per tensor instead of one per row (one per row made the producer's
+    /// serial TMA issue the pace of batches of short sequences).
+    pub const ATOM_ROWS: usize = 8;
     /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
     /// Key sizes `K` the Hopper kernel runs, one entry point each per block width

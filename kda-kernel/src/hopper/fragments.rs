@@ -11,7 +11,7 @@ pub const CHUNK16: u32 = 16;
 /// 16-byte chunks per 128-byte row.
 pub const CHUNKS_PER_ROW: usize = 8;
 /// Rows of one swizzle atom: the 128-byte swizzle permutes 16-byte chunks within 8-row groups.
-const SWIZZLE_ROWS: usize = 8;
+const SWIZZLE_ROWS: usize = crate::layout::hopper::ATOM_ROWS;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (the descriptors' stride offset).
 pub const ATOM_BYTES: u32 = (SWIZZLE_ROWS as u32) * ROW_BYTES;
 /// The K-major descriptor's leading offset is unused with swizzling; 16 bytes (one unit) is the

@@ -8,8 +8,8 @@ use crate::layout::hopper::BOX_COLS;
 use crate::pipeline::{Pipeline, PipelineState};
 use crate::schedule::{Item, RowStrides};
 
-/// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes and in
-/// one-row boxes for tail chunks.
+/// Generic addresses of the producer's tensor maps: `k`, `w`, `u` in full-chunk boxes, and in
+/// boxes of one swizzle atom of rows and of one row for tail chunks.
 #[derive(Clone, Copy)]
 pub struct LoadMaps {
     /// `k` in `[CHUNK][1][64]` boxes.
@@ -24,6 +24,12 @@ pub struct LoadMaps {
     pub w_row: u64,
     /// `u` in one-row boxes.
     pub u_row: u64,
+    /// `k` in boxes of one swizzle atom of rows (`layout::hopper::ATOM_ROWS`).
+    pub k_atom: u64,
+    /// `w` in boxes of one atom of rows.
+    pub w_atom: u64,
+    /// `u` in boxes of one atom of rows.
+    pub u_atom: u64,
     /// `h0` in f32 boxes of one item's whole state block, when the launch has initial states.
     pub h0: Option<u64>,
     /// Whether the states are value-first (`h0`'s coordinates are then (key, value column)).
@@ -43,6 +49,10 @@ pub struct OutputLoadMaps {
     pub p: u64,
     /// The causal attention in one-row boxes.
     pub p_row: u64,
+    /// `q Γ` in boxes of one atom of rows.
+    pub q_atom: u64,
+    /// The causal attention in boxes of one atom of rows.
+    pub p_atom: u64,
 }
 
 impl LoadMaps {
@@ -61,6 +71,9 @@ impl LoadMaps {
             prefetch_tensormap(self.k_row);
             prefetch_tensormap(self.w_row);
             prefetch_tensormap(self.u_row);
+            prefetch_tensormap(self.k_atom);
+            prefetch_tensormap(self.w_atom);
+            prefetch_tensormap(self.u_atom);
             if let Some(h0) = self.h0 {
                 prefetch_tensormap(h0);
             }
@@ -69,6 +82,8 @@ impl LoadMaps {
                 prefetch_tensormap(o.q_row);
                 prefetch_tensormap(o.p);
                 prefetch_tensormap(o.p_row);
+                prefetch_tensormap(o.q_atom);
+                prefetch_tensormap(o.p_atom);
             }
         }
     }

@@ -140,7 +140,7 @@ macro_rules! hopper_entry {
         /// the items whose records name a row of it: a first segment's `B` columns `K + c`, from
         /// the state's column `c`. An entry of the fused layer pass runs no pre-scan; its `v_new` is the
         /// layer's output `o` (`[T, HV, V]` bf16 at its strides, the `VNew` map's tensor), `h`
-        /// is not written, and the `Q`, `QRow`, `P` and `PRow` maps describe the chunks' `q Γ`
+        /// is not written, and the `Q`, `QRow`, `QAtom`, `P`, `PRow` and `PAtom` maps describe the chunks' `q Γ`
         /// (`[T, HV, K]` bf16) and causal attention (`[T, HV, CHUNK]` bf16, zero past each row's
         /// diagonal).
         #[unsafe(no_mangle)]
@@ -248,6 +248,9 @@ unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
         k_row: map(MapSlot::KRow),
         w_row: map(MapSlot::WRow),
         u_row: map(MapSlot::URow),
+        k_atom: map(MapSlot::KAtom),
+        w_atom: map(MapSlot::WAtom),
+        u_atom: map(MapSlot::UAtom),
         h0: if has_h0 { Some(map(MapSlot::H0)) } else { None },
         value_first: p.state_layout == StateLayoutCode::ValueFirst as u32,
         output: B::OUTPUT.then(|| OutputLoadMaps {
@@ -255,6 +258,8 @@ unsafe fn run<C: KeySize, B: BlockConsumer<C>>(maps_base: u64, p: Params) {
             q_row: map(MapSlot::QRow),
             p: map(MapSlot::P),
             p_row: map(MapSlot::PRow),
+            q_atom: map(MapSlot::QAtom),
+            p_atom: map(MapSlot::PAtom),
         }),
     };
     let store_maps = StoreMaps { h: map(MapSlot::H), v_new: map(MapSlot::VNew) };

@@ -1,14 +1,15 @@
 //! The tail epilogue: a sequence's partial last chunk (`rows < CHUNK` valid tokens).
 //!
 //! A full-tile TMA box there would read, and a full `v_new` box would write, the next sequence's
-//! tokens. So the producer loads only the valid rows, as one-row TMA boxes spread over its lanes
-//! into the same swizzled layout (the 128-byte swizzle follows the shared address, so row `r`
-//! at `tile + 128 r` lands exactly where the full box would put it), and zeroes the `k` rows past
-//! the end; the consumer zeroes `Vn`'s rows past the end and stores the valid `v_new` rows with
-//! plain coalesced stores. `h` needs no tail: it is a whole state per chunk. In the fused layer
-//! pass the `q Γ` and attention rows past the end are left as they are: they reach only the
-//! `o` columns past the end, which are never stored (the attention's valid rows are zero past
-//! their diagonal, so the zeroed `Vn` columns stay out of the valid ones).
+//! tokens. So the producer loads only the valid rows, in boxes of one swizzle atom of rows
+//! (`ATOM_ROWS`) and then one-row boxes for the rest, spread over its lanes into the same
+//! swizzled layout (the 128-byte swizzle follows the shared address and repeats every atom, so
+//! rows `r..r + n` at `tile + 128 r` land exactly where the full box would put them), and zeroes
+//! the `k` rows past the end; the consumer zeroes `Vn`'s rows past the end and stores the valid
+//! `v_new` rows with plain coalesced stores. `h` needs no tail: it is a whole state per chunk.
+//! In the fused layer pass the `q Γ` and attention rows past the end are left as they are: they
+//! reach only the `o` columns past the end, which are never stored (the attention's valid rows
+//! are zero past their diagonal, so the zeroed `Vn` columns stay out of the valid ones).
 
 use super::fragments::{CHUNK16, CHUNKS_PER_ROW, ROW_BYTES, acc_coords, swizzled_rows};
 use super::keys::KeySize;
@@ -18,8 +19,12 @@ use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::fence_proxy_async;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_COLS, Block, CONSUMER_THREADS, PRODUCER_THREADS};
+use crate::layout::hopper::{ATOM_ROWS, BOX_COLS, Block, CONSUMER_THREADS, PRODUCER_THREADS};
 use crate::schedule::Item;
+
+/// Every box a tail chunk needs has a lane of the producer warp: at most `ATOM_ROWS - 1` atoms
+/// and `ATOM_ROWS - 1` single rows.
+const _: () = assert!(2 * (ATOM_ROWS - 1) <= PRODUCER_THREADS && CHUNK % ATOM_ROWS == 0);
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
@@ -37,9 +42,9 @@ pub unsafe fn load_partial_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
     let (item, tiles, maps, lane) = (load.item, load.tiles, load.maps, load.lane);
     let (rows, tok0) = (item.rows(load.c), item.first_token(load.c));
     // SAFETY: the stage is the producer's; each lane's zeroing is ordered before the consumer's
-    // async (wgmma) reads by the proxy fence and the lane's arrival; each one-row box is a valid
-    // token of this sequence, and the bytes announced are exactly those boxes' (announced before
-    // any is issued: the warp barrier after the commit).
+    // async (wgmma) reads by the proxy fence and the lane's arrival; every row of each box is a
+    // valid token of this sequence, and the bytes announced are exactly those boxes' (announced
+    // before any is issued: the warp barrier after the commit).
     unsafe {
         zero_key_rows(tiles, C::KB, rows, lane);
         fence_proxy_async();
@@ -53,23 +58,29 @@ pub unsafe fn load_partial_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
             load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
         sync_warp();
-        let mut r = lane;
-        while r < rows {
+        // Lane `j` loads box `j`: whole atoms of rows first, then the rows past the last whole
+        // atom one at a time (at most `2 ATOM_ROWS - 2` boxes: one per lane, so the lanes' TMA
+        // issues, which the warp serialises, are as few as the boxes).
+        let atoms = rows / ATOM_ROWS;
+        let boxes = atoms + rows % ATOM_ROWS;
+        if lane < boxes {
+            let atom = lane < atoms;
+            let r = if atom { lane * ATOM_ROWS } else { atoms * ATOM_ROWS + (lane - atoms) };
+            let pick = |atom_map: u64, row_map: u64| if atom { atom_map } else { row_map };
             let off = r as u32 * ROW_BYTES;
             for b in 0..C::KB {
-                load.load_key_box(tiles.k(b) + off, maps.k_row, b * BOX_COLS, tok0 + r);
-                load.load_box(tiles.w(b) + off, maps.w_row, b * BOX_COLS, tok0 + r);
+                load.load_key_box(tiles.k(b) + off, pick(maps.k_atom, maps.k_row), b * BOX_COLS, tok0 + r);
+                load.load_box(tiles.w(b) + off, pick(maps.w_atom, maps.w_row), b * BOX_COLS, tok0 + r);
             }
             if let Some(col) = item.u_col {
-                load.load_box(tiles.u() + off, maps.u_row, u_box_column(col), tok0 + r);
+                load.load_box(tiles.u() + off, pick(maps.u_atom, maps.u_row), u_box_column(col), tok0 + r);
             }
             if let (true, Some(o)) = (B::OUTPUT, maps.output) {
                 for b in 0..C::KB {
-                    load.load_box(tiles.q(b) + off, o.q_row, b * BOX_COLS, tok0 + r);
+                    load.load_box(tiles.q(b) + off, pick(o.q_atom, o.q_row), b * BOX_COLS, tok0 + r);
                 }
-                load.load_box(tiles.p() + off, o.p_row, 0, tok0 + r);
+                load.load_box(tiles.p() + off, pick(o.p_atom, o.p_row), 0, tok0 + r);
             }
-            r += PRODUCER_THREADS;
         }
         if lane != 0 {
             load.ring.producer_arrive(load.stage);

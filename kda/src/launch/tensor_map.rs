@@ -40,6 +40,10 @@ pub(super) fn hopper_maps(
     set(MapSlot::KRow, TensorMapArg::tokens(p.k, k, 1, tile)?);
     set(MapSlot::WRow, TensorMapArg::tokens(p.w, w, 1, tile)?);
     set(MapSlot::URow, TensorMapArg::tokens(p.u, u, 1, tile)?);
+    let atom = hopper::ATOM_ROWS;
+    set(MapSlot::KAtom, TensorMapArg::tokens(p.k, k, atom, tile)?);
+    set(MapSlot::WAtom, TensorMapArg::tokens(p.w, w, atom, tile)?);
+    set(MapSlot::UAtom, TensorMapArg::tokens(p.u, u, atom, tile)?);
     set(MapSlot::VNew, TensorMapArg::tokens(p.v_new, v_new, CHUNK, width)?);
     match fused {
         None => set(MapSlot::H, TensorMapArg::states(p.h, d, d.chunks * hv, width)?),
@@ -51,6 +55,8 @@ pub(super) fn hopper_maps(
             set(MapSlot::QRow, TensorMapArg::tokens(qg, q, 1, tile)?);
             set(MapSlot::P, TensorMapArg::tokens(attention, a, CHUNK, CHUNK)?);
             set(MapSlot::PRow, TensorMapArg::tokens(attention, a, 1, CHUNK)?);
+            set(MapSlot::QAtom, TensorMapArg::tokens(qg, q, atom, tile)?);
+            set(MapSlot::PAtom, TensorMapArg::tokens(attention, a, atom, CHUNK)?);
         }
     }
     if let Some((address, rows)) = h0 {
@@ -77,7 +83,7 @@ impl TensorMapArg {
     /// swizzled over their rows (128 bytes for 64 columns: what the wgmma operands `k` and `w`
     /// need, and what keeps `ldmatrix` over `u` and `stmatrix` into the staging tiles free of
     /// bank conflicts; 64 bytes for a narrow block's 32): `CHUNK` tokens for full chunks, one
-    /// for the tail chunk's valid rows.
+    /// swizzle atom (`hopper::ATOM_ROWS`) and one for the tail chunk's valid rows.
     fn tokens(address: u64, t: Rows, box_tokens: usize, box_cols: usize) -> Result<Self, KdaError> {
         let dims = [t.width, t.heads, t.tokens];
         let strides = [t.strides.head, t.strides.token];
