@@ -24,7 +24,7 @@ use crate::schedule::Item;
 
 /// Every box a tail chunk needs has a lane of the producer warp: at most `ATOM_ROWS - 1` atoms
 /// and `ATOM_ROWS - 1` single rows.
-const _: () = assert!(2 * (ATOM_ROWS - 1) <= PRODUCER_THREADS && CHUNK % ATOM_ROWS == 0);
+const _: () = assert!(2 * (ATOM_ROWS - 1) <= PRODUCER_THREADS && CHUNK.is_multiple_of(ATOM_ROWS));
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
