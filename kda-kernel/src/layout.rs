@@ -733,6 +733,23 @@ pub mod hopper {
     /// most 7 + 7 loads per tensor instead of one per row (one per row made the producer's
     /// serial TMA issue the pace of batches of short sequences).
     pub const ATOM_ROWS: usize = 8;
+    /// Boxes a tail chunk's valid rows take at most: `ATOM_ROWS - 1` atoms and
+    /// `ATOM_ROWS - 1` single rows (one producer lane each).
+    pub const TAIL_BOXES: usize = 2 * (ATOM_ROWS - 1);
+
+    /// Box `j` of a tail chunk of `rows` valid rows (`rows < CHUNK`) as (first row, rows): the
+    /// whole atoms of rows first, then the rows past the last whole atom one at a time; `None`
+    /// past the chunk's boxes. Together the boxes cover rows `0..rows` once each.
+    pub const fn tail_box(j: usize, rows: usize) -> Option<(usize, usize)> {
+        let atoms = rows / ATOM_ROWS;
+        if j < atoms {
+            Some((j * ATOM_ROWS, ATOM_ROWS))
+        } else if j < atoms + rows % ATOM_ROWS {
+            Some((atoms * ATOM_ROWS + (j - atoms), 1))
+        } else {
+            None
+        }
+    }
     /// Bytes of one `[CHUNK][BOX_COLS]` bf16 box.
     pub const BOX_BYTES: usize = CHUNK * BOX_COLS * 2;
     /// Key sizes `K` the Hopper kernel runs, one entry point each per block width
@@ -972,4 +989,29 @@ pub mod hopper {
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));
     const _: () = assert!(BV == BOX_COLS, "the u, v_new and h tiles of a wide CTA are one box wide");
     const _: () = assert!(BV.is_multiple_of(NARROW_BV), "a narrow plan's blocks tile every V a wide one does");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CHUNK;
+    use super::hopper::{ATOM_ROWS, TAIL_BOXES, tail_box};
+
+    /// Every tail length's boxes cover its valid rows once each, in at most `TAIL_BOXES` boxes,
+    /// each atom at a multiple of `ATOM_ROWS` rows (where the 128-byte swizzle puts it).
+    #[test]
+    fn tail_boxes_cover_the_valid_rows_once() {
+        for rows in 1..CHUNK {
+            let mut hits = [0u8; CHUNK];
+            let count = (0..CHUNK).map_while(|j| tail_box(j, rows)).count();
+            assert!(count <= TAIL_BOXES, "{rows} rows: {count} boxes");
+            assert_eq!(tail_box(count, rows), None);
+            for (r, n) in (0..count).filter_map(|j| tail_box(j, rows)) {
+                assert!(n == 1 || (n == ATOM_ROWS && r % ATOM_ROWS == 0), "{rows} rows: box ({r}, {n})");
+                hits[r..r + n].iter_mut().for_each(|h| *h += 1);
+            }
+            assert!(hits[..rows].iter().all(|&h| h == 1) && hits[rows..].iter().all(|&h| h == 0), "{rows} rows");
+        }
+        // A chunk of 63 rows, the most boxes: 7 atoms and 7 single rows.
+        assert_eq!((0..CHUNK).map_while(|j| tail_box(j, CHUNK - 1)).count(), TAIL_BOXES);
+    }
 }

@@ -19,12 +19,11 @@ use super::smem::StageTiles;
 use crate::arch::sm80::{ld_shared_v4, st_global_v4, st_shared_v4, sync_warp};
 use crate::arch::sm90::fence_proxy_async;
 use crate::layout::CHUNK;
-use crate::layout::hopper::{ATOM_ROWS, BOX_COLS, Block, CONSUMER_THREADS, PRODUCER_THREADS};
+use crate::layout::hopper::{ATOM_ROWS, BOX_COLS, Block, CONSUMER_THREADS, PRODUCER_THREADS, TAIL_BOXES, tail_box};
 use crate::schedule::Item;
 
-/// Every box a tail chunk needs has a lane of the producer warp: at most `ATOM_ROWS - 1` atoms
-/// and `ATOM_ROWS - 1` single rows.
-const _: () = assert!(2 * (ATOM_ROWS - 1) <= PRODUCER_THREADS && CHUNK.is_multiple_of(ATOM_ROWS));
+/// Every box a tail chunk needs has a lane of the producer warp.
+const _: () = assert!(TAIL_BOXES <= PRODUCER_THREADS);
 
 /// bf16 elements in one 16-byte chunk.
 const BF16_PER_CHUNK16: usize = CHUNK16 as usize / 2;
@@ -58,15 +57,10 @@ pub unsafe fn load_partial_chunk<C: KeySize, B: Block>(load: ChunkLoad<'_>) {
             load.ring.producer_commit_tx(load.stage, rows as u32 * row_bytes);
         }
         sync_warp();
-        // Lane `j` loads box `j`: whole atoms of rows first, then the rows past the last whole
-        // atom one at a time (at most `2 ATOM_ROWS - 2` boxes: one per lane, so the lanes' TMA
-        // issues, which the warp serialises, are as few as the boxes).
-        let atoms = rows / ATOM_ROWS;
-        let boxes = atoms + rows % ATOM_ROWS;
-        if lane < boxes {
-            let atom = lane < atoms;
-            let r = if atom { lane * ATOM_ROWS } else { atoms * ATOM_ROWS + (lane - atoms) };
-            let pick = |atom_map: u64, row_map: u64| if atom { atom_map } else { row_map };
+        // Lane `j` loads box `j` (`tail_box`: whole atoms of rows, then single rows), so the
+        // lanes' TMA issues, which the warp serialises, are as few as the boxes.
+        if let Some((r, box_rows)) = tail_box(lane, rows) {
+            let pick = |atom_map: u64, row_map: u64| if box_rows == ATOM_ROWS { atom_map } else { row_map };
             let off = r as u32 * ROW_BYTES;
             for b in 0..C::KB {
                 load.load_key_box(tiles.k(b) + off, pick(maps.k_atom, maps.k_row), b * BOX_COLS, tok0 + r);
