@@ -90,26 +90,14 @@ impl Gates {
 pub unsafe fn run<C: KeySize, B: Block>(work: &Work, smem: Smem<C, B>, lane: usize, maps: LoadMaps, gates: Gates) {
     let mut stage = PipelineState::producer_start(smem.ring().stages());
     let mut slot = PipelineState::producer_start(1);
-    // Each item's record and its first chunk's gates are read one item ahead, so that their
-    // latency hides behind the previous item's loads instead of delaying this item's first TMA
-    // loads (once per item: the pace of batches of one-chunk items).
-    let mut items = work.items::<{ super::PRODUCER_ROLE }>().peekable();
-    // SAFETY (block): `run`'s contract on the gates.
-    let first_gates = |item: Option<&Item>| match item {
-        Some(item) if item.chunks() > 0 => unsafe { gates.read::<C>(item, 0, lane) },
-        _ => ChunkGates::none(),
-    };
-    let mut first = first_gates(items.peek());
-    while let Some(item) = items.next() {
-        let gate = first;
-        first = first_gates(items.peek());
+    for item in work.items::<{ super::PRODUCER_ROLE }>() {
         if let (Some(h0), Some(row)) = (maps.h0, item.h0_row) {
             // SAFETY: the item's state block exists in `h0` (the map describes it).
             unsafe { load_initial_state(&item, row, smem, lane, h0, maps.value_first, slot) };
             slot.advance();
         }
-        // SAFETY: as this function's; `gate` is the item's first chunk's.
-        unsafe { load_chunks(&item, gate, smem, lane, &maps, gates, &mut stage) };
+        // SAFETY: as this function's.
+        unsafe { load_chunks(&item, smem, lane, &maps, gates, &mut stage) };
     }
 }
 
@@ -153,15 +141,13 @@ fn h0_col(item: &Item) -> usize {
     item.u_col.unwrap_or(item.vcol0)
 }
 
-/// The chunks of one item, from ring position `stage` on, `gate` holding its first chunk's gate
-/// values.
+/// The chunks of one item, from ring position `stage` on.
 ///
 /// # Safety
 /// As for [`run`].
 #[inline(always)]
 unsafe fn load_chunks<C: KeySize, B: Block>(
     item: &Item,
-    mut gate: ChunkGates<C>,
     smem: Smem<C, B>,
     lane: usize,
     maps: &LoadMaps,
@@ -170,6 +156,8 @@ unsafe fn load_chunks<C: KeySize, B: Block>(
 ) {
     let ring = smem.ring();
     let chunks = item.chunks();
+    // SAFETY (block): `run`'s contract on the gates.
+    let mut gate = if chunks > 0 { unsafe { gates.read::<C>(item, 0, lane) } } else { ChunkGates::none() };
     for c in 0..chunks {
         let s = *stage;
         stage.advance();
