@@ -10,23 +10,31 @@
 //! warp's [`Warp`] and compute each lane's result as the PTX ISA's fragment layouts define it.
 //!
 //! What it checks that a GPU would not report: shared accesses out of the allocation or
-//! misaligned, writes past the end of the allocation through generic pointers (guard bytes),
-//! lanes of one warp running different warp-wide instructions, barriers whose count never
-//! arrives (a deadlock, reported after [`DEADLOCK`]), and, in debug builds, integer overflow.
+//! misaligned, shared-memory races (two threads' accesses to the same bytes, one a write, that
+//! no barrier orders: [`race`]), writes past the end of the allocation through generic pointers
+//! (guard bytes), lanes of one warp running different warp-wide instructions, barriers whose
+//! count never arrives (a deadlock, reported after [`DEADLOCK`]), and, in debug builds, integer
+//! overflow.
 //! Shared memory starts poisoned (all bits set: a NaN in f32 and bf16), so a read of a tile
 //! nothing wrote shows up in the results. It does not model timing, memory ordering beyond
 //! the barriers, or the Hopper-only instructions (TMA, mbarrier, wgmma).
 
 extern crate std;
 
+pub(crate) mod race;
+
 use core::ptr::NonNull;
+use race::{Access, Shadow, SyncClock};
 use std::cell::{Cell, RefCell, UnsafeCell};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::format;
+use std::rc::Rc;
 use std::string::{String, ToString};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use std::vec;
 use std::vec::Vec;
 
 /// The shared-window address of the dynamic shared memory (`SMEM`). Not 0, so that code which
@@ -103,10 +111,24 @@ pub struct Cta {
     /// `blockDim.x`.
     pub threads: usize,
     shared: SharedMemory,
-    barriers: Mutex<[Barrier; NAMED_BARRIERS]>,
+    /// The stamps of the race check (`race`).
+    shadow: Shadow,
+    /// CTA-wide barriers completed (every thread of the CTA waiting at them): the race check's
+    /// generation.
+    generation: AtomicU32,
+    barriers: Mutex<Barriers>,
     barrier_moved: Condvar,
     warps: Vec<Warp>,
     failed: AtomicBool,
+}
+
+/// The CTA's barriers and the race check's clocks of each: its named barriers, its warps'
+/// `bar.warp.sync`, and its mbarriers by shared address.
+struct Barriers {
+    named: [Barrier; NAMED_BARRIERS],
+    named_clocks: [SyncClock; NAMED_BARRIERS],
+    warp_clocks: Vec<SyncClock>,
+    mbarrier_clocks: HashMap<u32, SyncClock>,
 }
 
 /// The dynamic shared memory of one CTA: `bytes` usable, followed by the guard.
@@ -154,11 +176,13 @@ impl Drop for SharedMemory {
 }
 
 /// A named barrier: how many threads have arrived in its current phase, how many it expects,
-/// and how many phases have completed.
+/// whether one of them arrived without waiting (`bar.arrive`), and how many phases have
+/// completed.
 #[derive(Clone, Copy, Default)]
 struct Barrier {
     arrived: usize,
     expected: usize,
+    not_waiting: bool,
     phase: u64,
 }
 
@@ -210,12 +234,13 @@ std::thread_local! {
 }
 
 /// An asynchronous copy in flight: `size` bytes to shared address `dst`, the first `src_bytes`
-/// of them from `src`, the rest zeros.
+/// of them from `src`, the rest zeros; `issued`, the issuing thread's clock at the issue.
 struct PendingCopy {
     dst: u32,
     src: *const u8,
     size: usize,
     src_bytes: usize,
+    issued: Rc<race::IssueClock>,
 }
 
 /// Issues a `cp.async` of the simulated thread. It lands only when the thread waits for it
@@ -229,8 +254,12 @@ struct PendingCopy {
 pub unsafe fn defer_copy(dst: u32, src: *const u8, size: usize, src_bytes: usize) {
     assert!(src_bytes <= size, "cp.async: {src_bytes} source bytes for a {size}-byte copy");
     assert!((src as usize).is_multiple_of(size), "cp.async: {src:?} is not {size}-byte aligned");
-    with_thread(|cta, _| cta.shared(dst, size)); // checks the destination now, as the GPU faults at issue
-    PENDING.with_borrow_mut(|p| p.push(PendingCopy { dst, src, size, src_bytes }));
+    // The destination is checked now, as the GPU faults at issue.
+    let issued = with_thread(|cta, _| {
+        cta.shared(dst, size);
+        race::issue_clock(cta.generation.load(Ordering::SeqCst))
+    });
+    PENDING.with_borrow_mut(|p| p.push(PendingCopy { dst, src, size, src_bytes, issued }));
 }
 
 /// Closes the simulated thread's copies since its last commit into a group
@@ -245,7 +274,12 @@ pub fn commit_copies() {
 pub fn land_groups(keep: usize) {
     while let Some(group) = GROUPS.with_borrow_mut(|g| if g.len() > keep { g.pop_front() } else { None }) {
         for c in group {
-            let dst = with_thread(|cta, _| cta.shared(c.dst, c.size));
+            let dst = with_thread(|cta, _| {
+                let dst = cta.shared(c.dst, c.size);
+                let generation = cta.generation.load(Ordering::SeqCst);
+                cta.shadow.land(cta.offset(c.dst), c.dst, c.size, &c.issued, generation);
+                dst
+            });
             // SAFETY: `shared` checked the destination; `defer_copy`'s caller promised the source.
             unsafe {
                 core::ptr::copy_nonoverlapping(c.src, dst, c.src_bytes);
@@ -287,7 +321,14 @@ impl Cta {
             index,
             threads: launch.block,
             shared: SharedMemory::new(launch.shared_bytes),
-            barriers: Mutex::new([Barrier::default(); NAMED_BARRIERS]),
+            shadow: Shadow::new(launch.shared_bytes),
+            generation: AtomicU32::new(0),
+            barriers: Mutex::new(Barriers {
+                named: [Barrier::default(); NAMED_BARRIERS],
+                named_clocks: core::array::from_fn(|_| SyncClock::default()),
+                warp_clocks: vec![SyncClock::default(); launch.block / WARP],
+                mbarrier_clocks: HashMap::new(),
+            }),
             barrier_moved: Condvar::new(),
             warps,
             failed: AtomicBool::new(false),
@@ -315,6 +356,22 @@ impl Cta {
         }
     }
 
+    /// [`Cta::shared`] for an access of the calling thread, checked and stamped by the race
+    /// check.
+    ///
+    /// # Panics
+    /// As [`Cta::shared`], and on a race.
+    pub(crate) fn shared_access(&self, addr: u32, size: usize, access: Access) -> *mut u8 {
+        let p = self.shared(addr, size);
+        self.shadow.access(self.offset(addr), addr, size, access, self.generation.load(Ordering::SeqCst));
+        p
+    }
+
+    /// The byte offset in the allocation of shared address `addr` (checked by [`Cta::shared`]).
+    fn offset(&self, addr: u32) -> usize {
+        (addr - SHARED_BASE) as usize
+    }
+
     /// The generic (host) pointer to the start of the dynamic shared memory.
     pub fn shared_generic(&self) -> *mut u8 {
         self.shared.ptr
@@ -322,18 +379,29 @@ impl Cta {
 
     /// `bar.sync id, threads`: blocks until `threads` threads have arrived at barrier `id`.
     pub fn barrier(&self, id: usize, threads: usize) {
-        let Some(phase) = self.arrive(id, threads) else { return };
-        drop(self.wait(
-            self.barriers.lock().unwrap_or_else(|e| e.into_inner()),
-            &self.barrier_moved,
-            |bars| bars[id].phase != phase,
-            |bars| format!("bar.sync {id}: {} of {threads} threads arrived", bars[id].arrived),
-        ));
+        let (phase, completed) = self.arrive_at(id, threads, true);
+        let bars = if completed {
+            self.barriers.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            self.wait(
+                self.barriers.lock().unwrap_or_else(|e| e.into_inner()),
+                &self.barrier_moved,
+                |bars| bars.named[id].phase != phase,
+                |bars| format!("bar.sync {id}: {} of {threads} threads arrived", bars.named[id].arrived),
+            )
+        };
+        bars.named_clocks[id].acquire(phase);
     }
 
-    /// `bar.arrive id, threads` for one thread: counts its arrival and returns the phase it
-    /// arrived in, or `None` when its arrival completed that phase.
-    pub fn arrive(&self, id: usize, threads: usize) -> Option<u64> {
+    /// `bar.arrive id, threads` for one thread: counts its arrival (without waiting).
+    pub fn arrive(&self, id: usize, threads: usize) {
+        self.arrive_at(id, threads, false);
+    }
+
+    /// One thread's arrival at barrier `id` of `threads`, waiting there or not (`waits`):
+    /// returns the phase it arrived in and whether its arrival completed it. A phase every
+    /// thread of the CTA waited at starts a new generation of the race check.
+    fn arrive_at(&self, id: usize, threads: usize, waits: bool) -> (u64, bool) {
         assert!(id < NAMED_BARRIERS, "bar.sync {id}: only {NAMED_BARRIERS} named barriers exist");
         assert!(
             threads > 0 && threads <= self.threads && threads.is_multiple_of(WARP),
@@ -341,19 +409,37 @@ impl Cta {
             self.threads
         );
         let mut bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
-        let b = &mut bars[id];
+        let phase = bars.named[id].phase;
+        bars.named_clocks[id].release(phase);
+        let b = &mut bars.named[id];
         if b.arrived == 0 {
             b.expected = threads;
+            b.not_waiting = false;
         }
         assert_eq!(b.expected, threads, "bar.sync {id}: threads arrive with different counts");
         b.arrived += 1;
+        b.not_waiting |= !waits;
         if b.arrived == threads {
+            if threads == self.threads && !b.not_waiting {
+                self.generation.fetch_add(1, Ordering::SeqCst);
+            }
             b.arrived = 0;
             b.phase += 1;
             self.barrier_moved.notify_all();
-            return None;
+            return (phase, true);
         }
-        Some(b.phase)
+        (phase, false)
+    }
+
+    /// `bar.warp.sync -1` of thread `tid`: its warp's lanes meet, and each is ordered after the
+    /// others' accesses before it.
+    pub fn warp_barrier(&self, tid: usize) {
+        let warp = tid / WARP;
+        // This lane has not arrived, so the warp's phase cannot move until it does.
+        let phase = self.warps[warp].phase.load(Ordering::Acquire);
+        self.barriers.lock().unwrap_or_else(|e| e.into_inner()).warp_clocks[warp].release(phase);
+        self.warp_exchange(tid, "bar.warp.sync", [0; LANE_WORDS]);
+        self.barriers.lock().unwrap_or_else(|e| e.into_inner()).warp_clocks[warp].acquire(phase);
     }
 
     /// `mbarrier.init`: the barrier object at shared address `bar` (its 8 bytes hold the state,
@@ -367,10 +453,11 @@ impl Cta {
 
     /// One arrival on the mbarrier at `bar`; returns the phase it arrived on (the token).
     pub fn mbarrier_arrive(&self, bar: u32) -> u64 {
-        let _bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
         let mut m = self.load_mbarrier(bar);
         assert!(m.pending > 0 && m.expected > 0, "mbarrier.arrive on 0x{bar:x}: not an initialised barrier");
         let token = u64::from(m.phase);
+        bars.mbarrier_clocks.entry(bar).or_default().release(token);
         m.pending -= 1;
         if m.pending == 0 {
             m.pending = m.expected;
@@ -383,7 +470,7 @@ impl Cta {
 
     /// Blocks until the phase `token` of the mbarrier at `bar` has completed.
     pub fn mbarrier_wait(&self, bar: u32, token: u64) {
-        drop(self.wait(
+        let bars = self.wait(
             self.barriers.lock().unwrap_or_else(|e| e.into_inner()),
             &self.barrier_moved,
             |_| u64::from(self.load_mbarrier(bar).phase) != token,
@@ -393,7 +480,10 @@ impl Cta {
                     self.load_mbarrier(bar).pending
                 )
             },
-        ));
+        );
+        if let Some(clock) = bars.mbarrier_clocks.get(&bar) {
+            clock.acquire(token);
+        }
     }
 
     fn load_mbarrier(&self, bar: u32) -> Mbarrier {
@@ -412,7 +502,7 @@ impl Cta {
     /// that ends so has lost a handoff: a `bar.arrive` nobody waited for, or the reverse).
     fn unfinished_barrier(&self) -> Option<String> {
         let bars = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
-        bars.iter().enumerate().find(|(_, b)| b.arrived != 0).map(|(id, b)| {
+        bars.named.iter().enumerate().find(|(_, b)| b.arrived != 0).map(|(id, b)| {
             format!("ended with {} of barrier {id}'s {} threads arrived in an unfinished phase", b.arrived, b.expected)
         })
     }
@@ -563,6 +653,7 @@ fn run_cta(index: usize, launch: &Launch, kernel: &(impl Fn() + Sync)) -> Result
                     .stack_size(STACK_BYTES)
                     .spawn_scoped(scope, move || {
                         CURRENT.set(Some((NonNull::from(cta), tid)));
+                        race::start_thread(tid, launch.block);
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             kernel();
                             let in_flight = PENDING.with_borrow(Vec::len)
@@ -571,6 +662,7 @@ fn run_cta(index: usize, launch: &Launch, kernel: &(impl Fn() + Sync)) -> Result
                         }));
                         PENDING.take();
                         GROUPS.take();
+                        race::end_thread();
                         CURRENT.set(None);
                         if result.is_err() {
                             cta.fail();
@@ -787,6 +879,87 @@ mod tests {
 
     /// Every misuse the simulator checks comes back as an error naming the CTA, the thread and
     /// what went wrong.
+    /// The race check fails a launch whose threads touch the same shared bytes, one of them
+    /// writing, with nothing ordering them, and passes the same accesses ordered by
+    /// `bar.warp.sync` (within a warp), `bar.sync`, or a `cp.async` issued after the barrier that
+    /// follows the other thread's read.
+    #[test]
+    fn unordered_shared_accesses_are_races() {
+        use crate::arch::sm80::{cp_async_4, cp_async_wait_all, st_shared_u32};
+        let word = [7u32];
+        let from = ptr(&word);
+        let run = |kernel: &(dyn Fn() + Sync)| {
+            // SAFETY: the kernels below touch shared memory and read `word`.
+            unsafe { launch(Launch { grid: 1, block: 2 * WARP, shared_bytes: 64 }, kernel) }
+        };
+        let x = || smem_base_shared();
+        let race = |e: SimError| assert!(e.message.contains("shared-memory race at 0x400"), "{e}");
+        // A write and another thread's read (in whichever order the host runs them), in one
+        // warp or across warps.
+        for reader in [1, WARP] {
+            race(
+                run(&|| unsafe {
+                    let t = thread_idx_x();
+                    if t == 0 {
+                        st_shared_u32(x(), 1);
+                    }
+                    if t == reader {
+                        ld_shared_u32(x());
+                    }
+                })
+                .unwrap_err(),
+            );
+        }
+        // A read and another thread's write, in another warp.
+        race(
+            run(&|| unsafe {
+                match thread_idx_x() {
+                    3 => drop(ld_shared_u32(x())),
+                    40 => st_shared_u32(x(), 2),
+                    _ => {}
+                }
+            })
+            .unwrap_err(),
+        );
+        // Ordered: `bar.warp.sync` within the warp, `bar.sync` across warps.
+        run(&|| unsafe {
+            let t = thread_idx_x();
+            if t == 0 {
+                st_shared_u32(x(), 1);
+            }
+            sync_warp();
+            if t == 1 {
+                ld_shared_u32(x());
+            }
+            sync_threads();
+            if t == 40 {
+                st_shared_u32(x(), 2);
+            }
+        })
+        .unwrap();
+        // A copy issued before the barrier that orders another thread's read of its destination
+        // may land before that read: a race. Issued after it: ordered.
+        for issue_after in [false, true] {
+            let result = run(&|| unsafe {
+                let t = thread_idx_x();
+                if t == 0 {
+                    ld_shared_u32(x());
+                }
+                if t == WARP && !issue_after {
+                    cp_async_4(x(), from.ptr() as *const u8, 4);
+                }
+                sync_threads();
+                if t == WARP {
+                    if issue_after {
+                        cp_async_4(x(), from.ptr() as *const u8, 4);
+                    }
+                    cp_async_wait_all();
+                }
+            });
+            if issue_after { result.unwrap() } else { race(result.unwrap_err()) }
+        }
+    }
+
     #[test]
     fn misuse_is_reported_not_run() {
         let fail = |shared: usize, kernel: &(dyn Fn() + Sync)| {

@@ -10,6 +10,7 @@
 
 extern crate std;
 
+use crate::sim::race::Access;
 use crate::sim::{LANE_WORDS, WARP, with_thread};
 
 /// `%tid.x`.
@@ -50,7 +51,7 @@ pub unsafe fn named_barrier(id: u32, threads: u32) {
 
 /// `bar.warp.sync -1;`.
 pub fn sync_warp() {
-    with_thread(|cta, tid| cta.warp_exchange(tid, "bar.warp.sync", [0; LANE_WORDS]));
+    with_thread(|cta, tid| cta.warp_barrier(tid));
 }
 
 /// The shared-window address of the dynamic shared memory.
@@ -206,16 +207,17 @@ pub unsafe fn vote_any(pred: bool) -> bool {
     with_thread(|cta, tid| cta.warp_exchange(tid, "vote.any", mine)).iter().any(|w| w[0] != 0)
 }
 
-/// A shared-memory load of `N` bytes at `addr` (checked: inside the allocation, aligned).
+/// A shared-memory load of `N` bytes at `addr` (checked: inside the allocation, aligned, and
+/// ordered after every other thread's write there).
 fn load<T: Copy>(addr: u32) -> T {
-    let p = with_thread(|cta, _| cta.shared(addr, core::mem::size_of::<T>()));
+    let p = with_thread(|cta, _| cta.shared_access(addr, core::mem::size_of::<T>(), Access::Read("ld.shared")));
     // SAFETY: `shared` checked bounds and alignment.
     unsafe { (p as *const T).read() }
 }
 
 /// A shared-memory store at `addr` (checked as [`load`]).
 fn store<T: Copy>(addr: u32, v: T) {
-    let p = with_thread(|cta, _| cta.shared(addr, core::mem::size_of::<T>()));
+    let p = with_thread(|cta, _| cta.shared_access(addr, core::mem::size_of::<T>(), Access::Write("st.shared")));
     // SAFETY: `shared` checked bounds and alignment.
     unsafe { (p as *mut T).write(v) }
 }
