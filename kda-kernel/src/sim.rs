@@ -11,10 +11,10 @@
 //!
 //! What it checks that a GPU would not report: shared accesses out of the allocation or
 //! misaligned, shared-memory races (two threads' accesses to the same bytes, one a write, that
-//! no barrier orders: [`race`]), writes past the end of the allocation through generic pointers
-//! (guard bytes), lanes of one warp running different warp-wide instructions, barriers whose
-//! count never arrives (a deadlock, reported after [`DEADLOCK`]), and, in debug builds, integer
-//! overflow.
+//! no barrier orders: the `race` module), writes past the end of the allocation through generic
+//! pointers (guard bytes), lanes of one warp running different warp-wide instructions, barriers
+//! whose count never arrives (a deadlock, reported after [`DEADLOCK`]), and, in debug builds,
+//! integer overflow.
 //! Shared memory starts poisoned (all bits set: a NaN in f32 and bf16), so a read of a tile
 //! nothing wrote shows up in the results. It does not model timing, memory ordering beyond
 //! the barriers, or the Hopper-only instructions (TMA, mbarrier, wgmma).
