@@ -877,8 +877,6 @@ mod tests {
         }
     }
 
-    /// Every misuse the simulator checks comes back as an error naming the CTA, the thread and
-    /// what went wrong.
     /// The race check fails a launch whose threads touch the same shared bytes, one of them
     /// writing, with nothing ordering them, and passes the same accesses ordered by
     /// `bar.warp.sync` (within a warp), `bar.sync`, or a `cp.async` issued after the barrier that
@@ -960,6 +958,8 @@ mod tests {
         }
     }
 
+    /// Every misuse the simulator checks comes back as an error naming the CTA, the thread and
+    /// what went wrong.
     #[test]
     fn misuse_is_reported_not_run() {
         let fail = |shared: usize, kernel: &(dyn Fn() + Sync)| {
