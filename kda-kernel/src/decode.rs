@@ -31,16 +31,16 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_8, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
+    opaque_u64, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
-    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
-    WARP_SUM_WORDS, WARPS,
+    AHEAD_RAW_AT, AHEAD_STATE_AT, COL_LANES, COLS, COPY_BYTES, DELTAS_AT, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR,
+    MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS,
+    STAGES_AT, SUMS_AT, THREADS, VEC, WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -48,8 +48,12 @@ use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
 kernel_entry! {
-    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
-    /// CTAs, sequence-major; `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
+    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). `items` = `N * HV * V /
+    /// COLS` items, sequence-major, over `workers` CTAs (CTA `b` runs items `b`, `b + workers`,
+    /// ...); `layout::decode::THREADS` threads. Without `ahead`, `layout::decode::SMEM_BYTES`
+    /// of shared memory (the launcher gives each CTA one item); with `ahead` (nonzero),
+    /// `layout::decode::AHEAD_SMEM_BYTES`, and each CTA copies its next item's token rows and
+    /// state to shared memory while its current item's tokens run.
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
@@ -67,7 +71,8 @@ kernel_entry! {
     /// call stays bit for bit the one-token calls).
     ///
     /// # Safety
-    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
+    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned; `items` is `N *
+    /// HV * V / COLS`. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
     /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
@@ -97,6 +102,9 @@ kernel_entry! {
         gate_mode: u32,
         lower_bound_bits: u32,
         scale_bits: u32,
+        items: u32,
+        workers: u32,
+        ahead: u32,
     ) {
         let (h, hv, kd, vd, gw, d) = (
             heads as usize,
@@ -124,80 +132,175 @@ kernel_entry! {
         }
         let blocks = (vd / COLS) as u32;
         let per_seq = value_heads.wrapping_mul(blocks);
-        let b = block_idx_x() as u32;
-        let (Some(n), Some(rest)) = (b.checked_div(per_seq), b.checked_rem(per_seq)) else { return };
-        // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
-        let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
-        let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
+        // Item `b`'s sequence, value head and first column (items sequence-major, then value
+        // heads, then blocks of `COLS` columns).
+        let place = |b: usize| -> Option<(usize, usize, usize)> {
+            let b = b as u32;
+            // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic
+            // path.)
+            let (n, rest) = (b.checked_div(per_seq)?, b.checked_rem(per_seq)?);
+            let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
+            Some((n as usize, i as usize, block as usize * COLS))
+        };
         let dims = Dims { h, hv, kd, vd, gw };
+        let tensors = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
-        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
+        let (items, workers, ahead) = (items as usize, workers as usize, ahead != 0);
+        if workers == 0 {
+            return;
+        }
+        // The raw buffer of the current item's tokens: the first, or with `ahead` the two in
+        // turn (the next item's rows land in the other while this item's tokens read theirs).
+        let mut buffer = 0;
+        // Which of the two shared buffers of partial sums the next `step` writes.
+        let mut parity = 0;
+        let mut item = block_idx_x();
         // SAFETY (block): the kernel's contract.
         unsafe {
-            // The sequence's slot and start, and this thread's key's gate scalars, requested
-            // together: the state's loads wait for one memory round trip before them, and the
-            // tokens' staging for none (the plan's tables and the head's scalars, not the
-            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
-            let scalars = token.gate_scalars(thread_idx_x_fresh());
-            let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
-            if slot < 0 {
-                return; // padding: nothing read or written
+            if ahead && item < items {
+                if let Some(first) = place(item) {
+                    let slot = (*slots.add(first.0), *fresh.add(first.0) != 0);
+                    copy_item(tensors, dims, codes, pool, d, first, slot, buffer);
+                }
             }
-            // Every token's rows copied to shared memory, under the state's loads; then
-            // converted once, so that each token waits on a barrier, not on memory.
-            token.copy_raw(n * d, d);
-            // `s` is the state after token `current` (-1: the initial state, read from the slot,
-            // or zeros).
-            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-            if !start_fresh {
-                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
-            }
-            token.stage_raw(d, scalars);
-            let mut current = -1i64;
-            // Which of the two shared buffers of partial sums the next `step` writes.
-            let mut parity = 0;
-            for t in 0..d {
-                let row = n * d + t;
-                let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
-                // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
-                // parent's ancestors from the initial state when `s` is not the parent's state.
-                let mut run = 1u32 << t;
-                if parent != current {
-                    // Rebuild from the initial state, read again (the contract keeps a tree's own
-                    // slot unwritten until the call ends), rather than held in registers.
-                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                    if !start_fresh {
+            while item < items {
+                let Some((n, i, col0)) = place(item) else { return };
+                let next = item + workers;
+                let tensors = tensors.opaque();
+                let token = Token::new(tensors, dims, i, col0, codes, buffer);
+                // The sequence's slot and start, this thread's key's gate scalars and the next
+                // item's slot, requested together (the plan's tables and the head's scalars, not
+                // the sequence's pool slot, so a padding sequence still reads nothing of the
+                // pool).
+                let scalars = token.gate_scalars(thread_idx_x_fresh());
+                let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
+                let following = if ahead && next < items { place(next) } else { None };
+                let following_slot = following.map(|(m, ..)| (*slots.add(m), *fresh.add(m) != 0));
+                let live = slot >= 0; // padding: nothing read or written
+                // `s` is the state after token `current` (-1: the initial state, from the slot,
+                // or zeros): loaded here, or with `ahead` copied ahead into shared memory (a
+                // value-first pool's scattered elements are loaded here too).
+                let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                if live {
+                    // Without `ahead`, this item's rows copied now, under the state's loads.
+                    if !ahead {
+                        token.copy_raw(n * d, d);
+                    }
+                    let copied = ahead && !token.value_first_pool;
+                    if !start_fresh && !copied {
                         token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
                     }
-                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
-                    // token by the contract.)
-                    let mut at = parent;
-                    for _ in 0..MAX_DRAFT {
-                        if at < 0 || at as usize >= t {
-                            break;
-                        }
-                        run |= 1 << at;
-                        at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
+                    token.stage_raw(d, scalars, !start_fresh && copied, &mut s);
+                }
+                // The next item's rows and state copied to shared memory under this item's
+                // tokens, once this item's have been read there (after `stage_raw`'s barriers).
+                if let (Some(p), Some(slot)) = (following, following_slot) {
+                    copy_item(tensors, dims, codes, pool, d, p, slot, buffer ^ 1);
+                }
+                if live {
+                    let tables = (parents, token_slots, pool);
+                    run_tokens(&token, tables, (n, d, slot as usize, start_fresh), &mut s, &mut parity);
+                }
+                item = next;
+                if ahead {
+                    buffer ^= 1;
+                }
+            }
+        }
+    }
+}
+
+/// Copies item `place`'s token rows and, unless it starts fresh, its state (`slot`: the slot and
+/// whether it starts fresh) to raw buffer `buffer` and the state buffer of the items loaded
+/// ahead; nothing for a padding sequence, and the state of a value-first pool is not copied
+/// (its item loads it).
+///
+/// # Safety
+/// As the decode step's; nothing reads the buffers until this thread's next wait for its copies.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn copy_item(
+    tensors: Tensors,
+    dims: Dims,
+    codes: Codes,
+    pool: *const f32,
+    d: usize,
+    (n, i, col0): (usize, usize, usize),
+    (slot, start_fresh): (i64, bool),
+    buffer: usize,
+) {
+    if slot < 0 {
+        return;
+    }
+    let token = Token::new(tensors, dims, i, col0, codes, buffer);
+    // SAFETY (block): the caller's contract.
+    unsafe {
+        token.copy_raw(n * d, d);
+        if !start_fresh && !token.value_first_pool {
+            token.copy_state(pool, slot as usize);
+        }
+    }
+}
+
+/// Sequence `n`'s `d` tokens (the tables `parents`, `token_slots` and the pool, as the
+/// decode step takes them) through `s`, its initial state (from `slot`, or zeros when
+/// `start_fresh`), writing each token's output and the states the tables name; `parity` is the
+/// partial sums' buffer the next step writes.
+///
+/// # Safety
+/// As the decode step's; every thread calls it, the tokens staged.
+#[inline(always)]
+unsafe fn run_tokens(
+    token: &Token,
+    (parents, token_slots, pool): (*const i64, *const i64, *mut f32),
+    (n, d, slot, start_fresh): (usize, usize, usize, bool),
+    s: &mut Keys,
+    parity: &mut usize,
+) {
+    let mut current = -1i64;
+    // SAFETY (block): the caller's contract.
+    unsafe {
+        for t in 0..d {
+            let row = n * d + t;
+            let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
+            // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
+            // parent's ancestors from the initial state when `s` is not the parent's state.
+            let mut run = 1u32 << t;
+            if parent != current {
+                // Rebuild from the initial state, read again (the contract keeps a tree's own
+                // slot unwritten until the call ends), rather than held in registers.
+                *s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                if !start_fresh {
+                    token.load(pool, token.bf16_pool, token.value_first_pool, slot, s);
+                }
+                // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
+                // token by the contract.)
+                let mut at = parent;
+                for _ in 0..MAX_DRAFT {
+                    if at < 0 || at as usize >= t {
+                        break;
                     }
+                    run |= 1 << at;
+                    at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
                 }
-                // Ancestors precede their tokens, so running the mask in token order runs the
-                // path from the root (one call site of `step`: the kernel keeps one copy of it).
-                for u in 0..=t {
-                    if run & (1 << u) != 0 {
-                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
-                        token.as_stored(&mut s);
-                        parity ^= 1;
-                    }
+            }
+            // Ancestors precede their tokens, so running the mask in token order runs the
+            // path from the root (one call site of `step`: the kernel keeps one copy of it).
+            for u in 0..=t {
+                if run & (1 << u) != 0 {
+                    token.step(n * d + u, Some(u), s, u == t, *parity);
+                    token.as_stored(s);
+                    *parity ^= 1;
                 }
-                current = t as i64;
-                let store = if token_slots.is_null() {
-                    if t + 1 == d { slot } else { -1 }
-                } else {
-                    *token_slots.add(row)
-                };
-                if store >= 0 {
-                    token.store(pool, store as usize, &s);
-                }
+            }
+            current = t as i64;
+            let store = if token_slots.is_null() {
+                if t + 1 == d { slot as i64 } else { -1 }
+            } else {
+                *token_slots.add(row)
+            };
+            if store >= 0 {
+                token.store(pool, store as usize, s);
             }
         }
     }
@@ -255,7 +358,7 @@ kernel_entry! {
         let Some((m, i, col0)) = cta_place(value_heads, dims.vd) else { return };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits: 0 };
         let o = core::ptr::null_mut(); // no output rows
-        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes, 0);
         // SAFETY (block): the kernel's contract.
         unsafe {
             let (source, first, count) = (*sources.add(m) as usize, *first_rows.add(m) as usize, *counts.add(m) as usize);
@@ -301,6 +404,7 @@ fn cta_place(value_heads: u32, vd: usize) -> Option<(usize, usize, usize)> {
 }
 
 /// The tensors a token reads (and `o`, which it writes).
+#[derive(Clone, Copy)]
 struct Tensors {
     q: *const u16,
     k: *const u16,
@@ -310,6 +414,26 @@ struct Tensors {
     a_log: *const f32,
     dt_bias: *const f32,
     o: *mut u16,
+}
+
+impl Tensors {
+    /// The same pointers, through [`opaque_u64`]: what the decode step derives from them is
+    /// formed anew for each of a CTA's items, not kept in registers across all of them.
+    #[inline(always)]
+    fn opaque(self) -> Self {
+        let o = |p: *const u16| opaque_u64(p as u64) as *const u16;
+        let f = |p: *const f32| opaque_u64(p as u64) as *const f32;
+        Self {
+            q: o(self.q),
+            k: o(self.k),
+            v: o(self.v),
+            g: f(self.g),
+            beta: f(self.beta),
+            a_log: f(self.a_log),
+            dt_bias: f(self.dt_bias),
+            o: opaque_u64(self.o as u64) as *mut u16,
+        }
+    }
 }
 
 /// Head counts and sizes (`gw`: the gate's values per head, 1 or `K`).
@@ -323,6 +447,7 @@ struct Dims {
 }
 
 /// The launch's option words, as the kernels take them.
+#[derive(Clone, Copy)]
 struct Codes {
     options: u32,
     gate_mode: u32,
@@ -362,6 +487,9 @@ struct Token {
     value_first_pool: bool,
     lower_bound: f32,
     scale: f32,
+    /// The shared address of the item's raw buffer (`layout::decode::RAW_AT`, or
+    /// `AHEAD_RAW_AT` for the second of the items loaded ahead).
+    raw: u32,
 }
 
 /// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
@@ -430,9 +558,15 @@ enum Inputs {
     Loaded([f32; VEC], f32),
 }
 
-/// The shared address of draft token `t`'s raw inputs (`layout::decode::RAW_AT`).
-fn raw_slot(t: usize) -> u32 {
-    smem_base_shared() + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32
+/// The shared address of raw buffer `buffer` (0: `layout::decode::RAW_AT`, 1: `AHEAD_RAW_AT`).
+fn raw_buffer(buffer: usize) -> u32 {
+    smem_base_shared() + (if buffer == 0 { RAW_AT } else { AHEAD_RAW_AT } * 4) as u32
+}
+
+/// The shared address of this thread's vector `t` of the state loaded ahead
+/// (`layout::decode::AHEAD_STATE_AT`, thread-major per vector: a warp's 32 vectors contiguous).
+fn ahead_vector(t: usize) -> u32 {
+    smem_base_shared() + ((AHEAD_STATE_AT + (t * THREADS + thread_idx_x_fresh()) * VEC) * 4) as u32
 }
 
 /// The shared address of stage `t` (`q`, `k` and the decay per key; `layout::decode::STAGES_AT`).
@@ -448,7 +582,7 @@ impl Token {
 
     /// A token's view of the launch; `d` passed `sizes_run` (so `d.h` is positive).
     #[inline(always)]
-    fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes) -> Self {
+    fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes, buffer: usize) -> Self {
         Self {
             q: x.q,
             k: x.k,
@@ -472,7 +606,13 @@ impl Token {
             value_first_pool: c.pool_layout == StateLayoutCode::ValueFirst as u32,
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
+            raw: raw_buffer(buffer),
         }
+    }
+
+    /// The shared address of draft token `t`'s raw inputs in the item's raw buffer.
+    fn raw_slot(&self, t: usize) -> u32 {
+        self.raw + (t * RAW_TOKEN_BYTES) as u32
     }
 
     /// Keys per thread.
@@ -576,6 +716,51 @@ impl Token {
         }
     }
 
+    /// Copies this thread's keys of the head's state in `slot` of a key-first pool to its own
+    /// vectors of the state loaded ahead (`cp.async`, 16 bytes of f32 or 8 of bf16 per key);
+    /// [`Token::take_state`] reads them once this thread has waited for its copies.
+    ///
+    /// # Safety
+    /// As [`Token::load`]'s; the pool is key-first.
+    #[inline(always)]
+    unsafe fn copy_state(&self, pool: *const f32, slot: usize) {
+        let at = Place::fresh();
+        for t in 0..MAX_KEYS_PER_THREAD {
+            if t < self.keys() {
+                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
+                // SAFETY: as in `load` (the offsets are multiples of `VEC`, so the vectors are
+                // aligned); the destination is the thread's own vector.
+                unsafe {
+                    if self.bf16_pool {
+                        cp_async_8(ahead_vector(t), (pool as *const u16).add(e) as *const u8, (VEC * 2) as u32);
+                    } else {
+                        cp_async_16(ahead_vector(t), pool.add(e) as *const u8, (VEC * 4) as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The state [`Token::copy_state`] copied, into `s`.
+    ///
+    /// # Safety
+    /// This thread's copies have landed.
+    #[inline(always)]
+    unsafe fn take_state(&self, s: &mut Keys) {
+        for (t, row) in s.iter_mut().enumerate() {
+            if t < self.keys() {
+                // SAFETY: the thread's own vector, landed (the function's contract).
+                *row = unsafe {
+                    if self.bf16_pool {
+                        unpack4(ld_shared_v2_f32(ahead_vector(t)).map(f32::to_bits))
+                    } else {
+                        floats4(ld_shared_v4(ahead_vector(t)))
+                    }
+                };
+            }
+        }
+    }
+
     /// `s` as the pool would give it back after a write: rounded to bf16 for a bf16 pool.
     #[inline(always)]
     fn as_stored(&self, s: &mut Keys) {
@@ -609,7 +794,7 @@ impl Token {
             for t in 0..MAX_DRAFT {
                 if t < d {
                     let row = first_row + t;
-                    let raw = raw_slot(t);
+                    let raw = self.raw_slot(t);
                     let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
                     // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
                     if tid < q_end {
@@ -636,23 +821,29 @@ impl Token {
         }
     }
 
-    /// Waits for [`Token::copy_raw`]'s copies, then converts each of the `d` tokens' `q`, `k` and
-    /// gate into its stage (f32, the decay activated), one key per thread, the thread's key's
-    /// gate scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers.
+    /// Waits for [`Token::copy_raw`]'s copies (and [`Token::copy_state`]'s, whose state it then
+    /// reads into `s` when `take`), then converts each of the `d` tokens' `q`, `k` and gate
+    /// into its stage (f32, the decay activated), one key per thread, the thread's key's gate
+    /// scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers, after which the raw buffer
+    /// of the items loaded ahead that this item does not use, and the state buffer, may be
+    /// copied into again.
     ///
     /// # Safety
-    /// Every thread calls it, after `copy_raw(_, d)`.
+    /// Every thread calls it, after `copy_raw(_, d)` (and `copy_state` when `take`).
     #[inline(always)]
-    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars) {
+    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars, take: bool, s: &mut Keys) {
         cp_async_wait_all();
         // SAFETY (block): every thread calls it; the addresses lie in the raw slots and stages.
         unsafe {
+            if take {
+                self.take_state(s);
+            }
             sync_threads();
             let tid = thread_idx_x_fresh();
             if tid < self.kd {
                 for t in 0..MAX_DRAFT {
                     if t < d {
-                        let raw = raw_slot(t);
+                        let raw = self.raw_slot(t);
                         let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
                         let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
@@ -731,7 +922,7 @@ impl Token {
             let c = self.col0 + VEC * at.col_lane;
             // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
             let (stage, reducer_inputs) = match staged {
-                Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
+                Some(t) => (stage_of(t), Inputs::Staged(self.raw_slot(t))),
                 None => {
                     // The token's q, k and decay staged (one key per thread), and a reducer's v
                     // and beta, all loads issued before any wait.
