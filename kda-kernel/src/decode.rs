@@ -31,9 +31,10 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cp_async_4, cp_async_8, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_8, cp_async_16, cp_async_commit_group, cp_async_wait_all,
+    cp_async_wait_group, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    opaque_u64, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
+    opaque_u32, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
@@ -152,21 +153,26 @@ kernel_entry! {
         // The raw buffer of the current item's tokens: the first, or with `ahead` the two in
         // turn (the next item's rows land in the other while this item's tokens read theirs).
         let mut buffer = 0;
-        // Which of the two shared buffers of partial sums the next `step` writes.
-        let mut parity = 0;
         let mut item = block_idx_x();
+        // With `ahead`, a CTA's copies form groups in this order: its first item's rows and
+        // state, then per item the next item's rows, then the next item's state (after this
+        // item's state was read from the one state buffer). An item waits for all but the last
+        // group (the rows of the item after it), so for its own rows and state.
         // SAFETY (block): the kernel's contract.
         unsafe {
             if ahead && item < items {
                 if let Some(first) = place(item) {
                     let slot = (*slots.add(first.0), *fresh.add(first.0) != 0);
-                    copy_item(tensors, dims, codes, pool, d, first, slot, buffer);
+                    let token = Token::new(tensors, dims, first.1, first.2, codes, buffer);
+                    token.copy_ahead(pool, (first.0, d), slot, Copies::Rows);
+                    token.copy_ahead(pool, (first.0, d), slot, Copies::State);
+                    cp_async_commit_group();
                 }
             }
             while item < items {
                 let Some((n, i, col0)) = place(item) else { return };
                 let next = item + workers;
-                let tensors = tensors.opaque();
+                let dims = dims.opaque();
                 let token = Token::new(tensors, dims, i, col0, codes, buffer);
                 // The sequence's slot and start, this thread's key's gate scalars and the next
                 // item's slot, requested together (the plan's tables and the head's scalars, not
@@ -175,7 +181,20 @@ kernel_entry! {
                 let scalars = token.gate_scalars(thread_idx_x_fresh());
                 let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
                 let following = if ahead && next < items { place(next) } else { None };
-                let following_slot = following.map(|(m, ..)| (*slots.add(m), *fresh.add(m) != 0));
+                let following = following.map(|p| (p, (*slots.add(p.0), *fresh.add(p.0) != 0)));
+                // The next item's copies of `what`.
+                let copy_next = |what| {
+                    if let Some(((m, i, col0), next_slot)) = following {
+                        let next_token = Token::new(tensors, dims, i, col0, codes, buffer ^ 1);
+                        next_token.copy_ahead(pool, (m, d), next_slot, what);
+                    }
+                    cp_async_commit_group();
+                };
+                // The next item's rows to the other raw buffer (its last reader, the item before
+                // this one, is past its last barrier).
+                if ahead {
+                    copy_next(Copies::Rows);
+                }
                 let live = slot >= 0; // padding: nothing read or written
                 // `s` is the state after token `current` (-1: the initial state, from the slot,
                 // or zeros): loaded here, or with `ahead` copied ahead into shared memory (a
@@ -190,16 +209,16 @@ kernel_entry! {
                     if !start_fresh && !copied {
                         token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
                     }
-                    token.stage_raw(d, scalars, !start_fresh && copied, &mut s);
+                    token.stage_raw(d, scalars, ahead, !start_fresh && copied, &mut s);
                 }
-                // The next item's rows and state copied to shared memory under this item's
-                // tokens, once this item's have been read there (after `stage_raw`'s barriers).
-                if let (Some(p), Some(slot)) = (following, following_slot) {
-                    copy_item(tensors, dims, codes, pool, d, p, slot, buffer ^ 1);
+                // The next item's state, once this item's was read from the state buffer (before
+                // `stage_raw`'s barriers).
+                if ahead {
+                    copy_next(Copies::State);
                 }
                 if live {
                     let tables = (parents, token_slots, pool);
-                    run_tokens(&token, tables, (n, d, slot as usize, start_fresh), &mut s, &mut parity);
+                    run_tokens(&token, tables, (n, d, slot as usize, start_fresh), &mut s);
                 }
                 item = next;
                 if ahead {
@@ -210,42 +229,18 @@ kernel_entry! {
     }
 }
 
-/// Copies item `place`'s token rows and, unless it starts fresh, its state (`slot`: the slot and
-/// whether it starts fresh) to raw buffer `buffer` and the state buffer of the items loaded
-/// ahead; nothing for a padding sequence, and the state of a value-first pool is not copied
-/// (its item loads it).
-///
-/// # Safety
-/// As the decode step's; nothing reads the buffers until this thread's next wait for its copies.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn copy_item(
-    tensors: Tensors,
-    dims: Dims,
-    codes: Codes,
-    pool: *const f32,
-    d: usize,
-    (n, i, col0): (usize, usize, usize),
-    (slot, start_fresh): (i64, bool),
-    buffer: usize,
-) {
-    if slot < 0 {
-        return;
-    }
-    let token = Token::new(tensors, dims, i, col0, codes, buffer);
-    // SAFETY (block): the caller's contract.
-    unsafe {
-        token.copy_raw(n * d, d);
-        if !start_fresh && !token.value_first_pool {
-            token.copy_state(pool, slot as usize);
-        }
-    }
+/// What [`Token::copy_ahead`] copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Copies {
+    /// The item's token rows, to the token's raw buffer.
+    Rows,
+    /// The item's state, to the state buffer (not for a value-first pool, whose item loads it).
+    State,
 }
 
 /// Sequence `n`'s `d` tokens (the tables `parents`, `token_slots` and the pool, as the
 /// decode step takes them) through `s`, its initial state (from `slot`, or zeros when
-/// `start_fresh`), writing each token's output and the states the tables name; `parity` is the
-/// partial sums' buffer the next step writes.
+/// `start_fresh`), writing each token's output and the states the tables name.
 ///
 /// # Safety
 /// As the decode step's; every thread calls it, the tokens staged.
@@ -255,9 +250,11 @@ unsafe fn run_tokens(
     (parents, token_slots, pool): (*const i64, *const i64, *mut f32),
     (n, d, slot, start_fresh): (usize, usize, usize, bool),
     s: &mut Keys,
-    parity: &mut usize,
 ) {
     let mut current = -1i64;
+    // Which of the two shared buffers of partial sums the next `step` writes: the first for an
+    // item's first token (the barriers of its staging follow every read of the last item's).
+    let mut parity = 0;
     // SAFETY (block): the caller's contract.
     unsafe {
         for t in 0..d {
@@ -288,9 +285,9 @@ unsafe fn run_tokens(
             // path from the root (one call site of `step`: the kernel keeps one copy of it).
             for u in 0..=t {
                 if run & (1 << u) != 0 {
-                    token.step(n * d + u, Some(u), s, u == t, *parity);
+                    token.step(n * d + u, Some(u), s, u == t, parity);
                     token.as_stored(s);
-                    *parity ^= 1;
+                    parity ^= 1;
                 }
             }
             current = t as i64;
@@ -416,26 +413,6 @@ struct Tensors {
     o: *mut u16,
 }
 
-impl Tensors {
-    /// The same pointers, through [`opaque_u64`]: what the decode step derives from them is
-    /// formed anew for each of a CTA's items, not kept in registers across all of them.
-    #[inline(always)]
-    fn opaque(self) -> Self {
-        let o = |p: *const u16| opaque_u64(p as u64) as *const u16;
-        let f = |p: *const f32| opaque_u64(p as u64) as *const f32;
-        Self {
-            q: o(self.q),
-            k: o(self.k),
-            v: o(self.v),
-            g: f(self.g),
-            beta: f(self.beta),
-            a_log: f(self.a_log),
-            dt_bias: f(self.dt_bias),
-            o: opaque_u64(self.o as u64) as *mut u16,
-        }
-    }
-}
-
 /// Head counts and sizes (`gw`: the gate's values per head, 1 or `K`).
 #[derive(Clone, Copy)]
 struct Dims {
@@ -444,6 +421,16 @@ struct Dims {
     kd: usize,
     vd: usize,
     gw: usize,
+}
+
+impl Dims {
+    /// The same sizes, through [`opaque_u32`]: what the decode step derives from them is formed
+    /// anew for each of a CTA's items, not kept in registers across all of them.
+    #[inline(always)]
+    fn opaque(self) -> Self {
+        let o = |x: usize| opaque_u32(x as u32) as usize;
+        Self { h: o(self.h), hv: o(self.hv), kd: o(self.kd), vd: o(self.vd), gw: o(self.gw) }
+    }
 }
 
 /// The launch's option words, as the kernels take them.
@@ -598,7 +585,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            j: i.checked_div(d.hv / d.h).unwrap_or(0),
+            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -716,6 +703,28 @@ impl Token {
         }
     }
 
+    /// With the items loaded ahead: copies sequence `n`'s `d` token rows, or its state (`slot`:
+    /// its slot and whether it starts fresh), as `what` says; nothing for a padding sequence or
+    /// a fresh state.
+    ///
+    /// # Safety
+    /// As the decode step's; nothing reads the destination until this thread has waited for the
+    /// copies.
+    #[inline(always)]
+    unsafe fn copy_ahead(&self, pool: *const f32, (n, d): (usize, usize), (slot, start_fresh): (i64, bool), what: Copies) {
+        if slot < 0 {
+            return;
+        }
+        // SAFETY (block): the function's contract.
+        unsafe {
+            match what {
+                Copies::Rows => self.copy_raw(n * d, d),
+                Copies::State if !start_fresh && !self.value_first_pool => self.copy_state(pool, slot as usize),
+                Copies::State => {}
+            }
+        }
+    }
+
     /// Copies this thread's keys of the head's state in `slot` of a key-first pool to its own
     /// vectors of the state loaded ahead (`cp.async`, 16 bytes of f32 or 8 of bf16 per key);
     /// [`Token::take_state`] reads them once this thread has waited for its copies.
@@ -821,7 +830,8 @@ impl Token {
         }
     }
 
-    /// Waits for [`Token::copy_raw`]'s copies (and [`Token::copy_state`]'s, whose state it then
+    /// Waits for [`Token::copy_raw`]'s copies (with `ahead`, for every group of copies but the
+    /// last: the next item's rows), and [`Token::copy_state`]'s, whose state it then
     /// reads into `s` when `take`), then converts each of the `d` tokens' `q`, `k` and gate
     /// into its stage (f32, the decay activated), one key per thread, the thread's key's gate
     /// scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers, after which the raw buffer
@@ -831,8 +841,12 @@ impl Token {
     /// # Safety
     /// Every thread calls it, after `copy_raw(_, d)` (and `copy_state` when `take`).
     #[inline(always)]
-    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars, take: bool, s: &mut Keys) {
-        cp_async_wait_all();
+    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars, ahead: bool, take: bool, s: &mut Keys) {
+        if ahead {
+            cp_async_wait_group::<1>(); // all but the next item's rows
+        } else {
+            cp_async_wait_all();
+        }
         // SAFETY (block): every thread calls it; the addresses lie in the raw slots and stages.
         unsafe {
             if take {

@@ -33,8 +33,8 @@ pub fn thread_idx_x_fresh() -> usize {
     thread_idx_x()
 }
 
-/// `mov.b64` through which the compiler cannot see: `x`.
-pub fn opaque_u64(x: u64) -> u64 {
+/// `mov.b32` through which the compiler cannot see: `x`.
+pub fn opaque_u32(x: u32) -> u32 {
     x
 }
 

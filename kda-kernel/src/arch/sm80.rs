@@ -319,14 +319,14 @@ pub fn thread_idx_x_fresh() -> usize {
     t as usize
 }
 
-/// `x` through a non-pure `mov.b64`: the same value, which the compiler cannot see through, so
+/// `x` through a non-pure `mov.b32`: the same value, which the compiler cannot see through, so
 /// that what a loop derives from it is recomputed in each iteration instead of hoisted out of the
 /// loop and kept in registers across all of it.
 #[inline(always)]
-pub fn opaque_u64(x: u64) -> u64 {
-    let y: u64;
+pub fn opaque_u32(x: u32) -> u32 {
+    let y: u32;
     // SAFETY: a register move.
-    unsafe { asm!("mov.b64 {y}, {x};", y = out(reg64) y, x = in(reg64) x, options(nomem, nostack)) };
+    unsafe { asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
     y
 }
 
