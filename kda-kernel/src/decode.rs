@@ -797,34 +797,44 @@ impl Token {
         let k_end = 2 * q_end;
         let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
         let v_end = g_end + COLS * 2 / COPY_BYTES;
-        // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
+        // This thread's copy of every token (the same place in each token's rows): its source
+        // in the first token's row, the bytes between two tokens' rows, where it lands in a
+        // token's raw slot, and its size (16 bytes; 4 for an f32 gate per head and `beta`; 0:
+        // none). Chosen once, so that the copies of the tokens are one short loop.
+        let (first_head, first_value) = (first_row * self.h + self.j, first_row * self.hv + self.i);
+        let (head_stride, value_stride) = (self.h * kd * 2, self.hv * 4);
+        let (src, stride, dst, bytes): (*const u8, usize, usize, u32) = if tid < q_end {
+            let e = tid;
+            (self.q.wrapping_add(first_head * kd + 8 * e) as *const u8, head_stride, RAW_Q + COPY_BYTES * e, 16)
+        } else if tid < k_end {
+            let e = tid - q_end;
+            (self.k.wrapping_add(first_head * kd + 8 * e) as *const u8, head_stride, RAW_K + COPY_BYTES * e, 16)
+        } else if tid < g_end {
+            let e = tid - k_end;
+            if gw == 1 {
+                (self.g.wrapping_add(first_value) as *const u8, value_stride, RAW_G, 4)
+            } else {
+                let src = self.g.wrapping_add(first_value * gw + 4 * e) as *const u8;
+                (src, value_stride * gw, RAW_G + COPY_BYTES * e, 16)
+            }
+        } else if tid < v_end {
+            let e = tid - g_end;
+            let src = self.v.wrapping_add(first_value * self.vd + self.col0 + 8 * e) as *const u8;
+            (src, self.hv * self.vd * 2, RAW_V + COPY_BYTES * e, 16)
+        } else if tid == v_end {
+            (self.beta.wrapping_add(first_value) as *const u8, value_stride, RAW_BETA, 4)
+        } else {
+            (core::ptr::null(), 0, 0, 0)
+        };
+        // SAFETY (block): the kernel's contract: every token's rows exist, so each source lies
+        // in its tensor; each destination lies in its token's raw slot.
         unsafe {
-            let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
-            for t in 0..MAX_DRAFT {
-                if t < d {
-                    let row = first_row + t;
-                    let raw = self.raw_slot(t);
-                    let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
-                    // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
-                    if tid < q_end {
-                        copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
-                    } else if tid < k_end {
-                        let e = tid - q_end;
-                        copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
-                    } else if tid < g_end {
-                        let e = tid - k_end;
-                        if gw == 1 {
-                            cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
-                        } else {
-                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
-                        }
-                    } else if tid < v_end {
-                        let e = tid - g_end;
-                        let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
-                        copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
-                    } else if tid == v_end {
-                        cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
-                    }
+            for t in 0..d {
+                let (to, from) = (self.raw_slot(t) + dst as u32, src.add(t * stride));
+                if bytes == 16 {
+                    cp_async_16(to, from, COPY_BYTES as u32);
+                } else if bytes == 4 {
+                    cp_async_4(to, from, 4);
                 }
             }
         }
