@@ -3,7 +3,12 @@
 //! from its slot of a caller's pool and written back in place, or each token's state into a slot
 //! of its own.
 //!
-//! One CTA per (sequence, value head, block of `COLS` value columns). Each thread holds `VEC`
+//! One item per (sequence, value head, block of `COLS` value columns), one CTA per item, or on
+//! 9.x, where the shared memory allows it without costing resident CTAs, as many CTAs as fit at
+//! once, each running its items in turn and copying its next item's token rows and state to
+//! shared memory (`cp.async`) while its current item's tokens run: the state's loads of one item
+//! overlap the chain of barriers of the one before, which one item per CTA left to other CTAs
+//! (three per SM) to cover. Each thread holds `VEC`
 //! consecutive columns of `K / KEY_GROUPS` consecutive keys of the state in registers, loaded and
 //! stored as one vector per key row, so each half-warp reads and writes 256 contiguous bytes of a
 //! row of the pool. Per token, with the layer's options applied to its inputs:
