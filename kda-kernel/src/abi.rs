@@ -267,10 +267,8 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
 /// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
 /// element type (a [`StateDtypeCode`]) and layout (a [`StateLayoutCode`]), `draft`
 /// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
-/// `options`, `gate_mode`, the lower bound's and the scale's f32 bits, then the items (`N * HV *
-/// V / COLS`), the CTAs they are spread over and whether each CTA loads its next item ahead
-/// (nonzero: `layout::decode::AHEAD_SMEM_BYTES` of shared memory).
-pub const DECODE_PARAMS: [Param; 28] = [
+/// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
+pub const DECODE_PARAMS: [Param; 25] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -296,9 +294,6 @@ pub const DECODE_PARAMS: [Param; 28] = [
     Param::u32("gate_mode"),
     Param::u32("lower_bound_bits"),
     Param::u32("scale_bits"),
-    Param::u32("items"),
-    Param::u32("workers"),
-    Param::u32("ahead"),
 ];
 
 /// The checkpoint kernel's parameters, in order: the layer's token inputs and gate parameters
@@ -686,8 +681,7 @@ pub const DECODE: KernelAbi = KernelAbi {
     entry: "kda_decode_step",
     params: &DECODE_PARAMS,
     threads: crate::layout::decode::THREADS,
-    // The most it takes (`ahead`); one item per CTA takes `layout::decode::SMEM_BYTES`.
-    smem_bytes: crate::layout::decode::AHEAD_SMEM_BYTES,
+    smem_bytes: crate::layout::decode::SMEM_BYTES,
     max_registers: Some(DECODE_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };

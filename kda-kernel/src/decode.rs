@@ -3,12 +3,7 @@
 //! from its slot of a caller's pool and written back in place, or each token's state into a slot
 //! of its own.
 //!
-//! One item per (sequence, value head, block of `COLS` value columns), one CTA per item, or on
-//! 9.x, where the shared memory allows it without costing resident CTAs, as many CTAs as fit at
-//! once, each running its items in turn and copying its next item's token rows and state to
-//! shared memory (`cp.async`) while its current item's tokens run: the state's loads of one item
-//! overlap the chain of barriers of the one before, which one item per CTA left to other CTAs
-//! (three per SM) to cover. Each thread holds `VEC`
+//! One CTA per (sequence, value head, block of `COLS` value columns). Each thread holds `VEC`
 //! consecutive columns of `K / KEY_GROUPS` consecutive keys of the state in registers, loaded and
 //! stored as one vector per key row, so each half-warp reads and writes 256 contiguous bytes of a
 //! row of the pool. Per token, with the layer's options applied to its inputs:
@@ -36,17 +31,16 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cp_async_4, cp_async_8, cp_async_16, cp_async_commit_group, cp_async_wait_all,
-    cp_async_wait_group, f32_to_bf16, fma_f32, ld_global_v2,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    opaque_u32, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
-    AHEAD_RAW_AT, AHEAD_STATE_AT, COL_LANES, COLS, COPY_BYTES, DELTAS_AT, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR,
-    MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS,
-    STAGES_AT, SUMS_AT, THREADS, VEC, WARP_SUM_WORDS, WARPS,
+    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
+    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
+    WARP_SUM_WORDS, WARPS,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -54,12 +48,8 @@ use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
 kernel_entry! {
-    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). `items` = `N * HV * V /
-    /// COLS` items, sequence-major, over `workers` CTAs (CTA `b` runs items `b`, `b + workers`,
-    /// ...); `layout::decode::THREADS` threads. Without `ahead`, `layout::decode::SMEM_BYTES`
-    /// of shared memory (the launcher gives each CTA one item); with `ahead` (nonzero),
-    /// `layout::decode::AHEAD_SMEM_BYTES`, and each CTA copies its next item's token rows and
-    /// state to shared memory while its current item's tokens run.
+    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
+    /// CTAs, sequence-major; `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
@@ -77,8 +67,7 @@ kernel_entry! {
     /// call stays bit for bit the one-token calls).
     ///
     /// # Safety
-    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned; `items` is `N *
-    /// HV * V / COLS`. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
+    /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
     /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
@@ -108,9 +97,6 @@ kernel_entry! {
         gate_mode: u32,
         lower_bound_bits: u32,
         scale_bits: u32,
-        items: u32,
-        workers: u32,
-        ahead: u32,
     ) {
         let (h, hv, kd, vd, gw, d) = (
             heads as usize,
@@ -138,171 +124,80 @@ kernel_entry! {
         }
         let blocks = (vd / COLS) as u32;
         let per_seq = value_heads.wrapping_mul(blocks);
-        // Item `b`'s sequence, value head and first column (items sequence-major, then value
-        // heads, then blocks of `COLS` columns).
-        let place = |b: usize| -> Option<(usize, usize, usize)> {
-            let b = b as u32;
-            // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic
-            // path.)
-            let (n, rest) = (b.checked_div(per_seq)?, b.checked_rem(per_seq)?);
-            let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
-            Some((n as usize, i as usize, block as usize * COLS))
-        };
+        let b = block_idx_x() as u32;
+        let (Some(n), Some(rest)) = (b.checked_div(per_seq), b.checked_rem(per_seq)) else { return };
+        // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
+        let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
+        let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
         let dims = Dims { h, hv, kd, vd, gw };
-        let tensors = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
-        let (items, workers, ahead) = (items as usize, workers as usize, ahead != 0);
-        if workers == 0 {
-            return;
-        }
-        // The raw buffer of the current item's tokens: the first, or with `ahead` the two in
-        // turn (the next item's rows land in the other while this item's tokens read theirs).
-        let mut buffer = 0;
-        let mut item = block_idx_x();
-        // With `ahead`, a CTA's copies form groups in this order: its first item's rows and
-        // state, then per item the next item's rows, then the next item's state (after this
-        // item's state was read from the one state buffer). An item waits for all but the last
-        // group (the rows of the item after it), so for its own rows and state.
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
-            if ahead && item < items {
-                if let Some(first) = place(item) {
-                    let slot = (*slots.add(first.0), *fresh.add(first.0) != 0);
-                    let token = Token::new(tensors, dims, first.1, first.2, codes, buffer);
-                    token.copy_ahead(pool, (first.0, d), slot, Copies::Rows);
-                    token.copy_ahead(pool, (first.0, d), slot, Copies::State);
-                    cp_async_commit_group();
-                }
+            // The sequence's slot and start, and this thread's key's gate scalars, requested
+            // together: the state's loads wait for one memory round trip before them, and the
+            // tokens' staging for none (the plan's tables and the head's scalars, not the
+            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
+            let scalars = token.gate_scalars(thread_idx_x_fresh());
+            let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
+            if slot < 0 {
+                return; // padding: nothing read or written
             }
-            while item < items {
-                let Some((n, i, col0)) = place(item) else { return };
-                let next = item + workers;
-                let dims = dims.opaque();
-                let token = Token::new(tensors, dims, i, col0, codes, buffer);
-                // The sequence's slot and start, this thread's key's gate scalars and the next
-                // item's slot, requested together (the plan's tables and the head's scalars, not
-                // the sequence's pool slot, so a padding sequence still reads nothing of the
-                // pool).
-                let scalars = token.gate_scalars(thread_idx_x_fresh());
-                let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
-                let following = if ahead && next < items { place(next) } else { None };
-                let following = following.map(|p| (p, (*slots.add(p.0), *fresh.add(p.0) != 0)));
-                // The next item's copies of `what`.
-                let copy_next = |what| {
-                    if let Some(((m, i, col0), next_slot)) = following {
-                        let next_token = Token::new(tensors, dims, i, col0, codes, buffer ^ 1);
-                        next_token.copy_ahead(pool, (m, d), next_slot, what);
-                    }
-                    cp_async_commit_group();
-                };
-                // The next item's rows to the other raw buffer (its last reader, the item before
-                // this one, is past its last barrier).
-                if ahead {
-                    copy_next(Copies::Rows);
-                }
-                let live = slot >= 0; // padding: nothing read or written
-                // `s` is the state after token `current` (-1: the initial state, from the slot,
-                // or zeros): loaded here, or with `ahead` copied ahead into shared memory (a
-                // value-first pool's scattered elements are loaded here too).
-                let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                if live {
-                    // Without `ahead`, this item's rows copied now, under the state's loads.
-                    if !ahead {
-                        token.copy_raw(n * d, d);
-                    }
-                    let copied = ahead && !token.value_first_pool;
-                    if !start_fresh && !copied {
+            // Every token's rows copied to shared memory, under the state's loads; then
+            // converted once, so that each token waits on a barrier, not on memory.
+            token.copy_raw(n * d, d);
+            // `s` is the state after token `current` (-1: the initial state, read from the slot,
+            // or zeros).
+            let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+            if !start_fresh {
+                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+            }
+            token.stage_raw(d, scalars);
+            let mut current = -1i64;
+            // Which of the two shared buffers of partial sums the next `step` writes.
+            let mut parity = 0;
+            for t in 0..d {
+                let row = n * d + t;
+                let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
+                // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
+                // parent's ancestors from the initial state when `s` is not the parent's state.
+                let mut run = 1u32 << t;
+                if parent != current {
+                    // Rebuild from the initial state, read again (the contract keeps a tree's own
+                    // slot unwritten until the call ends), rather than held in registers.
+                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                    if !start_fresh {
                         token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
                     }
-                    token.stage_raw(d, scalars, ahead, !start_fresh && copied, &mut s);
-                }
-                // The next item's state, once this item's was read from the state buffer (before
-                // `stage_raw`'s barriers).
-                if ahead {
-                    copy_next(Copies::State);
-                }
-                if live {
-                    let tables = (parents, token_slots, pool);
-                    run_tokens(&token, tables, (n, d, slot as usize, start_fresh), &mut s);
-                }
-                item = next;
-                if ahead {
-                    buffer ^= 1;
-                }
-            }
-        }
-    }
-}
-
-/// What [`Token::copy_ahead`] copies.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Copies {
-    /// The item's token rows, to the token's raw buffer.
-    Rows,
-    /// The item's state, to the state buffer (not for a value-first pool, whose item loads it).
-    State,
-}
-
-/// Sequence `n`'s `d` tokens (the tables `parents`, `token_slots` and the pool, as the
-/// decode step takes them) through `s`, its initial state (from `slot`, or zeros when
-/// `start_fresh`), writing each token's output and the states the tables name.
-///
-/// # Safety
-/// As the decode step's; every thread calls it, the tokens staged.
-#[inline(always)]
-unsafe fn run_tokens(
-    token: &Token,
-    (parents, token_slots, pool): (*const i64, *const i64, *mut f32),
-    (n, d, slot, start_fresh): (usize, usize, usize, bool),
-    s: &mut Keys,
-) {
-    let mut current = -1i64;
-    // Which of the two shared buffers of partial sums the next `step` writes: the first for an
-    // item's first token (the barriers of its staging follow every read of the last item's).
-    let mut parity = 0;
-    // SAFETY (block): the caller's contract.
-    unsafe {
-        for t in 0..d {
-            let row = n * d + t;
-            let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
-            // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
-            // parent's ancestors from the initial state when `s` is not the parent's state.
-            let mut run = 1u32 << t;
-            if parent != current {
-                // Rebuild from the initial state, read again (the contract keeps a tree's own
-                // slot unwritten until the call ends), rather than held in registers.
-                *s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                if !start_fresh {
-                    token.load(pool, token.bf16_pool, token.value_first_pool, slot, s);
-                }
-                // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
-                // token by the contract.)
-                let mut at = parent;
-                for _ in 0..MAX_DRAFT {
-                    if at < 0 || at as usize >= t {
-                        break;
+                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
+                    // token by the contract.)
+                    let mut at = parent;
+                    for _ in 0..MAX_DRAFT {
+                        if at < 0 || at as usize >= t {
+                            break;
+                        }
+                        run |= 1 << at;
+                        at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
                     }
-                    run |= 1 << at;
-                    at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
                 }
-            }
-            // Ancestors precede their tokens, so running the mask in token order runs the
-            // path from the root (one call site of `step`: the kernel keeps one copy of it).
-            for u in 0..=t {
-                if run & (1 << u) != 0 {
-                    token.step(n * d + u, Some(u), s, u == t, parity);
-                    token.as_stored(s);
-                    parity ^= 1;
+                // Ancestors precede their tokens, so running the mask in token order runs the
+                // path from the root (one call site of `step`: the kernel keeps one copy of it).
+                for u in 0..=t {
+                    if run & (1 << u) != 0 {
+                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
+                        token.as_stored(&mut s);
+                        parity ^= 1;
+                    }
                 }
-            }
-            current = t as i64;
-            let store = if token_slots.is_null() {
-                if t + 1 == d { slot as i64 } else { -1 }
-            } else {
-                *token_slots.add(row)
-            };
-            if store >= 0 {
-                token.store(pool, store as usize, s);
+                current = t as i64;
+                let store = if token_slots.is_null() {
+                    if t + 1 == d { slot } else { -1 }
+                } else {
+                    *token_slots.add(row)
+                };
+                if store >= 0 {
+                    token.store(pool, store as usize, &s);
+                }
             }
         }
     }
@@ -360,7 +255,7 @@ kernel_entry! {
         let Some((m, i, col0)) = cta_place(value_heads, dims.vd) else { return };
         let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits: 0 };
         let o = core::ptr::null_mut(); // no output rows
-        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes, 0);
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
         // SAFETY (block): the kernel's contract.
         unsafe {
             let (source, first, count) = (*sources.add(m) as usize, *first_rows.add(m) as usize, *counts.add(m) as usize);
@@ -406,7 +301,6 @@ fn cta_place(value_heads: u32, vd: usize) -> Option<(usize, usize, usize)> {
 }
 
 /// The tensors a token reads (and `o`, which it writes).
-#[derive(Clone, Copy)]
 struct Tensors {
     q: *const u16,
     k: *const u16,
@@ -428,18 +322,7 @@ struct Dims {
     gw: usize,
 }
 
-impl Dims {
-    /// The same sizes, through [`opaque_u32`]: what the decode step derives from them is formed
-    /// anew for each of a CTA's items, not kept in registers across all of them.
-    #[inline(always)]
-    fn opaque(self) -> Self {
-        let o = |x: usize| opaque_u32(x as u32) as usize;
-        Self { h: o(self.h), hv: o(self.hv), kd: o(self.kd), vd: o(self.vd), gw: o(self.gw) }
-    }
-}
-
 /// The launch's option words, as the kernels take them.
-#[derive(Clone, Copy)]
 struct Codes {
     options: u32,
     gate_mode: u32,
@@ -479,9 +362,6 @@ struct Token {
     value_first_pool: bool,
     lower_bound: f32,
     scale: f32,
-    /// The shared address of the item's raw buffer (`layout::decode::RAW_AT`, or
-    /// `AHEAD_RAW_AT` for the second of the items loaded ahead).
-    raw: u32,
 }
 
 /// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
@@ -550,15 +430,9 @@ enum Inputs {
     Loaded([f32; VEC], f32),
 }
 
-/// The shared address of raw buffer `buffer` (0: `layout::decode::RAW_AT`, 1: `AHEAD_RAW_AT`).
-fn raw_buffer(buffer: usize) -> u32 {
-    smem_base_shared() + (if buffer == 0 { RAW_AT } else { AHEAD_RAW_AT } * 4) as u32
-}
-
-/// The shared address of this thread's vector `t` of the state loaded ahead
-/// (`layout::decode::AHEAD_STATE_AT`, thread-major per vector: a warp's 32 vectors contiguous).
-fn ahead_vector(t: usize) -> u32 {
-    smem_base_shared() + ((AHEAD_STATE_AT + (t * THREADS + thread_idx_x_fresh()) * VEC) * 4) as u32
+/// The shared address of draft token `t`'s raw inputs (`layout::decode::RAW_AT`).
+fn raw_slot(t: usize) -> u32 {
+    smem_base_shared() + (RAW_AT * 4 + t * RAW_TOKEN_BYTES) as u32
 }
 
 /// The shared address of stage `t` (`q`, `k` and the decay per key; `layout::decode::STAGES_AT`).
@@ -574,7 +448,7 @@ impl Token {
 
     /// A token's view of the launch; `d` passed `sizes_run` (so `d.h` is positive).
     #[inline(always)]
-    fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes, buffer: usize) -> Self {
+    fn new(x: Tensors, d: Dims, i: usize, col0: usize, c: Codes) -> Self {
         Self {
             q: x.q,
             k: x.k,
@@ -590,7 +464,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
+            j: i.checked_div(d.hv / d.h).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -598,13 +472,7 @@ impl Token {
             value_first_pool: c.pool_layout == StateLayoutCode::ValueFirst as u32,
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
-            raw: raw_buffer(buffer),
         }
-    }
-
-    /// The shared address of draft token `t`'s raw inputs in the item's raw buffer.
-    fn raw_slot(&self, t: usize) -> u32 {
-        self.raw + (t * RAW_TOKEN_BYTES) as u32
     }
 
     /// Keys per thread.
@@ -708,73 +576,6 @@ impl Token {
         }
     }
 
-    /// With the items loaded ahead: copies sequence `n`'s `d` token rows, or its state (`slot`:
-    /// its slot and whether it starts fresh), as `what` says; nothing for a padding sequence or
-    /// a fresh state.
-    ///
-    /// # Safety
-    /// As the decode step's; nothing reads the destination until this thread has waited for the
-    /// copies.
-    #[inline(always)]
-    unsafe fn copy_ahead(&self, pool: *const f32, (n, d): (usize, usize), (slot, start_fresh): (i64, bool), what: Copies) {
-        if slot < 0 {
-            return;
-        }
-        // SAFETY (block): the function's contract.
-        unsafe {
-            match what {
-                Copies::Rows => self.copy_raw(n * d, d),
-                Copies::State if !start_fresh && !self.value_first_pool => self.copy_state(pool, slot as usize),
-                Copies::State => {}
-            }
-        }
-    }
-
-    /// Copies this thread's keys of the head's state in `slot` of a key-first pool to its own
-    /// vectors of the state loaded ahead (`cp.async`, 16 bytes of f32 or 8 of bf16 per key);
-    /// [`Token::take_state`] reads them once this thread has waited for its copies.
-    ///
-    /// # Safety
-    /// As [`Token::load`]'s; the pool is key-first.
-    #[inline(always)]
-    unsafe fn copy_state(&self, pool: *const f32, slot: usize) {
-        let at = Place::fresh();
-        for t in 0..MAX_KEYS_PER_THREAD {
-            if t < self.keys() {
-                let e = self.state_offset(slot, at.group * self.keys() + t, &at);
-                // SAFETY: as in `load` (the offsets are multiples of `VEC`, so the vectors are
-                // aligned); the destination is the thread's own vector.
-                unsafe {
-                    if self.bf16_pool {
-                        cp_async_8(ahead_vector(t), (pool as *const u16).add(e) as *const u8, (VEC * 2) as u32);
-                    } else {
-                        cp_async_16(ahead_vector(t), pool.add(e) as *const u8, (VEC * 4) as u32);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The state [`Token::copy_state`] copied, into `s`.
-    ///
-    /// # Safety
-    /// This thread's copies have landed.
-    #[inline(always)]
-    unsafe fn take_state(&self, s: &mut Keys) {
-        for (t, row) in s.iter_mut().enumerate() {
-            if t < self.keys() {
-                // SAFETY: the thread's own vector, landed (the function's contract).
-                *row = unsafe {
-                    if self.bf16_pool {
-                        unpack4(ld_shared_v2_f32(ahead_vector(t)).map(f32::to_bits))
-                    } else {
-                        floats4(ld_shared_v4(ahead_vector(t)))
-                    }
-                };
-            }
-        }
-    }
-
     /// `s` as the pool would give it back after a write: rounded to bf16 for a bf16 pool.
     #[inline(always)]
     fn as_stored(&self, s: &mut Keys) {
@@ -802,77 +603,56 @@ impl Token {
         let k_end = 2 * q_end;
         let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
         let v_end = g_end + COLS * 2 / COPY_BYTES;
-        // This thread's copy of every token (the same place in each token's rows): its source
-        // in the first token's row, the bytes between two tokens' rows, where it lands in a
-        // token's raw slot, and its size (16 bytes; 4 for an f32 gate per head and `beta`; 0:
-        // none). Chosen once, so that the copies of the tokens are one short loop.
-        let (first_head, first_value) = (first_row * self.h + self.j, first_row * self.hv + self.i);
-        let (head_stride, value_stride) = (self.h * kd * 2, self.hv * 4);
-        let (src, stride, dst, bytes): (*const u8, usize, usize, u32) = if tid < q_end {
-            let e = tid;
-            (self.q.wrapping_add(first_head * kd + 8 * e) as *const u8, head_stride, RAW_Q + COPY_BYTES * e, 16)
-        } else if tid < k_end {
-            let e = tid - q_end;
-            (self.k.wrapping_add(first_head * kd + 8 * e) as *const u8, head_stride, RAW_K + COPY_BYTES * e, 16)
-        } else if tid < g_end {
-            let e = tid - k_end;
-            if gw == 1 {
-                (self.g.wrapping_add(first_value) as *const u8, value_stride, RAW_G, 4)
-            } else {
-                let src = self.g.wrapping_add(first_value * gw + 4 * e) as *const u8;
-                (src, value_stride * gw, RAW_G + COPY_BYTES * e, 16)
-            }
-        } else if tid < v_end {
-            let e = tid - g_end;
-            let src = self.v.wrapping_add(first_value * self.vd + self.col0 + 8 * e) as *const u8;
-            (src, self.hv * self.vd * 2, RAW_V + COPY_BYTES * e, 16)
-        } else if tid == v_end {
-            (self.beta.wrapping_add(first_value) as *const u8, value_stride, RAW_BETA, 4)
-        } else {
-            (core::ptr::null(), 0, 0, 0)
-        };
-        // SAFETY (block): the kernel's contract: every token's rows exist, so each source lies
-        // in its tensor; each destination lies in its token's raw slot.
+        // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
         unsafe {
-            for t in 0..d {
-                let (to, from) = (self.raw_slot(t) + dst as u32, src.add(t * stride));
-                if bytes == 16 {
-                    cp_async_16(to, from, COPY_BYTES as u32);
-                } else if bytes == 4 {
-                    cp_async_4(to, from, 4);
+            let copy = |dst: u32, src: *const u8| cp_async_16(dst, src, COPY_BYTES as u32);
+            for t in 0..MAX_DRAFT {
+                if t < d {
+                    let row = first_row + t;
+                    let raw = raw_slot(t);
+                    let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
+                    // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
+                    if tid < q_end {
+                        copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
+                    } else if tid < k_end {
+                        let e = tid - q_end;
+                        copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
+                    } else if tid < g_end {
+                        let e = tid - k_end;
+                        if gw == 1 {
+                            cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
+                        } else {
+                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
+                        }
+                    } else if tid < v_end {
+                        let e = tid - g_end;
+                        let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
+                        copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
+                    } else if tid == v_end {
+                        cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
+                    }
                 }
             }
         }
     }
 
-    /// Waits for [`Token::copy_raw`]'s copies (with `ahead`, for every group of copies but the
-    /// last: the next item's rows), and [`Token::copy_state`]'s, whose state it then
-    /// reads into `s` when `take`), then converts each of the `d` tokens' `q`, `k` and gate
-    /// into its stage (f32, the decay activated), one key per thread, the thread's key's gate
-    /// scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers, after which the raw buffer
-    /// of the items loaded ahead that this item does not use, and the state buffer, may be
-    /// copied into again.
+    /// Waits for [`Token::copy_raw`]'s copies, then converts each of the `d` tokens' `q`, `k` and
+    /// gate into its stage (f32, the decay activated), one key per thread, the thread's key's
+    /// gate scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers.
     ///
     /// # Safety
-    /// Every thread calls it, after `copy_raw(_, d)` (and `copy_state` when `take`).
+    /// Every thread calls it, after `copy_raw(_, d)`.
     #[inline(always)]
-    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars, ahead: bool, take: bool, s: &mut Keys) {
-        if ahead {
-            cp_async_wait_group::<1>(); // all but the next item's rows
-        } else {
-            cp_async_wait_all();
-        }
+    unsafe fn stage_raw(&self, d: usize, scalars: GateScalars) {
+        cp_async_wait_all();
         // SAFETY (block): every thread calls it; the addresses lie in the raw slots and stages.
         unsafe {
-            if take {
-                self.take_state(s);
-            }
             sync_threads();
             let tid = thread_idx_x_fresh();
             if tid < self.kd {
                 for t in 0..MAX_DRAFT {
                     if t < d {
-                        let raw = self.raw_slot(t);
+                        let raw = raw_slot(t);
                         let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
                         let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
@@ -951,7 +731,7 @@ impl Token {
             let c = self.col0 + VEC * at.col_lane;
             // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
             let (stage, reducer_inputs) = match staged {
-                Some(t) => (stage_of(t), Inputs::Staged(self.raw_slot(t))),
+                Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
                     // The token's q, k and decay staged (one key per thread), and a reducer's v
                     // and beta, all loads issued before any wait.

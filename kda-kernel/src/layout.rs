@@ -321,29 +321,10 @@ pub mod decode {
     /// f32 words of the deltas: one per column and the key scale, padded to a 16-byte vector.
     pub const DELTA_WORDS: usize = COLS + 4;
     pub const RAW_AT: usize = DELTAS_AT + DELTA_WORDS;
-    /// f32 words of one item's raw inputs (every draft token's).
-    pub const RAW_WORDS: usize = MAX_DRAFT * RAW_TOKEN_BYTES / 4;
     /// f32 words of shared memory: 30 KB, three CTAs per SM on every sm_80+ GPU.
-    pub const SMEM_WORDS: usize = RAW_AT + RAW_WORDS;
+    pub const SMEM_WORDS: usize = RAW_AT + MAX_DRAFT * RAW_TOKEN_BYTES / 4;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
-    /// With the next item loaded ahead (a CTA running several items in turn, the launcher's
-    /// choice where the larger footprint keeps `CTAS_PER_SM` CTAs per SM): a second buffer of raw
-    /// inputs for the next item's tokens, copied there while the current item's tokens still read
-    /// theirs, then the next item's state, each thread's own part (`MAX_KEYS_PER_THREAD` vectors
-    /// of `VEC` f32, thread-major per key so that a warp's copies are contiguous), which no other
-    /// thread reads.
-    pub const AHEAD_RAW_AT: usize = SMEM_WORDS;
-    pub const AHEAD_STATE_AT: usize = AHEAD_RAW_AT + RAW_WORDS;
-    /// f32 words of the next item's state: `MAX_KEYS_PER_THREAD * VEC` per thread.
-    pub const AHEAD_STATE_WORDS: usize = THREADS * MAX_KEYS_PER_THREAD * VEC;
-    /// Bytes of shared memory with the next item loaded ahead: 72 KB, three CTAs per SM on 9.x
-    /// (228 KB per SM), two on sm_80, one on the 100 KB SMs of sm_86, sm_89 and sm_120 (where the
-    /// launcher keeps one item per CTA and `SMEM_BYTES`).
-    pub const AHEAD_SMEM_BYTES: usize = (AHEAD_STATE_AT + AHEAD_STATE_WORDS) * 4;
-    /// Shared memory of an SM on 9.x, and what the driver reserves per CTA.
-    const SM90_SMEM_PER_SM: usize = 228 * 1024;
-    const RESERVED_PER_CTA: usize = 1024;
 
     /// Copies staging one token at the largest sizes: 16-byte copies of `q`, `k`, the gate and
     /// `v`, and one f32 of `beta`.
@@ -354,11 +335,6 @@ pub mod decode {
         assert!(DELTAS_AT.is_multiple_of(4) && DELTA_WORDS.is_multiple_of(4), "deltas read as 16-byte vectors");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
         assert!(CTAS_PER_SM * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
-        assert!(
-            CTAS_PER_SM * (AHEAD_SMEM_BYTES + RESERVED_PER_CTA) <= SM90_SMEM_PER_SM,
-            "three CTAs per SM on 9.x with the next item loaded ahead"
-        );
-        assert!(AHEAD_RAW_AT.is_multiple_of(4) && AHEAD_STATE_AT.is_multiple_of(4), "16-byte copies");
     };
 }
 

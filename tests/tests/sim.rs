@@ -806,16 +806,10 @@ fn sim_decode_in<P: PoolElement>(
     let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
     let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
     let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
-    // Both ways the launcher spreads the items: one CTA per item, or (on 9.x) fewer CTAs that
-    // each run several items in turn, loading the next ahead; here a third as many CTAs, chosen
-    // by the case's size so that the random cases take both.
-    let items = seqs * s.value_heads * (s.value_dim / decode::COLS);
-    let ahead = items > 1 && (items + tables.draft).is_multiple_of(2);
-    let workers = if ahead { items.div_ceil(3) } else { items };
     let launch = Launch {
-        grid: workers,
+        grid: seqs * s.value_heads * (s.value_dim / decode::COLS),
         block: decode::THREADS,
-        shared_bytes: if ahead { decode::AHEAD_SMEM_BYTES } else { decode::SMEM_BYTES },
+        shared_bytes: decode::SMEM_BYTES,
     };
     // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
     // pool (`slot_uses`, `draft_tables`).
@@ -847,9 +841,6 @@ fn sim_decode_in<P: PoolElement>(
                 codes.gate_mode,
                 codes.lower_bound_bits,
                 codes.scale_bits,
-                items as u32,
-                workers as u32,
-                u32::from(ahead),
             )
         })
     }

@@ -33,11 +33,6 @@ pub fn thread_idx_x_fresh() -> usize {
     thread_idx_x()
 }
 
-/// `mov.b32` through which the compiler cannot see: `x`.
-pub fn opaque_u32(x: u32) -> u32 {
-    x
-}
-
 /// `bar.sync 0;`: every thread of the CTA.
 ///
 /// # Safety
@@ -429,15 +424,6 @@ pub unsafe fn named_barrier_arrive(id: u32, threads: u32) {
 pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     // SAFETY: the caller's contract.
     unsafe { crate::sim::defer_copy(dst, src, 16, src_bytes as usize) }
-}
-
-/// `cp.async.ca.shared.global`, 8 bytes (as [`cp_async_16`]).
-///
-/// # Safety
-/// `src` addresses `src_bytes` readable bytes (0 or 8) until the copy lands.
-pub unsafe fn cp_async_8(dst: u32, src: *const u8, src_bytes: u32) {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sim::defer_copy(dst, src, 8, src_bytes as usize) }
 }
 
 /// `cp.async.ca.shared.global`, 4 bytes (as [`cp_async_16`]).

@@ -319,17 +319,6 @@ pub fn thread_idx_x_fresh() -> usize {
     t as usize
 }
 
-/// `x` through a non-pure `mov.b32`: the same value, which the compiler cannot see through, so
-/// that what a loop derives from it is recomputed in each iteration instead of hoisted out of the
-/// loop and kept in registers across all of it.
-#[inline(always)]
-pub fn opaque_u32(x: u32) -> u32 {
-    let y: u32;
-    // SAFETY: a register move.
-    unsafe { asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
-    y
-}
-
 /// `cvt.rn.bf16x2.f32 d, hi, lo;` (PTX 7.0, sm_80): two f32 rounded to bf16 and packed, `lo` in the low half.
 #[inline(always)]
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
@@ -566,21 +555,6 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     // SAFETY: see the function's contract.
     unsafe {
         asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
-             n = in(reg32) src_bytes, options(nostack))
-    }
-}
-
-/// `cp.async.ca.shared.global [dst], [src], 8, src_bytes;` (PTX 7.0, sm_80): as
-/// [`cp_async_16`] for 8 bytes (four bf16), `src_bytes` 0 or 8.
-///
-/// # Safety
-/// `dst` is an 8-byte-aligned shared address inside the allocation; `src` is an 8-byte-aligned
-/// global address of `src_bytes` readable bytes.
-#[inline(always)]
-pub unsafe fn cp_async_8(dst: u32, src: *const u8, src_bytes: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("cp.async.ca.shared.global [{d}], [{s}], 8, {n};", d = in(reg32) dst, s = in(reg64) src,
              n = in(reg32) src_bytes, options(nostack))
     }
 }

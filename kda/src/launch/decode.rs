@@ -9,15 +9,13 @@
 
 use super::args::{Address, ArgSink, push_named};
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
-use super::{Kda, Loaded, enqueue_with_smem};
+use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
-};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
-use kda_kernel::layout::decode::{AHEAD_SMEM_BYTES, COLS, COPY_BYTES, K_MULTIPLE, MAX_K, SMEM_BYTES, VEC};
+use kda_kernel::layout::decode::{COLS, COPY_BYTES, K_MULTIPLE, MAX_K, VEC};
 use std::sync::Arc;
 
 /// One decode step's sequences and their slots, planned for the GPU.
@@ -334,14 +332,13 @@ impl Kda {
         let here = [("stream", ordinal(stream)), ("plan", ordinal(plan.slots.stream()))];
         let outputs = [("pool", ordinal(pool.stream())), ("o", ordinal(o.stream()))];
         check_devices(self.ctx.ordinal(), &[&here[..], &inputs.devices(self.ctx.ordinal()), &outputs].concat())?;
-        let items = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
+        let ctas = n.checked_mul(hv).and_then(|x| x.checked_mul(vd / COLS)).ok_or_else(|| KdaError::Argument {
             name: "slot_indices",
             reason: format!("{n} sequences x {hv} heads exceed the grid"),
         })?;
-        if items == 0 {
+        if ctas == 0 {
             return Ok(());
         }
-        let grid = DecodeGrid::new(items, self.decode_ahead_workers);
         let word = |name: &'static str, x: usize| {
             u32::try_from(x).map_err(|_| KdaError::Argument { name, reason: format!("{x} exceeds 32 bits") })
         };
@@ -382,9 +379,6 @@ impl Kda {
                 codes.gate_mode,
                 codes.lower_bound_bits,
                 codes.scale_bits,
-                word("slot_indices", items)?,
-                word("slot_indices", grid.workers)?,
-                u32::from(grid.ahead),
             ],
         };
         check_alignment(&args, plan.pool.dtype, s.gate_width())?;
@@ -394,54 +388,12 @@ impl Kda {
         // their tokens, and
         // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
         // so they alias no input.
-        unsafe {
-            enqueue_with_smem(stream, self.decode_kernel(), grid.workers, grid.smem_bytes(), |sink| args.push(sink))
-        }
+        unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
     }
 
     fn decode_kernel(&self) -> &Loaded {
         &self.decode
     }
-}
-
-/// How the decode step's items (one per sequence, value head and block of `COLS` columns) are
-/// spread over its CTAs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct DecodeGrid {
-    /// CTAs: CTA `b` runs items `b`, `b + workers`, ...
-    pub(super) workers: usize,
-    /// Each CTA copies its next item's token rows and state to shared memory while its current
-    /// item's tokens run (`layout::decode::AHEAD_SMEM_BYTES`).
-    pub(super) ahead: bool,
-}
-
-impl DecodeGrid {
-    /// `items` over `ahead_workers` CTAs that load ahead (the device's [`ahead_workers`]) when
-    /// there are more items than those, so that the loads of a CTA's next item overlap its
-    /// current item's chain of tokens; else one CTA per item.
-    pub(super) fn new(items: usize, ahead_workers: Option<usize>) -> Self {
-        match ahead_workers {
-            Some(workers) if workers > 0 && items > workers => Self { workers, ahead: true },
-            _ => Self { workers: items, ahead: false },
-        }
-    }
-
-    /// Dynamic shared memory of a CTA.
-    pub(super) fn smem_bytes(&self) -> usize {
-        if self.ahead { AHEAD_SMEM_BYTES } else { SMEM_BYTES }
-    }
-}
-
-/// The decode step's CTAs that load their next items ahead, resident at once on `ctx`'s device
-/// (SMs times CTAs per SM at `AHEAD_SMEM_BYTES`), where that is as many per SM as with one item
-/// per CTA (`SMEM_BYTES`): 9.x. `None` where the larger footprint would cost resident CTAs (the
-/// 100 KB SMs of sm_86, sm_89, sm_120 and sm_80's 164 KB hold fewer).
-pub(super) fn ahead_workers(ctx: &Arc<CudaContext>, decode: &Loaded) -> Result<Option<usize>, KdaError> {
-    let threads = decode.abi.threads as u32;
-    let resident = |smem| decode.function.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None);
-    let (ahead, single) = (resident(AHEAD_SMEM_BYTES)?, resident(SMEM_BYTES)?);
-    let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-    Ok((ahead > 0 && ahead >= single).then(|| sms as usize * ahead as usize))
 }
 
 /// The alignment in bytes each of the decode step's tensors needs (in `DecodeArgs::TENSORS`
@@ -480,13 +432,13 @@ fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Re
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
 pub(super) struct DecodeArgs {
     ptrs: [Address; 13],
-    words: [u32; 15],
+    words: [u32; 12],
 }
 
 impl DecodeArgs {
     const TENSORS: [&'static str; 13] =
         ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
-    const WORDS: [&'static str; 15] = [
+    const WORDS: [&'static str; 12] = [
         "pool_dtype",
         "pool_layout",
         "draft",
@@ -499,9 +451,6 @@ impl DecodeArgs {
         "gate_mode",
         "lower_bound_bits",
         "scale_bits",
-        "items",
-        "workers",
-        "ahead",
     ];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
@@ -513,7 +462,7 @@ impl DecodeArgs {
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 13], words: [2; 15] }
+    DecodeArgs { ptrs: [1; 13], words: [2; 12] }
 }
 
 #[cfg(test)]
@@ -534,21 +483,6 @@ mod tests {
             value_dim: s.value_dim,
             layout,
             dtype: crate::pool::StateDtype::F32,
-        }
-    }
-
-    #[test]
-    fn items_load_ahead_only_where_there_are_more_than_the_resident_ctas() {
-        // 9.x: 132 SMs x 3 CTAs.
-        let resident = Some(396);
-        let many = DecodeGrid::new(4096, resident);
-        assert_eq!(many, DecodeGrid { workers: 396, ahead: true });
-        assert_eq!(many.smem_bytes(), AHEAD_SMEM_BYTES);
-        // One item per CTA wherever the items fit at once, or the device does not load ahead.
-        for (items, device) in [(396, resident), (64, resident), (1, resident), (4096, None), (4096, Some(0))] {
-            let one_each = DecodeGrid::new(items, device);
-            assert_eq!(one_each, DecodeGrid { workers: items, ahead: false }, "{items} items, {device:?}");
-            assert_eq!(one_each.smem_bytes(), SMEM_BYTES);
         }
     }
 

@@ -106,10 +106,6 @@ pub struct Kda {
     layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
-    /// The decode step's CTAs when each runs several items, loading the next ahead
-    /// (`decode::DecodeGrid`): where the larger shared memory that takes keeps as many CTAs per
-    /// SM as one item per CTA (9.x), the SMs times that.
-    decode_ahead_workers: Option<usize>,
     /// Checkpoints for prefix caching.
     advance: Loaded,
     /// Whole states between a pool and a packed buffer.
@@ -144,7 +140,6 @@ impl Kda {
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
-        let decode_ahead_workers = decode::ahead_workers(&ctx, &decode)?;
         let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;
         let load_all = |entries: &[&'static KernelAbi]| {
@@ -163,7 +158,6 @@ impl Kda {
             merge,
             layer,
             decode,
-            decode_ahead_workers,
             advance,
             pool_copy,
             hopper,
@@ -670,23 +664,6 @@ unsafe fn enqueue<'a>(
     ctas: usize,
     push: impl FnOnce(&mut Checked<'a>),
 ) -> Result<(), KdaError> {
-    // SAFETY: the function's contract.
-    unsafe { enqueue_with_smem(stream, f, ctas, f.abi.smem_bytes, push) }
-}
-
-/// [`enqueue`] with `smem_bytes` of dynamic shared memory (at most the ABI's, which the function
-/// was opted in to) for a kernel whose footprint depends on its arguments.
-///
-/// # Safety
-/// As [`enqueue`]; the kernel runs with `smem_bytes` for the arguments `push` gives.
-unsafe fn enqueue_with_smem<'a>(
-    stream: &'a Arc<CudaStream>,
-    f: &'a Loaded,
-    ctas: usize,
-    smem_bytes: usize,
-    push: impl FnOnce(&mut Checked<'a>),
-) -> Result<(), KdaError> {
-    debug_assert!(smem_bytes <= f.abi.smem_bytes);
     let grid = u32::try_from(ctas)
         .ok()
         .filter(|&g| g <= i32::MAX as u32)
@@ -694,7 +671,7 @@ unsafe fn enqueue_with_smem<'a>(
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (f.abi.threads as u32, 1, 1),
-        shared_mem_bytes: smem_bytes.min(f.abi.smem_bytes) as u32,
+        shared_mem_bytes: f.abi.smem_bytes as u32,
     };
     let mut args = Checked::new(stream.launch_builder(&f.function), f.abi);
     push(&mut args);
