@@ -26,8 +26,10 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/gpu-bundle/xtask <command>)
   ptx [--write | --check]               ptxas resource report (registers, shared memory, spills) of every kernel; --write rebuilds
                                         the shipped PTX (kda/ptx/) from source, --check fails unless it equals a rebuild byte for byte; no GPU
-  bundle [--out DIR] [--with REV,...] [--pack]   builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle); --with adds the kda of each git revision as kda-REV, for ab;
-                                        --pack strips them and packs DIR into DIR.tar.xz (tar xJf it on the GPU machine)
+  bundle [--out DIR] [--with REV,...] [--pack] [--candle [--cuda DIR]]   builds kda, xtask and the GPU suite's test binary (release) into DIR (target/gpu-bundle); --with adds the kda of each git revision as kda-REV, for ab;
+                                        --pack strips them and packs DIR into DIR.tar.xz (tar xJf it on the GPU machine);
+                                        --candle adds the candle examples and their run.sh in DIR/candle (packed apart, into DIR-candle.tar.xz), built
+                                        with the nvcc and CUDA 13 libraries of --cuda DIR (else $CUDA_ROOT, $CUDA_PATH, .venv-nvcc's nvidia/cu13)
   gpu-suite [--timeout S] [-- ARGS]     GPU: the GPU suite (one test thread, fixtures from tests/fixtures); ARGS go to the test binary
   bench [--repeat N] [--out DIR] [--timeout S] [--plot]   GPU: copy bandwidth, every bench shape with each kernel; writes DIR/results.json (bench), with --plot also DIR/chart.svg
   plot [--results FILE] [--out FILE]    the chart of a saved run (bench/results.json to bench/chart.svg); no GPU
