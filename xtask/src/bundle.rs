@@ -57,8 +57,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let total = copy_into(&out, &builds)?;
     println!("{:>8.1} MiB  in all", mib(total));
     if !revisions.is_empty() {
-        // Relative to the repository root, where commands on the GPU machine run.
-        let dir = out.strip_prefix(&root).unwrap_or(&out).display().to_string();
+        let dir = rel(&out);
         let others: Vec<String> = revisions.iter().map(|r| format!("{dir}/kda-{}", file_name_of(r))).collect();
         println!("compare on the GPU: {dir}/xtask ab {dir}/kda {}", others.join(" "));
     }
@@ -179,11 +178,7 @@ fn pack(
     exclude: Option<&str>,
     archive: &Path,
 ) -> Result<u64, String> {
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let status = cmd.status().map_err(|e| format!("cannot run {what}: {e}"))?;
-        if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
-    };
-    if run(Command::new("strip").args(binaries), "strip").is_err() {
+    if run_to_end(Command::new("strip").args(binaries), "strip").is_err() {
         println!("strip failed or is missing: packing the binaries unstripped");
     }
     let mut tar = Command::new("tar");
@@ -191,12 +186,18 @@ fn pack(
     if let Some(exclude) = exclude {
         tar.arg(format!("--exclude={exclude}"));
     }
-    run(tar.arg(member), "tar")?;
+    run_to_end(tar.arg(member), "tar")?;
     let bytes = std::fs::metadata(archive).map_err(|e| format!("{}: {e}", archive.display()))?.len();
     // Relative to the repository root, where commands on the GPU machine run.
     let (archive, parent) = (rel(archive), rel(parent));
     println!("{:>8.1} MiB  {archive} (on the GPU machine: tar xJf {archive} -C {parent})", mib(bytes));
     Ok(bytes)
+}
+
+/// Runs `cmd` (named `what` in errors) to its end; an error unless it succeeds.
+fn run_to_end(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let status = cmd.status().map_err(|e| format!("cannot run {what}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
 }
 
 /// `p` relative to the repository root (where commands on the GPU machine run) where it lies
@@ -215,10 +216,8 @@ fn file_name_of(rev: &str) -> String {
 /// (`target/bundle-worktrees/<rev>`, made afresh), with its own target directory.
 fn build_revision(root: &Path, rev: &str) -> Result<PathBuf, String> {
     let tree = root.join("target/bundle-worktrees").join(file_name_of(rev));
-    let git = |args: &[&str]| -> Result<(), String> {
-        let status =
-            Command::new("git").args(args).current_dir(root).status().map_err(|e| format!("cannot run git: {e}"))?;
-        if status.success() { Ok(()) } else { Err(format!("git {} failed ({status})", args.join(" "))) }
+    let git = |args: &[&str]| {
+        run_to_end(Command::new("git").args(args).current_dir(root), &format!("git {}", args.join(" ")))
     };
     if tree.exists() {
         git(&["worktree", "remove", "--force", &tree.to_string_lossy()])?;
@@ -429,15 +428,9 @@ fn stub_libcuda(link: &Path, sources: &[PathBuf]) -> Result<(), String> {
     std::fs::write(&c, stub_source(&names)).map_err(|e| format!("{}: {e}", c.display()))?;
     let so = link.join("lib/libcuda.so");
     let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
-        .arg(&so)
-        .arg(&c)
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", cc.to_string_lossy()))?;
-    if !status.success() {
-        return Err(format!("{} of the libcuda stub failed ({status})", cc.to_string_lossy()));
-    }
+    let mut compile = Command::new(&cc);
+    compile.args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"]).arg(&so).arg(&c);
+    run_to_end(&mut compile, &format!("{} of the libcuda stub", cc.to_string_lossy()))?;
     eprintln!("== stub {} ({} driver entry points, to link against only)", so.display(), names.len());
     Ok(())
 }
