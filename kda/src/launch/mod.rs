@@ -72,6 +72,13 @@ struct Loaded {
     abi: &'static KernelAbi,
 }
 
+/// Whether the device gives a CTA of `abi` its shared memory: its dynamic shared memory within
+/// the device's opt-in limit per block (`smem_optin`, which already excludes what the driver
+/// reserves per CTA).
+fn fits_device(abi: &KernelAbi, smem_optin: usize) -> bool {
+    abi.smem_bytes <= smem_optin
+}
+
 impl Loaded {
     /// Loads `abi`'s entry from `module` and opts in to its shared memory.
     fn load(module: &Arc<cudarc::driver::CudaModule>, abi: &'static KernelAbi) -> Result<Self, KdaError> {
@@ -98,8 +105,11 @@ impl Loaded {
 pub struct Kda {
     ctx: Arc<CudaContext>,
     baseline: Loaded,
-    /// The portable tensor-core kernel's entries, one per key size (`abi::PORTABLE_ENTRIES`).
-    portable: Vec<Loaded>,
+    /// The portable tensor-core kernel's entries (`abi::PORTABLE_ENTRIES`, in that order), each
+    /// where the device gives a CTA its shared memory ([`fits_device`]): the two-group entries
+    /// need 163 KB, which the sm_86, sm_89 and sm_120 parts (99 KB) do not have, and the planner
+    /// never gives them those entries' blocks (`columns::PortableFit`).
+    portable: Vec<Option<Loaded>>,
     /// The merge of split sequences.
     merge: Loaded,
     /// The layer's token-parallel kernels: prepare, output.
@@ -136,7 +146,13 @@ impl Kda {
         let target = options::target(compute_capability, options.module)?;
         let (module, module_code) = options::load_module(&ctx, target, compute_capability, options.code)?;
         let baseline = Loaded::load(&module, &BASELINE)?;
-        let portable = PORTABLE_ENTRIES.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()?;
+        let smem_optin = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as usize;
+        let portable = PORTABLE_ENTRIES
+            .iter()
+            .map(|&abi| fits_device(abi, smem_optin).then(|| Loaded::load(&module, abi)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
@@ -216,7 +232,13 @@ impl Kda {
             (Kernel::Portable, _) => {
                 let abi = portable_for(key_dim, width / PORTABLE_BV).unwrap_or(&kda_kernel::abi::PORTABLE);
                 let i = PORTABLE_ENTRIES.iter().position(|&e| e.entry == abi.entry).unwrap_or(1);
-                Ok(&self.portable[i])
+                self.portable[i].as_ref().ok_or_else(|| KdaError::Unsupported {
+                    argument: "kernel",
+                    reason: format!(
+                        "the portable kernel's {} needs {} bytes of shared memory per CTA, more than this device gives",
+                        abi.entry, abi.smem_bytes
+                    ),
+                })
             }
             _ => Ok(&self.baseline),
         }
@@ -761,6 +783,33 @@ mod dispatch_paths {
         assert!(fits_tma(&dims(64, most, 1)));
         assert!(!fits_tma(&dims(64, most / 2 + 1, 2)));
         assert!(!fits_tma(&dims(64, usize::MAX, 2)), "a product past usize is out of reach");
+    }
+}
+
+#[cfg(test)]
+mod entries_loaded {
+    //! Which portable entries a device loads, by its opt-in shared memory per CTA.
+
+    use super::*;
+    use kda_kernel::abi::{PORTABLE_K64_WIDE, PORTABLE_WIDE};
+
+    /// Opt-in shared memory per CTA: the sm_86 / sm_89 / sm_120 parts, the A100, the H100 / H200.
+    const SM86: usize = 99 * 1024;
+    const A100: usize = 163 * 1024;
+    const H100: usize = 227 * 1024;
+
+    #[test]
+    fn the_two_group_entries_load_only_where_the_device_gives_their_shared_memory() {
+        let wide = |abi: &KernelAbi| abi.entry == PORTABLE_WIDE.entry || abi.entry == PORTABLE_K64_WIDE.entry;
+        for abi in PORTABLE_ENTRIES {
+            assert_eq!(fits_device(abi, SM86), !wide(abi), "{} on a 99 KB part", abi.entry);
+            assert!(fits_device(abi, A100) && fits_device(abi, H100), "{}", abi.entry);
+        }
+        // The planner's rule is the same: two groups only where their entry fits.
+        for key_dim in [64, 128] {
+            let two = portable_for(key_dim, 2).unwrap();
+            assert!(!fits_device(two, SM86) && fits_device(two, A100));
+        }
     }
 }
 
