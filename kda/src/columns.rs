@@ -5,11 +5,12 @@
 //! (SPEC.md, "Parallelism"), at the price of reading each head's `k` and `w` tiles twice as often
 //! (from L2) and of shared-memory operands in both products.
 //!
-//! Measured on the H200 (bench/RESULTS.md, "Narrow column blocks"), the traffic between L2 and the
-//! SMs, not DRAM, bounds a pass of many narrow chains: `qwen3_next_8192` runs its 128 narrow chains
-//! at 1.46 us per chunk, its 64 wide ones at 1.49, so narrow blocks gain only where they still fit
-//! in one round of the grid, and lose wherever a split, or a batch of many items, keeps the SMs
-//! busy anyway (a split `tp_long_h4` 615 us narrow, 501 wide). [`Columns::choose`] follows that.
+//! Measured on the H200 (bench/history/2026-12-04-to-06-sessions.md, "Narrow column blocks"), the
+//! traffic between L2 and the SMs, not DRAM, bounds a pass of many narrow chains: `qwen3_next_8192`
+//! runs its 128 narrow chains at 1.46 us per chunk, its 64 wide ones at 1.49, so narrow blocks gain
+//! only where they still fit in one round of the grid, and lose wherever a split, or a batch of
+//! many items, keeps the SMs busy anyway (a split `tp_long_h4` 615 us narrow, 501 wide).
+//! [`Columns::choose`] follows that.
 
 use crate::Plan;
 use crate::split::{SplitMode, SplitPlan, Work};

@@ -46,9 +46,9 @@ pub const UNGATED_FLOOR_SLACK: f64 = 2.0;
 /// [`FLOOR_SLACK`] for key sizes above 128. Product 1 sums `K` products per element in the
 /// tensor cores, whose accumulation rounds differently from the f32 emulation's: at `K = 256` with
 /// the per-key gate over 5096 tokens the H200 lands 1.42 to 1.54 x the f32 floor (1.0 to 1.4 x at
-/// `K <= 128`, and bitwise the same in wide and narrow blocks; bench/RESULTS.md, "Narrow column
-/// blocks"). Stated here, tested at this slack, and reported rather than hidden, as
-/// [`UNGATED_FLOOR_SLACK`] is.
+/// `K <= 128`, and bitwise the same in wide and narrow blocks;
+/// bench/history/2026-12-04-to-06-sessions.md, "Narrow column blocks"). Stated here, tested at this
+/// slack, and reported rather than hidden, as [`UNGATED_FLOOR_SLACK`] is.
 pub const LONG_KEY_FLOOR_SLACK: f64 = 1.75;
 /// The key sizes [`FLOOR_SLACK`] holds for.
 pub const SHORT_KEY_MAX: usize = 128;

@@ -30,8 +30,9 @@ use kda_kernel::layout::{
 /// Modelled cost of one item beyond its chunks, in chunk times (as [`crate::schedule`]'s).
 const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
 /// Modelled cost of one merge step (`M_s entry(s) + B_s` for one head, a `K x K` by `K x V`
-/// product), in chunk times: measured on the H200 as about 5 us per step (bench/RESULTS.md,
-/// "Splitting sequences": the split sweeps), against about 0.9 us per chunk of a lone chain.
+/// product), in chunk times: measured on the H200 as about 5 us per step
+/// (bench/history/2026-12-04-to-06-sessions.md, "Splitting sequences": the split sweeps), against
+/// about 0.9 us per chunk of a lone chain.
 pub const MERGE_STEP: u64 = 4;
 /// Modelled cost of each extra launch a split adds (the pre-scan and the merge), in chunk times
 /// (about 3.5 us each on the H200).
@@ -56,12 +57,13 @@ pub const MIN_SEGMENT_CHUNKS: usize = 8;
 /// segments need no map (the second starts from the first one's exit state, as exact as the
 /// unsplit recurrence), but every later entry state is composed through the pre-scan's map
 /// `[M | B]`, rounded to bf16 in its products (docs/DESIGN.md, "Splitting sequences"), and that
-/// drift does not shrink with the sequence. Measured on the H100 (bench/RESULTS.md, twelfth
-/// session): 8192-token KDA sequences forced into segments of 32 and 16 chunks land at 2.1e-3 to
-/// 2.5e-3 relative in `h` against the contract's 1.47e-3 (`1.5 x` their f32 floor), while the
-/// 256-chunk segments of tp_long_h4 and tp_mixed_h8 stay inside it (2.72e-3 against 3.77e-3,
-/// 2.43e-3 against 3.18e-3: sequences long enough for three such segments have an f32 floor
-/// above the drift). A scalar gate alone stays below the contract's 1e-3 at 16 chunks (3.5e-4).
+/// drift does not shrink with the sequence. Measured on the H100
+/// (bench/history/2026-12-04-to-06-sessions.md, twelfth session): 8192-token KDA sequences forced
+/// into segments of 32 and 16 chunks land at 2.1e-3 to 2.5e-3 relative in `h` against the
+/// contract's 1.47e-3 (`1.5 x` their f32 floor), while the 256-chunk segments of tp_long_h4 and
+/// tp_mixed_h8 stay inside it (2.72e-3 against 3.77e-3, 2.43e-3 against 3.18e-3: sequences long
+/// enough for three such segments have an f32 floor above the drift). A scalar gate alone stays
+/// below the contract's 1e-3 at 16 chunks (3.5e-4).
 /// The f64 model of the passes (`split_reference`) reproduces those errors and shows the drift
 /// growing with the number of segments (4: 2.05e-3, 8: 2.51e-3, 16: 2.71e-3, 32: 2.80e-3, at
 /// 8192 to 32768 tokens) while the bound grows with the sequence (2.65e-3 at 32768 tokens): 128
@@ -570,7 +572,9 @@ mod tests {
             SplitPlan::decide(&Plan::from_lengths(lengths), &Work { gates: GDN, ..work(hv) }, SplitMode::Auto)
         };
         assert!(gdn_auto(&[65536], 4).is_split(), "tp_qwen3_next_h2's 4 value heads");
-        // The segment lengths the H200's sweeps measured fastest (bench/RESULTS.md).
+        // The segment lengths the H200's sweeps measured fastest
+        // (bench/history/2026-12-04-to-06-sessions.md, "Splitting sequences"; the H100's sweeps in
+        // bench/RESULTS.md agree).
         let chunks = |s: &SplitPlan| s.segments()[0].chunks();
         assert_eq!(chunks(&tp_long_h4), 256);
         assert_eq!(chunks(&tp_mixed_h8), 256);

@@ -333,8 +333,8 @@ mod random {
 /// served in phases (4-byte words: the whole warp; 8 bytes: each half-warp; 16 bytes: each
 /// quarter-warp), and a phase takes as many wavefronts as the most distinct words that fall on
 /// one of the 32 banks. Every pattern the kernels issue in their loops takes one wavefront per
-/// phase at the layout's strides (bench/RESULTS.md, sixth session: 39% of the prepare kernel's
-/// wavefronts were excess at rows 4 words apart mod 32).
+/// phase at the layout's strides (bench/history/2026-12-04-to-06-sessions.md, sixth session: 39% of
+/// the prepare kernel's wavefronts were excess at rows 4 words apart mod 32).
 mod banks {
     use kda::layout::layer::{INVERSE_ROW_WORDS, MATRIX_ROW_WORDS, ROW_WORDS, SHARED_BANKS, first_half};
     use std::collections::{BTreeMap, BTreeSet};

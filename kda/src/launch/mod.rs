@@ -59,8 +59,9 @@ pub enum Kernel {
     /// (both gates or either or neither, grouped value heads, `K` in 64, 128, 256 and `V` any
     /// multiple of 32, either state layout, strided rows), one CTA per (sequence, value head,
     /// block of 32 value columns), both products of a chunk on the tensor cores.
-    /// [`Kernel::Auto`] runs it on every GPU other than 9.x (2.1x to 2.9x the baseline's speed
-    /// on the H200, `bench/RESULTS.md`), and on 9.x for what the Hopper kernel's limits leave.
+    /// [`Kernel::Auto`] runs it on every GPU other than 9.x (3.5x to 14.7x the baseline's speed
+    /// on the H100, 2026-12-06, `bench/RESULTS.md`, "Current results"), and on 9.x for what the
+    /// Hopper kernel's limits leave.
     Portable,
     /// The warp-specialized TMA + wgmma kernel (compute capability 9.x only).
     Hopper,
