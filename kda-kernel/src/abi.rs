@@ -601,6 +601,72 @@ pub const fn portable_for(key_dim: usize, groups: usize) -> Option<&'static Kern
     }
 }
 
+/// The fused layer pass's parameters on the portable kernel ([`PORTABLE_FUSED`]):
+/// [`PORTABLE_PARAMS`] with the layer's output `o` (`[T, HV, V]` bf16) in place of `v_new` (and
+/// `h` unused), then `qg` (`q Γ`, `[T, HV, K]` bf16), `attention` (`P`, `[T, HV, CHUNK]` bf16), both
+/// packed, and `scale_bits`, the output scale as f32 bits.
+pub const PORTABLE_FUSED_PARAMS: [Param; 29] = {
+    let renamed = [("v_new", "o"), ("v_new_token_stride", "o_token_stride"), ("v_new_head_stride", "o_head_stride")];
+    let added = [Param::pointer("qg"), Param::pointer("attention"), Param::u32("scale_bits")];
+    let mut out = [Param::u32(""); 29];
+    let mut i = 0;
+    while i < PORTABLE_PARAMS.len() {
+        let mut p = PORTABLE_PARAMS[i];
+        let mut r = 0;
+        while r < renamed.len() {
+            if str_eq(p.name, renamed[r].0) {
+                p.name = renamed[r].1;
+            }
+            r += 1;
+        }
+        out[i] = p;
+        i += 1;
+    }
+    let mut j = 0;
+    while j < added.len() {
+        out[PORTABLE_PARAMS.len() + j] = added[j];
+        j += 1;
+    }
+    out
+};
+
+/// One entry of the fused layer pass on the portable kernel (sm_80+, [`PORTABLE_FUSED_PARAMS`]).
+const fn portable_fused_entry(entry: &'static str, key_dim: usize, groups: usize) -> KernelAbi {
+    KernelAbi {
+        entry,
+        params: &PORTABLE_FUSED_PARAMS,
+        threads: crate::layout::portable::threads(groups),
+        smem_bytes: crate::layout::portable::fused_smem_bytes(key_dim, groups),
+        max_registers: None,
+        targets: &[SM90A, SM80],
+    }
+}
+
+/// The fused layer pass on the portable kernel at `K = 64`, one consumer group.
+pub const PORTABLE_FUSED_K64: KernelAbi = portable_fused_entry("kda_layer_fused_portable_k64", 64, 1);
+/// The fused layer pass on the portable kernel at `K = 128`, one consumer group.
+pub const PORTABLE_FUSED: KernelAbi = portable_fused_entry("kda_layer_fused_portable", 128, 1);
+/// The fused layer pass on the portable kernel at `K = 64`, two consumer groups.
+pub const PORTABLE_FUSED_K64_WIDE: KernelAbi = portable_fused_entry("kda_layer_fused_portable_k64_wide", 64, 2);
+/// The fused layer pass on the portable kernel at `K = 128`, two consumer groups.
+pub const PORTABLE_FUSED_WIDE: KernelAbi = portable_fused_entry("kda_layer_fused_portable_wide", 128, 2);
+
+/// Every entry of the fused layer pass on the portable kernel, in
+/// `layout::portable::FUSED_VARIANTS`' order.
+pub const PORTABLE_FUSED_ENTRIES: [&KernelAbi; 4] =
+    [&PORTABLE_FUSED_K64, &PORTABLE_FUSED, &PORTABLE_FUSED_K64_WIDE, &PORTABLE_FUSED_WIDE];
+
+/// The fused layer pass's portable entry for key size `key_dim` and `groups` groups, if it has one.
+pub const fn portable_fused_for(key_dim: usize, groups: usize) -> Option<&'static KernelAbi> {
+    match (key_dim, groups) {
+        (64, 1) => Some(&PORTABLE_FUSED_K64),
+        (128, 1) => Some(&PORTABLE_FUSED),
+        (64, 2) => Some(&PORTABLE_FUSED_K64_WIDE),
+        (128, 2) => Some(&PORTABLE_FUSED_WIDE),
+        _ => None,
+    }
+}
+
 /// The merge of split sequences: chains each sequence's segment maps into their entry states
 /// (plain f32 arithmetic, so every target has it).
 pub const MERGE: KernelAbi = KernelAbi {
@@ -656,15 +722,15 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
-/// The fused layer's prepare kernel (sm_90a only, where the fused recurrence runs): grid and
-/// threads as [`LAYER_PREPARE`].
+/// The fused layer's prepare kernel (every target; its shared memory limits it to GPUs that give
+/// a CTA 110 KB: the A100 and 9.x class): grid and threads as [`LAYER_PREPARE`].
 pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
     entry: "kda_layer_prepare_fused",
     params: &LAYER_PREPARE_FUSED_PARAMS,
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::PREPARE_FUSED_SMEM_BYTES,
     max_registers: Some(LAYER_MAX_REGISTERS),
-    targets: &[SM90A],
+    targets: &[SM90A, SM80],
 };
 
 /// Register budget of the decode step: three CTAs of 256 threads per SM, 3 x 256 x 80 = 61440
@@ -708,13 +774,17 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 20] = [
+pub const KERNELS: [KernelAbi; 24] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
     PORTABLE_K256,
     PORTABLE_K64_WIDE,
     PORTABLE_WIDE,
+    PORTABLE_FUSED_K64,
+    PORTABLE_FUSED,
+    PORTABLE_FUSED_K64_WIDE,
+    PORTABLE_FUSED_WIDE,
     HOPPER,
     HOPPER_K64,
     HOPPER_NARROW,

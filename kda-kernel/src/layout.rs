@@ -465,6 +465,11 @@ pub mod portable {
     /// sm_86, sm_89 and sm_120 parts: 99 KB) run the one-group entries.
     pub const WIDE_SMEM_LIMIT: usize = 163 * 1024;
 
+    /// Shared memory one CTA may use on the H100 / H200 and B200 (227 KB): the budget of the fused
+    /// layer pass's two-group entries (`q Γ` and `P` tiles beside the ring leave a two-group
+    /// ring no room in the A100's 163 KB at `K = 128`).
+    pub const HOPPER_CLASS_SMEM_LIMIT: usize = 227 * 1024;
+
     /// The shared-memory budget of a CTA of `groups` groups.
     pub const fn smem_limit(groups: usize) -> usize {
         if groups > 1 { WIDE_SMEM_LIMIT } else { SMEM_LIMIT }
@@ -514,12 +519,14 @@ pub mod portable {
     /// | `u` | the chunk's rows of the block's `G * BV` columns, bf16 `[CHUNK][G * BV + PAD]`, group `g`'s from column `g * BV`; each consumer warp overwrites its rows of its group's columns with `bf16(Vn)`, which the group then stores to `v_new` in 16-byte rows |
     /// | `gk_last` | `gk` of the chunk's last valid token, f32 `[K]` |
     /// | `g` | `g` per token, f32 `[CHUNK]` (zeros past the end) |
+    /// | `q` | fused layer pass (`O`) only: the chunk's rows of `q Γ`, bf16 `[CHUNK][K + PAD]` (the A operand of `o = q Γ @ bf16(S)`) |
+    /// | `p` | fused layer pass only: the chunk's rows of the causal attention `P`, bf16 `[CHUNK][CHUNK + PAD]` (the A operand of `o += P @ bf16(Vn)`) |
     ///
     /// Rows past a sequence's end are zero-filled by the copies, so a partial chunk needs no
     /// other handling in the products.
-    pub struct Tiles<const K: usize, const MT: usize, const G: usize>;
+    pub struct Tiles<const K: usize, const MT: usize, const G: usize, const O: bool>;
 
-    impl<const K: usize, const MT: usize, const G: usize> Tiles<K, MT, G> {
+    impl<const K: usize, const MT: usize, const G: usize, const O: bool> Tiles<K, MT, G, O> {
         /// State rows (of K) per consumer warp.
         pub const STATE_ROWS_PER_WARP: usize = K / CONSUMER_WARPS;
         /// k16 steps of `w @ bf16(S)` (over K).
@@ -541,13 +548,26 @@ pub mod portable {
         pub const U_OFFSET: usize = Self::K_OFFSET + CHUNK * Self::ROW_STRIDE * 2;
         pub const GK_LAST_OFFSET: usize = Self::U_OFFSET + CHUNK * Self::U_STRIDE * 2;
         pub const G_OFFSET: usize = Self::GK_LAST_OFFSET + K * 4;
-        pub const STAGE_BYTES: usize = Self::G_OFFSET + CHUNK * 4;
-        /// Stages of the ring: as many as fit the variant's budget ([`smem_limit`]), at most
-        /// [`MAX_STAGES`] (one group: 3 at `K = 64`, 2 at 128, 1 at 256, where the producer
-        /// still copies the whole next chunk at once as soon as the consumers release the stage;
-        /// two groups: 3 at `K = 64`, 2 at 128).
+        /// Row stride of the fused pass's `P` tile.
+        pub const P_STRIDE: usize = CHUNK + PAD;
+        /// The fused pass's `q Γ` and `P` tiles (none outside it).
+        pub const Q_OFFSET: usize = Self::G_OFFSET + CHUNK * 4;
+        pub const P_OFFSET: usize = Self::Q_OFFSET + if O { CHUNK * Self::ROW_STRIDE * 2 } else { 0 };
+        pub const STAGE_BYTES: usize = Self::P_OFFSET + if O { CHUNK * Self::P_STRIDE * 2 } else { 0 };
+        /// The variant's shared-memory budget: [`smem_limit`]; for the fused pass the A100's
+        /// with one group ([`WIDE_SMEM_LIMIT`]: its `q Γ` and `P` tiles leave no ring in 99 KB at
+        /// `K = 128`), the H100's with two ([`HOPPER_CLASS_SMEM_LIMIT`]).
+        pub const SMEM_BUDGET: usize = match (O, G) {
+            (false, _) => smem_limit(G),
+            (true, 1) => WIDE_SMEM_LIMIT,
+            (true, _) => HOPPER_CLASS_SMEM_LIMIT,
+        };
+        /// Stages of the ring: as many as fit the variant's budget, at most [`MAX_STAGES`] (one
+        /// group: 3 at `K = 64`, 2 at 128, 1 at 256, where the producer still copies the whole
+        /// next chunk at once as soon as the consumers release the stage; two groups: 3 at
+        /// `K = 64`, 2 at 128; the fused pass, one group: 3 at `K = 64`, 2 at 128).
         pub const STAGES: usize = {
-            let fit = (smem_limit(G) - Self::RING_OFFSET) / Self::STAGE_BYTES;
+            let fit = (Self::SMEM_BUDGET - Self::RING_OFFSET) / Self::STAGE_BYTES;
             if fit < MAX_STAGES { fit } else { MAX_STAGES }
         };
         pub const SMEM_BYTES: usize = Self::RING_OFFSET + Self::STAGES * Self::STAGE_BYTES;
@@ -558,19 +578,59 @@ pub mod portable {
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
             assert!(Self::RING_OFFSET.is_multiple_of(16) && Self::STAGE_BYTES.is_multiple_of(16));
+            assert!(Self::Q_OFFSET.is_multiple_of(16) && Self::P_OFFSET.is_multiple_of(16));
             assert!(Self::STAGES >= 1, "a stage must fit every sm_80+ GPU");
+            assert!(!O || Self::STAGES >= 2, "the fused pass: a ring of two stages or more");
         };
+    }
+
+    /// The fused layer pass's variants, `(K, groups)`, one entry each: the key sizes the fused
+    /// prepare kernel forms `q Γ` and `P` for, in one group (the A100 class) and two (the H100
+    /// class, as many chains in flight as the recurrence's two-group entries).
+    pub const FUSED_VARIANTS: [(usize, usize); 4] = [(64, 1), (128, 1), (64, 2), (128, 2)];
+
+    /// `(shared memory, stages)` of the fused layer pass's entry for key size `key_dim` (64 or
+    /// 128) and `groups` groups.
+    const fn fused_sizes(key_dim: usize, groups: usize) -> (usize, usize) {
+        match (key_dim, groups) {
+            (64, 1) => (Tiles::<64, 1, 1, true>::SMEM_BYTES, Tiles::<64, 1, 1, true>::STAGES),
+            (128, 1) => (Tiles::<128, 2, 1, true>::SMEM_BYTES, Tiles::<128, 2, 1, true>::STAGES),
+            (64, _) => (Tiles::<64, 1, 2, true>::SMEM_BYTES, Tiles::<64, 1, 2, true>::STAGES),
+            _ => (Tiles::<128, 2, 2, true>::SMEM_BYTES, Tiles::<128, 2, 2, true>::STAGES),
+        }
+    }
+
+    /// Shared memory of the fused layer pass's entry for key size `key_dim` and `groups` groups.
+    pub const fn fused_smem_bytes(key_dim: usize, groups: usize) -> usize {
+        fused_sizes(key_dim, groups).0
+    }
+
+    /// Stages of the fused layer pass's ring for key size `key_dim` and `groups` groups.
+    pub const fn fused_stages(key_dim: usize, groups: usize) -> usize {
+        fused_sizes(key_dim, groups).1
+    }
+
+    /// Whether the fused variant `(key_dim, groups)` is built.
+    pub const fn has_fused_variant(key_dim: usize, groups: usize) -> bool {
+        let mut i = 0;
+        while i < FUSED_VARIANTS.len() {
+            if FUSED_VARIANTS[i].0 == key_dim && FUSED_VARIANTS[i].1 == groups {
+                return true;
+            }
+            i += 1;
+        }
+        false
     }
 
     /// `(shared memory, stages)` of the entry for key size `key_dim` and `groups` groups (one of
     /// [`VARIANTS`]).
     const fn sizes(key_dim: usize, groups: usize) -> (usize, usize) {
         match (key_dim, groups) {
-            (64, 1) => (Tiles::<64, 1, 1>::SMEM_BYTES, Tiles::<64, 1, 1>::STAGES),
-            (128, 1) => (Tiles::<128, 2, 1>::SMEM_BYTES, Tiles::<128, 2, 1>::STAGES),
-            (64, _) => (Tiles::<64, 1, 2>::SMEM_BYTES, Tiles::<64, 1, 2>::STAGES),
-            (128, _) => (Tiles::<128, 2, 2>::SMEM_BYTES, Tiles::<128, 2, 2>::STAGES),
-            _ => (Tiles::<256, 4, 1>::SMEM_BYTES, Tiles::<256, 4, 1>::STAGES),
+            (64, 1) => (Tiles::<64, 1, 1, false>::SMEM_BYTES, Tiles::<64, 1, 1, false>::STAGES),
+            (128, 1) => (Tiles::<128, 2, 1, false>::SMEM_BYTES, Tiles::<128, 2, 1, false>::STAGES),
+            (64, _) => (Tiles::<64, 1, 2, false>::SMEM_BYTES, Tiles::<64, 1, 2, false>::STAGES),
+            (128, _) => (Tiles::<128, 2, 2, false>::SMEM_BYTES, Tiles::<128, 2, 2, false>::STAGES),
+            _ => (Tiles::<256, 4, 1, false>::SMEM_BYTES, Tiles::<256, 4, 1, false>::STAGES),
         }
     }
 
@@ -611,7 +671,13 @@ pub mod portable {
     /// SMs with `smem_per_sm` bytes of shared memory each: as many as run at once (at least one
     /// per SM).
     pub const fn workers(key_dim: usize, groups: usize, sms: usize, smem_per_sm: usize) -> usize {
-        let by_smem = smem_per_sm / (smem_bytes(key_dim, groups) + RESERVED_SMEM_PER_CTA);
+        workers_of(smem_bytes(key_dim, groups), key_dim, groups, sms, smem_per_sm)
+    }
+
+    /// [`workers`] for an entry of `smem` bytes of dynamic shared memory (the fused layer pass's:
+    /// [`fused_smem_bytes`]).
+    pub const fn workers_of(smem: usize, key_dim: usize, groups: usize, sms: usize, smem_per_sm: usize) -> usize {
+        let by_smem = smem_per_sm / (smem + RESERVED_SMEM_PER_CTA);
         let most = max_ctas_per_sm(key_dim, groups);
         let per_sm = if by_smem < most { by_smem } else { most };
         sms * if per_sm == 0 { 1 } else { per_sm }
@@ -664,12 +730,16 @@ pub mod portable {
     const _: () = assert!(BV.is_multiple_of(MMA_N * N_TILES_PER_LOAD) && VN_ROWS_PER_WARP == MMA_M);
     const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && (BV_STRIDE * 2).is_multiple_of(16));
     const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
-    const _: [(); 5] = [
-        Tiles::<64, 1, 1>::VALID,
-        Tiles::<128, 2, 1>::VALID,
-        Tiles::<256, 4, 1>::VALID,
-        Tiles::<64, 1, 2>::VALID,
-        Tiles::<128, 2, 2>::VALID,
+    const _: [(); 9] = [
+        Tiles::<64, 1, 1, true>::VALID,
+        Tiles::<128, 2, 1, true>::VALID,
+        Tiles::<64, 1, 2, true>::VALID,
+        Tiles::<128, 2, 2, true>::VALID,
+        Tiles::<64, 1, 1, false>::VALID,
+        Tiles::<128, 2, 1, false>::VALID,
+        Tiles::<256, 4, 1, false>::VALID,
+        Tiles::<64, 1, 2, false>::VALID,
+        Tiles::<128, 2, 2, false>::VALID,
     ];
 }
 

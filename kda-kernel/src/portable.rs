@@ -36,7 +36,7 @@ use crate::arch::sm80::{
     bf16_to_f32, cp_async_4, cp_async_16, cp_async_mbarrier_arrive_noinc, cp_async_wait_all, exp2_approx, ld_shared_f32,
     ld_shared_u16, ld_shared_u32, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mbarrier_arrive_token, mbarrier_init,
     mbarrier_wait_token, mma_m16n8k16_bf16, named_barrier, named_barrier_arrive, pack_bf16x2, smem_base_shared,
-    st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
+    st_global_b32, st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
     BV, BV_STRIDE, CONSUMERS, MBARRIER_BYTES, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
@@ -73,11 +73,39 @@ struct Args {
     g_rows: RowStrides,
     gk_rows: RowStrides,
     v_new_rows: RowStrides,
+    /// The fused layer pass's operands (null and unused outside it).
+    fused: FusedArgs,
+}
+
+/// The fused layer pass's operands: `q Γ` (`[T][HV][K]` bf16) and the causal attention `P`
+/// (`[T][HV][CHUNK]` bf16, each token's row of its chunk), packed, as the fused prepare kernel
+/// writes them, and the output scale. `o` goes where `v_new` would, at its strides.
+#[derive(Clone, Copy)]
+struct FusedArgs {
+    qg: *const u16,
+    attention: *const u16,
+    scale: f32,
+}
+
+impl FusedArgs {
+    /// Outside the fused pass.
+    const NONE: Self = Self { qg: core::ptr::null(), attention: core::ptr::null(), scale: 1.0 };
+}
+
+/// The fused operands of an entry: none for the recurrence's, the trailing parameters for the
+/// fused pass's.
+macro_rules! fused_args {
+    () => {
+        FusedArgs::NONE
+    };
+    ($qg:ident, $attention:ident, $scale_bits:ident) => {
+        FusedArgs { qg: $qg, attention: $attention, scale: f32::from_bits($scale_bits) }
+    };
 }
 
 /// Declares the portable kernel's entry for one key size (`abi::PORTABLE_ENTRIES`).
 macro_rules! portable_entry {
-    ($(#[$doc:meta])* $name:ident, $key:literal, $tiles:literal, $groups:literal) => {
+    ($(#[$doc:meta])* $name:ident, $key:literal, $tiles:literal, $groups:literal, $fused:literal $(, $extra:ident: $ty:ty)*) => {
         kernel_entry! {
             $(#[$doc])*
             ///
@@ -122,6 +150,7 @@ macro_rules! portable_entry {
                 gk_head_stride: u32,
                 v_new_token_stride: u32,
                 v_new_head_stride: u32,
+                $($extra: $ty,)*
             ) {
                 let args = Args {
                     k,
@@ -146,9 +175,10 @@ macro_rules! portable_entry {
                     g_rows: RowStrides::new(g_token_stride, g_head_stride),
                     gk_rows: RowStrides::new(gk_token_stride, gk_head_stride),
                     v_new_rows: RowStrides::new(v_new_token_stride, v_new_head_stride),
+                    fused: fused_args!($($extra),*),
                 };
                 // SAFETY: the entry's contract is `recurrence`'s.
-                unsafe { recurrence::<$key, $tiles, $groups>(&args) }
+                unsafe { recurrence::<$key, $tiles, $groups, $fused>(&args) }
             }
         }
     };
@@ -159,21 +189,24 @@ portable_entry!(
     kda_fwd_h_portable_k64,
     64,
     1,
-    1
+    1,
+    false
 );
 portable_entry!(
     /// The portable tensor-core recurrence at `K = 128`, one consumer group (`abi::PORTABLE`).
     kda_fwd_h_portable,
     128,
     2,
-    1
+    1,
+    false
 );
 portable_entry!(
     /// The portable tensor-core recurrence at `K = 256`, one consumer group (`abi::PORTABLE_K256`).
     kda_fwd_h_portable_k256,
     256,
     4,
-    1
+    1,
+    false
 );
 portable_entry!(
     /// The portable tensor-core recurrence at `K = 64`, two consumer groups
@@ -181,7 +214,8 @@ portable_entry!(
     kda_fwd_h_portable_k64_wide,
     64,
     1,
-    2
+    2,
+    false
 );
 portable_entry!(
     /// The portable tensor-core recurrence at `K = 128`, two consumer groups
@@ -189,7 +223,59 @@ portable_entry!(
     kda_fwd_h_portable_wide,
     128,
     2,
-    2
+    2,
+    false
+);
+
+portable_entry!(
+    /// The fused layer pass on the portable kernel at `K = 64` (`abi::PORTABLE_FUSED_K64`): the
+    /// recurrence in one-group blocks whose chunks also give the layer's output `o` (in
+    /// `v_new`'s place, at its strides) from the fused prepare kernel's `q Γ` and `P`, and no
+    /// `h` or `v_new`. Never a pre-scan (`pass` is the recurrence's or a split's main pass).
+    kda_layer_fused_portable_k64,
+    64,
+    1,
+    1,
+    true,
+    qg: *const u16,
+    attention: *const u16,
+    scale_bits: u32
+);
+portable_entry!(
+    /// The fused layer pass on the portable kernel at `K = 128` (`abi::PORTABLE_FUSED`): as
+    /// [`kda_layer_fused_portable_k64`].
+    kda_layer_fused_portable,
+    128,
+    2,
+    1,
+    true,
+    qg: *const u16,
+    attention: *const u16,
+    scale_bits: u32
+);
+portable_entry!(
+    /// The fused layer pass on the portable kernel at `K = 64`, two consumer groups
+    /// (`abi::PORTABLE_FUSED_K64_WIDE`): as [`kda_layer_fused_portable_k64`].
+    kda_layer_fused_portable_k64_wide,
+    64,
+    1,
+    2,
+    true,
+    qg: *const u16,
+    attention: *const u16,
+    scale_bits: u32
+);
+portable_entry!(
+    /// The fused layer pass on the portable kernel at `K = 128`, two consumer groups
+    /// (`abi::PORTABLE_FUSED_WIDE`): as [`kda_layer_fused_portable_k64`].
+    kda_layer_fused_portable_wide,
+    128,
+    2,
+    2,
+    true,
+    qg: *const u16,
+    attention: *const u16,
+    scale_bits: u32
 );
 
 /// Shared addresses of the ring (`layout::portable::Tiles`) and of one consumer group's tiles
@@ -216,18 +302,21 @@ struct Stage {
     u_group: u32,
     gk_last: u32,
     g: u32,
+    /// The fused pass's `q Γ` and `P` tiles.
+    q: u32,
+    p: u32,
 }
 
 impl Smem {
-    fn carve<const K: usize, const MT: usize, const G: usize>(group: usize) -> Self {
+    fn carve<const K: usize, const MT: usize, const G: usize, const O: bool>(group: usize) -> Self {
         let base = smem_base_shared();
         let at = |offset: usize| base + offset as u32;
-        let tiles = group * Tiles::<K, MT, G>::GROUP_BYTES;
+        let tiles = group * Tiles::<K, MT, G, O>::GROUP_BYTES;
         Self {
-            full: at(Tiles::<K, MT, G>::FULL_OFFSET),
-            st: at(Tiles::<K, MT, G>::ST_OFFSET + tiles),
-            vn: at(Tiles::<K, MT, G>::VN_OFFSET + tiles),
-            ring: at(Tiles::<K, MT, G>::RING_OFFSET),
+            full: at(Tiles::<K, MT, G, O>::FULL_OFFSET),
+            st: at(Tiles::<K, MT, G, O>::ST_OFFSET + tiles),
+            vn: at(Tiles::<K, MT, G, O>::VN_OFFSET + tiles),
+            ring: at(Tiles::<K, MT, G, O>::RING_OFFSET),
             col: group * BV,
             barrier: consumer_barrier(group),
         }
@@ -239,16 +328,18 @@ impl Smem {
     }
 
     /// The tiles of stage `stage` of the ring.
-    fn stage<const K: usize, const MT: usize, const G: usize>(self, stage: usize) -> Stage {
-        let base = self.ring + (stage * Tiles::<K, MT, G>::STAGE_BYTES) as u32;
+    fn stage<const K: usize, const MT: usize, const G: usize, const O: bool>(self, stage: usize) -> Stage {
+        let base = self.ring + (stage * Tiles::<K, MT, G, O>::STAGE_BYTES) as u32;
         let at = |offset: usize| base + offset as u32;
         Stage {
-            w: at(Tiles::<K, MT, G>::W_OFFSET),
-            k: at(Tiles::<K, MT, G>::K_OFFSET),
-            u: at(Tiles::<K, MT, G>::U_OFFSET),
-            u_group: at(Tiles::<K, MT, G>::U_OFFSET + self.col * 2),
-            gk_last: at(Tiles::<K, MT, G>::GK_LAST_OFFSET),
-            g: at(Tiles::<K, MT, G>::G_OFFSET),
+            w: at(Tiles::<K, MT, G, O>::W_OFFSET),
+            k: at(Tiles::<K, MT, G, O>::K_OFFSET),
+            u: at(Tiles::<K, MT, G, O>::U_OFFSET),
+            u_group: at(Tiles::<K, MT, G, O>::U_OFFSET + self.col * 2),
+            gk_last: at(Tiles::<K, MT, G, O>::GK_LAST_OFFSET),
+            g: at(Tiles::<K, MT, G, O>::G_OFFSET),
+            q: at(Tiles::<K, MT, G, O>::Q_OFFSET),
+            p: at(Tiles::<K, MT, G, O>::P_OFFSET),
         }
     }
 
@@ -316,8 +407,8 @@ fn state_base<const K: usize>(args: &Args, row: usize) -> usize {
 }
 
 /// The ring position after `stage`.
-fn next_stage<const K: usize, const MT: usize, const G: usize>(stage: usize) -> usize {
-    if stage + 1 == Tiles::<K, MT, G>::STAGES { 0 } else { stage + 1 }
+fn next_stage<const K: usize, const MT: usize, const G: usize, const O: bool>(stage: usize) -> usize {
+    if stage + 1 == Tiles::<K, MT, G, O>::STAGES { 0 } else { stage + 1 }
 }
 
 /// The recurrence of one CTA's work list (see the module): the last warp produces, the others
@@ -326,7 +417,7 @@ fn next_stage<const K: usize, const MT: usize, const G: usize>(stage: usize) -> 
 /// # Safety
 /// As the entries' contract.
 #[inline(always)]
-unsafe fn recurrence<const K: usize, const MT: usize, const G: usize>(args: &Args) {
+unsafe fn recurrence<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args) {
     const PRODUCER: u32 = 1;
     const CONSUMER: u32 = 0;
     // SAFETY: the launcher validated every buffer against the records, heads and strides; the
@@ -334,23 +425,23 @@ unsafe fn recurrence<const K: usize, const MT: usize, const G: usize>(args: &Arg
     // role keeps its side of the ring's barriers for every chunk of every item.
     unsafe {
         if thread_idx_x() == 0 {
-            let smem = Smem::carve::<K, MT, G>(0);
-            for stage in 0..Tiles::<K, MT, G>::STAGES {
+            let smem = Smem::carve::<K, MT, G, O>(0);
+            for stage in 0..Tiles::<K, MT, G, O>::STAGES {
                 mbarrier_init(smem.full(stage), full_arrivals(G));
             }
         }
         sync_threads();
         if thread_idx_x() / 32 == producer_warp(G) {
-            produce::<K, MT, G>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
+            produce::<K, MT, G, O>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
         } else {
-            consume::<K, MT, G>(args, args.work.items::<CONSUMER>());
+            consume::<K, MT, G, O>(args, args.work.items::<CONSUMER>());
         }
     }
 }
 
 /// The stage `back` stages before `stage` in the ring.
-fn stage_before<const K: usize, const MT: usize, const G: usize>(stage: usize, back: usize) -> usize {
-    (stage + Tiles::<K, MT, G>::STAGES - back) % Tiles::<K, MT, G>::STAGES
+fn stage_before<const K: usize, const MT: usize, const G: usize, const O: bool>(stage: usize, back: usize) -> usize {
+    (stage + Tiles::<K, MT, G, O>::STAGES - back) % Tiles::<K, MT, G, O>::STAGES
 }
 
 /// The producer warp: every chunk of every item of the CTA's list into the ring, each stage once
@@ -362,24 +453,24 @@ fn stage_before<const K: usize, const MT: usize, const G: usize>(stage: usize, b
 /// # Safety
 /// As [`recurrence`]; every lane of the producer warp calls it.
 #[inline(always)]
-unsafe fn produce<const K: usize, const MT: usize, const G: usize>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
-    let smem = Smem::carve::<K, MT, G>(0);
+unsafe fn produce<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args, items: impl Iterator<Item = Item>, lane: usize) {
+    let smem = Smem::carve::<K, MT, G, O>(0);
     let mut stage = 0;
     // Chunks issued so far, up to `STAGES` (the stages out at the end).
     let mut issued = 0;
     for item in items {
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
-            let tiles = smem.stage::<K, MT, G>(stage);
+            let tiles = smem.stage::<K, MT, G, O>(stage);
             // SAFETY: tokens `tok0 .. tok0 + rows` are the sequence's; every copy lands inside
             // the stage, which the consumers released (or never held: the first round); the
             // stage's `full` phase expects this lane's arrival.
             unsafe {
-                if issued == Tiles::<K, MT, G>::STAGES {
+                if issued == Tiles::<K, MT, G, O>::STAGES {
                     named_barrier(empty_barrier(stage), threads(G) as u32);
                 }
                 let chunk = ChunkRows { tok0, rows, lane };
-                let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
+                let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
                 chunk.copy_bf16(K, tiles.w, row_stride, args.w, args.w_rows, item.head, 0);
                 chunk.copy_bf16(K, tiles.k, row_stride, args.k, args.k_rows, item.key_head, 0);
                 // The pre-scan's key columns have no values: zeros from 0 source bytes.
@@ -387,7 +478,14 @@ unsafe fn produce<const K: usize, const MT: usize, const G: usize>(args: &Args, 
                     Some(col) => (chunk, col),
                     None => (ChunkRows { rows: 0, ..chunk }, 0),
                 };
-                u_chunk.copy_bf16(G * BV, tiles.u, Tiles::<K, MT, G>::U_STRIDE, args.u, args.u_rows, item.head, u_col);
+                u_chunk.copy_bf16(G * BV, tiles.u, Tiles::<K, MT, G, O>::U_STRIDE, args.u, args.u_rows, item.head, u_col);
+                if O {
+                    // The fused pass's `q Γ` and `P` rows, packed per value head.
+                    let (qg_rows, p_rows) = (RowStrides::packed(item.heads, K), RowStrides::packed(item.heads, CHUNK));
+                    chunk.copy_bf16(K, tiles.q, row_stride, args.fused.qg, qg_rows, item.head, 0);
+                    let p_stride = Tiles::<K, MT, G, O>::P_STRIDE;
+                    chunk.copy_bf16(CHUNK, tiles.p, p_stride, args.fused.attention, p_rows, item.head, 0);
+                }
                 let last = tok0 + rows - 1;
                 if !args.gk.is_null() {
                     let row = args.gk.add(args.gk_rows.row(last, item.head));
@@ -410,17 +508,17 @@ unsafe fn produce<const K: usize, const MT: usize, const G: usize>(args: &Args, 
                 }
                 cp_async_mbarrier_arrive_noinc(smem.full(stage));
             }
-            issued += (issued < Tiles::<K, MT, G>::STAGES) as usize;
-            stage = next_stage::<K, MT, G>(stage);
+            issued += (issued < Tiles::<K, MT, G, O>::STAGES) as usize;
+            stage = next_stage::<K, MT, G, O>(stage);
         }
     }
     // The last `issued` chunks' stages are still out, the oldest `issued` stages back; once the
     // consumers release them, every copy has landed.
-    let mut stage = stage_before::<K, MT, G>(stage, issued);
+    let mut stage = stage_before::<K, MT, G, O>(stage, issued);
     for _ in 0..issued {
         // SAFETY: the consumers release every chunk's stage once, in ring order.
         unsafe { named_barrier(empty_barrier(stage), threads(G) as u32) };
-        stage = next_stage::<K, MT, G>(stage);
+        stage = next_stage::<K, MT, G, O>(stage);
     }
     cp_async_wait_all();
 }
@@ -483,19 +581,19 @@ const fn prefetches_h0(mt: usize) -> bool {
 /// # Safety
 /// As [`recurrence`]: `h0` holds the state rows the records name.
 #[inline(always)]
-unsafe fn initial_state<const K: usize, const MT: usize, const G: usize>(args: &Args, item: Option<&Item>) -> State<MT> {
+unsafe fn initial_state<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args, item: Option<&Item>) -> State<MT> {
     let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
     let frag = Frag::fresh();
     match (item, item.and_then(|item| item.h0_row)) {
         (Some(item), Some(h0_row)) if !args.h0.is_null() => {
-            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| {
+            for_each_state::<K, MT, G, O>(&mut state, frag, |row, col, s| {
                 // SAFETY: `h0` holds the state rows the records name; the element is this thread's.
                 *s = unsafe { *args.h0.add(h0_index::<K>(args, h0_row, item, row, col)) };
             });
         }
         // `[M | B]` starts at `[I | 0]`: ones where the state column is the key row.
         (Some(item), _) if args.prescan => {
-            for_each_state::<K, MT, G>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
+            for_each_state::<K, MT, G, O>(&mut state, frag, |row, col, s| *s = (item.vcol0 + col == row) as u32 as f32)
         }
         _ => {}
     }
@@ -511,23 +609,23 @@ unsafe fn initial_state<const K: usize, const MT: usize, const G: usize>(args: &
 /// # Safety
 /// As [`recurrence`]; every thread of the consumer warps calls it.
 #[inline(always)]
-unsafe fn consume<const K: usize, const MT: usize, const G: usize>(args: &Args, items: impl Iterator<Item = Item>) {
-    let smem = Smem::carve::<K, MT, G>(thread_idx_x() / CONSUMERS);
+unsafe fn consume<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args, items: impl Iterator<Item = Item>) {
+    let smem = Smem::carve::<K, MT, G, O>(thread_idx_x() / CONSUMERS);
     let mut stage = 0;
     let mut items = items.map(|item| Item { vcol0: item.vcol0 + smem.col, ..item }).peekable();
     // SAFETY (block): the entries' contract on `h0` and the records.
     let mut ahead: State<MT> =
-        if prefetches_h0(MT) { unsafe { initial_state::<K, MT, G>(args, items.peek()) } } else { [[[0.0; 4]; N_TILES]; MT] };
+        if prefetches_h0(MT) { unsafe { initial_state::<K, MT, G, O>(args, items.peek()) } } else { [[[0.0; 4]; N_TILES]; MT] };
     while let Some(item) = items.next() {
         let mut state = if prefetches_h0(MT) {
             // The loads are issued here and land while the item's chunks run.
-            core::mem::replace(&mut ahead, unsafe { initial_state::<K, MT, G>(args, items.peek()) })
+            core::mem::replace(&mut ahead, unsafe { initial_state::<K, MT, G, O>(args, items.peek()) })
         } else {
-            unsafe { initial_state::<K, MT, G>(args, Some(&item)) }
+            unsafe { initial_state::<K, MT, G, O>(args, Some(&item)) }
         };
         for c in 0..item.chunks() {
             let (tok0, rows) = (item.first_token(c), item.rows(c));
-            let tiles = smem.stage::<K, MT, G>(stage);
+            let tiles = smem.stage::<K, MT, G, O>(stage);
             let h_item = ((item.chunk_start + c) * item.heads + item.head) * K * args.value_dim;
             // SAFETY: the launcher validated every buffer against the records, heads and
             // strides; rows beyond the chunk's valid length are never written to global memory;
@@ -535,22 +633,27 @@ unsafe fn consume<const K: usize, const MT: usize, const G: usize>(args: &Args, 
             unsafe {
                 let full = smem.full(stage);
                 mbarrier_wait_token(full, mbarrier_arrive_token(full));
-                publish_state::<K, MT, G>(smem, Frag::fresh(), &state);
-                if !args.prescan {
-                    store_h::<K, MT, G>(smem, thread_idx_x_fresh() % CONSUMERS, args, &item, args.h.add(h_item));
+                publish_state::<K, MT, G, O>(smem, Frag::fresh(), &state);
+                // The fused pass writes neither `h` nor `v_new`, but `o` in `v_new`'s place.
+                let stores = !args.prescan && !O;
+                if stores {
+                    store_h::<K, MT, G, O>(smem, thread_idx_x_fresh() % CONSUMERS, args, &item, args.h.add(h_item));
                 }
-                corrected_values::<K, MT, G>(smem, tiles, Frag::fresh(), args, rows);
-                if !args.prescan {
-                    store_v_new::<K, MT, G>(tiles, thread_idx_x_fresh() % CONSUMERS, args, &item, tok0, rows);
+                let o = corrected_values::<K, MT, G, O>(smem, tiles, Frag::fresh(), args, rows);
+                if stores {
+                    store_v_new::<K, MT, G, O>(tiles, thread_idx_x_fresh() % CONSUMERS, args, &item, tok0, rows);
                 }
-                update_state::<K, MT, G>(smem, tiles, Frag::fresh(), args, rows, &mut state);
+                if O {
+                    store_output::<K, MT, G, O>(tiles, Frag::fresh(), args, (&item, tok0, rows), o);
+                }
+                update_state::<K, MT, G, O>(smem, tiles, Frag::fresh(), args, rows, &mut state);
                 named_barrier_arrive(empty_barrier(stage), threads(G) as u32);
             }
-            stage = next_stage::<K, MT, G>(stage);
+            stage = next_stage::<K, MT, G, O>(stage);
         }
         if let (Some(row), false) = (item.ht_row, args.ht.is_null()) {
             let base = state_base::<K>(args, row);
-            for_each_state::<K, MT, G>(&mut state, Frag::fresh(), |row, col, s| {
+            for_each_state::<K, MT, G, O>(&mut state, Frag::fresh(), |row, col, s| {
                 // SAFETY: `ht` holds the state rows the records name; the element is this thread's.
                 unsafe { *args.ht.add(base + state_index::<K>(args, &item, row, col)) = *s };
             });
@@ -560,7 +663,7 @@ unsafe fn consume<const K: usize, const MT: usize, const G: usize>(args: &Args, 
 
 /// Calls `f(row, block column, element)` for each state element this thread holds.
 #[inline(always)]
-fn for_each_state<const K: usize, const MT: usize, const G: usize>(
+fn for_each_state<const K: usize, const MT: usize, const G: usize, const O: bool>(
     state: &mut State<MT>,
     frag: Frag,
     mut f: impl FnMut(usize, usize, &mut f32),
@@ -568,7 +671,7 @@ fn for_each_state<const K: usize, const MT: usize, const G: usize>(
     for (mt, tiles) in state.iter_mut().enumerate() {
         for (nt, acc) in tiles.iter_mut().enumerate() {
             for (e, s) in acc.iter_mut().enumerate() {
-                let (row, col) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, nt, e);
+                let (row, col) = frag.place.state_at(Tiles::<K, MT, G, O>::STATE_ROWS_PER_WARP, mt, nt, e);
                 f(row, col, s);
             }
         }
@@ -582,13 +685,13 @@ fn for_each_state<const K: usize, const MT: usize, const G: usize>(
 /// # Safety
 /// Every consumer thread of the group calls it.
 #[inline(always)]
-unsafe fn publish_state<const K: usize, const MT: usize, const G: usize>(smem: Smem, frag: Frag, state: &State<MT>) {
+unsafe fn publish_state<const K: usize, const MT: usize, const G: usize, const O: bool>(smem: Smem, frag: Frag, state: &State<MT>) {
     // SAFETY: see the function's contract; every shared address is inside the `st` tile.
     unsafe {
         for (mt, acc_row) in state.iter().enumerate() {
             for (nt, acc) in acc_row.iter().enumerate() {
                 for half in 0..2 {
-                    let (row, col) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
+                    let (row, col) = frag.place.state_at(Tiles::<K, MT, G, O>::STATE_ROWS_PER_WARP, mt, nt, 2 * half);
                     st_shared_u32(Smem::bf16_at(smem.st, BV_STRIDE, (row, col)), pack_bf16x2(acc[2 * half], acc[2 * half + 1]));
                 }
             }
@@ -608,7 +711,7 @@ const VECTORS_PER_BLOCK_ROW: usize = BV / VECTOR;
 /// Every consumer thread of the group calls it (`tid` its index in the group) after [`publish_state`]; `h_item` holds
 /// the item's block of the state, 16-byte aligned.
 #[inline(always)]
-unsafe fn store_h<const K: usize, const MT: usize, const G: usize>(
+unsafe fn store_h<const K: usize, const MT: usize, const G: usize, const O: bool>(
     smem: Smem,
     tid: usize,
     args: &Args,
@@ -652,8 +755,18 @@ unsafe fn store_h<const K: usize, const MT: usize, const G: usize>(
 /// Every lane of the warp calls it; the block lies inside the tile.
 #[inline(always)]
 unsafe fn b_fragments(tile: u32, frag: Frag, k0: usize, n0: usize) -> [[u32; 2]; N_TILES_PER_LOAD] {
-    // SAFETY: see the function's contract; rows are 16-byte aligned (`BV_STRIDE`).
-    let r = unsafe { ldmatrix_x4_trans(Smem::bf16_at(tile, BV_STRIDE, frag.place.ldmatrix_down_then_right(k0, n0))) };
+    // SAFETY: the function's contract.
+    unsafe { b_fragments_at(tile, BV_STRIDE, frag, k0, n0) }
+}
+
+/// [`b_fragments`] from a tile of rows of `stride` elements.
+///
+/// # Safety
+/// As [`b_fragments`]; `stride` keeps rows 16-byte aligned.
+#[inline(always)]
+unsafe fn b_fragments_at(tile: u32, stride: usize, frag: Frag, k0: usize, n0: usize) -> [[u32; 2]; N_TILES_PER_LOAD] {
+    // SAFETY: see the function's contract.
+    let r = unsafe { ldmatrix_x4_trans(Smem::bf16_at(tile, stride, frag.place.ldmatrix_down_then_right(k0, n0))) };
     [[r[0], r[1]], [r[2], r[3]]]
 }
 
@@ -681,36 +794,47 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
     if args.g.is_null() { 0.0 } else { unsafe { ld_shared_f32(Smem::f32_at(tiles.g, rows - 1)) } }
 }
 
+/// A warp's 16 token rows of the block's columns, as `mma_m16n8k16_bf16` accumulators.
+type Rows16 = [[f32; 4]; N_TILES];
+
 /// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` over the valid rows
-/// of the stage's `u` tile (for [`store_v_new`]), and to the `vn` tile (scaled by the scalar
-/// gate's `exp2(g[last] - g[t])` where there is one; zeros past the chunk's end); then the
-/// consumer barrier.
+/// of the stage's `u` tile (for [`store_v_new`], and in the fused pass for [`store_output`]),
+/// and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where there is one;
+/// zeros past the chunk's end); then the consumer barrier. In the fused pass (`O`) it also
+/// forms the output's first product, `o = q Γ @ bf16(S)`, from the same B fragments, and
+/// returns it (zeros elsewhere).
 ///
 /// # Safety
 /// Every consumer thread calls it after [`publish_state`], with the chunk's stage full.
 #[inline(always)]
-unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
+unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, const O: bool>(
     smem: Smem,
     tiles: Stage,
     frag: Frag,
     args: &Args,
     rows: usize,
-) {
+) -> Rows16 {
     let row0 = frag.warp() * VN_ROWS_PER_WARP;
-    let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
-    let mut acc = [[0.0f32; 4]; N_TILES];
+    let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
+    let mut acc: Rows16 = [[0.0f32; 4]; N_TILES];
+    let mut o: Rows16 = [[0.0f32; 4]; N_TILES];
     // SAFETY: see the function's contract; rows past `rows` touch shared memory only.
     unsafe {
         let load = |ks: usize| {
-            let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
+            let at = frag.place.ldmatrix_down_then_right(row0, ks * MMA_K);
+            let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, at));
+            let q = if O { ldmatrix_x4(Smem::bf16_at(tiles.q, row_stride, at)) } else { [0; 4] };
             let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] =
                 core::array::from_fn(|pair| b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N));
-            (a, b)
+            (a, q, b)
         };
-        pipelined(Tiles::<K, MT, G>::VN_K_STEPS, load, |(a, b)| {
+        pipelined(Tiles::<K, MT, G, O>::VN_K_STEPS, load, |(a, q, b)| {
             for (pair, b) in b.iter().enumerate() {
                 for (i, b) in b.iter().enumerate() {
                     mma_m16n8k16_bf16(&mut acc[pair * N_TILES_PER_LOAD + i], a, *b);
+                    if O {
+                        mma_m16n8k16_bf16(&mut o[pair * N_TILES_PER_LOAD + i], q, *b);
+                    }
                 }
             }
         });
@@ -726,7 +850,7 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
                 // Every row, valid or not: past the chunk's end `u` and `w` are zero-filled, so
                 // `Vn` is zero there, and the scale is 1 (`g` holds the last valid row's value).
                 // This warp's own rows of `u`, read and overwritten by the same thread.
-                let u = Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t, col));
+                let u = Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G, O>::U_STRIDE, (t, col));
                 let given = ld_shared_u32(u);
                 let lo = bf16_to_f32(given as u16) - acc[2 * half];
                 let hi = bf16_to_f32((given >> 16) as u16) - acc[2 * half + 1];
@@ -738,6 +862,57 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
         }
         named_barrier(smem.barrier, CONSUMERS as u32);
     }
+    o
+}
+
+/// The fused pass's output of this warp's 16 token rows: `o += P @ bf16(Vn)` over the chunk's
+/// tokens (`P` from the stage's tile, `bf16(Vn)` unscaled from the stage's `u` tile, where
+/// [`corrected_values`] left it: zeros past the chunk's end in both), then `scale o` rounded to
+/// bf16 to `o`'s valid rows (`args.v_new`, at its strides), two adjacent columns per store.
+///
+/// # Safety
+/// Every consumer thread calls it after [`corrected_values`], before the stage is released; `o`
+/// holds the tokens `tok0 .. tok0 + rows` of `item`'s head at 4-byte-aligned rows.
+#[inline(always)]
+unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O: bool>(
+    tiles: Stage,
+    frag: Frag,
+    args: &Args,
+    (item, tok0, rows): (&Item, usize, usize),
+    mut o: Rows16,
+) {
+    let row0 = frag.warp() * VN_ROWS_PER_WARP;
+    let (p_stride, u_stride) = (Tiles::<K, MT, G, O>::P_STRIDE, Tiles::<K, MT, G, O>::U_STRIDE);
+    // SAFETY (block): see the function's contract; every shared address is inside the stage's
+    // `P` and `u` tiles, every store inside a valid row of `o`.
+    unsafe {
+        let load = |ks: usize| {
+            let a = ldmatrix_x4(Smem::bf16_at(tiles.p, p_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
+            let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] = core::array::from_fn(|pair| {
+                b_fragments_at(tiles.u_group, u_stride, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N)
+            });
+            (a, b)
+        };
+        pipelined(STATE_K_STEPS, load, |(a, b)| {
+            for (pair, b) in b.iter().enumerate() {
+                for (i, b) in b.iter().enumerate() {
+                    mma_m16n8k16_bf16(&mut o[pair * N_TILES_PER_LOAD + i], a, *b);
+                }
+            }
+        });
+        let scale = args.fused.scale;
+        for half in 0..2 {
+            let t = row0 + frag.place.g + 8 * half;
+            if t < rows {
+                let row = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0);
+                for (nt, acc) in o.iter().enumerate() {
+                    let col = nt * MMA_N + 2 * frag.place.t;
+                    let pair = pack_bf16x2(acc[2 * half] * scale, acc[2 * half + 1] * scale);
+                    st_global_b32(row.add(col) as *mut u32, pair);
+                }
+            }
+        }
+    }
 }
 
 /// `bf16(Vn)` of the chunk's valid rows from the stage's `u` tile, where [`corrected_values`]
@@ -747,7 +922,7 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize>(
 /// Every consumer thread of the group calls it (`tid` its index in the group) after [`corrected_values`], before the
 /// stage is released; `v_new` holds the tokens `tok0 .. tok0 + rows` at 16-byte-aligned rows.
 #[inline(always)]
-unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize>(
+unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize, const O: bool>(
     tiles: Stage,
     tid: usize,
     args: &Args,
@@ -767,7 +942,7 @@ unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize>(
         let mut to = args.v_new.add(args.v_new_rows.row(tok0 + t0, item.head) + item.vcol0 + col);
         let mut t = t0 as u32;
         while t < rows as u32 {
-            st_global_v4(to, ld_shared_v4(Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G>::U_STRIDE, (t as usize, col))));
+            st_global_v4(to, ld_shared_v4(Smem::bf16_at(tiles.u_group, Tiles::<K, MT, G, O>::U_STRIDE, (t as usize, col))));
             to = to.wrapping_add(rows_per_pass * args.v_new_rows.token);
             t += rows_per_pass as u32;
         }
@@ -780,7 +955,7 @@ unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize>(
 /// # Safety
 /// Every consumer thread calls it after [`corrected_values`], with the chunk's stage full.
 #[inline(always)]
-unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
+unsafe fn update_state<const K: usize, const MT: usize, const G: usize, const O: bool>(
     smem: Smem,
     tiles: Stage,
     frag: Frag,
@@ -788,7 +963,7 @@ unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
     rows: usize,
     state: &mut State<MT>,
 ) {
-    let row_stride = Tiles::<K, MT, G>::ROW_STRIDE;
+    let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
     // SAFETY: see the function's contract; every index is inside its shared tile.
     unsafe {
         let g_last = g_last(tiles, args, rows);
@@ -796,7 +971,7 @@ unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
         for (mt, tiles_row) in state.iter_mut().enumerate() {
             for half in 0..2 {
                 // Accumulator elements 2 * half and 2 * half + 1 of every n8 tile share a row.
-                let (row, _) = frag.place.state_at(Tiles::<K, MT, G>::STATE_ROWS_PER_WARP, mt, 0, 2 * half);
+                let (row, _) = frag.place.state_at(Tiles::<K, MT, G, O>::STATE_ROWS_PER_WARP, mt, 0, 2 * half);
                 let gk_last = if has_gk { ld_shared_f32(Smem::f32_at(tiles.gk_last, row)) } else { 0.0 };
                 let decay = exp2_approx(g_last + gk_last);
                 for acc in tiles_row.iter_mut() {
@@ -805,7 +980,7 @@ unsafe fn update_state<const K: usize, const MT: usize, const G: usize>(
                 }
             }
         }
-        let warp_row0 = frag.warp() * Tiles::<K, MT, G>::STATE_ROWS_PER_WARP;
+        let warp_row0 = frag.warp() * Tiles::<K, MT, G, O>::STATE_ROWS_PER_WARP;
         let load = |ks: usize| {
             let a: [[u32; 4]; MT] = core::array::from_fn(|mt| {
                 let at = frag.place.ldmatrix_right_then_down(ks * MMA_K, warp_row0 + mt * MMA_M);

@@ -137,6 +137,12 @@ impl RowStrides {
         Self { token: token as usize, head: head as usize }
     }
 
+    /// The strides of a packed `[T][heads][width]` tensor.
+    #[inline(always)]
+    pub fn packed(heads: usize, width: usize) -> Self {
+        Self { token: heads * width, head: width }
+    }
+
     /// Element offset of the row of token `t`, head `head`.
     #[inline(always)]
     pub fn row(self, t: usize, head: usize) -> usize {

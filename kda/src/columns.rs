@@ -93,16 +93,21 @@ pub struct PortableFit {
     pub sms: usize,
     /// Dynamic shared memory a CTA may opt in to on the device.
     pub smem_per_block: usize,
+    /// Whether the plan runs the fused layer pass, whose entries need more shared memory.
+    pub fused: bool,
 }
 
 impl PortableFit {
     /// Whether the device and shape can run two-group CTAs: an entry for the key size, `V` a
     /// multiple of their block, their tiles and ring within the CTA's shared memory.
     pub fn wide_runs(&self) -> bool {
-        use kda_kernel::layout::portable::{block_cols, has_variant, smem_bytes};
-        has_variant(self.key_dim, 2)
-            && self.value_dim.is_multiple_of(block_cols(2))
-            && self.smem_per_block >= smem_bytes(self.key_dim, 2)
+        use kda_kernel::layout::portable::{block_cols, fused_smem_bytes, has_fused_variant, has_variant, smem_bytes};
+        let (built, smem) = if self.fused {
+            (has_fused_variant(self.key_dim, 2), fused_smem_bytes(self.key_dim, 2))
+        } else {
+            (has_variant(self.key_dim, 2), smem_bytes(self.key_dim, 2))
+        };
+        built && self.value_dim.is_multiple_of(block_cols(2)) && self.smem_per_block >= smem
     }
 
     /// Consumer groups per CTA of the portable kernel as `mode` asks: forced narrow blocks take
@@ -125,7 +130,7 @@ mod tests {
     use super::*;
 
     fn fit(key_dim: usize, value_dim: usize, narrow_items: usize, smem_per_block: usize) -> PortableFit {
-        PortableFit { key_dim, value_dim, narrow_items, sms: 132, smem_per_block }
+        PortableFit { key_dim, value_dim, narrow_items, sms: 132, smem_per_block, fused: false }
     }
 
     #[test]
@@ -145,6 +150,20 @@ mod tests {
         assert_eq!(fit(128, 128, 16, H100).groups(ColumnMode::Force(Columns::Wide)), 2);
         assert_eq!(fit(128, 128, 256, H100).groups(ColumnMode::Force(Columns::Narrow)), 1);
         assert_eq!(fit(128, 128, 256, SM86).groups(ColumnMode::Force(Columns::Wide)), 1);
+    }
+
+    #[test]
+    fn the_fused_pass_takes_two_groups_where_its_two_group_entry_fits() {
+        const H100: usize = 227 * 1024;
+        const A100: usize = 163 * 1024;
+        let fused = |key_dim, smem_per_block| PortableFit { fused: true, ..fit(key_dim, 128, 256, smem_per_block) };
+        let wide = ColumnMode::Force(Columns::Wide);
+        // K = 128: two groups' q Γ and P tiles beside a two-stage ring need the H100's 227 KB.
+        assert_eq!(fused(128, H100).groups(wide), 2);
+        assert_eq!(fused(128, A100).groups(wide), 1);
+        assert_eq!(fit(128, 128, 256, A100).groups(wide), 2, "the plain recurrence's fit the A100");
+        // K = 64 fits the A100 in two groups too.
+        assert_eq!(fused(64, A100).groups(wide), 2);
     }
 
     fn work(value_heads: usize, key_dim: usize, value_dim: usize) -> Work {

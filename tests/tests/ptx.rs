@@ -115,15 +115,28 @@ fn baseline_assembles_without_spills_for_both_targets() {
 
 /// Every kernel of the portable module asks for no more shared memory than every sm_80+ GPU
 /// gives a CTA (99 KB on sm_86, sm_89 and sm_120): the layer, decode and the recurrence run on
-/// all of them. The two-group recurrence entries, which the launcher takes only where the GPU
-/// gives a CTA more, fit the A100's 163 KB.
+/// all of them. The entries the launcher loads only where the GPU gives a CTA more (and plans
+/// for only there) fit their class: the two-group recurrence entries, the fused layer pass's
+/// one-group entries and its prepare kernel the A100's 163 KB, its two-group entries the H100's
+/// 227 KB.
 #[test]
 fn every_portable_kernel_fits_every_sm80_gpu() {
-    use kda_kernel::abi::{PORTABLE_K64_WIDE, PORTABLE_WIDE};
-    use kda_kernel::layout::portable::WIDE_SMEM_LIMIT;
-    let wide = [PORTABLE_K64_WIDE.entry, PORTABLE_WIDE.entry];
+    use kda_kernel::abi::{
+        PORTABLE_FUSED, PORTABLE_FUSED_K64, PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64_WIDE,
+        PORTABLE_WIDE,
+    };
+    use kda_kernel::layout::portable::{HOPPER_CLASS_SMEM_LIMIT, WIDE_SMEM_LIMIT};
+    let a100 = [PORTABLE_K64_WIDE.entry, PORTABLE_WIDE.entry, PORTABLE_FUSED_K64.entry, PORTABLE_FUSED.entry];
+    let a100 = [&a100[..], &[LAYER_PREPARE_FUSED.entry]].concat();
+    let h100 = [PORTABLE_FUSED_K64_WIDE.entry, PORTABLE_FUSED_WIDE.entry];
     for k in KERNELS.iter().filter(|k| k.targets.contains(&kda_kernel::abi::SM80)) {
-        let limit = if wide.contains(&k.entry) { WIDE_SMEM_LIMIT } else { kda_kernel::layout::SM80_SMEM_PER_CTA };
+        let limit = if h100.contains(&k.entry) {
+            HOPPER_CLASS_SMEM_LIMIT
+        } else if a100.contains(&k.entry) {
+            WIDE_SMEM_LIMIT
+        } else {
+            kda_kernel::layout::SM80_SMEM_PER_CTA
+        };
         println!("{}: {} bytes of dynamic shared memory (limit {limit})", k.entry, k.smem_bytes);
         assert!(k.smem_bytes <= limit, "{}: {} bytes", k.entry, k.smem_bytes);
     }
@@ -204,6 +217,39 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             // ptxas's `CALL.REL.NOINC` to the next instruction (sm_80's loop-convergence idiom)
             // is no call; anything else is.
             assert_eq!(count("CALL.") - count("CALL.REL.NOINC"), 0, "{arch} {}: portable SASS holds a call", abi.entry);
+        }
+    }
+}
+
+/// The fused layer pass's portable entries: the recurrence's products and the output's two
+/// beside them on the tensor cores (`HMMA` per chunk: `2 K / 16` k-steps x 4 column tiles for
+/// `Vn` and `q Γ S`, 4 k-steps x 4 column tiles x `K / 64` row tiles for `S`, 4 k-steps x 4
+/// column tiles for `P Vn`), the chunk's `q Γ` and `P` rows copied with the others by `cp.async`,
+/// `o` stored to global memory (`STG.E`) and never `h` or `v_new` (no 16-byte stores), no local
+/// memory, no generic access, no call, and registers for the CTAs per SM the grid counts on.
+#[test]
+fn the_portable_fused_pass_runs_its_four_products_on_the_tensor_cores() {
+    use kda_kernel::abi::PORTABLE_FUSED_ENTRIES;
+    use kda_kernel::layout::portable::{FUSED_VARIANTS, max_ctas_per_sm};
+    for (ptx, arch) in [(SM90A, "sm_90a"), (SM80, "sm_80")] {
+        let (cubin, report) = assemble_as(ptx, arch, &format!("portable-fused-{arch}"));
+        let code = sass(&cubin);
+        for (abi, (key_dim, groups)) in PORTABLE_FUSED_ENTRIES.iter().zip(FUSED_VARIANTS) {
+            let r = resources(&report, abi.entry);
+            println!("{arch} {}: {r:?}, {} bytes of shared memory", abi.entry, abi.smem_bytes);
+            assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch} {}: {r:?}", abi.entry);
+            assert!(r.registers * abi.threads * max_ctas_per_sm(key_dim, groups) <= REGISTERS_PER_SM);
+            let code = function_sass(&code, abi.entry);
+            let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
+            let hmma = 2 * (key_dim / 16) * 4 + 4 * 4 * (key_dim / 64) + 4 * 4;
+            assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's four products", abi.entry);
+            for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "ARRIVES.LDGSTSBAR.64", "STG.E"] {
+                assert!(count(op) > 0, "{arch} {}: fused SASS lacks {op}", abi.entry);
+            }
+            for op in ["STG.E.128", " LD.", " ST.", "LDL", "STL"] {
+                assert_eq!(count(op), 0, "{arch} {}: fused SASS holds {op}", abi.entry);
+            }
+            assert_eq!(count("CALL.") - count("CALL.REL.NOINC"), 0, "{arch} {}: fused SASS holds a call", abi.entry);
         }
     }
 }
@@ -302,7 +348,8 @@ fn the_layer_kernels_keep_two_ctas_per_sm_on_hopper() {
             assert!(body.contains(op), "{} SASS lacks {op}", abi.entry);
         }
     }
-    assert!(!SM80.contains(LAYER_PREPARE_FUSED.entry), "the fused prepare kernel is the sm_90a module's only");
+    // The portable module has the fused prepare kernel too, for the portable kernel's fused pass.
+    assert!(SM80.contains(LAYER_PREPARE_FUSED.entry), "the portable module lacks the fused prepare kernel");
 }
 
 /// The launch bounds the builder writes into each entry are the ABI's: `.maxntid` is the block

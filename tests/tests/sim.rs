@@ -351,6 +351,120 @@ fn run_portable(p: &ModelView<'_>, strides: &Strides, split: Option<&SplitPlan>,
     out
 }
 
+/// The portable kernel's fused layer pass entry for key size `key_dim` and `groups` groups.
+type PortableFusedEntry = unsafe fn(
+    *const u16,
+    *const u16,
+    *const u16,
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut u16,
+    *mut u16,
+    *mut f32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *const u16,
+    *const u16,
+    u32,
+);
+
+fn portable_fused_entry(key_dim: usize, groups: usize) -> PortableFusedEntry {
+    match (key_dim, groups) {
+        (64, 1) => kda_kernel::portable::kda_layer_fused_portable_k64,
+        (128, 1) => kda_kernel::portable::kda_layer_fused_portable,
+        (64, 2) => kda_kernel::portable::kda_layer_fused_portable_k64_wide,
+        (128, 2) => kda_kernel::portable::kda_layer_fused_portable_wide,
+        _ => panic!("no fused portable entry for K = {key_dim}, {groups} groups"),
+    }
+}
+
+/// The portable kernel's fused layer pass on `p` (the layer's recurrence view, packed) with the
+/// fused prepare kernel's `qg` and `attention`, as the launcher runs it unsplit: `o` (`[T, HV,
+/// V]`, poisoned first and checked written) and `ht` (in `p`'s layout).
+fn run_portable_fused(
+    p: &ModelView<'_>,
+    (qg, attention): (&[bf16], &[bf16]),
+    scale_bits: u32,
+    groups: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let d = Dims::model(p.plan, &p.shape);
+    let inputs = LaidInputs::of(p, &Strides::PACKED);
+    let [_, v_new_len, ht_len] = p.output_lens();
+    let mut o = vec![bf16::from_bits(POISON_BF16); v_new_len];
+    let mut ht = vec![f32::from_bits(POISON_F32); ht_len];
+    let (kd, vd, hv) = (d.key_dim, d.value_dim, d.value_heads);
+    let pass = PortablePass::of(&Unit::sequences(p.plan), &d, (vd, portable::block_cols(groups)), UColumns::Values);
+    let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
+    let (k, w, u, g, gk) = (ptr(&inputs.k), ptr(&inputs.w), ptr(&inputs.u), opt(&inputs.g), opt(&inputs.gk));
+    let (h0, qg, attention, records) =
+        (p.h0.map_or(sim::Ptr::null(), ptr), ptr(qg), ptr(attention), ptr(&pass.records));
+    let (o_out, ht_out) = (ptr_mut(&mut o), ptr_mut(&mut ht));
+    let [ks, ws, us, gs, gks, os] = inputs.strides;
+    let entry = portable_fused_entry(kd, groups);
+    let launch = Launch {
+        grid: pass.workers,
+        block: portable::threads(groups),
+        shared_bytes: portable::fused_smem_bytes(kd, groups),
+    };
+    // SAFETY: every buffer holds the layer's rows (packed) and the state rows the records name;
+    // the outputs are separate; `h` is never written by the fused pass (null).
+    unsafe {
+        sim::launch(launch, || {
+            entry(
+                k.ptr() as *const u16,
+                w.ptr() as *const u16,
+                u.ptr() as *const u16,
+                g.ptr(),
+                gk.ptr(),
+                h0.ptr(),
+                core::ptr::null_mut(),
+                o_out.mut_ptr() as *mut u16,
+                ht_out.mut_ptr(),
+                records.ptr() as *const u32,
+                hv as u32,
+                vd as u32,
+                p.shape.layout.code(),
+                PassCode::Recurrence as u32,
+                ks[0],
+                ks[1],
+                ws[0],
+                ws[1],
+                us[0],
+                us[1],
+                gs[0],
+                gs[1],
+                gks[0],
+                gks[1],
+                os[0],
+                os[1],
+                qg.ptr() as *const u16,
+                attention.ptr() as *const u16,
+                scale_bits,
+            )
+        })
+    }
+    .unwrap_or_else(|e| panic!("portable fused pass, K = {kd}, {groups} groups: {e}"));
+    assert!(o.iter().all(|x| x.to_bits() != POISON_BF16), "the fused pass left o unwritten");
+    assert!(ht.iter().all(|x| x.to_bits() != POISON_F32), "the fused pass left ht unwritten");
+    (o.iter().map(|x| x.to_f32()).collect(), ht)
+}
+
 /// The split merge on the simulator as the launcher runs it (one CTA per merge record, value
 /// head and block of `COLS` columns): `entries` from the pre-scan's `maps` and `h0`, for
 /// `heads` value heads of `K = key_dim`, `V = value_dim`.
@@ -501,6 +615,12 @@ enum LayerRecurrence {
     Reference,
     /// The portable tensor-core kernel: the whole layer as every GPU but Hopper runs it.
     Portable,
+    /// The portable kernel's fused layer pass (`kda_layer_fused_portable*`), forming `o` in its
+    /// chunk loop from the fused prepare kernel's `q Γ` and `P` (with [`LayerOutput::Fused`]).
+    PortableFused {
+        /// Consumer groups per CTA.
+        groups: usize,
+    },
 }
 
 /// How the simulated layer forms `o`.
@@ -640,8 +760,15 @@ fn run_layer_keeping_h(
         gk: is_kda.then_some(&gate[..]),
         h0: h0.as_deref(),
     };
+    if let LayerRecurrence::PortableFused { groups } = recurrence {
+        assert!(fused, "the portable fused pass runs on the fused prepare kernel's outputs");
+        let (o, ht) = run_portable_fused(&view, (&qg, &attention), codes.scale_bits, groups);
+        let ht = if value_first { transposed(&ht, vd, kd) } else { ht };
+        return (LayerOutputs { o, ht }, Vec::new());
+    }
     let recurrence = match recurrence {
         LayerRecurrence::Reference => model_reference(&view).unwrap(),
+        LayerRecurrence::PortableFused { .. } => unreachable!("returned above"),
         LayerRecurrence::Portable => {
             // The widest variant the shape runs, as the launcher picks on a GPU that has room.
             let groups = *portable_groups(&view).last().expect("one group always runs");
@@ -967,6 +1094,51 @@ fn the_layer_runs_on_the_portable_kernels() {
         assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
     }
 }
+
+/// The whole layer on the portable kernel's fused pass (the fused prepare kernel, then the
+/// recurrence forming `o` in its chunk loop), in one or two consumer groups, on the random
+/// layers whose sizes the pass runs (both kinds, both state layouts), against the f64
+/// definition within the GPU suite's bounds, and against `o` as [`fused_output`] forms it from
+/// the portable recurrence's `h` and `v_new` (the same operands: within bf16 rounding).
+#[test]
+fn the_fused_pass_runs_on_the_portable_kernel() {
+    let mut ran = 0;
+    for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let s = p.shape;
+        if !portable::FUSED_VARIANTS.iter().any(|&(k, _)| k == s.key_dim) || !s.value_dim.is_multiple_of(64) {
+            continue;
+        }
+        let layout = if i % 2 == 0 { StateLayout::KeyFirst } else { StateLayout::ValueFirst };
+        let want = layer_reference(&p).unwrap();
+        let bounds = layer_bounds(&p, &want);
+        let (emulated, _) = run_layer_keeping_h(&p, layout, LayerRecurrence::Portable, LayerOutput::Fused);
+        // One and two groups in turn (each case in both would double the test's minutes).
+        {
+            let groups = 1 + ran % 2;
+            let recurrence = LayerRecurrence::PortableFused { groups };
+            let (got, _) = run_layer_keeping_h(&p, layout, recurrence, LayerOutput::Fused);
+            let errs = got.errors(&want);
+            let from_emulation = [kda::rel_error(&got.o, &emulated.o), kda::rel_error(&got.ht, &emulated.ht)];
+            println!(
+                "{name} {layout:?} {groups} groups: o {:.2e} ht {:.2e}, bounds {bounds:?}; from the emulated pass {:.2e} {:.2e}",
+                errs[0], errs[1], from_emulation[0], from_emulation[1]
+            );
+            assert!(
+                errs.iter().zip(&bounds).all(|(e, b)| e <= b),
+                "{name} {layout:?} {groups}: {errs:?} over {bounds:?}"
+            );
+            assert!(from_emulation[0] < FUSED_EMULATION_SLACK, "{name}: o {from_emulation:?} from the emulated pass");
+            assert_eq!(from_emulation[1], 0.0, "{name}: ht is the recurrence's, bit for bit");
+        }
+        ran += 1;
+    }
+    assert!(ran >= 2, "the random layers hold cases of the fused pass's sizes");
+}
+
+/// How far the portable fused pass's `o` may lie from [`fused_output`]'s on the same operands:
+/// both round `scale (q Γ S + P Vn)` to bf16 (2^-9 relative at most), from f32 sums in another
+/// order.
+const FUSED_EMULATION_SLACK: f64 = 4e-3;
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, failure_persistence: None, ..Default::default() })]

@@ -377,6 +377,16 @@ pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
     unsafe { (ptr as *const [u32; 2]).read() }
 }
 
+/// `st.global.b32`.
+///
+/// # Safety
+/// `ptr` is 4-byte aligned and addresses 4 writable bytes.
+pub unsafe fn st_global_b32(ptr: *mut u32, v: u32) {
+    assert!((ptr as usize).is_multiple_of(4), "st.global.b32: {ptr:?} is not 4-byte aligned");
+    // SAFETY: the caller's contract.
+    unsafe { ptr.write(v) }
+}
+
 /// `st.global.v2.b32`.
 ///
 /// # Safety

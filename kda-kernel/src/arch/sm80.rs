@@ -487,6 +487,17 @@ pub unsafe fn ld_global_v2(ptr: *const u32) -> [u32; 2] {
     [x, y]
 }
 
+/// `st.global.b32` (PTX 1.0): 4 bytes to global memory (a generic store would resolve its
+/// address space at run time).
+///
+/// # Safety
+/// `ptr` is 4-byte aligned and addresses 4 writable bytes.
+#[inline(always)]
+pub unsafe fn st_global_b32(ptr: *mut u32, v: u32) {
+    // SAFETY: see the function's contract.
+    unsafe { asm!("st.global.b32 [{p}], {x};", p = in(reg64) ptr, x = in(reg32) v, options(nostack)) }
+}
+
 /// `st.global.v2.b32` (PTX 1.0): 8 bytes to global memory.
 ///
 /// # Safety

@@ -483,10 +483,11 @@ kernel_entry! {
 kernel_entry! {
     /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`, parameters
     /// `abi::LAYER_PREPARE_FUSED_PARAMS`): [`kda_layer_prepare`]'s work and the output's
-    /// token-parallel part for the fused recurrence (`abi::HOPPER_FUSED`), which forms `o` in its
-    /// chunk loop. Grid and threads as [`kda_layer_prepare`];
-    /// `layout::layer::PREPARE_FUSED_SMEM_BYTES` of dynamic shared memory (two CTAs per SM on
-    /// 9.x, the only GPUs the fused recurrence runs on).
+    /// token-parallel part for the fused recurrence (`abi::HOPPER_FUSED`, or the portable
+    /// kernel's `abi::PORTABLE_FUSED`), which forms `o` in its chunk loop. Grid and threads as
+    /// [`kda_layer_prepare`]; `layout::layer::PREPARE_FUSED_SMEM_BYTES` of dynamic shared memory
+    /// (two CTAs per SM on 9.x; more than the 99 KB a CTA gets on sm_86, sm_89 and sm_120, which
+    /// run the separate path).
     ///
     /// Also reads `q` `[T, H, K]` (bf16) and writes the valid rows of `qg` (`bf16(q Γ)`,
     /// `[T, HV, K]`) and `attention` (`[T, HV, CHUNK]` bf16: token `r`'s row of its chunk's
@@ -495,7 +496,6 @@ kernel_entry! {
     ///
     /// # Safety
     /// As for [`kda_layer_prepare`].
-    #[cfg(any(not(target_arch = "nvptx64"), target_feature = "sm_90a"))]
     pub unsafe fn kda_layer_prepare_fused(
         k: *const u16,
         v: *const u16,

@@ -140,7 +140,9 @@ impl BaselineArgs {
     }
 }
 
-/// The portable tensor-core kernel's arguments (`kda_kernel::abi::PORTABLE_PARAMS`).
+/// The portable tensor-core kernel's arguments (`kda_kernel::abi::PORTABLE_PARAMS`; with `fused`,
+/// `PORTABLE_FUSED_PARAMS`).
+#[derive(Clone, Copy)]
 pub(super) struct PortableArgs {
     /// `k`, `w`, `u`, `g`, `gk`, `h0`, `h`, `v_new`, `ht` (0 for an absent gate or state).
     pub ptrs: [Address; 9],
@@ -156,6 +158,9 @@ pub(super) struct PortableArgs {
     pub pass: u32,
     /// Token and head strides (elements) of `k`, `w`, `u`, `g`, `gk` and `v_new`, in that order.
     pub strides: [[u32; 2]; 6],
+    /// The fused layer pass's `qg`, `attention` and output scale bits (`abi::PORTABLE_FUSED`),
+    /// whose `o` takes `v_new`'s place and strides.
+    pub fused: Option<(Address, Address, u32)>,
 }
 
 impl PortableArgs {
@@ -173,8 +178,15 @@ impl PortableArgs {
 
     /// Pushes the arguments in the kernel's parameter order.
     pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        for (name, ptr) in Self::TENSORS.into_iter().zip(&self.ptrs) {
-            sink.push(name, ptr);
+        // The fused pass's `o` in `v_new`'s place, by name too (`abi::PORTABLE_FUSED_PARAMS`).
+        let name = |name: &'static str| match (self.fused.is_some(), name) {
+            (true, "v_new") => "o",
+            (true, "v_new_token_stride") => "o_token_stride",
+            (true, "v_new_head_stride") => "o_head_stride",
+            _ => name,
+        };
+        for (tensor, ptr) in Self::TENSORS.into_iter().zip(&self.ptrs) {
+            sink.push(name(tensor), ptr);
         }
         sink.push("work", &self.work);
         sink.push("heads", &self.heads);
@@ -182,9 +194,14 @@ impl PortableArgs {
         sink.push("state_layout", &self.state_layout);
         sink.push("pass", &self.pass);
         for (names, values) in Self::STRIDES.iter().zip(&self.strides) {
-            for (name, value) in names.iter().zip(values) {
-                sink.push(name, value);
+            for (stride, value) in names.iter().zip(values) {
+                sink.push(name(stride), value);
             }
+        }
+        if let Some((qg, attention, scale_bits)) = &self.fused {
+            sink.push("qg", qg);
+            sink.push("attention", attention);
+            sink.push("scale_bits", scale_bits);
         }
     }
 }
@@ -286,18 +303,23 @@ mod tests {
     use kda_kernel::abi::{
         ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
         HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE,
-        LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_K64, PORTABLE_K64_WIDE,
+        LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_FUSED, PORTABLE_FUSED_ENTRIES,
+        PORTABLE_FUSED_K64, PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64, PORTABLE_K64_WIDE,
         PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 20] = [
+    const ABIS: [&KernelAbi; 24] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
         &PORTABLE_K256,
         &PORTABLE_K64_WIDE,
         &PORTABLE_WIDE,
+        &PORTABLE_FUSED_K64,
+        &PORTABLE_FUSED,
+        &PORTABLE_FUSED_K64_WIDE,
+        &PORTABLE_FUSED_WIDE,
         &HOPPER,
         &HOPPER_K64,
         &HOPPER_NARROW,
@@ -422,11 +444,19 @@ mod tests {
             state_layout: 1,
             pass: 1,
             strides: [[14, 15], [16, 17], [18, 19], [20, 21], [22, 23], [24, 25]],
+            fused: None,
         };
         let mut pushed = Recorder::default();
         portable.push(&mut pushed);
         // Every variant's entry takes the same arguments.
         for abi in PORTABLE_ENTRIES {
+            check_entry(abi, &pushed.0);
+        }
+        // The fused layer pass's take them with `o`, then `qg`, `attention` and the scale.
+        let fused = PortableArgs { fused: Some((26, 27, 28)), ..portable };
+        let mut pushed = Recorder::default();
+        fused.push(&mut pushed);
+        for abi in PORTABLE_FUSED_ENTRIES {
             check_entry(abi, &pushed.0);
         }
 

@@ -49,6 +49,9 @@ pub struct DevicePlan {
     pub(super) portable: Option<PortableDevice>,
     /// A table of the caller's uploaded with the plan's (a layer's chunk records).
     pub(super) extra: Option<Table>,
+    /// Whether the plan runs the fused layer pass: the portable kernel's consumer groups and grid
+    /// then follow the fused entries' shared memory.
+    fused_output: bool,
 }
 
 /// That `plan` fits `shape`'s kernels: its tensors in memory (`Dims::check`) and its work items
@@ -183,17 +186,17 @@ impl DevicePlan {
         shape: &ModelShape,
         columns: ColumnMode,
     ) -> Result<Self, KdaError> {
-        Self::model_with(stream, plan, shape, columns, None)
+        Self::model_with(stream, plan, shape, columns, (None, false))
     }
 
     /// [`DevicePlan::model_in`] with `extra` uploaded beside the plan's tables (a layer's chunk
-    /// records: one copy for all of them).
+    /// records: one copy for all of them), for the fused layer pass where `fused_output` says so.
     pub(super) fn model_with(
         stream: &Arc<CudaStream>,
         plan: Plan,
         shape: &ModelShape,
         columns: ColumnMode,
-        extra: Option<Table>,
+        (extra, fused_output): (Option<Table>, bool),
     ) -> Result<Self, KdaError> {
         shape.validate()?;
         let value_heads = shape.value_heads;
@@ -234,6 +237,7 @@ impl DevicePlan {
             smem_per_block,
             portable: None,
             extra,
+            fused_output,
         };
         // (Plans the portable kernel's passes too.)
         this.plan_columns(stream, columns)?;
@@ -394,13 +398,19 @@ impl DevicePlan {
                 .saturating_mul(dims.value_dim / portable::BV),
             sms: self.sms,
             smem_per_block: self.smem_per_block,
+            fused: self.fused_output,
         };
         let groups = fit.groups(self.column_mode);
         let width = portable::block_cols(groups);
         if !portable::KEY_DIMS.contains(&dims.key_dim) || !dims.value_dim.is_multiple_of(width) {
             return Ok(());
         }
-        let workers = portable::workers(dims.key_dim, groups, self.sms, self.smem_per_sm);
+        let smem = if self.fused_output {
+            portable::fused_smem_bytes(dims.key_dim, groups)
+        } else {
+            portable::smem_bytes(dims.key_dim, groups)
+        };
+        let workers = portable::workers_of(smem, dims.key_dim, groups, self.sms, self.smem_per_sm);
         let schedule =
             Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);
         let Some(table) = schedule.table(&self.plan, dims.group()) else { return Ok(()) };

@@ -129,13 +129,15 @@ pub const OUTPUT_VAR: &str = "KDA_LAYER_OUTPUT";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutputPath {
     /// The path `KDA_LAYER_OUTPUT` names ([`OUTPUT_VAR`]); unset, empty or `auto`:
-    /// [`OutputPath::Fused`] where the device runs it (compute capability 9.x with the native
-    /// module and the Hopper kernel not overridden by `KDA_MODULE` or `KDA_KERNEL`, `K` of 64 or
-    /// 128), [`OutputPath::Separate`] elsewhere.
+    /// [`OutputPath::Fused`] where the device runs it (`K` of 64 or 128, `V` a multiple of 64;
+    /// compute capability 9.x with the native module and the Hopper kernel not overridden by
+    /// `KDA_MODULE` or `KDA_KERNEL`, or the portable kernel on a GPU that gives a CTA the fused
+    /// kernels' shared memory: the A100 class and newer data-center GPUs), [`OutputPath::Separate`]
+    /// elsewhere (the sm_86, sm_89 and sm_120 parts, the baseline kernel).
     #[default]
     Auto,
-    /// `o` formed in the recurrence's chunk loop (the Hopper kernel, wide column blocks): no
-    /// `h` or `v_new` through memory.
+    /// `o` formed in the recurrence's chunk loop (the Hopper kernel in wide column blocks, or the
+    /// portable kernel): no `h` or `v_new` through memory.
     Fused,
     /// The recurrence writes every chunk's entry state `h` and `v_new` into the workspace, and an
     /// output kernel forms `o` from them: every GPU, and what [`Kda::launch_checkpoints`] needs.
@@ -143,8 +145,8 @@ pub enum OutputPath {
 }
 
 impl OutputPath {
-    /// Whether the fused path runs `shape`'s sizes (`K` of 64 or 128, `V` a multiple of 64),
-    /// on a 9.x device.
+    /// Whether the fused path runs `shape`'s sizes (`K` of 64 or 128, `V` a multiple of 64), on
+    /// a device that runs it (`Auto`'s rule).
     pub fn fused_runs(shape: &LayerShape) -> bool {
         kda_kernel::abi::hopper_fused_for(shape.key_dim).is_some()
             && shape.value_dim.is_multiple_of(kda_kernel::layout::hopper::BV)
@@ -164,11 +166,13 @@ impl OutputPath {
     }
 
     /// What `Auto` stands for, the one rule: the path `KDA_LAYER_OUTPUT` names; else
-    /// [`OutputPath::Fused`] where the Hopper kernel of the sm_90a module runs the recurrence
-    /// (`hopper`) and the fused pass has `shape`'s sizes, [`OutputPath::Separate`] elsewhere.
-    fn auto_for(hopper: bool, shape: &LayerShape) -> Result<Self, KdaError> {
+    /// [`OutputPath::Fused`] where the recurrence's kernel has the fused pass on this device
+    /// (`kernel_fuses`: the Hopper kernel of the sm_90a module, or the portable kernel where the
+    /// fused kernels' shared memory fits) and the pass has `shape`'s sizes,
+    /// [`OutputPath::Separate`] elsewhere.
+    fn auto_for(kernel_fuses: bool, shape: &LayerShape) -> Result<Self, KdaError> {
         Ok(match Self::from_env()? {
-            OutputPath::Auto if hopper && Self::fused_runs(shape) => OutputPath::Fused,
+            OutputPath::Auto if kernel_fuses && Self::fused_runs(shape) => OutputPath::Fused,
             OutputPath::Auto => OutputPath::Separate,
             named => named,
         })
@@ -180,12 +184,17 @@ impl OutputPath {
     fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
         match self {
             OutputPath::Auto => {
-                let (major, _) = stream.context().compute_capability()?;
+                let ctx = stream.context();
+                let (major, _) = ctx.compute_capability()?;
                 let options = KdaOptions::from_env()?;
                 let hopper = major == 9
                     && options.module == Module::Native
                     && matches!(options.auto, Kernel::Auto | Kernel::Hopper);
-                Self::auto_for(hopper, shape)
+                let portable = !hopper && matches!(options.auto, Kernel::Auto | Kernel::Portable);
+                let optin = ctx.attribute(
+                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )? as usize;
+                Self::auto_for(hopper || (portable && portable_fuses(shape.key_dim, optin)), shape)
             }
             path => Ok(path),
         }
@@ -416,6 +425,20 @@ impl LayerPlan {
     }
 }
 
+/// Whether the portable kernel runs the fused layer pass at key size `key_dim` by default on a
+/// device that gives a CTA `optin` bytes of shared memory: the fused prepare kernel and the
+/// one-group fused entry both fit (the planner takes two groups where theirs fit too).
+fn portable_fuses(key_dim: usize, optin: usize) -> bool {
+    use kda_kernel::layout::{layer::PREPARE_FUSED_SMEM_BYTES, portable};
+    PORTABLE_FUSED_BY_DEFAULT
+        && portable::has_fused_variant(key_dim, 1)
+        && optin >= PREPARE_FUSED_SMEM_BYTES
+        && optin >= portable::fused_smem_bytes(key_dim, 1)
+}
+
+/// Whether `Auto` takes the fused path on the portable kernel where it runs.
+const PORTABLE_FUSED_BY_DEFAULT: bool = true;
+
 /// Whether `output` runs `shape`: the fused path its sizes only (a typed refusal otherwise).
 fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
     if output == OutputPath::Fused && !OutputPath::fused_runs(shape) {
@@ -431,7 +454,9 @@ fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
 }
 
 /// The layer's recurrence plan for `batch`: the planner's column blocks and split, except that
-/// the fused path runs wide blocks only; `chunks` (the chunk records) uploaded with its tables.
+/// the fused path runs wide blocks only (on the portable kernel, two groups where the device has
+/// the shared memory of the fused two-group entry, else one); `chunks` (the chunk records)
+/// uploaded with its tables.
 fn plan_recurrence(
     stream: &Arc<CudaStream>,
     batch: Plan,
@@ -443,7 +468,8 @@ fn plan_recurrence(
         OutputPath::Fused => ColumnMode::Force(Columns::Wide),
         _ => ColumnMode::Auto,
     };
-    DevicePlan::model_with(stream, batch, &shape.recurrence_shape(layout), columns, Some(chunks))
+    let fused = output == OutputPath::Fused;
+    DevicePlan::model_with(stream, batch, &shape.recurrence_shape(layout), columns, (Some(chunks), fused))
 }
 
 /// Whether the GPU layer runs `shape`: a valid layer shape with `K` and `V` of 64 or 128 (the
@@ -658,7 +684,7 @@ impl Kda {
                 v_new: outputs.o.slice_mut(..),
                 ht: outputs.ht.as_mut().map(|x| x.slice_mut(..)),
             };
-            self.launch_with(stream, &plan.recurrence, &rec_inputs, &mut rec_outputs, Kernel::Hopper, Some(output))?;
+            self.launch_with(stream, &plan.recurrence, &rec_inputs, &mut rec_outputs, Kernel::Auto, Some(output))?;
             return after(LayerStage::Recurrence);
         }
         {
@@ -864,26 +890,43 @@ impl Kda {
     /// pass's), [`OutputPath::Separate`] elsewhere. A plan made with it
     /// ([`LayerPlan::with_path`]) runs on this launcher.
     pub fn layer_output_path(&self, shape: &LayerShape) -> Result<OutputPath, KdaError> {
-        OutputPath::auto_for(self.hopper_fused.is_some() && self.resolve(Kernel::Auto) == Kernel::Hopper, shape)
+        let fuses = match self.resolve(Kernel::Auto) {
+            Kernel::Hopper => self.hopper_fused.is_some(),
+            Kernel::Portable => {
+                PORTABLE_FUSED_BY_DEFAULT
+                    && self.prepare_fused.is_some()
+                    && self.loaded_portable_fused(shape.key_dim, 1).is_some()
+            }
+            _ => false,
+        };
+        OutputPath::auto_for(fuses, shape)
     }
 
     /// Whether this launcher runs the fused layer pass over `recurrence` (checked before any
-    /// launch of a fused layer): its sm_90a module loaded, the Hopper kernel taking the batch in
-    /// wide blocks at a key size the pass has.
+    /// launch of a fused layer): the fused prepare kernel loaded, and the kernel that takes the
+    /// batch (`Kernel::Auto`'s) with a fused entry for its blocks: the Hopper kernel in wide
+    /// blocks at a key size the pass has, or the portable kernel where the device gave a CTA the
+    /// entry's shared memory.
     fn fused_layer_runs(&self, recurrence: &DevicePlan) -> Result<(), KdaError> {
-        if self.hopper_fused.is_none() || self.resolve(Kernel::Auto) != Kernel::Hopper {
+        let dims = recurrence.dims();
+        let choice = self.choose(Kernel::Auto, recurrence, &dims)?;
+        let loaded = match choice {
+            Kernel::Hopper => self.hopper_fused.is_some(),
+            Kernel::Portable => true,
+            Kernel::Baseline | Kernel::Auto => false,
+        };
+        if !loaded || self.prepare_fused.is_none() {
             return Err(KdaError::Unsupported {
                 argument: "output_path",
                 reason: format!(
-                    "the plan forms o in the fused pass, which needs the Hopper kernel of the sm_90a module, and this \
-                     launcher runs the {:?} kernel on compute capability {:?}: plan the layer with OutputPath::Separate",
-                    self.resolve(Kernel::Auto),
-                    self.compute_capability
+                    "the plan forms o in the fused pass, which this launcher does not run: it takes the batch on the \
+                     {choice:?} kernel on compute capability {:?}, and the fused kernels' shared memory {}: plan the \
+                     layer with OutputPath::Separate",
+                    self.compute_capability,
+                    if self.prepare_fused.is_some() { "fits" } else { "does not fit" }
                 ),
             });
         }
-        let dims = recurrence.dims();
-        let choice = self.choose(Kernel::Hopper, recurrence, &dims)?;
         self.fused_runs(choice, recurrence, &dims)
     }
 }
@@ -894,12 +937,12 @@ impl Kda {
         Ok(&self.layer[i])
     }
 
-    /// The fused layer's prepare kernel (loaded with the sm_90a module; `fused_layer_runs`
-    /// checked that it is).
+    /// The fused layer's prepare kernel (loaded where the device gives a CTA its shared memory;
+    /// `fused_layer_runs` checked that it is).
     fn fused_prepare_kernel(&self) -> Result<&Loaded, KdaError> {
-        self.hopper_fused.as_ref().map(|(_, prepare)| prepare).ok_or_else(|| KdaError::Unsupported {
+        self.prepare_fused.as_ref().ok_or_else(|| KdaError::Unsupported {
             argument: "output_path",
-            reason: "the fused layer pass needs the sm_90a module".into(),
+            reason: "the fused layer pass needs a GPU that gives a CTA the fused prepare kernel's shared memory".into(),
         })
     }
 }

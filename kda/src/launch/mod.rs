@@ -30,8 +30,8 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, Port
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE,
-    LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for,
-    portable_for,
+    LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PORTABLE_FUSED_ENTRIES, PassCode, TensorMaps, hopper_for,
+    hopper_fused_for, portable_for, portable_fused_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -124,9 +124,15 @@ pub struct Kda {
     /// The warp-specialized kernel's entries, one per key size and block width (`abi::HOPPER_ENTRIES`,
     /// in that order), present on compute capability 9.x.
     hopper: Option<Vec<Loaded>>,
-    /// The fused layer pass's entries (`abi::HOPPER_FUSED_ENTRIES`, in that order) and its
-    /// prepare kernel (`abi::LAYER_PREPARE_FUSED`), with `hopper`.
-    hopper_fused: Option<(Vec<Loaded>, Loaded)>,
+    /// The fused layer pass's Hopper entries (`abi::HOPPER_FUSED_ENTRIES`, in that order), with
+    /// `hopper`.
+    hopper_fused: Option<Vec<Loaded>>,
+    /// The fused layer pass's portable entries (`abi::PORTABLE_FUSED_ENTRIES`, in that order),
+    /// each where the device gives a CTA its shared memory ([`fits_device`]).
+    portable_fused: Vec<Option<Loaded>>,
+    /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`), where the device gives a
+    /// CTA its shared memory (110 KB: not the sm_86, sm_89 and sm_120 parts).
+    prepare_fused: Option<Loaded>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
     /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
@@ -150,10 +156,15 @@ impl Kda {
         let smem_optin = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
-        let portable = PORTABLE_ENTRIES
-            .iter()
-            .map(|&abi| fits_device(abi, smem_optin).then(|| Loaded::load(&module, abi)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
+        let load_fitting = |entries: &[&'static KernelAbi]| {
+            entries
+                .iter()
+                .map(|&abi| fits_device(abi, smem_optin).then(|| Loaded::load(&module, abi)).transpose())
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let portable = load_fitting(&PORTABLE_ENTRIES)?;
+        let portable_fused = load_fitting(&PORTABLE_FUSED_ENTRIES)?;
+        let prepare_fused = load_fitting(&[&LAYER_PREPARE_FUSED])?.pop().flatten();
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
@@ -163,8 +174,7 @@ impl Kda {
             entries.iter().map(|&abi| Loaded::load(&module, abi)).collect::<Result<Vec<_>, _>>()
         };
         let (hopper, hopper_fused) = if target == kda_kernel::abi::SM90A {
-            let fused = (load_all(&HOPPER_FUSED_ENTRIES)?, Loaded::load(&module, &LAYER_PREPARE_FUSED)?);
-            (Some(load_all(&HOPPER_ENTRIES)?), Some(fused))
+            (Some(load_all(&HOPPER_ENTRIES)?), Some(load_all(&HOPPER_FUSED_ENTRIES)?))
         } else {
             (None, None)
         };
@@ -179,6 +189,8 @@ impl Kda {
             pool_copy,
             hopper,
             hopper_fused,
+            portable_fused,
+            prepare_fused,
             compute_capability,
             module_code,
             auto: options.auto,
@@ -245,11 +257,19 @@ impl Kda {
         }
     }
 
-    /// The fused layer pass's entry for key size `key_dim`, when this device has it.
+    /// The fused layer pass's Hopper entry for key size `key_dim`, when this device has it.
     fn loaded_fused(&self, key_dim: usize) -> Option<&Loaded> {
         let abi = hopper_fused_for(key_dim)?;
         let i = HOPPER_FUSED_ENTRIES.iter().position(|&e| e.entry == abi.entry)?;
-        self.hopper_fused.as_ref().map(|(entries, _)| &entries[i])
+        self.hopper_fused.as_ref().map(|entries| &entries[i])
+    }
+
+    /// The fused layer pass's portable entry for key size `key_dim` and `groups` consumer groups,
+    /// when this device has it (and gives a CTA its shared memory).
+    fn loaded_portable_fused(&self, key_dim: usize, groups: usize) -> Option<&Loaded> {
+        let abi = portable_fused_for(key_dim, groups)?;
+        let i = PORTABLE_FUSED_ENTRIES.iter().position(|&e| e.entry == abi.entry)?;
+        self.portable_fused[i].as_ref()
     }
 
     /// CTAs of `kernel` that one SM holds at once (the driver's occupancy calculation for the
@@ -314,15 +334,29 @@ impl Kda {
                 let pass = PassLaunch::recurrence(&dims, &ptrs, plan.schedule.workers(), work.address(tables));
                 self.launch_pass(Kernel::Hopper, stream, hopper()?, plan, &dims, &ptrs, &pass, fused)
             }
-            (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, (plan, tables), &ptrs),
+            (Kernel::Portable, _, _) => self.launch_portable(stream, &dims, (plan, tables), &ptrs, fused),
             _ => self.launch_baseline(stream, &dims, (plan, tables), &ptrs),
         }
     }
 
     /// Whether the fused layer pass runs this launch: the Hopper kernel chosen (`choice`), in
-    /// wide blocks, at a key size the pass has an entry for; a typed refusal otherwise.
+    /// wide blocks, at a key size the pass has an entry for; or the portable kernel, with a fused
+    /// entry for the plan's key size and consumer groups that this device loaded; a typed refusal
+    /// otherwise.
     fn fused_runs(&self, choice: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
         let refuse = |reason: String| Err(KdaError::Unsupported { argument: "output_path", reason });
+        if choice == Kernel::Portable {
+            let groups = plan.portable_block_width() / PORTABLE_BV;
+            if plan.portable.is_none() || self.loaded_portable_fused(dims.key_dim, groups).is_none() {
+                return refuse(format!(
+                    "the fused layer pass on the portable kernel runs K = 64 or 128 where the device gives a CTA its \
+                     shared memory; this launch has K = {} in blocks of {} columns",
+                    dims.key_dim,
+                    plan.portable_block_width()
+                ));
+            }
+            return Ok(());
+        }
         if choice != Kernel::Hopper || plan.work.is_none() {
             return refuse(format!(
                 "the fused layer pass runs on the Hopper kernel, and this launch takes the {choice:?} kernel                  (OutputPath::Separate runs the layer on any kernel)"
@@ -455,11 +489,12 @@ impl Kda {
         dims: &Dims,
         (plan, tables): (&DevicePlan, u64),
         ptrs: &Pointers<'_>,
+        fused: Option<FusedOutput>,
     ) -> Result<(), KdaError> {
         let f = self.loaded_for(Kernel::Portable, dims.key_dim, plan.portable_block_width())?;
         // `choose` checked that the plan has the portable passes.
         let Some(portable) = &plan.portable else { return Err(portable_records_error()) };
-        let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass, None);
+        let run = |pass: &PassLaunch| self.launch_pass(Kernel::Portable, stream, f, plan, dims, ptrs, pass, fused);
         match &portable.split {
             Some(split) => self.launch_split(stream, dims, ptrs, (split, tables), run),
             None => run(&PassLaunch::recurrence(dims, ptrs, portable.work.workers, portable.work.work.address(tables))),
@@ -485,6 +520,19 @@ impl Kda {
         }
         let (heads, h0) = (heads_u32(dims.value_heads)?, pass.h0.map_or(0, |(address, _)| address));
         if kernel == Kernel::Portable {
+            // The pre-scan of a fused launch is the recurrence's own (it writes only its maps).
+            let fused = fused.filter(|_| pass.pass != PassCode::Prescan);
+            let groups = plan.portable_block_width() / PORTABLE_BV;
+            let f = match fused {
+                Some(_) => self.loaded_portable_fused(dims.key_dim, groups).ok_or_else(|| KdaError::Unsupported {
+                    argument: "output_path",
+                    reason: format!(
+                        "no fused layer pass on the portable kernel at K = {}, {groups} groups",
+                        dims.key_dim
+                    ),
+                })?,
+                None => f,
+            };
             let args = PortableArgs {
                 ptrs: [ptrs.k, ptrs.w, ptrs.u, ptrs.g, ptrs.gk, h0, ptrs.h, ptrs.v_new, pass.ht],
                 work: pass.work,
@@ -497,6 +545,7 @@ impl Kda {
                     dims,
                     [Tensor::K, Tensor::W, Tensor::U, Tensor::G, Tensor::Gk, Tensor::VNew],
                 ),
+                fused: fused.map(|x| (x.qg, x.attention, x.scale_bits)),
             };
             // SAFETY: `validate` checked every buffer's length for this plan, heads and strides,
             // its alignment and its device, and `portable_supports` the key size, `V` and the
@@ -504,7 +553,11 @@ impl Kda {
             // in blocks of the kernel's `BV` columns) name each of its items once for exactly
             // `workers` CTAs, with rows inside its `h0` and `ht` (the split's workspace, or the
             // caller's states) and columns inside `value_dim`; outputs are `&mut` borrows (the
-            // workspace is the plan's, locked), so they cannot alias the inputs.
+            // workspace is the plan's, locked), so they cannot alias the inputs. The fused pass
+            // (`fused_runs` checked its entry is loaded for the plan's key size and groups) reads
+            // `qg` and `attention`, the layer workspace's `[T, HV, K]` and `[T, HV, CHUNK]`
+            // written by the fused prepare kernel before it on this stream, and writes `o` in
+            // `v_new`'s place (validated as `v_new`), never `h`.
             return unsafe { enqueue(stream, f, pass.workers, |sink| args.push(sink)) };
         }
         let width = plan.columns.width();
