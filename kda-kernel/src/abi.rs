@@ -404,12 +404,17 @@ pub const PORTABLE_PARAMS: [Param; 26] = [
 /// The fused layer pass's parameters ([`HOPPER_FUSED`]): [`HOPPER_PARAMS`] with the layer's
 /// output `o` (`[T, HV, V]` bf16, the tail chunk's valid rows; the `VNew` map its full boxes) in
 /// place of `v_new`, then `scale_bits`, the output scale as f32 bits.
-pub const HOPPER_FUSED_PARAMS: [Param; 18] = {
+pub const HOPPER_FUSED_PARAMS: [Param; 18] = with_output(&HOPPER_PARAMS, &[Param::u32("scale_bits")]);
+
+/// A fused layer pass's parameters: the recurrence's `params` with `o` in place of `v_new`
+/// (`v_new`, `v_new_token_stride`, `v_new_head_stride` renamed), then `added`.
+const fn with_output<const N: usize>(params: &[Param], added: &[Param]) -> [Param; N] {
     let renamed = [("v_new", "o"), ("v_new_token_stride", "o_token_stride"), ("v_new_head_stride", "o_head_stride")];
-    let mut out = [Param::u32("scale_bits"); 18];
+    assert!(params.len() + added.len() == N, "every parameter of the pass");
+    let mut out = [Param::u32(""); N];
     let mut i = 0;
-    while i < HOPPER_PARAMS.len() {
-        let mut p = HOPPER_PARAMS[i];
+    while i < params.len() {
+        let mut p = params[i];
         let mut r = 0;
         while r < renamed.len() {
             if str_eq(p.name, renamed[r].0) {
@@ -420,8 +425,13 @@ pub const HOPPER_FUSED_PARAMS: [Param; 18] = {
         out[i] = p;
         i += 1;
     }
+    let mut j = 0;
+    while j < added.len() {
+        out[params.len() + j] = added[j];
+        j += 1;
+    }
     out
-};
+}
 
 /// Whether `a` and `b` are the same string (`==` on `str` is not `const`).
 const fn str_eq(a: &str, b: &str) -> bool {
@@ -560,14 +570,16 @@ pub const BASELINE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// One entry of the portable tensor-core kernel (sm_80+): every entry takes [`PORTABLE_PARAMS`]
-/// and launches alike; the key size and the consumer groups set its threads and shared memory.
-const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize) -> KernelAbi {
+/// One entry of the portable tensor-core kernel (sm_80+): every entry of the recurrence takes
+/// [`PORTABLE_PARAMS`], every entry of the fused layer pass (`fused`) [`PORTABLE_FUSED_PARAMS`],
+/// and they launch alike; the key size and the consumer groups set its threads and shared memory.
+const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fused: bool) -> KernelAbi {
+    use crate::layout::portable::{fused_smem_bytes, smem_bytes, threads};
     KernelAbi {
         entry,
-        params: &PORTABLE_PARAMS,
-        threads: crate::layout::portable::threads(groups),
-        smem_bytes: crate::layout::portable::smem_bytes(key_dim, groups),
+        params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
+        threads: threads(groups),
+        smem_bytes: if fused { fused_smem_bytes(key_dim, groups) } else { smem_bytes(key_dim, groups) },
         max_registers: None,
         targets: &[SM90A, SM80],
     }
@@ -575,15 +587,15 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize) -> K
 
 /// The portable tensor-core kernel at `K = 64`: both products of a chunk on `mma.sync`, one CTA
 /// per (sequence, value head, block of `BV` value columns), one consumer group.
-pub const PORTABLE_K64: KernelAbi = portable_entry("kda_fwd_h_portable_k64", 64, 1);
+pub const PORTABLE_K64: KernelAbi = portable_entry("kda_fwd_h_portable_k64", 64, 1, false);
 /// The portable tensor-core kernel at `K = 128`, one consumer group.
-pub const PORTABLE: KernelAbi = portable_entry("kda_fwd_h_portable", 128, 1);
+pub const PORTABLE: KernelAbi = portable_entry("kda_fwd_h_portable", 128, 1, false);
 /// The portable tensor-core kernel at `K = 256`, one consumer group.
-pub const PORTABLE_K256: KernelAbi = portable_entry("kda_fwd_h_portable_k256", 256, 1);
+pub const PORTABLE_K256: KernelAbi = portable_entry("kda_fwd_h_portable_k256", 256, 1, false);
 /// The portable tensor-core kernel at `K = 64`, two consumer groups (blocks of `2 BV` columns).
-pub const PORTABLE_K64_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_k64_wide", 64, 2);
+pub const PORTABLE_K64_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_k64_wide", 64, 2, false);
 /// The portable tensor-core kernel at `K = 128`, two consumer groups.
-pub const PORTABLE_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_wide", 128, 2);
+pub const PORTABLE_WIDE: KernelAbi = portable_entry("kda_fwd_h_portable_wide", 128, 2, false);
 
 /// Every entry of the portable tensor-core kernel, in `layout::portable::VARIANTS`' order.
 pub const PORTABLE_ENTRIES: [&KernelAbi; 5] =
@@ -591,65 +603,41 @@ pub const PORTABLE_ENTRIES: [&KernelAbi; 5] =
 
 /// The portable kernel's entry for key size `key_dim` and `groups` consumer groups, if it has one.
 pub const fn portable_for(key_dim: usize, groups: usize) -> Option<&'static KernelAbi> {
-    match (key_dim, groups) {
-        (64, 1) => Some(&PORTABLE_K64),
-        (128, 1) => Some(&PORTABLE),
-        (256, 1) => Some(&PORTABLE_K256),
-        (64, 2) => Some(&PORTABLE_K64_WIDE),
-        (128, 2) => Some(&PORTABLE_WIDE),
-        _ => None,
+    entry_for(&PORTABLE_ENTRIES, &crate::layout::portable::VARIANTS, key_dim, groups)
+}
+
+/// The entry of `entries` whose variant (the same index of `variants`) is `(key_dim, groups)`.
+const fn entry_for(
+    entries: &[&'static KernelAbi],
+    variants: &[(usize, usize)],
+    key_dim: usize,
+    groups: usize,
+) -> Option<&'static KernelAbi> {
+    let mut i = 0;
+    while i < entries.len() {
+        if variants[i].0 == key_dim && variants[i].1 == groups {
+            return Some(entries[i]);
+        }
+        i += 1;
     }
+    None
 }
 
 /// The fused layer pass's parameters on the portable kernel ([`PORTABLE_FUSED`]):
 /// [`PORTABLE_PARAMS`] with the layer's output `o` (`[T, HV, V]` bf16) in place of `v_new` (and
 /// `h` unused), then `qg` (`q Γ`, `[T, HV, K]` bf16), `attention` (`P`, `[T, HV, CHUNK]` bf16), both
 /// packed, and `scale_bits`, the output scale as f32 bits.
-pub const PORTABLE_FUSED_PARAMS: [Param; 29] = {
-    let renamed = [("v_new", "o"), ("v_new_token_stride", "o_token_stride"), ("v_new_head_stride", "o_head_stride")];
-    let added = [Param::pointer("qg"), Param::pointer("attention"), Param::u32("scale_bits")];
-    let mut out = [Param::u32(""); 29];
-    let mut i = 0;
-    while i < PORTABLE_PARAMS.len() {
-        let mut p = PORTABLE_PARAMS[i];
-        let mut r = 0;
-        while r < renamed.len() {
-            if str_eq(p.name, renamed[r].0) {
-                p.name = renamed[r].1;
-            }
-            r += 1;
-        }
-        out[i] = p;
-        i += 1;
-    }
-    let mut j = 0;
-    while j < added.len() {
-        out[PORTABLE_PARAMS.len() + j] = added[j];
-        j += 1;
-    }
-    out
-};
-
-/// One entry of the fused layer pass on the portable kernel (sm_80+, [`PORTABLE_FUSED_PARAMS`]).
-const fn portable_fused_entry(entry: &'static str, key_dim: usize, groups: usize) -> KernelAbi {
-    KernelAbi {
-        entry,
-        params: &PORTABLE_FUSED_PARAMS,
-        threads: crate::layout::portable::threads(groups),
-        smem_bytes: crate::layout::portable::fused_smem_bytes(key_dim, groups),
-        max_registers: None,
-        targets: &[SM90A, SM80],
-    }
-}
+pub const PORTABLE_FUSED_PARAMS: [Param; 29] =
+    with_output(&PORTABLE_PARAMS, &[Param::pointer("qg"), Param::pointer("attention"), Param::u32("scale_bits")]);
 
 /// The fused layer pass on the portable kernel at `K = 64`, one consumer group.
-pub const PORTABLE_FUSED_K64: KernelAbi = portable_fused_entry("kda_layer_fused_portable_k64", 64, 1);
+pub const PORTABLE_FUSED_K64: KernelAbi = portable_entry("kda_layer_fused_portable_k64", 64, 1, true);
 /// The fused layer pass on the portable kernel at `K = 128`, one consumer group.
-pub const PORTABLE_FUSED: KernelAbi = portable_fused_entry("kda_layer_fused_portable", 128, 1);
+pub const PORTABLE_FUSED: KernelAbi = portable_entry("kda_layer_fused_portable", 128, 1, true);
 /// The fused layer pass on the portable kernel at `K = 64`, two consumer groups.
-pub const PORTABLE_FUSED_K64_WIDE: KernelAbi = portable_fused_entry("kda_layer_fused_portable_k64_wide", 64, 2);
+pub const PORTABLE_FUSED_K64_WIDE: KernelAbi = portable_entry("kda_layer_fused_portable_k64_wide", 64, 2, true);
 /// The fused layer pass on the portable kernel at `K = 128`, two consumer groups.
-pub const PORTABLE_FUSED_WIDE: KernelAbi = portable_fused_entry("kda_layer_fused_portable_wide", 128, 2);
+pub const PORTABLE_FUSED_WIDE: KernelAbi = portable_entry("kda_layer_fused_portable_wide", 128, 2, true);
 
 /// Every entry of the fused layer pass on the portable kernel, in
 /// `layout::portable::FUSED_VARIANTS`' order.
@@ -658,13 +646,7 @@ pub const PORTABLE_FUSED_ENTRIES: [&KernelAbi; 4] =
 
 /// The fused layer pass's portable entry for key size `key_dim` and `groups` groups, if it has one.
 pub const fn portable_fused_for(key_dim: usize, groups: usize) -> Option<&'static KernelAbi> {
-    match (key_dim, groups) {
-        (64, 1) => Some(&PORTABLE_FUSED_K64),
-        (128, 1) => Some(&PORTABLE_FUSED),
-        (64, 2) => Some(&PORTABLE_FUSED_K64_WIDE),
-        (128, 2) => Some(&PORTABLE_FUSED_WIDE),
-        _ => None,
-    }
+    entry_for(&PORTABLE_FUSED_ENTRIES, &crate::layout::portable::FUSED_VARIANTS, key_dim, groups)
 }
 
 /// The merge of split sequences: chains each sequence's segment maps into their entry states

@@ -612,14 +612,7 @@ pub mod portable {
 
     /// Whether the fused variant `(key_dim, groups)` is built.
     pub const fn has_fused_variant(key_dim: usize, groups: usize) -> bool {
-        let mut i = 0;
-        while i < FUSED_VARIANTS.len() {
-            if FUSED_VARIANTS[i].0 == key_dim && FUSED_VARIANTS[i].1 == groups {
-                return true;
-            }
-            i += 1;
-        }
-        false
+        lists(&FUSED_VARIANTS, key_dim, groups)
     }
 
     /// `(shared memory, stages)` of the entry for key size `key_dim` and `groups` groups (one of
@@ -646,9 +639,14 @@ pub mod portable {
 
     /// Whether the variant `(key_dim, groups)` is built.
     pub const fn has_variant(key_dim: usize, groups: usize) -> bool {
+        lists(&VARIANTS, key_dim, groups)
+    }
+
+    /// Whether `variants` holds `(key_dim, groups)`.
+    const fn lists(variants: &[(usize, usize)], key_dim: usize, groups: usize) -> bool {
         let mut i = 0;
-        while i < VARIANTS.len() {
-            if VARIANTS[i].0 == key_dim && VARIANTS[i].1 == groups {
+        while i < variants.len() {
+            if variants[i].0 == key_dim && variants[i].1 == groups {
                 return true;
             }
             i += 1;

@@ -227,55 +227,35 @@ portable_entry!(
     false
 );
 
-portable_entry!(
+/// Declares an entry of the fused layer pass on the portable kernel: [`portable_entry`]'s with
+/// `O` set and the fused operands (`abi::PORTABLE_FUSED_PARAMS`) after the recurrence's.
+macro_rules! portable_fused_entry {
+    ($(#[$doc:meta])* $name:ident, $key:literal, $tiles:literal, $groups:literal) => {
+        portable_entry!(
+            $(#[$doc])* $name, $key, $tiles, $groups, true, qg: *const u16, attention: *const u16, scale_bits: u32
+        );
+    };
+}
+
+portable_fused_entry!(
     /// The fused layer pass on the portable kernel at `K = 64` (`abi::PORTABLE_FUSED_K64`): the
     /// recurrence in one-group blocks whose chunks also give the layer's output `o` (in
     /// `v_new`'s place, at its strides) from the fused prepare kernel's `q Γ` and `P`, and no
     /// `h` or `v_new`. Never a pre-scan (`pass` is the recurrence's or a split's main pass).
-    kda_layer_fused_portable_k64,
-    64,
-    1,
-    1,
-    true,
-    qg: *const u16,
-    attention: *const u16,
-    scale_bits: u32
+    kda_layer_fused_portable_k64, 64, 1, 1
 );
-portable_entry!(
+portable_fused_entry!(
     /// The fused layer pass on the portable kernel at `K = 128` (`abi::PORTABLE_FUSED`): as
     /// [`kda_layer_fused_portable_k64`].
-    kda_layer_fused_portable,
-    128,
-    2,
-    1,
-    true,
-    qg: *const u16,
-    attention: *const u16,
-    scale_bits: u32
+    kda_layer_fused_portable, 128, 2, 1
 );
-portable_entry!(
-    /// The fused layer pass on the portable kernel at `K = 64`, two consumer groups
-    /// (`abi::PORTABLE_FUSED_K64_WIDE`): as [`kda_layer_fused_portable_k64`].
-    kda_layer_fused_portable_k64_wide,
-    64,
-    1,
-    2,
-    true,
-    qg: *const u16,
-    attention: *const u16,
-    scale_bits: u32
+portable_fused_entry!(
+    /// The fused layer pass at `K = 64`, two consumer groups (`abi::PORTABLE_FUSED_K64_WIDE`).
+    kda_layer_fused_portable_k64_wide, 64, 1, 2
 );
-portable_entry!(
-    /// The fused layer pass on the portable kernel at `K = 128`, two consumer groups
-    /// (`abi::PORTABLE_FUSED_WIDE`): as [`kda_layer_fused_portable_k64`].
-    kda_layer_fused_portable_wide,
-    128,
-    2,
-    2,
-    true,
-    qg: *const u16,
-    attention: *const u16,
-    scale_bits: u32
+portable_fused_entry!(
+    /// The fused layer pass at `K = 128`, two consumer groups (`abi::PORTABLE_FUSED_WIDE`).
+    kda_layer_fused_portable_wide, 128, 2, 2
 );
 
 /// Shared addresses of the ring (`layout::portable::Tiles`) and of one consumer group's tiles
