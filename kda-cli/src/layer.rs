@@ -50,7 +50,7 @@ impl DeviceLayer {
     /// Validates `p`, plans it for `kda` (the output path it runs: [`Kda::layer_output_path`])
     /// and copies it to the device on `stream`, with zeroed outputs.
     pub fn upload(kda: &Kda, stream: &Arc<CudaStream>, p: &LayerProblem) -> Result<Self, KdaError> {
-        Self::upload_on(stream, p, kda.layer_output_path(&p.shape)?)
+        Self::upload_on(stream, p, kda.layer_output_path(&p.shape, &p.plan)?)
     }
 
     /// [`DeviceLayer::upload`] with the layer's output formed as `path` says.

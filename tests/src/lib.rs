@@ -341,7 +341,7 @@ pub fn run_layer_guarded_on(
 ) -> Result<LayerOutputs, KdaError> {
     use kda::LayerPlan;
     let s = &gpu.stream;
-    let path = if path == kda::OutputPath::Auto { gpu.kda.layer_output_path(&p.shape)? } else { path };
+    let path = if path == kda::OutputPath::Auto { gpu.kda.layer_output_path(&p.shape, &p.plan)? } else { path };
     let plan = LayerPlan::with_path(s, p.plan.clone(), p.shape, p.options, path)?.with_state_layout(s, layout)?;
     let mut workspace = plan.workspace(s)?;
     run_layer_guarded_with(gpu, p, &plan, &mut workspace)

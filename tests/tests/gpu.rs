@@ -702,7 +702,7 @@ fn layer_speed_on_the_peer_shapes() {
         assert!(errs.iter().zip(kda_cli::BENCH_ERROR_BOUNDS).all(|(e, b)| *e <= b), "{}: {errs:?}", s.name);
         // The stages the layer's path launches, in order, each a positive time.
         use kda::LayerStage::{Output, Prepare, Recurrence};
-        let fused = gpu.kda.layer_output_path(&s.shape).unwrap() == kda::OutputPath::Fused;
+        let fused = gpu.kda.layer_output_path(&s.shape, &p.plan).unwrap() == kda::OutputPath::Fused;
         let want_stages = if fused { vec![Prepare, Recurrence] } else { vec![Prepare, Recurrence, Output] };
         assert_eq!(t.stages.iter().map(|x| x.0).collect::<Vec<_>>(), want_stages, "{}", s.name);
         assert!(t.stages.iter().all(|&(_, us)| us > 0.0), "{}: {:?}", s.name, t.stages);

@@ -129,11 +129,13 @@ pub const OUTPUT_VAR: &str = "KDA_LAYER_OUTPUT";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutputPath {
     /// The path `KDA_LAYER_OUTPUT` names ([`OUTPUT_VAR`]); unset, empty or `auto`:
-    /// [`OutputPath::Fused`] where the device runs it (`K` of 64 or 128, `V` a multiple of 64;
-    /// compute capability 9.x with the native module and the Hopper kernel not overridden by
-    /// `KDA_MODULE` or `KDA_KERNEL`, or the portable kernel on a GPU that gives a CTA the fused
-    /// kernels' shared memory: the A100 class and newer data-center GPUs), [`OutputPath::Separate`]
-    /// elsewhere (the sm_86, sm_89 and sm_120 parts, the baseline kernel).
+    /// [`OutputPath::Fused`] where the device runs it and it pays (`K` of 64 or 128, `V` a
+    /// multiple of 64; compute capability 9.x with the native module and the Hopper kernel not
+    /// overridden by `KDA_MODULE` or `KDA_KERNEL`; or the portable kernel where the planner runs
+    /// the fused pass in two-group CTAs: their shared memory on the device, the H100 class, and
+    /// more one-group items than SMs in the batch), [`OutputPath::Separate`] elsewhere (the
+    /// sm_86, sm_89 and sm_120 parts, batches short of chains on the portable kernel, the
+    /// baseline kernel). Decided when the plan is made, for its batch.
     #[default]
     Auto,
     /// `o` formed in the recurrence's chunk loop (the Hopper kernel in wide column blocks, or the
@@ -178,10 +180,11 @@ impl OutputPath {
         })
     }
 
-    /// `self` on the device of `stream` for `shape`: `Auto` resolved by [`OutputPath::auto_for`],
-    /// the Hopper kernel taken to run where a launcher made from the environment's options
-    /// (`KdaOptions::from_env`) would run it on that device.
-    fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
+    /// `self` on the device of `stream` for `shape` and `batch`: `Auto` resolved by
+    /// [`OutputPath::auto_for`], the Hopper kernel taken to run where a launcher made from the
+    /// environment's options (`KdaOptions::from_env`) would run it on that device, else the
+    /// portable kernel's rule ([`portable_fuses`]).
+    fn resolve(self, stream: &Arc<CudaStream>, shape: &LayerShape, batch: &Plan) -> Result<Self, KdaError> {
         match self {
             OutputPath::Auto => {
                 let ctx = stream.context();
@@ -191,10 +194,8 @@ impl OutputPath {
                     && options.module == Module::Native
                     && matches!(options.auto, Kernel::Auto | Kernel::Hopper);
                 let portable = !hopper && matches!(options.auto, Kernel::Auto | Kernel::Portable);
-                let optin = ctx.attribute(
-                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                )? as usize;
-                Self::auto_for(hopper || (portable && portable_fuses(shape.key_dim, optin)), shape)
+                let portable = portable && portable_fuses(&DeviceFit::of(ctx)?, shape, batch);
+                Self::auto_for(hopper || portable, shape)
             }
             path => Ok(path),
         }
@@ -298,7 +299,7 @@ impl LayerPlan {
         layer_supports(&shape)?;
         let table = chunk_table(&plan)?;
         let num_chunks = table.len() / CHUNK_WORDS;
-        let output = path.resolve(stream, &shape)?;
+        let output = path.resolve(stream, &shape, &plan)?;
         fused_sizes(output, &shape)?;
         let chunks = Table::new(table);
         let recurrence = plan_recurrence(stream, plan, &shape, (StateLayout::KeyFirst, output), chunks)?;
@@ -348,7 +349,7 @@ impl LayerPlan {
     /// the workspace must then be allocated again: [`LayerPlan::workspace`]). The recurrence is
     /// planned afresh.
     pub fn with_output_path(mut self, stream: &Arc<CudaStream>, path: OutputPath) -> Result<Self, KdaError> {
-        let output = path.resolve(stream, &self.shape)?;
+        let output = path.resolve(stream, &self.shape, self.recurrence.plan())?;
         fused_sizes(output, &self.shape)?;
         let batch = self.recurrence.plan().clone();
         self.recurrence = plan_recurrence(stream, batch, &self.shape, (self.layout, output), self.chunk_table()?)?;
@@ -425,19 +426,47 @@ impl LayerPlan {
     }
 }
 
-/// Whether the portable kernel runs the fused layer pass at key size `key_dim` by default on a
-/// device that gives a CTA `optin` bytes of shared memory: the fused prepare kernel and the
-/// one-group fused entry both fit (the planner takes two groups where theirs fit too).
-fn portable_fuses(key_dim: usize, optin: usize) -> bool {
-    use kda_kernel::layout::{layer::PREPARE_FUSED_SMEM_BYTES, portable};
-    PORTABLE_FUSED_BY_DEFAULT
-        && portable::has_fused_variant(key_dim, 1)
-        && optin >= PREPARE_FUSED_SMEM_BYTES
-        && optin >= portable::fused_smem_bytes(key_dim, 1)
+/// What the portable kernel's choice of the fused pass depends on about a device.
+#[derive(Clone, Copy)]
+pub(super) struct DeviceFit {
+    /// SMs.
+    sms: usize,
+    /// Shared memory a CTA may opt in to.
+    optin: usize,
 }
 
-/// Whether `Auto` takes the fused path on the portable kernel where it runs.
-const PORTABLE_FUSED_BY_DEFAULT: bool = true;
+impl DeviceFit {
+    pub(super) fn of(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<Self, KdaError> {
+        use cudarc::driver::sys::CUdevice_attribute::*;
+        Ok(Self {
+            sms: ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize,
+            optin: ctx.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
+        })
+    }
+}
+
+/// Whether `Auto` takes the fused pass on the portable kernel for `shape` and `batch` on a
+/// device of `fit`: where the fused prepare kernel fits and the planner would run the fused pass
+/// in two-group CTAs (their entry within the CTA's shared memory, the H100 class, and more
+/// one-group items than SMs: `PortableFit::groups`). Measured on an H100 (bench/RESULTS.md,
+/// "The layer"): 1.15x to 1.30x faster than the separate path on such batches (KDA fixed_8192,
+/// mixed_6, short prompts; GDN qwen3_next_mixed6), 1.07x slower on batches short of chains
+/// (GDN qwen3_next_8192's 32 value heads, split few-head prompts), where the fused pass's 64
+/// columns per chain halve the chains. The one-group fused entries (the A100 class, and
+/// `OutputPath::Fused` forced) are correct on the simulator and not yet timed on a GPU.
+fn portable_fuses(fit: &DeviceFit, shape: &LayerShape, batch: &Plan) -> bool {
+    use crate::columns::{ColumnMode, PortableFit};
+    use kda_kernel::layout::{layer::PREPARE_FUSED_SMEM_BYTES, portable};
+    let planner = PortableFit {
+        key_dim: shape.key_dim,
+        value_dim: shape.value_dim,
+        narrow_items: batch.num_seqs().saturating_mul(shape.value_heads).saturating_mul(shape.value_dim / portable::BV),
+        sms: fit.sms,
+        smem_per_block: fit.optin,
+        fused: true,
+    };
+    fit.optin >= PREPARE_FUSED_SMEM_BYTES && planner.groups(ColumnMode::Auto) == 2
+}
 
 /// Whether `output` runs `shape`: the fused path its sizes only (a typed refusal otherwise).
 fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
@@ -884,18 +913,17 @@ impl Kda {
         Ok(())
     }
 
-    /// What [`OutputPath::Auto`] stands for with this launcher: the path `KDA_LAYER_OUTPUT`
-    /// names; else [`OutputPath::Fused`] where this launcher runs the fused pass for `shape`
-    /// (its sm_90a module loaded, the Hopper kernel what `Kernel::Auto` runs, `shape`'s sizes the
-    /// pass's), [`OutputPath::Separate`] elsewhere. A plan made with it
+    /// What [`OutputPath::Auto`] stands for with this launcher for `shape` and `batch`: the path
+    /// `KDA_LAYER_OUTPUT` names; else [`OutputPath::Fused`] where this launcher runs the fused
+    /// pass for `shape` (its sm_90a module loaded and the Hopper kernel what `Kernel::Auto` runs;
+    /// or the portable kernel where the batch has the chains for its two-group fused CTAs and
+    /// the device their shared memory), [`OutputPath::Separate`] elsewhere. A plan made with it
     /// ([`LayerPlan::with_path`]) runs on this launcher.
-    pub fn layer_output_path(&self, shape: &LayerShape) -> Result<OutputPath, KdaError> {
+    pub fn layer_output_path(&self, shape: &LayerShape, batch: &Plan) -> Result<OutputPath, KdaError> {
         let fuses = match self.resolve(Kernel::Auto) {
             Kernel::Hopper => self.hopper_fused.is_some(),
             Kernel::Portable => {
-                PORTABLE_FUSED_BY_DEFAULT
-                    && self.prepare_fused.is_some()
-                    && self.loaded_portable_fused(shape.key_dim, 1).is_some()
+                self.prepare_fused.is_some() && portable_fuses(&DeviceFit::of(self.context())?, shape, batch)
             }
             _ => false,
         };
@@ -963,6 +991,25 @@ pub(super) fn sample_args() -> (PrepareArgs, OutputArgs, PrepareArgs) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_takes_the_portable_fused_pass_where_it_runs_two_groups() {
+        let h100 = DeviceFit { sms: 132, optin: 227 * 1024 };
+        let a100 = DeviceFit { sms: 108, optin: 163 * 1024 };
+        let sm86 = DeviceFit { sms: 84, optin: 99 * 1024 };
+        let kda = LayerShape { kind: LayerKind::Kda, heads: 64, value_heads: 64, key_dim: 128, value_dim: 128 };
+        let gdn = LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: 128, value_dim: 128 };
+        let one = Plan::from_lengths(&[8192]);
+        let six = Plan::from_lengths(&[8192; 6]);
+        // kda_fixed_8192: 256 one-group items on 132 SMs, the two-group entry within 227 KB.
+        assert!(portable_fuses(&h100, &kda, &one));
+        // gdn_qwen3_next_8192: 128 items, fewer than the SMs; its mixed batch has 768.
+        assert!(!portable_fuses(&h100, &gdn, &one));
+        assert!(portable_fuses(&h100, &gdn, &six));
+        // The A100's 163 KB hold no two-group fused CTA at K = 128; 99 KB parts no fused kernel.
+        assert!(!portable_fuses(&a100, &kda, &one));
+        assert!(!portable_fuses(&sm86, &kda, &six));
+    }
 
     #[test]
     fn the_chunk_table_lists_every_chunk_in_the_recurrences_order() {
