@@ -301,8 +301,9 @@ pub fn run_layer_guarded(gpu: &Gpu, p: &LayerProblem) -> Result<LayerOutputs, Kd
     run_layer_guarded_in(gpu, p, StateLayout::KeyFirst)
 }
 
-/// The output paths this GPU runs the layer on: the fused one (9.x, when the plan's key size has
-/// it) and the separate one.
+/// The output paths this GPU runs the layer on: the fused one (9.x, when the plan's sizes have
+/// it: the Hopper kernel's, or on the portable module the portable kernel's, whose CTAs the
+/// H100 class gives their shared memory) and the separate one.
 pub fn output_paths(gpu: &Gpu, p: &LayerProblem) -> Vec<kda::OutputPath> {
     let fused = gpu.kda.compute_capability().0 == 9 && kda::OutputPath::fused_runs(&p.shape);
     let mut paths = vec![kda::OutputPath::Separate];
