@@ -574,12 +574,12 @@ pub const BASELINE: KernelAbi = KernelAbi {
 /// [`PORTABLE_PARAMS`], every entry of the fused layer pass (`fused`) [`PORTABLE_FUSED_PARAMS`],
 /// and they launch alike; the key size and the consumer groups set its threads and shared memory.
 const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fused: bool) -> KernelAbi {
-    use crate::layout::portable::{fused_smem_bytes, smem_bytes, threads};
+    use crate::layout::portable::{entry_smem_bytes, threads};
     KernelAbi {
         entry,
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
         threads: threads(groups),
-        smem_bytes: if fused { fused_smem_bytes(key_dim, groups) } else { smem_bytes(key_dim, groups) },
+        smem_bytes: entry_smem_bytes(key_dim, groups, fused),
         max_registers: None,
         targets: &[SM90A, SM80],
     }

@@ -589,30 +589,32 @@ pub mod portable {
     /// class, as many chains in flight as the recurrence's two-group entries).
     pub const FUSED_VARIANTS: [(usize, usize); 4] = [(64, 1), (128, 1), (64, 2), (128, 2)];
 
-    /// `(shared memory, stages)` of the fused layer pass's entry for key size `key_dim` (64 or
-    /// 128) and `groups` groups.
-    const fn fused_sizes(key_dim: usize, groups: usize) -> (usize, usize) {
-        match (key_dim, groups) {
-            (64, 1) => (Tiles::<64, 1, 1, true>::SMEM_BYTES, Tiles::<64, 1, 1, true>::STAGES),
-            (128, 1) => (Tiles::<128, 2, 1, true>::SMEM_BYTES, Tiles::<128, 2, 1, true>::STAGES),
-            (64, _) => (Tiles::<64, 1, 2, true>::SMEM_BYTES, Tiles::<64, 1, 2, true>::STAGES),
-            _ => (Tiles::<128, 2, 2, true>::SMEM_BYTES, Tiles::<128, 2, 2, true>::STAGES),
-        }
-    }
-
-    /// Shared memory of the fused layer pass's entry for key size `key_dim` and `groups` groups.
+    /// Shared memory of the fused layer pass's entry for key size `key_dim` (64 or 128) and
+    /// `groups` groups.
     pub const fn fused_smem_bytes(key_dim: usize, groups: usize) -> usize {
-        fused_sizes(key_dim, groups).0
-    }
-
-    /// Stages of the fused layer pass's ring for key size `key_dim` and `groups` groups.
-    pub const fn fused_stages(key_dim: usize, groups: usize) -> usize {
-        fused_sizes(key_dim, groups).1
+        match (key_dim, groups) {
+            (64, 1) => Tiles::<64, 1, 1, true>::SMEM_BYTES,
+            (128, 1) => Tiles::<128, 2, 1, true>::SMEM_BYTES,
+            (64, _) => Tiles::<64, 1, 2, true>::SMEM_BYTES,
+            _ => Tiles::<128, 2, 2, true>::SMEM_BYTES,
+        }
     }
 
     /// Whether the fused variant `(key_dim, groups)` is built.
     pub const fn has_fused_variant(key_dim: usize, groups: usize) -> bool {
         lists(&FUSED_VARIANTS, key_dim, groups)
+    }
+
+    /// Shared memory of the entry for key size `key_dim` and `groups` groups: the fused layer
+    /// pass's where `fused` says so, else the recurrence's.
+    pub const fn entry_smem_bytes(key_dim: usize, groups: usize, fused: bool) -> usize {
+        if fused { fused_smem_bytes(key_dim, groups) } else { smem_bytes(key_dim, groups) }
+    }
+
+    /// Whether the entry for `(key_dim, groups)` is built: the fused layer pass's where `fused`
+    /// says so, else the recurrence's.
+    pub const fn has_entry(key_dim: usize, groups: usize, fused: bool) -> bool {
+        if fused { has_fused_variant(key_dim, groups) } else { has_variant(key_dim, groups) }
     }
 
     /// `(shared memory, stages)` of the entry for key size `key_dim` and `groups` groups (one of
@@ -673,7 +675,7 @@ pub mod portable {
     }
 
     /// [`workers`] for an entry of `smem` bytes of dynamic shared memory (the fused layer pass's:
-    /// [`fused_smem_bytes`]).
+    /// [`entry_smem_bytes`]).
     pub const fn workers_of(smem: usize, key_dim: usize, groups: usize, sms: usize, smem_per_sm: usize) -> usize {
         let by_smem = smem_per_sm / (smem + RESERVED_SMEM_PER_CTA);
         let most = max_ctas_per_sm(key_dim, groups);

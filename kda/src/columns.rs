@@ -101,13 +101,18 @@ impl PortableFit {
     /// Whether the device and shape can run two-group CTAs: an entry for the key size, `V` a
     /// multiple of their block, their tiles and ring within the CTA's shared memory.
     pub fn wide_runs(&self) -> bool {
-        use kda_kernel::layout::portable::{block_cols, fused_smem_bytes, has_fused_variant, has_variant, smem_bytes};
-        let (built, smem) = if self.fused {
-            (has_fused_variant(self.key_dim, 2), fused_smem_bytes(self.key_dim, 2))
-        } else {
-            (has_variant(self.key_dim, 2), smem_bytes(self.key_dim, 2))
-        };
-        built && self.value_dim.is_multiple_of(block_cols(2)) && self.smem_per_block >= smem
+        use kda_kernel::layout::portable::{block_cols, entry_smem_bytes, has_entry};
+        has_entry(self.key_dim, 2, self.fused)
+            && self.value_dim.is_multiple_of(block_cols(2))
+            && self.smem_per_block >= entry_smem_bytes(self.key_dim, 2, self.fused)
+    }
+
+    /// One-group items of `batch`: a CTA's block of `BV` value columns of one value head of one
+    /// sequence, `value_heads` heads of `value_dim` columns (what [`PortableFit::narrow_items`]
+    /// counts).
+    pub fn narrow_items_of(batch: &Plan, value_heads: usize, value_dim: usize) -> usize {
+        use kda_kernel::layout::portable::BV;
+        batch.num_seqs().saturating_mul(value_heads).saturating_mul(value_dim / BV)
     }
 
     /// Consumer groups per CTA of the portable kernel as `mode` asks: forced narrow blocks take

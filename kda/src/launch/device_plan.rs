@@ -391,11 +391,7 @@ impl DevicePlan {
         let fit = PortableFit {
             key_dim: dims.key_dim,
             value_dim: dims.value_dim,
-            narrow_items: self
-                .plan
-                .num_seqs()
-                .saturating_mul(dims.value_heads)
-                .saturating_mul(dims.value_dim / portable::BV),
+            narrow_items: PortableFit::narrow_items_of(&self.plan, dims.value_heads, dims.value_dim),
             sms: self.sms,
             smem_per_block: self.smem_per_block,
             fused: self.fused_output,
@@ -405,11 +401,7 @@ impl DevicePlan {
         if !portable::KEY_DIMS.contains(&dims.key_dim) || !dims.value_dim.is_multiple_of(width) {
             return Ok(());
         }
-        let smem = if self.fused_output {
-            portable::fused_smem_bytes(dims.key_dim, groups)
-        } else {
-            portable::smem_bytes(dims.key_dim, groups)
-        };
+        let smem = portable::entry_smem_bytes(dims.key_dim, groups, self.fused_output);
         let workers = portable::workers_of(smem, dims.key_dim, groups, self.sms, self.smem_per_sm);
         let schedule =
             Schedule::try_lpt(&self.plan, dims.value_heads, dims.value_dim / width, workers)?.with_block_width(width);

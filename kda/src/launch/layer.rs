@@ -456,11 +456,11 @@ impl DeviceFit {
 /// `OutputPath::Fused` forced) are correct on the simulator and not yet timed on a GPU.
 fn portable_fuses(fit: &DeviceFit, shape: &LayerShape, batch: &Plan) -> bool {
     use crate::columns::{ColumnMode, PortableFit};
-    use kda_kernel::layout::{layer::PREPARE_FUSED_SMEM_BYTES, portable};
+    use kda_kernel::layout::layer::PREPARE_FUSED_SMEM_BYTES;
     let planner = PortableFit {
         key_dim: shape.key_dim,
         value_dim: shape.value_dim,
-        narrow_items: batch.num_seqs().saturating_mul(shape.value_heads).saturating_mul(shape.value_dim / portable::BV),
+        narrow_items: PortableFit::narrow_items_of(batch, shape.value_heads, shape.value_dim),
         sms: fit.sms,
         smem_per_block: fit.optin,
         fused: true,
