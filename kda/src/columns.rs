@@ -12,8 +12,8 @@
 //! many items, keeps the SMs busy anyway (a split `tp_long_h4` 615 us narrow, 501 wide).
 //! [`Columns::choose`] follows that.
 
-use crate::Plan;
 use crate::split::{SplitMode, SplitPlan, Work};
+use crate::{KdaError, Plan};
 use kda_kernel::layout::hopper::{BV, NARROW_BV};
 
 /// A column-block width of the Hopper kernel.
@@ -25,13 +25,42 @@ pub enum Columns {
     Narrow,
 }
 
+/// `auto`, `wide` or `narrow`: what [`ColumnMode::Auto`] stands for in a plan made on a device
+/// (for tests and A/B runs of one build: the column blocks of the Hopper kernel, the consumer
+/// groups of the portable kernel, the fused layer pass's included).
+pub const COLUMNS_VAR: &str = "KDA_COLUMNS";
+
 /// Which column blocks a plan uses, for `DevicePlan::with_columns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColumnMode {
-    /// The planner decides ([`Columns::choose`]).
+    /// The planner decides ([`Columns::choose`]), unless `KDA_COLUMNS` ([`COLUMNS_VAR`]) names
+    /// the blocks.
     Auto,
     /// Always these blocks (for tests and A/B runs).
     Force(Columns),
+}
+
+impl ColumnMode {
+    /// The mode `value` of `KDA_COLUMNS` names: unset, empty or `auto` [`ColumnMode::Auto`],
+    /// `wide` or `narrow` those blocks forced; anything else an error naming the variable.
+    pub fn parse_env(value: Option<&str>) -> Result<Self, KdaError> {
+        match value.unwrap_or_default() {
+            "" | "auto" => Ok(ColumnMode::Auto),
+            "wide" => Ok(ColumnMode::Force(Columns::Wide)),
+            "narrow" => Ok(ColumnMode::Force(Columns::Narrow)),
+            other => {
+                Err(KdaError::Argument { name: COLUMNS_VAR, reason: format!("`{other}`: one of auto, wide, narrow") })
+            }
+        }
+    }
+
+    /// `self`, with [`ColumnMode::Auto`] replaced by the blocks `KDA_COLUMNS` names.
+    pub fn or_env(self) -> Result<Self, KdaError> {
+        match self {
+            ColumnMode::Auto => Self::parse_env(std::env::var(COLUMNS_VAR).ok().as_deref()),
+            forced => Ok(forced),
+        }
+    }
 }
 
 impl Columns {
@@ -136,6 +165,20 @@ mod tests {
 
     fn fit(key_dim: usize, value_dim: usize, narrow_items: usize, smem_per_block: usize) -> PortableFit {
         PortableFit { key_dim, value_dim, narrow_items, sms: 132, smem_per_block, fused: false }
+    }
+
+    #[test]
+    fn kda_columns_names_the_blocks_and_refuses_anything_else() {
+        assert_eq!(ColumnMode::parse_env(None).unwrap(), ColumnMode::Auto);
+        assert_eq!(ColumnMode::parse_env(Some("")).unwrap(), ColumnMode::Auto);
+        assert_eq!(ColumnMode::parse_env(Some("auto")).unwrap(), ColumnMode::Auto);
+        assert_eq!(ColumnMode::parse_env(Some("wide")).unwrap(), ColumnMode::Force(Columns::Wide));
+        assert_eq!(ColumnMode::parse_env(Some("narrow")).unwrap(), ColumnMode::Force(Columns::Narrow));
+        let refused = ColumnMode::parse_env(Some("Narrow"));
+        assert!(matches!(refused, Err(KdaError::Argument { name: COLUMNS_VAR, .. })), "{refused:?}");
+        // A forced mode is not the environment's to change.
+        let forced = ColumnMode::Force(Columns::Narrow);
+        assert_eq!(forced.or_env().unwrap(), forced);
     }
 
     #[test]

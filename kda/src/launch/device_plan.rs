@@ -309,6 +309,7 @@ impl DevicePlan {
 
     /// Plans the column blocks `mode` asks for (and the portable passes), on the host.
     fn plan_columns(&mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<(), KdaError> {
+        let mode = mode.or_env()?;
         self.column_mode = mode;
         // The portable kernel's consumer groups follow the same mode.
         self.plan_portable(stream)?;

@@ -483,9 +483,9 @@ fn fused_sizes(output: OutputPath, shape: &LayerShape) -> Result<(), KdaError> {
 }
 
 /// The layer's recurrence plan for `batch`: the planner's column blocks and split, except that
-/// the fused path runs wide blocks only (on the portable kernel, two groups where the device has
-/// the shared memory of the fused two-group entry, else one); `chunks` (the chunk records)
-/// uploaded with its tables.
+/// the fused path runs wide blocks (on the portable kernel, two groups where the device has the
+/// shared memory of the fused two-group entry, else one) unless `KDA_COLUMNS` names the blocks;
+/// `chunks` (the chunk records) uploaded with its tables.
 fn plan_recurrence(
     stream: &Arc<CudaStream>,
     batch: Plan,
@@ -493,9 +493,11 @@ fn plan_recurrence(
     (layout, output): (StateLayout, OutputPath),
     chunks: Table,
 ) -> Result<DevicePlan, KdaError> {
-    let columns = match output {
-        OutputPath::Fused => ColumnMode::Force(Columns::Wide),
-        _ => ColumnMode::Auto,
+    let columns = match (output, ColumnMode::Auto.or_env()?) {
+        // `KDA_COLUMNS=narrow` runs the portable kernel's fused pass in one-group CTAs (the
+        // Hopper kernel refuses it at launch).
+        (OutputPath::Fused, ColumnMode::Auto) => ColumnMode::Force(Columns::Wide),
+        (_, mode) => mode,
     };
     let fused = output == OutputPath::Fused;
     DevicePlan::model_with(stream, batch, &shape.recurrence_shape(layout), columns, (Some(chunks), fused))
