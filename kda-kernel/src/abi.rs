@@ -574,15 +574,31 @@ pub const BASELINE: KernelAbi = KernelAbi {
 /// [`PORTABLE_PARAMS`], every entry of the fused layer pass (`fused`) [`PORTABLE_FUSED_PARAMS`],
 /// and they launch alike; the key size and the consumer groups set its threads and shared memory.
 const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fused: bool) -> KernelAbi {
-    use crate::layout::portable::{entry_smem_bytes, threads};
+    use crate::layout::portable::{VN_ROW_BLOCKS, entry_smem_bytes, threads, warps_per_group};
     KernelAbi {
         entry,
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
-        threads: threads(groups),
+        threads: threads(key_dim, groups, fused),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
-        max_registers: None,
+        max_registers: if warps_per_group(key_dim, groups, fused) > VN_ROW_BLOCKS {
+            one_cta_registers(threads(key_dim, groups, fused))
+        } else {
+            // Four warps per group: ptxas's own choice, as measured (168 registers at most).
+            None
+        },
         targets: &[SM90A, SM80],
     }
+}
+
+/// Registers per thread of a CTA of `threads` threads, at most 255 (an instruction's register
+/// field): the most that lets one CTA run, rounded down to the allocation's 8 (the entries of
+/// eight warps per group, whose 544 threads would take 125 each at ptxas's choice: 120); none
+/// where 255 each fit.
+const fn one_cta_registers(threads: usize) -> Option<u32> {
+    const MAX_PER_THREAD: usize = 255;
+    const GRANULE: usize = 8;
+    let fit = REGISTERS_PER_SM / threads / GRANULE * GRANULE;
+    if fit < MAX_PER_THREAD { Some(fit as u32) } else { None }
 }
 
 /// The portable tensor-core kernel at `K = 64`: both products of a chunk on `mma.sync`, one CTA

@@ -380,10 +380,10 @@ pub mod baseline {
 /// One CTA per (sequence, head, block of `G * BV` value columns), with both products of a chunk
 /// on `mma.sync.m16n8k16` (bf16), in two warp roles: a **producer** warp copies each chunk's `w`,
 /// `k` and `u` rows and gate values into a ring of `STAGES` shared-memory stages with
-/// `cp.async`, while `G` **consumer groups** of `CONSUMER_WARPS` warps run the chunk before it,
+/// `cp.async`, while `G` **consumer groups** of `warps_per_group` warps run the chunk before it,
 /// group `g` the block's columns `g * BV ..`: each of its warps holds `STATE_ROWS_PER_WARP` rows
 /// of the group's `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token
-/// rows of its `Vn`. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
+/// rows of its `Vn` in `VN_TILES` n8 tiles of the group's columns. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
 /// moves half the bytes per value column into the SM that a narrow one (`G = 1`) does. Every tile
 /// is stored as the memory it comes from lays it out (token-major rows, or the state's key-major
 /// rows) and read into fragments with `ldmatrix` (`.trans` where the product needs the
@@ -403,11 +403,18 @@ pub mod portable {
     /// Value columns per consumer group: 32, so that one long sequence at H = 64 still gives
     /// 256 groups for 132 SMs.
     pub const BV: usize = 32;
-    /// Consumer warps per group: four, one m16 tile of `Vn` (16 tokens) each and `K / 4` state
-    /// rows each.
-    pub const CONSUMER_WARPS: usize = 4;
-    /// Consumer threads per group: the count of its [`consumer_barrier`].
-    pub const CONSUMERS: usize = CONSUMER_WARPS * 32;
+    /// m16 tiles of a chunk's tokens: the row blocks of `Vn` among a group's warps.
+    pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
+    /// Consumer warps per group of the entry for key size `key_dim`, `groups` groups and the fused
+    /// layer pass or not (`fused`): four (one m16 tile of `Vn`, 16 tokens, each and `K / 4` state
+    /// rows each), or eight for the two-group recurrence at `K = 128` (each 16 tokens of half
+    /// the group's columns in `w @ S` and 16 state rows: half of every warp's products, so the
+    /// serially dependent chain of a chunk, which sets that entry's pace on the H100 and H200
+    /// (bench/RESULTS.md, "The portable kernel"), is shared by twice the warps; 544 threads
+    /// hold at most 120 registers each, and it has no spills).
+    pub const fn warps_per_group(key_dim: usize, groups: usize, fused: bool) -> usize {
+        if key_dim == 128 && groups == 2 && !fused { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
+    }
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
     /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
     /// groups move half the `w`, `k` bytes per value column of one, where shared memory has room
@@ -426,20 +433,21 @@ pub mod portable {
     /// The producer warp's index: the one after the consumers. One warp issues a chunk's copies
     /// (at most 146 16-byte or 4-byte `cp.async` per lane, at `K = 256`) in far less time than the
     /// consumers take over the chunk before.
-    pub const fn producer_warp(groups: usize) -> usize {
-        groups * CONSUMER_WARPS
+    pub const fn producer_warp(groups: usize, warps: usize) -> usize {
+        groups * warps
     }
 
-    /// Threads per CTA: the consumer groups and the producer warp.
-    pub const fn threads(groups: usize) -> usize {
-        groups * CONSUMERS + 32
+    /// Threads per CTA of the entry for `key_dim`, `groups` and `fused`: the consumer groups
+    /// ([`warps_per_group`]) and the producer warp.
+    pub const fn threads(key_dim: usize, groups: usize, fused: bool) -> usize {
+        (groups * warps_per_group(key_dim, groups, fused) + 1) * 32
     }
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
     pub const MMA_N: usize = 8;
     pub const MMA_K: usize = 16;
     /// Token rows of `Vn` per consumer warp (one m16 tile).
-    pub const VN_ROWS_PER_WARP: usize = CHUNK / CONSUMER_WARPS;
+    pub const VN_ROWS_PER_WARP: usize = MMA_M;
     /// n8 tiles across the block's columns.
     pub const N_TILES: usize = BV / MMA_N;
     /// n8 tiles one `ldmatrix.x4` of a B operand covers (two 16 x 8 blocks side by side).
@@ -487,11 +495,11 @@ pub mod portable {
         consumer_barrier(MAX_GROUPS) + stage as u32
     }
 
-    /// Arrivals that complete a phase of a stage's `full` mbarrier in a CTA of `groups` groups:
-    /// the producer warp's 32 lanes (each once its copies have landed) and every consumer thread
-    /// (which then waits on the phase with the token its arrival returned).
-    pub const fn full_arrivals(groups: usize) -> u32 {
-        (32 + groups * CONSUMERS) as u32
+    /// Arrivals that complete a phase of a stage's `full` mbarrier in a CTA of `threads`
+    /// threads: the producer warp's 32 lanes (each once its copies have landed) and every
+    /// consumer thread (which then waits on the phase with the token its arrival returned).
+    pub const fn full_arrivals(threads: usize) -> u32 {
+        threads as u32
     }
 
     /// Bytes of one mbarrier object in shared memory.
@@ -502,8 +510,9 @@ pub mod portable {
     pub const FULL_BARRIERS_BYTES: usize = (MAX_STAGES * MBARRIER_BYTES).next_multiple_of(16);
 
     /// The shapes and shared-memory map of the kernel for key size `K`, whose consumer warps each
-    /// hold `MT = K / 64` m16 tiles of state rows (a parameter of its own because an array length
-    /// cannot be computed from `K`). The column block's tiles, then the ring:
+    /// hold `MT` m16 tiles of state rows (a parameter of its own because an array length cannot
+    /// be computed from `K`): `K / 64` with four warps per group, `K / 128` with eight
+    /// ([`warps_per_group`]). The column block's tiles, then the ring:
     ///
     /// | tile | layout |
     /// |---|---|
@@ -527,8 +536,18 @@ pub mod portable {
     pub struct Tiles<const K: usize, const MT: usize, const G: usize, const O: bool>;
 
     impl<const K: usize, const MT: usize, const G: usize, const O: bool> Tiles<K, MT, G, O> {
+        /// Consumer warps per group: one m16 tile of state rows per `MT`, every row of `K` held.
+        pub const WARPS: usize = K / (MMA_M * MT);
+        /// Consumer threads per group: the count of its [`consumer_barrier`].
+        pub const CONSUMERS: usize = Self::WARPS * 32;
+        /// Threads of the CTA: the groups and the producer warp.
+        pub const THREADS: usize = G * Self::CONSUMERS + 32;
+        /// Parts of the group's columns among the warps of one row block of `Vn`.
+        pub const COL_PARTS: usize = Self::WARPS / VN_ROW_BLOCKS;
+        /// n8 tiles of the group's columns one warp forms of `Vn` (and of `o`).
+        pub const VN_TILES: usize = N_TILES / Self::COL_PARTS;
         /// State rows (of K) per consumer warp.
-        pub const STATE_ROWS_PER_WARP: usize = K / CONSUMER_WARPS;
+        pub const STATE_ROWS_PER_WARP: usize = MT * MMA_M;
         /// k16 steps of `w @ bf16(S)` (over K).
         pub const VN_K_STEPS: usize = K / MMA_K;
         /// Row stride of the `w` and `k` tiles.
@@ -574,7 +593,9 @@ pub mod portable {
         /// Holds when `MT` is `K`'s and every tile fits the kernel's loops (checked at each
         /// entry's instantiation).
         pub const VALID: () = {
-            assert!(MT * CONSUMER_WARPS * MMA_M == K, "MT = K / 64");
+            assert!(Self::WARPS * MMA_M * MT == K, "MT m16 tiles of state rows per warp");
+            assert!(Self::WARPS == warps_per_group(K, G, O), "the variant's warps");
+            assert!(Self::WARPS.is_multiple_of(VN_ROW_BLOCKS) && Self::VN_TILES.is_multiple_of(N_TILES_PER_LOAD));
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
             assert!(Self::RING_OFFSET.is_multiple_of(16) && Self::STAGE_BYTES.is_multiple_of(16));
@@ -624,7 +645,7 @@ pub mod portable {
             (64, 1) => (Tiles::<64, 1, 1, false>::SMEM_BYTES, Tiles::<64, 1, 1, false>::STAGES),
             (128, 1) => (Tiles::<128, 2, 1, false>::SMEM_BYTES, Tiles::<128, 2, 1, false>::STAGES),
             (64, _) => (Tiles::<64, 1, 2, false>::SMEM_BYTES, Tiles::<64, 1, 2, false>::STAGES),
-            (128, _) => (Tiles::<128, 2, 2, false>::SMEM_BYTES, Tiles::<128, 2, 2, false>::STAGES),
+            (128, _) => (Tiles::<128, 1, 2, false>::SMEM_BYTES, Tiles::<128, 1, 2, false>::STAGES),
             _ => (Tiles::<256, 4, 1, false>::SMEM_BYTES, Tiles::<256, 4, 1, false>::STAGES),
         }
     }
@@ -727,7 +748,7 @@ pub mod portable {
         }
     }
 
-    const _: () = assert!(BV.is_multiple_of(MMA_N * N_TILES_PER_LOAD) && VN_ROWS_PER_WARP == MMA_M);
+    const _: () = assert!(BV.is_multiple_of(MMA_N * N_TILES_PER_LOAD) && VN_ROW_BLOCKS * VN_ROWS_PER_WARP == CHUNK);
     const _: () = assert!(CHUNK.is_multiple_of(MMA_K) && (BV_STRIDE * 2).is_multiple_of(16));
     const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
     const _: [(); 9] = [
@@ -739,7 +760,7 @@ pub mod portable {
         Tiles::<128, 2, 1, false>::VALID,
         Tiles::<256, 4, 1, false>::VALID,
         Tiles::<64, 1, 2, false>::VALID,
-        Tiles::<128, 2, 2, false>::VALID,
+        Tiles::<128, 1, 2, false>::VALID,
     ];
 }
 

@@ -39,8 +39,8 @@ use crate::arch::sm80::{
     st_global_b32, st_global_v4, st_shared_u32, sync_threads, thread_idx_x, thread_idx_x_fresh,
 };
 use crate::layout::portable::{
-    BV, BV_STRIDE, CONSUMERS, MBARRIER_BYTES, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
-    VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp, threads,
+    BV, BV_STRIDE, MBARRIER_BYTES, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
+    VN_ROW_BLOCKS, VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp,
 };
 use crate::layout::CHUNK;
 
@@ -110,7 +110,7 @@ macro_rules! portable_entry {
             $(#[$doc])*
             ///
             /// Grid: one CTA per worker of the pass's schedule (`work`: worker `b`'s first record
-            /// is record `b`); `layout::portable::threads(G)` threads;
+            /// is record `b`); `layout::portable::threads(K, G, O)` threads;
             /// `layout::portable::smem_bytes(K, G)` of dynamic shared memory.
             ///
             /// # Safety
@@ -222,7 +222,7 @@ portable_entry!(
     /// (`abi::PORTABLE_WIDE`).
     kda_fwd_h_portable_wide,
     128,
-    2,
+    1,
     2,
     false
 );
@@ -342,21 +342,32 @@ struct Frag {
 }
 
 impl Frag {
-    /// The place of consumer thread `tid` (of the CTA) in its group's warps.
-    fn of(tid: usize) -> Self {
-        Self { place: Place::of(tid % CONSUMERS) }
+    /// The place of consumer thread `tid` (of the CTA) in its group of `consumers` threads.
+    fn of(tid: usize, consumers: usize) -> Self {
+        Self { place: Place::of(tid % consumers) }
     }
 
-    /// This thread's place, from a fresh read of `%tid.x` (`thread_idx_x_fresh`): each step of a
-    /// chunk derives its shared addresses from it, so they are recomputed per chunk instead of
-    /// living in registers across the chunk loop (there are more of them than registers).
-    fn fresh() -> Self {
-        Self::of(thread_idx_x_fresh())
+    /// This thread's place in a group of `consumers` threads, from a fresh read of `%tid.x`
+    /// (`thread_idx_x_fresh`): each step of a chunk derives its shared addresses from it, so they
+    /// are recomputed per chunk instead of living in registers across the chunk loop (there are
+    /// more of them than registers).
+    fn fresh(consumers: usize) -> Self {
+        Self::of(thread_idx_x_fresh(), consumers)
     }
 
     /// The consumer warp, in its group.
     fn warp(self) -> usize {
         self.place.warp
+    }
+
+    /// The first token row of this warp's m16 tile of `Vn` (and of `o`).
+    fn vn_row0(self) -> usize {
+        self.warp() % VN_ROW_BLOCKS * VN_ROWS_PER_WARP
+    }
+
+    /// The first of this warp's `vn_tiles` n8 tiles of the group's columns in `Vn` (and `o`).
+    fn vn_col0(self, vn_tiles: usize) -> usize {
+        self.warp() / VN_ROW_BLOCKS * vn_tiles * MMA_N
     }
 }
 
@@ -407,11 +418,11 @@ unsafe fn recurrence<const K: usize, const MT: usize, const G: usize, const O: b
         if thread_idx_x() == 0 {
             let smem = Smem::carve::<K, MT, G, O>(0);
             for stage in 0..Tiles::<K, MT, G, O>::STAGES {
-                mbarrier_init(smem.full(stage), full_arrivals(G));
+                mbarrier_init(smem.full(stage), full_arrivals(Tiles::<K, MT, G, O>::THREADS));
             }
         }
         sync_threads();
-        if thread_idx_x() / 32 == producer_warp(G) {
+        if thread_idx_x() / 32 == producer_warp(G, Tiles::<K, MT, G, O>::WARPS) {
             produce::<K, MT, G, O>(args, args.work.items::<PRODUCER>(), thread_idx_x() % 32);
         } else {
             consume::<K, MT, G, O>(args, args.work.items::<CONSUMER>());
@@ -447,7 +458,7 @@ unsafe fn produce<const K: usize, const MT: usize, const G: usize, const O: bool
             // stage's `full` phase expects this lane's arrival.
             unsafe {
                 if issued == Tiles::<K, MT, G, O>::STAGES {
-                    named_barrier(empty_barrier(stage), threads(G) as u32);
+                    named_barrier(empty_barrier(stage), Tiles::<K, MT, G, O>::THREADS as u32);
                 }
                 let chunk = ChunkRows { tok0, rows, lane };
                 let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
@@ -497,7 +508,7 @@ unsafe fn produce<const K: usize, const MT: usize, const G: usize, const O: bool
     let mut stage = stage_before::<K, MT, G, O>(stage, issued);
     for _ in 0..issued {
         // SAFETY: the consumers release every chunk's stage once, in ring order.
-        unsafe { named_barrier(empty_barrier(stage), threads(G) as u32) };
+        unsafe { named_barrier(empty_barrier(stage), Tiles::<K, MT, G, O>::THREADS as u32) };
         stage = next_stage::<K, MT, G, O>(stage);
     }
     cp_async_wait_all();
@@ -563,7 +574,7 @@ const fn prefetches_h0(mt: usize) -> bool {
 #[inline(always)]
 unsafe fn initial_state<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args, item: Option<&Item>) -> State<MT> {
     let mut state: State<MT> = [[[0.0; 4]; N_TILES]; MT];
-    let frag = Frag::fresh();
+    let frag = Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS);
     match (item, item.and_then(|item| item.h0_row)) {
         (Some(item), Some(h0_row)) if !args.h0.is_null() => {
             for_each_state::<K, MT, G, O>(&mut state, frag, |row, col, s| {
@@ -590,7 +601,7 @@ unsafe fn initial_state<const K: usize, const MT: usize, const G: usize, const O
 /// As [`recurrence`]; every thread of the consumer warps calls it.
 #[inline(always)]
 unsafe fn consume<const K: usize, const MT: usize, const G: usize, const O: bool>(args: &Args, items: impl Iterator<Item = Item>) {
-    let smem = Smem::carve::<K, MT, G, O>(thread_idx_x() / CONSUMERS);
+    let smem = Smem::carve::<K, MT, G, O>(thread_idx_x() / Tiles::<K, MT, G, O>::CONSUMERS);
     let mut stage = 0;
     let mut items = items.map(|item| Item { vcol0: item.vcol0 + smem.col, ..item }).peekable();
     // SAFETY (block): the entries' contract on `h0` and the records.
@@ -613,27 +624,27 @@ unsafe fn consume<const K: usize, const MT: usize, const G: usize, const O: bool
             unsafe {
                 let full = smem.full(stage);
                 mbarrier_wait_token(full, mbarrier_arrive_token(full));
-                publish_state::<K, MT, G, O>(smem, Frag::fresh(), &state);
+                publish_state::<K, MT, G, O>(smem, Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS), &state);
                 // The fused pass writes neither `h` nor `v_new`, but `o` in `v_new`'s place.
                 let stores = !args.prescan && !O;
                 if stores {
-                    store_h::<K, MT, G, O>(smem, thread_idx_x_fresh() % CONSUMERS, args, &item, args.h.add(h_item));
+                    store_h::<K, MT, G, O>(smem, thread_idx_x_fresh() % Tiles::<K, MT, G, O>::CONSUMERS, args, &item, args.h.add(h_item));
                 }
-                let o = corrected_values::<K, MT, G, O>(smem, tiles, Frag::fresh(), args, rows);
+                let o = corrected_values::<K, MT, G, O>(smem, tiles, Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS), args, rows);
                 if stores {
-                    store_v_new::<K, MT, G, O>(tiles, thread_idx_x_fresh() % CONSUMERS, args, &item, tok0, rows);
+                    store_v_new::<K, MT, G, O>(tiles, thread_idx_x_fresh() % Tiles::<K, MT, G, O>::CONSUMERS, args, &item, tok0, rows);
                 }
                 if O {
-                    store_output::<K, MT, G, O>(tiles, Frag::fresh(), args, (&item, tok0, rows), o);
+                    store_output::<K, MT, G, O>(tiles, Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS), args, (&item, tok0, rows), o);
                 }
-                update_state::<K, MT, G, O>(smem, tiles, Frag::fresh(), args, rows, &mut state);
-                named_barrier_arrive(empty_barrier(stage), threads(G) as u32);
+                update_state::<K, MT, G, O>(smem, tiles, Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS), args, rows, &mut state);
+                named_barrier_arrive(empty_barrier(stage), Tiles::<K, MT, G, O>::THREADS as u32);
             }
             stage = next_stage::<K, MT, G, O>(stage);
         }
         if let (Some(row), false) = (item.ht_row, args.ht.is_null()) {
             let base = state_base::<K>(args, row);
-            for_each_state::<K, MT, G, O>(&mut state, Frag::fresh(), |row, col, s| {
+            for_each_state::<K, MT, G, O>(&mut state, Frag::fresh(Tiles::<K, MT, G, O>::CONSUMERS), |row, col, s| {
                 // SAFETY: `ht` holds the state rows the records name; the element is this thread's.
                 unsafe { *args.ht.add(base + state_index::<K>(args, &item, row, col)) = *s };
             });
@@ -676,7 +687,7 @@ unsafe fn publish_state<const K: usize, const MT: usize, const G: usize, const O
                 }
             }
         }
-        named_barrier(smem.barrier, CONSUMERS as u32);
+        named_barrier(smem.barrier, Tiles::<K, MT, G, O>::CONSUMERS as u32);
     }
 }
 
@@ -704,7 +715,8 @@ unsafe fn store_h<const K: usize, const MT: usize, const G: usize, const O: bool
         if args.value_first {
             // Keys `row .. row + VECTOR` of block columns `col0`, `col0 + cols_per_pass`, ...
             let per_col = K / VECTOR;
-            let (col0, row, cols_per_pass) = (tid / per_col, tid % per_col * VECTOR, CONSUMERS / per_col);
+            let consumers = Tiles::<K, MT, G, O>::CONSUMERS;
+            let (col0, row, cols_per_pass) = (tid / per_col, tid % per_col * VECTOR, consumers / per_col);
             let mut to = h_item.add(state_index::<K>(args, item, row, col0));
             let mut col = col0 as u32;
             while col < BV as u32 {
@@ -716,7 +728,7 @@ unsafe fn store_h<const K: usize, const MT: usize, const G: usize, const O: bool
         } else {
             // Columns `col .. col + VECTOR` of rows `row0`, `row0 + rows_per_pass`, ...
             let (row0, col) = (tid / VECTORS_PER_BLOCK_ROW, tid % VECTORS_PER_BLOCK_ROW * VECTOR);
-            let rows_per_pass = CONSUMERS / VECTORS_PER_BLOCK_ROW;
+            let rows_per_pass = Tiles::<K, MT, G, O>::CONSUMERS / VECTORS_PER_BLOCK_ROW;
             let mut to = h_item.add(state_index::<K>(args, item, row0, col));
             let mut row = row0 as u32;
             while row < K as u32 {
@@ -774,10 +786,12 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
     if args.g.is_null() { 0.0 } else { unsafe { ld_shared_f32(Smem::f32_at(tiles.g, rows - 1)) } }
 }
 
-/// A warp's 16 token rows of the block's columns, as `mma_m16n8k16_bf16` accumulators.
+/// A warp's 16 token rows of its `VN_TILES` n8 tiles of the group's columns, as
+/// `mma_m16n8k16_bf16` accumulators (the first `VN_TILES` of the array; the others unused).
 type Rows16 = [[f32; 4]; N_TILES];
 
-/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows; `bf16(Vn)` over the valid rows
+/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows of its `VN_TILES` n8 tiles of
+/// the group's columns (`Frag::vn_row0`, `Frag::vn_col0`); `bf16(Vn)` over the valid rows
 /// of the stage's `u` tile (for [`store_v_new`], and in the fused pass for [`store_output`]),
 /// and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where there is one;
 /// zeros past the chunk's end); then the consumer barrier. In the fused pass (`O`) it also
@@ -794,7 +808,8 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
     args: &Args,
     rows: usize,
 ) -> Rows16 {
-    let row0 = frag.warp() * VN_ROWS_PER_WARP;
+    let vn_tiles = Tiles::<K, MT, G, O>::VN_TILES;
+    let (row0, col0) = (frag.vn_row0(), frag.vn_col0(vn_tiles));
     let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
     let mut acc: Rows16 = [[0.0f32; 4]; N_TILES];
     let mut o: Rows16 = [[0.0f32; 4]; N_TILES];
@@ -804,17 +819,23 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
             let at = frag.place.ldmatrix_down_then_right(row0, ks * MMA_K);
             let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, at));
             let q = if O { ldmatrix_x4(Smem::bf16_at(tiles.q, row_stride, at)) } else { [0; 4] };
-            let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] =
-                core::array::from_fn(|pair| b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N));
+            // (Pairs past this warp's `VN_TILES` are never loaded: the array's length is fixed.)
+            let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] = core::array::from_fn(|pair| {
+                if pair * N_TILES_PER_LOAD < vn_tiles {
+                    b_fragments(smem.st, frag, ks * MMA_K, col0 + pair * N_TILES_PER_LOAD * MMA_N)
+                } else {
+                    [[0; 2]; N_TILES_PER_LOAD]
+                }
+            });
             (a, q, b)
         };
         pipelined(Tiles::<K, MT, G, O>::VN_K_STEPS, load, |(a, q, b)| {
-            for (pair, b) in b.iter().enumerate() {
-                for (i, b) in b.iter().enumerate() {
-                    mma_m16n8k16_bf16(&mut acc[pair * N_TILES_PER_LOAD + i], a, *b);
-                    if O {
-                        mma_m16n8k16_bf16(&mut o[pair * N_TILES_PER_LOAD + i], q, *b);
-                    }
+            // Index loops to a constant bound: fully unrolled, every fragment in registers.
+            for nt in 0..vn_tiles {
+                let b = b[nt / N_TILES_PER_LOAD][nt % N_TILES_PER_LOAD];
+                mma_m16n8k16_bf16(&mut acc[nt], a, b);
+                if O {
+                    mma_m16n8k16_bf16(&mut o[nt], q, b);
                 }
             }
         });
@@ -824,8 +845,8 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
         let scales = t_rows.map(|t| {
             if args.g.is_null() { 1.0 } else { exp2_approx(g_last - ld_shared_f32(Smem::f32_at(tiles.g, t))) }
         });
-        for (nt, acc) in acc.iter().enumerate() {
-            let col = nt * MMA_N + 2 * frag.place.t;
+        for nt in 0..vn_tiles {
+            let (acc, col) = (acc[nt], col0 + nt * MMA_N + 2 * frag.place.t);
             for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
                 // Every row, valid or not: past the chunk's end `u` and `w` are zero-filled, so
                 // `Vn` is zero there, and the scale is 1 (`g` holds the last valid row's value).
@@ -840,12 +861,13 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
                 st_shared_u32(Smem::bf16_at(smem.vn, BV_STRIDE, (t, col)), pair);
             }
         }
-        named_barrier(smem.barrier, CONSUMERS as u32);
+        named_barrier(smem.barrier, Tiles::<K, MT, G, O>::CONSUMERS as u32);
     }
     o
 }
 
-/// The fused pass's output of this warp's 16 token rows: `o += P @ bf16(Vn)` over the chunk's
+/// The fused pass's output of this warp's 16 token rows (of its `VN_TILES` n8 tiles of the
+/// group's columns): `o += P @ bf16(Vn)` over the chunk's
 /// tokens (`P` from the stage's tile, `bf16(Vn)` unscaled from the stage's `u` tile, where
 /// [`corrected_values`] left it: zeros past the chunk's end in both), then `scale o` rounded to
 /// bf16 to `o`'s valid rows (`args.v_new`, at its strides), two adjacent columns per store.
@@ -861,7 +883,8 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
     (item, tok0, rows): (&Item, usize, usize),
     mut o: Rows16,
 ) {
-    let row0 = frag.warp() * VN_ROWS_PER_WARP;
+    let vn_tiles = Tiles::<K, MT, G, O>::VN_TILES;
+    let (row0, col0) = (frag.vn_row0(), frag.vn_col0(vn_tiles));
     let (p_stride, u_stride) = (Tiles::<K, MT, G, O>::P_STRIDE, Tiles::<K, MT, G, O>::U_STRIDE);
     // SAFETY (block): see the function's contract; every shared address is inside the stage's
     // `P` and `u` tiles, every store inside a valid row of `o`.
@@ -869,15 +892,17 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
         let load = |ks: usize| {
             let a = ldmatrix_x4(Smem::bf16_at(tiles.p, p_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
             let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] = core::array::from_fn(|pair| {
-                b_fragments_at(tiles.u_group, u_stride, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N)
+                if pair * N_TILES_PER_LOAD < vn_tiles {
+                    b_fragments_at(tiles.u_group, u_stride, frag, ks * MMA_K, col0 + pair * N_TILES_PER_LOAD * MMA_N)
+                } else {
+                    [[0; 2]; N_TILES_PER_LOAD]
+                }
             });
             (a, b)
         };
         pipelined(STATE_K_STEPS, load, |(a, b)| {
-            for (pair, b) in b.iter().enumerate() {
-                for (i, b) in b.iter().enumerate() {
-                    mma_m16n8k16_bf16(&mut o[pair * N_TILES_PER_LOAD + i], a, *b);
-                }
+            for nt in 0..vn_tiles {
+                mma_m16n8k16_bf16(&mut o[nt], a, b[nt / N_TILES_PER_LOAD][nt % N_TILES_PER_LOAD]);
             }
         });
         let scale = args.fused.scale;
@@ -885,8 +910,10 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
             let t = row0 + frag.place.g + 8 * half;
             if t < rows {
                 let row = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0);
-                for (nt, acc) in o.iter().enumerate() {
-                    let col = nt * MMA_N + 2 * frag.place.t;
+                // An index loop to a constant bound (an iterator's `take` left `o` in local memory).
+                #[allow(clippy::needless_range_loop)]
+                for nt in 0..vn_tiles {
+                    let (acc, col) = (o[nt], col0 + nt * MMA_N + 2 * frag.place.t);
                     let pair = pack_bf16x2(acc[2 * half] * scale, acc[2 * half + 1] * scale);
                     st_global_b32(row.add(col) as *mut u32, pair);
                 }
@@ -912,7 +939,7 @@ unsafe fn store_v_new<const K: usize, const MT: usize, const G: usize, const O: 
 ) {
     // Columns `col .. col + VECTOR` of the chunk's rows `t0`, `t0 + rows_per_pass`, ...
     let (t0, col) = (tid / VECTORS_PER_BLOCK_ROW, tid % VECTORS_PER_BLOCK_ROW * VECTOR);
-    let rows_per_pass = CONSUMERS / VECTORS_PER_BLOCK_ROW;
+    let rows_per_pass = Tiles::<K, MT, G, O>::CONSUMERS / VECTORS_PER_BLOCK_ROW;
     if t0 >= rows {
         return;
     }
