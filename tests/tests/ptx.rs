@@ -178,8 +178,9 @@ fn baseline_sass_uses_the_hardware_conversions() {
 }
 
 /// The portable tensor-core kernel, every key size's entry: both products on the tensor cores
-/// (`HMMA` per chunk: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column tiles x
-/// `K / 64` row tiles for `S`; the loops are unrolled) with their operands read by `ldmatrix`
+/// (`HMMA` per chunk and warp: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column
+/// tiles x `K / 64` row tiles for `S`, or with eight warps per group half of each: 2 column
+/// tiles, `K / 128` row tiles; the loops are unrolled) with their operands read by `ldmatrix`
 /// (`LDSM`, as stored and transposed), the chunks copied by `cp.async` (`LDGSTS`, 16-byte ones
 /// bypassing L1) and announced by the hardware once landed (`ARRIVES.LDGSTSBAR`), the stages
 /// handed back on named barriers (`BAR.ARV` by the consumers), `h` and `v_new` stored 16
@@ -199,8 +200,12 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             assert!(r.registers * abi.threads * ctas <= REGISTERS_PER_SM, "{arch} {}: {r:?}", abi.entry);
             let code = function_sass(&code, abi.entry);
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
-            // The loops are the same for every group: one copy of them.
-            let hmma = (key_dim / 16) * 4 + 4 * 4 * (key_dim / 64);
+            // The loops are the same for every group: one copy of them. A warp's share: of `Vn`
+            // its n8 tiles of the group's 4, of `S` its m16 tiles of state rows.
+            use kda_kernel::layout::portable::{N_TILES, VN_ROW_BLOCKS, warps_per_group};
+            let warps = warps_per_group(key_dim, groups, false);
+            let (vn_tiles, state_tiles) = (N_TILES * VN_ROW_BLOCKS / warps, key_dim / (16 * warps));
+            let hmma = (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's two products", abi.entry);
             assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
             for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "BAR.ARV", "BAR.SYNC"] {
