@@ -407,13 +407,14 @@ pub mod portable {
     pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
     /// Consumer warps per group of the entry for key size `key_dim`, `groups` groups and the fused
     /// layer pass or not (`fused`): four (one m16 tile of `Vn`, 16 tokens, each and `K / 4` state
-    /// rows each), or eight for the two-group recurrence at `K = 128` (each 16 tokens of half
-    /// the group's columns in `w @ S` and 16 state rows: half of every warp's products, so the
-    /// serially dependent chain of a chunk, which sets that entry's pace on the H100 and H200
+    /// rows each), or eight for the two-group entries at `K = 128`, the recurrence's and the
+    /// fused layer pass's (each warp 16 tokens of half the group's columns in `w @ S`, and in
+    /// `q Γ @ S` and `P @ Vn`, and 16 state rows: half of every warp's products, so the serially
+    /// dependent chain of a chunk, which sets those entries' pace on the H100 and H200
     /// (bench/RESULTS.md, "The portable kernel"), is shared by twice the warps; 544 threads
-    /// hold at most 120 registers each, and it has no spills).
+    /// hold at most 120 registers each, and neither spills).
     pub const fn warps_per_group(key_dim: usize, groups: usize, fused: bool) -> usize {
-        if key_dim == 128 && groups == 2 && !fused { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
+        if key_dim == 128 && groups == 2 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
     }
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
     /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
@@ -617,7 +618,7 @@ pub mod portable {
             (64, 1) => Tiles::<64, 1, 1, true>::SMEM_BYTES,
             (128, 1) => Tiles::<128, 2, 1, true>::SMEM_BYTES,
             (64, _) => Tiles::<64, 1, 2, true>::SMEM_BYTES,
-            _ => Tiles::<128, 2, 2, true>::SMEM_BYTES,
+            _ => Tiles::<128, 1, 2, true>::SMEM_BYTES,
         }
     }
 
@@ -755,7 +756,7 @@ pub mod portable {
         Tiles::<64, 1, 1, true>::VALID,
         Tiles::<128, 2, 1, true>::VALID,
         Tiles::<64, 1, 2, true>::VALID,
-        Tiles::<128, 2, 2, true>::VALID,
+        Tiles::<128, 1, 2, true>::VALID,
         Tiles::<64, 1, 1, false>::VALID,
         Tiles::<128, 2, 1, false>::VALID,
         Tiles::<256, 4, 1, false>::VALID,

@@ -227,9 +227,10 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
 }
 
 /// The fused layer pass's portable entries: the recurrence's products and the output's two
-/// beside them on the tensor cores (`HMMA` per chunk: `2 K / 16` k-steps x 4 column tiles for
-/// `Vn` and `q Γ S`, 4 k-steps x 4 column tiles x `K / 64` row tiles for `S`, 4 k-steps x 4
-/// column tiles for `P Vn`), the chunk's `q Γ` and `P` rows copied with the others by `cp.async`,
+/// beside them on the tensor cores (`HMMA` per chunk and warp: `2 K / 16` k-steps x 4 column
+/// tiles for `Vn` and `q Γ S`, 4 k-steps x 4 column tiles x `K / 64` row tiles for `S`, 4
+/// k-steps x 4 column tiles for `P Vn`; with eight warps per group 2 column tiles for `Vn`,
+/// `q Γ S` and `P Vn`, `K / 128` row tiles for `S`), the chunk's `q Γ` and `P` rows copied with the others by `cp.async`,
 /// `o` stored to global memory (`STG.E`) and never `h` or `v_new` (no 16-byte stores), no local
 /// memory, no generic access, no call, and registers for the CTAs per SM the grid counts on.
 #[test]
@@ -246,7 +247,10 @@ fn the_portable_fused_pass_runs_its_four_products_on_the_tensor_cores() {
             assert!(r.registers * abi.threads * max_ctas_per_sm(key_dim, groups) <= REGISTERS_PER_SM);
             let code = function_sass(&code, abi.entry);
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
-            let hmma = 2 * (key_dim / 16) * 4 + 4 * 4 * (key_dim / 64) + 4 * 4;
+            use kda_kernel::layout::portable::{N_TILES, VN_ROW_BLOCKS, warps_per_group};
+            let warps = warps_per_group(key_dim, groups, true);
+            let (vn_tiles, state_tiles) = (N_TILES * VN_ROW_BLOCKS / warps, key_dim / (16 * warps));
+            let hmma = 2 * (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles + 4 * vn_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's four products", abi.entry);
             for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "ARRIVES.LDGSTSBAR.64", "STG.E"] {
                 assert!(count(op) > 0, "{arch} {}: fused SASS lacks {op}", abi.entry);
