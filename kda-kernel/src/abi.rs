@@ -578,10 +578,10 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fuse
     KernelAbi {
         entry,
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
-        threads: threads(key_dim, groups, fused),
+        threads: threads(key_dim, groups),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
-        max_registers: if warps_per_group(key_dim, groups, fused) > VN_ROW_BLOCKS {
-            one_cta_registers(threads(key_dim, groups, fused))
+        max_registers: if warps_per_group(key_dim, groups) > VN_ROW_BLOCKS {
+            one_cta_registers(threads(key_dim, groups))
         } else {
             // Four warps per group: ptxas's own choice, as measured (168 registers at most).
             None

@@ -110,7 +110,7 @@ macro_rules! portable_entry {
             $(#[$doc])*
             ///
             /// Grid: one CTA per worker of the pass's schedule (`work`: worker `b`'s first record
-            /// is record `b`); `layout::portable::threads(K, G, O)` threads;
+            /// is record `b`); `layout::portable::threads(K, G)` threads;
             /// `layout::portable::smem_bytes(K, G)` of dynamic shared memory.
             ///
             /// # Safety
