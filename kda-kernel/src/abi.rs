@@ -574,14 +574,16 @@ pub const BASELINE: KernelAbi = KernelAbi {
 /// [`PORTABLE_PARAMS`], every entry of the fused layer pass (`fused`) [`PORTABLE_FUSED_PARAMS`],
 /// and they launch alike; the key size and the consumer groups set its threads and shared memory.
 const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fused: bool) -> KernelAbi {
-    use crate::layout::portable::{VN_ROW_BLOCKS, entry_smem_bytes, threads, warps_per_group};
+    use crate::layout::portable::{VN_ROW_BLOCKS, entry_smem_bytes, max_ctas_per_sm, threads, warps_per_group};
     KernelAbi {
         entry,
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
         threads: threads(key_dim, groups),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
         max_registers: if warps_per_group(key_dim, groups) > VN_ROW_BLOCKS {
-            one_cta_registers(threads(key_dim, groups))
+            // The fused entries' shared memory (147 KB and more) leaves one CTA per SM anywhere.
+            let ctas = if fused { 1 } else { max_ctas_per_sm(key_dim, groups) };
+            registers_for(threads(key_dim, groups) * ctas)
         } else {
             // Four warps per group: ptxas's own choice, as measured (168 registers at most).
             None
@@ -590,11 +592,11 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fuse
     }
 }
 
-/// Registers per thread of a CTA of `threads` threads, at most 255 (an instruction's register
-/// field): the most that lets one CTA run, rounded down to the allocation's 8 (the entries of
-/// eight warps per group, whose 544 threads would take 125 each at ptxas's choice: 120); none
-/// where 255 each fit.
-const fn one_cta_registers(threads: usize) -> Option<u32> {
+/// Registers per thread where `threads` threads share an SM (its CTAs), at most 255 (an
+/// instruction's register field): the most that lets them all run, rounded down to the
+/// allocation's 8 (the entries of eight warps per group: one CTA of 544 threads, whose threads
+/// would take 125 each at ptxas's choice, 120; two of 288, 112); none where 255 each fit.
+const fn registers_for(threads: usize) -> Option<u32> {
     const MAX_PER_THREAD: usize = 255;
     const GRANULE: usize = 8;
     let fit = REGISTERS_PER_SM / threads / GRANULE * GRANULE;

@@ -407,14 +407,15 @@ pub mod portable {
     pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
     /// Consumer warps per group of the entries for key size `key_dim` and `groups` groups (the
     /// recurrence's and the fused layer pass's alike): four (one m16 tile of `Vn`, 16 tokens, each and `K / 4` state
-    /// rows each), or eight for the two-group entries at `K = 128`, the recurrence's and the
-    /// fused layer pass's (each warp 16 tokens of half the group's columns in `w @ S`, and in
+    /// rows each), or eight for the entries at `K = 128`, the recurrence's and the fused layer
+    /// pass's, one group or two (each warp 16 tokens of half the group's columns in `w @ S`, and in
     /// `q Γ @ S` and `P @ Vn`, and 16 state rows: half of every warp's products, so the serially
     /// dependent chain of a chunk, which sets those entries' pace on the H100 and H200
     /// (bench/RESULTS.md, "The portable kernel"), is shared by twice the warps; 544 threads
-    /// hold at most 120 registers each, and neither spills).
+    /// hold at most 120 registers each, two CTAs of 288 threads (the one-group recurrence) 112,
+    /// and none spills).
     pub const fn warps_per_group(key_dim: usize, groups: usize) -> usize {
-        if key_dim == 128 && groups == 2 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
+        if key_dim == 128 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
     }
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
     /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
@@ -616,7 +617,7 @@ pub mod portable {
     pub const fn fused_smem_bytes(key_dim: usize, groups: usize) -> usize {
         match (key_dim, groups) {
             (64, 1) => Tiles::<64, 1, 1, true>::SMEM_BYTES,
-            (128, 1) => Tiles::<128, 2, 1, true>::SMEM_BYTES,
+            (128, 1) => Tiles::<128, 1, 1, true>::SMEM_BYTES,
             (64, _) => Tiles::<64, 1, 2, true>::SMEM_BYTES,
             _ => Tiles::<128, 1, 2, true>::SMEM_BYTES,
         }
@@ -644,7 +645,7 @@ pub mod portable {
     const fn sizes(key_dim: usize, groups: usize) -> (usize, usize) {
         match (key_dim, groups) {
             (64, 1) => (Tiles::<64, 1, 1, false>::SMEM_BYTES, Tiles::<64, 1, 1, false>::STAGES),
-            (128, 1) => (Tiles::<128, 2, 1, false>::SMEM_BYTES, Tiles::<128, 2, 1, false>::STAGES),
+            (128, 1) => (Tiles::<128, 1, 1, false>::SMEM_BYTES, Tiles::<128, 1, 1, false>::STAGES),
             (64, _) => (Tiles::<64, 1, 2, false>::SMEM_BYTES, Tiles::<64, 1, 2, false>::STAGES),
             (128, _) => (Tiles::<128, 1, 2, false>::SMEM_BYTES, Tiles::<128, 1, 2, false>::STAGES),
             _ => (Tiles::<256, 4, 1, false>::SMEM_BYTES, Tiles::<256, 4, 1, false>::STAGES),
@@ -754,11 +755,11 @@ pub mod portable {
     const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
     const _: [(); 9] = [
         Tiles::<64, 1, 1, true>::VALID,
-        Tiles::<128, 2, 1, true>::VALID,
+        Tiles::<128, 1, 1, true>::VALID,
         Tiles::<64, 1, 2, true>::VALID,
         Tiles::<128, 1, 2, true>::VALID,
         Tiles::<64, 1, 1, false>::VALID,
-        Tiles::<128, 2, 1, false>::VALID,
+        Tiles::<128, 1, 1, false>::VALID,
         Tiles::<256, 4, 1, false>::VALID,
         Tiles::<64, 1, 2, false>::VALID,
         Tiles::<128, 1, 2, false>::VALID,

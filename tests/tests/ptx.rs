@@ -244,7 +244,12 @@ fn the_portable_fused_pass_runs_its_four_products_on_the_tensor_cores() {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}, {} bytes of shared memory", abi.entry, abi.smem_bytes);
             assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch} {}: {r:?}", abi.entry);
-            assert!(r.registers * abi.threads * max_ctas_per_sm(key_dim, groups) <= REGISTERS_PER_SM);
+            // CTAs per SM: as the registers allow, and the shared memory of the largest SM (228 KB).
+            const LARGEST_SMEM_PER_SM: usize = 228 * 1024;
+            let ctas =
+                kda_kernel::layout::portable::workers_of(abi.smem_bytes, key_dim, groups, 1, LARGEST_SMEM_PER_SM);
+            assert!(ctas <= max_ctas_per_sm(key_dim, groups));
+            assert!(r.registers * abi.threads * ctas <= REGISTERS_PER_SM, "{arch} {}: {r:?}", abi.entry);
             let code = function_sass(&code, abi.entry);
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
             use kda_kernel::layout::portable::{N_TILES, VN_ROW_BLOCKS, warps_per_group};
