@@ -580,7 +580,7 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fuse
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
         threads: threads(key_dim, groups),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
-        max_registers: if warps_per_group(key_dim, groups) > VN_ROW_BLOCKS {
+        max_registers: if warps_per_group(key_dim) > VN_ROW_BLOCKS {
             // The fused entries' shared memory (147 KB and more) leaves one CTA per SM anywhere.
             let ctas = if fused { 1 } else { max_ctas_per_sm(key_dim, groups) };
             registers_for(threads(key_dim, groups) * ctas)

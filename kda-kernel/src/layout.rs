@@ -405,7 +405,7 @@ pub mod portable {
     pub const BV: usize = 32;
     /// m16 tiles of a chunk's tokens: the row blocks of `Vn` among a group's warps.
     pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
-    /// Consumer warps per group of the entries for key size `key_dim` and `groups` groups (the
+    /// Consumer warps per group of the entries for key size `key_dim` (one group or two, the
     /// recurrence's and the fused layer pass's alike): four (one m16 tile of `Vn`, 16 tokens, each and `K / 4` state
     /// rows each), or eight for the entries at `K = 128`, the recurrence's and the fused layer
     /// pass's, one group or two (each warp 16 tokens of half the group's columns in `w @ S`, and in
@@ -414,7 +414,7 @@ pub mod portable {
     /// (bench/RESULTS.md, "The portable kernel"), is shared by twice the warps; 544 threads
     /// hold at most 120 registers each, two CTAs of 288 threads (the one-group recurrence) 112,
     /// and none spills).
-    pub const fn warps_per_group(key_dim: usize, groups: usize) -> usize {
+    pub const fn warps_per_group(key_dim: usize) -> usize {
         if key_dim == 128 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
     }
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
@@ -442,7 +442,7 @@ pub mod portable {
     /// Threads per CTA of the entries for `key_dim` and `groups`: the consumer groups
     /// ([`warps_per_group`]) and the producer warp.
     pub const fn threads(key_dim: usize, groups: usize) -> usize {
-        (groups * warps_per_group(key_dim, groups) + 1) * 32
+        (groups * warps_per_group(key_dim) + 1) * 32
     }
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
@@ -596,7 +596,7 @@ pub mod portable {
         /// entry's instantiation).
         pub const VALID: () = {
             assert!(Self::WARPS * MMA_M * MT == K, "MT m16 tiles of state rows per warp");
-            assert!(Self::WARPS == warps_per_group(K, G), "the variant's warps");
+            assert!(Self::WARPS == warps_per_group(K), "the variant's warps");
             assert!(Self::WARPS.is_multiple_of(VN_ROW_BLOCKS) && Self::VN_TILES.is_multiple_of(N_TILES_PER_LOAD));
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));

@@ -203,7 +203,7 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             // The loops are the same for every group: one copy of them. A warp's share: of `Vn`
             // its n8 tiles of the group's 4, of `S` its m16 tiles of state rows.
             use kda_kernel::layout::portable::{N_TILES, VN_ROW_BLOCKS, warps_per_group};
-            let warps = warps_per_group(key_dim, groups);
+            let warps = warps_per_group(key_dim);
             let (vn_tiles, state_tiles) = (N_TILES * VN_ROW_BLOCKS / warps, key_dim / (16 * warps));
             let hmma = (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's two products", abi.entry);
@@ -253,7 +253,7 @@ fn the_portable_fused_pass_runs_its_four_products_on_the_tensor_cores() {
             let code = function_sass(&code, abi.entry);
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
             use kda_kernel::layout::portable::{N_TILES, VN_ROW_BLOCKS, warps_per_group};
-            let warps = warps_per_group(key_dim, groups);
+            let warps = warps_per_group(key_dim);
             let (vn_tiles, state_tiles) = (N_TILES * VN_ROW_BLOCKS / warps, key_dim / (16 * warps));
             let hmma = 2 * (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles + 4 * vn_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's four products", abi.entry);
