@@ -261,6 +261,23 @@ pub const LAYER_OUTPUT_PARAMS: [Param; 15] = [
     Param::u32("state_layout"),
 ];
 
+/// The parameters of the output kernel on prepared attention ([`LAYER_OUTPUT_PREPARED`]):
+/// [`LAYER_OUTPUT_PARAMS`] with the fused prepare kernel's `qg` and `attention` in place of `q`,
+/// `k` and the gate.
+pub const LAYER_OUTPUT_PREPARED_PARAMS: [Param; 14] = {
+    /// `q`, `k` and the gate, replaced by two.
+    const REPLACED: usize = 3;
+    let mut out = [Param::u32(""); 14];
+    out[0] = Param::pointer("qg");
+    out[1] = Param::pointer("attention");
+    let mut i = REPLACED;
+    while i < LAYER_OUTPUT_PARAMS.len() {
+        out[i - 1] = LAYER_OUTPUT_PARAMS[i];
+        i += 1;
+    }
+    out
+};
+
 /// The decode step's parameters, in order: `q`, `k`, `v`, the gate, `beta`, `A_log`, `dt_bias`
 /// (null unless the gate is raw), the slots (`[N]` i64, negative: padding), the fresh flags
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
@@ -722,6 +739,17 @@ pub const LAYER_OUTPUT: KernelAbi = KernelAbi {
     max_registers: Some(LAYER_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
+/// The output kernel on prepared attention: the separate path's `o` from the fused prepare
+/// kernel's `q Γ` and causal attention (every target; with [`LAYER_PREPARE_FUSED`], so where a
+/// CTA gets 110 KB).
+pub const LAYER_OUTPUT_PREPARED: KernelAbi = KernelAbi {
+    entry: "kda_layer_output_prepared",
+    params: &LAYER_OUTPUT_PREPARED_PARAMS,
+    threads: crate::layout::layer::THREADS,
+    smem_bytes: crate::layout::layer::OUTPUT_PREPARED_SMEM_BYTES,
+    max_registers: Some(LAYER_MAX_REGISTERS),
+    targets: &[SM90A, SM80],
+};
 /// The fused layer's prepare kernel (every target; its shared memory limits it to GPUs that give
 /// a CTA 110 KB: the A100 and 9.x class): grid and threads as [`LAYER_PREPARE`].
 pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
@@ -774,7 +802,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 24] = [
+pub const KERNELS: [KernelAbi; 25] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -796,6 +824,7 @@ pub const KERNELS: [KernelAbi; 24] = [
     LAYER_PREPARE,
     LAYER_OUTPUT,
     LAYER_PREPARE_FUSED,
+    LAYER_OUTPUT_PREPARED,
     DECODE,
     ADVANCE,
     POOL_COPY,

@@ -228,6 +228,15 @@ pub mod layer {
     pub const OUTPUT_STAGED_AT: usize = OUTPUT_QUERIES_AT;
     /// Bytes of the output kernel's shared memory.
     pub const OUTPUT_SMEM_BYTES: usize = OUTPUT_WORDS * 4;
+    /// Byte offsets in the shared memory of the output kernel on prepared attention
+    /// (`kda_layer_output_prepared`), whose tiles are all loaded at once: `q Γ` at 0 (bf16
+    /// `[CHUNK][KEY_ROW]`), the causal attention (`[CHUNK][ATTENTION_ROW]`), then the staged `h`
+    /// (`[MAX_K][STAGED_ROW]`) and `v_new` (`[CHUNK][STAGED_ROW]`).
+    pub const OUTPUT_PREPARED_ATTENTION_AT: usize = CHUNK * KEY_ROW * 2;
+    pub const OUTPUT_PREPARED_STAGED_AT: usize = OUTPUT_PREPARED_ATTENTION_AT + CHUNK * ATTENTION_ROW * 2;
+    /// Bytes of its shared memory: 77 KB, two CTAs per SM on the A100 and 9.x classes (the
+    /// output kernel that forms the attention itself takes 96 KB, one on the A100).
+    pub const OUTPUT_PREPARED_SMEM_BYTES: usize = OUTPUT_PREPARED_STAGED_AT + (MAX_K + CHUNK) * STAGED_ROW * 2;
 
     const _: () = {
         assert!(THREADS >= CHUNK, "one thread per row for the row loops");
@@ -244,6 +253,14 @@ pub mod layer {
             "the tiles ldmatrix reads start and keep their rows 16-byte aligned"
         );
         assert!(KEY_ROW.is_multiple_of(2), "the gate tile after the keys stays 4-byte aligned");
+        assert!(
+            OUTPUT_PREPARED_ATTENTION_AT.is_multiple_of(16) && OUTPUT_PREPARED_STAGED_AT.is_multiple_of(16),
+            "the prepared output kernel's tiles start 16-byte aligned for ldmatrix"
+        );
+        assert!(
+            OUTPUT_PREPARED_SMEM_BYTES <= super::SM80_SMEM_PER_CTA && OUTPUT_PREPARED_SMEM_BYTES <= OUTPUT_SMEM_BYTES,
+            "the prepared output kernel runs wherever the output kernel does"
+        );
         assert!(
             PREPARE_SMEM_BYTES <= super::SM80_SMEM_PER_CTA && OUTPUT_SMEM_BYTES <= super::SM80_SMEM_PER_CTA,
             "the layer kernels run on every sm_80+ GPU"

@@ -633,6 +633,9 @@ enum LayerOutput {
     /// recurrence's two output products form it (the fused path's arithmetic; the Hopper kernel
     /// itself runs only on the GPU).
     Fused,
+    /// The fused prepare kernel, the recurrence, then the output kernel on its `q Γ` and `P`
+    /// (`kda_layer_output_prepared`: the separate path where the fused prepare kernel runs).
+    Prepared,
 }
 
 /// The layer on the simulator as the launcher runs it, its states (`h`, and `h0`, `ht` at the
@@ -665,7 +668,9 @@ fn run_layer_keeping_h(
     let (q_in, k_in, v_in, g_in, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
     let (a_log, dt_bias, chunks) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&table));
     let (k_out, w_out, u_out, gate_out) = (ptr_mut(&mut k_rec), ptr_mut(&mut w), ptr_mut(&mut u), ptr_mut(&mut gate));
-    let fused = output == LayerOutput::Fused;
+    // Both the fused output and the prepared output kernel read the fused prepare kernel's
+    // outputs.
+    let fused = output != LayerOutput::Kernel;
     let chunk = kda_kernel::layout::CHUNK;
     let (mut qg, mut attention) =
         if fused { (vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * chunk]) } else { (Vec::new(), Vec::new()) };
@@ -778,14 +783,40 @@ fn run_layer_keeping_h(
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
     let gate_in = ptr(&gate);
-    if fused {
+    if output == LayerOutput::Fused {
         let o = fused_output(p, (&qg, &attention), &recurrence.h, &recurrence.v_new, layout);
         let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
         return (LayerOutputs { o, ht }, recurrence.h);
     }
-    // SAFETY: as above; `h` holds a state per (chunk, value head) in the table's order.
-    unsafe {
-        sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
+    let (qg_in, attention_in) = (ptr(&qg), ptr(&attention));
+    // SAFETY: as above; `h` holds a state per (chunk, value head) in the table's order, `qg` and
+    // `attention` the fused prepare kernel's rows.
+    if output == LayerOutput::Prepared {
+        unsafe {
+            sim::launch(layer_launch(p, layer::OUTPUT_PREPARED_SMEM_BYTES), || {
+                kda_kernel::layer::kda_layer_output_prepared(
+                    qg_in.ptr() as *const u16,
+                    attention_in.ptr() as *const u16,
+                    h.ptr() as *const u16,
+                    v_new.ptr() as *const u16,
+                    o_out.mut_ptr() as *mut u16,
+                    chunks.ptr(),
+                    dims[0],
+                    dims[1],
+                    dims[2],
+                    dims[3],
+                    dims[4],
+                    codes.options,
+                    codes.scale_bits,
+                    layout.code(),
+                )
+            })
+        }
+        .unwrap_or_else(|e| panic!("prepared output: {e}"));
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
             kda_kernel::layer::kda_layer_output(
                 q_in.ptr() as *const u16,
                 k_in.ptr() as *const u16,
@@ -803,9 +834,10 @@ fn run_layer_keeping_h(
                 codes.scale_bits,
                 layout.code(),
             )
-        })
+            })
+        }
+        .unwrap_or_else(|e| panic!("output: {e}"));
     }
-    .unwrap_or_else(|e| panic!("output: {e}"));
     assert!(o.iter().all(|x| x.to_bits() != POISON_BF16), "the output kernel left o unwritten");
     let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
     (LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }, recurrence.h)
@@ -865,7 +897,7 @@ fn the_layer_kernels_match_the_definition() {
         let layout = if i % 3 == 2 { StateLayout::ValueFirst } else { StateLayout::KeyFirst };
         let want = layer_reference(&p).unwrap();
         let bounds = layer_bounds(&p, &want);
-        for output in [LayerOutput::Kernel, LayerOutput::Fused] {
+        for output in [LayerOutput::Kernel, LayerOutput::Fused, LayerOutput::Prepared] {
             let errs = run_layer_keeping_h(&p, layout, LayerRecurrence::Reference, output).0.errors(&want);
             println!("{name} {layout:?} {output:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
             let within = errs.iter().zip(&bounds).all(|(e, b)| e <= b);
@@ -1080,18 +1112,21 @@ fn check_verify<P: PoolElement + Copy>(case: &VerifyCase, pool: Vec<P>, as_f32: 
     );
 }
 
-/// The whole layer as every GPU but Hopper runs it (prepare, the portable tensor-core
-/// recurrence, output) on one case of each kind and both state layouts, within the GPU suite's
-/// bounds.
+/// The whole layer's separate path as every GPU but Hopper runs it (prepare, the portable
+/// tensor-core recurrence, output; the fused prepare kernel and the output kernel on its
+/// attention where a CTA gets 110 KB, every third case) on one case of each kind and both state
+/// layouts, within the GPU suite's bounds.
 #[test]
 fn the_layer_runs_on_the_portable_kernels() {
     for (i, (name, p)) in kda_tests::random_layer_cases().into_iter().enumerate().filter(|(i, _)| i % 5 == 0) {
         let layout = if i % 2 == 0 { StateLayout::KeyFirst } else { StateLayout::ValueFirst };
+        let output = if i % 3 == 0 { LayerOutput::Prepared } else { LayerOutput::Kernel };
         let want = layer_reference(&p).unwrap();
-        let errs = run_layer(&p, layout, LayerRecurrence::Portable).errors(&want);
+        let errs = run_layer_keeping_h(&p, layout, LayerRecurrence::Portable, output).0.errors(&want);
         let bounds = layer_bounds(&p, &want);
-        println!("{name} {layout:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
-        assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {layout:?}: {errs:?} over {bounds:?}");
+        println!("{name} {layout:?} {output:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+        let within = errs.iter().zip(&bounds).all(|(e, b)| e <= b);
+        assert!(within, "{name} {layout:?} {output:?}: {errs:?} over {bounds:?}");
     }
 }
 

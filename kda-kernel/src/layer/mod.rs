@@ -36,7 +36,7 @@ use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
-    OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
+    OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
     STAGED_ROW, SUB, SUBS, THREADS,
 };
 use crate::layout::portable::Place;
@@ -46,7 +46,7 @@ mod prepare;
 
 // The entries by their paths for the simulator's tests (on the GPU they are exported by name).
 #[cfg(not(target_arch = "nvptx64"))]
-pub use output::kda_layer_output;
+pub use output::{kda_layer_output, kda_layer_output_prepared};
 #[cfg(not(target_arch = "nvptx64"))]
 pub use prepare::{kda_layer_prepare, kda_layer_prepare_fused};
 

@@ -1,6 +1,7 @@
-//! The output kernel (`kda_layer_output`): the causal attention `P` and `q Γ` from the chunk's
-//! queries, keys and gate, then `o = scale ((q Γ) h + P v_new)` from the recurrence's entry
-//! states and corrected values, in bf16 `mma`.
+//! The output kernels: `o = scale ((q Γ) h + P v_new)` from the recurrence's entry states and
+//! corrected values, in bf16 `mma`. `kda_layer_output` first forms the causal attention `P` and
+//! `q Γ` from the chunk's queries, keys and gate; `kda_layer_output_prepared` reads both as the
+//! fused prepare kernel wrote them, so that the chunk's gated product is formed once per layer.
 
 use super::*;
 
@@ -176,6 +177,103 @@ impl Attention {
     }
 }
 
+/// The chunk's entry state `h` and its `v_new` (zeros past the valid rows) in registers, their
+/// loads issued ([`Staging::store`] stages them as bf16 `[MAX_K][STAGED_ROW]` key-major and
+/// `[CHUNK][STAGED_ROW]`).
+struct Staging {
+    state_rows: Fetched<STATE_VECTORS>,
+    new_rows: Fetched<ROW_VECTORS>,
+    value_first: bool,
+}
+
+impl Staging {
+    /// Issues the loads of the state of the CTA's (table chunk, value head) in `h` and of the
+    /// chunk's rows of `v_new`.
+    ///
+    /// # Safety
+    /// `h` holds a state per (chunk of the table, value head) in `state_layout`, `v_new` the
+    /// chunk's valid rows (`[T, HV, V]`).
+    #[inline(always)]
+    unsafe fn issue(h: *const u16, v_new: *const u16, wk: &Work, d: &Dims, state_layout: u32) -> Self {
+        let (hv, kd, vd, i) = (d.value_heads, d.key_dim, d.value_dim, wk.i);
+        let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
+        // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
+        let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
+        let block_at = RowsAt { first: 0, stride: block_cols };
+        // SAFETY (block): the function's contract; `K`, `V <= MAX_K`, so the vectors cover
+        // the rows.
+        unsafe {
+            let block = h.add((wk.chunk * hv + i) * kd * vd);
+            Self {
+                state_rows: Fetched::bf16(block, (block_rows, block_rows), block_cols, block_at),
+                new_rows: Fetched::bf16(v_new, (CHUNK, wk.rows), vd, RowsAt::heads(wk, hv, i, vd)),
+                value_first,
+            }
+        }
+    }
+
+    /// Stores the state into `staged_h` and `v_new` after it ([`staging_v`]): key-first rows
+    /// are the tile's rows, 16 bytes at a time; value-first ones are transposed element by
+    /// element.
+    ///
+    /// # Safety
+    /// The tiles are free (`layout::layer` places them).
+    #[inline(always)]
+    unsafe fn store(&self, staged_h: Shared<u16>) {
+        let to_staged = |tile: Shared<u16>, r: usize, c: usize, words: [u32; 4]| {
+            // SAFETY: row `r` and columns `c..c + 8` inside the tile (the function's contract).
+            unsafe { st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words) };
+        };
+        // SAFETY (block): as above.
+        unsafe {
+            if self.value_first {
+                self.state_rows.store(|col, a, words| {
+                    for (j, word) in words.iter().enumerate() {
+                        staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
+                        staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
+                    }
+                });
+            } else {
+                self.state_rows.store(|a, col, words| to_staged(staged_h, a, col, words));
+            }
+        }
+        self.new_rows.store(|r, col, words| to_staged(staging_v(staged_h), r, col, words));
+    }
+}
+
+/// The staged `v_new` tile: right after the staged state.
+#[inline(always)]
+fn staging_v(staged_h: Shared<u16>) -> Shared<u16> {
+    staged_h.add(MAX_K * STAGED_ROW)
+}
+
+/// `o = scale ((q Γ) h + P v_new)` from the staged tiles: warp (row block, column half) of the
+/// CTA, `(o, warp, lane)`.
+///
+/// # Safety
+/// The CTA calls it together, every tile written and the CTA synchronised since; `o` holds the
+/// chunk's valid rows (`[T, HV, V]`).
+#[inline(always)]
+unsafe fn write_output(wk: &Work, d: &Dims, tiles: Tiles, (o, warp, l): (*mut u16, usize, Lane), scale_bits: u32) {
+    let (hv, kd, vd) = (d.value_heads, d.key_dim, d.value_dim);
+    let scale = f32::from_bits(scale_bits);
+    let (rb, half) = (warp % SUBS, warp / SUBS);
+    let block = OutputBlock { r0: rb * SUB, c0: half * (vd / 2), rows: wk.rows, l };
+    let out = (o, RowsAt::heads(wk, hv, wk.i, vd));
+    // SAFETY: the function's contract.
+    unsafe {
+        if vd == MAX_V {
+            block.run::<OUTPUT_TILES>(tiles, kd, out, scale);
+        } else {
+            block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
+        }
+    }
+}
+
+/// Vectors a thread holds of a chunk's bf16 rows of the causal attention (`CHUNK` elements).
+const ATTENTION_VECTORS: usize = CHUNK * CHUNK / BF16_VECTOR / THREADS;
+const _: () = assert!(ATTENTION_VECTORS * BF16_VECTOR * THREADS == CHUNK * CHUNK);
+
 kernel_entry! {
     /// The layer's output kernel (`abi::LAYER_OUTPUT`, parameters `abi::LAYER_OUTPUT_PARAMS`). Grid,
     /// threads as [`kda_layer_prepare`]; `layout::layer::OUTPUT_SMEM_BYTES` of dynamic shared memory.
@@ -208,58 +306,83 @@ kernel_entry! {
         let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
             return; // the launcher never launches so; this proves the tiles and divisions safe
         };
-        let (hv, kd, vd) = (d.value_heads, d.key_dim, d.value_dim);
+        let kd = d.key_dim;
         let (_, warp, l) = Lane::this_thread();
         // SAFETY (block): as in `kda_layer_prepare`; `h`'s block is the table chunk's.
         unsafe {
             let at = Attention::form(q, k, gate, chunks, &d, options & OPT_L2NORM != 0);
             let (wk, qg, attention) = (at.wk, at.qg, at.attention);
-            let (i, rows) = (wk.i, wk.rows);
             // Once the attention is formed: `q Γ` over the keys, `h` and `v_new` over the queries
-            // and the gate (bf16; `layout::layer::OUTPUT_WORDS`).
+            // and the gate (bf16; `layout::layer::OUTPUT_WORDS`). Their loads are issued here, to
+            // arrive while q Γ is formed; stored once it is (they are staged over the queries and
+            // the gate it reads).
             let staged_h = Shared::<u8>::base().add(OUTPUT_STAGED_AT).cast::<u16>();
-            let staged_v = staged_h.add(MAX_K * STAGED_ROW);
-            // The entry state and the chunk's v_new (zeros past the valid rows): their loads
-            // issued here, to arrive while q Γ is formed; stored once it is (they are staged over
-            // the queries and the gate it reads).
-            let block = h.add((wk.chunk * hv + i) * kd * vd);
-            let value_first = state_layout == StateLayoutCode::ValueFirst as u32;
-            // The block's rows: keys of `V` columns key-first, columns of `K` keys value-first.
-            let (block_rows, block_cols) = if value_first { (vd, kd) } else { (kd, vd) };
-            let block_at = RowsAt { first: 0, stride: block_cols };
-            let state_rows = Fetched::<STATE_VECTORS>::bf16(block, (block_rows, block_rows), block_cols, block_at);
-            let new_rows = Fetched::<ROW_VECTORS>::bf16(v_new, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
+            let staging = Staging::issue(h, v_new, &wk, &d, state_layout);
             at.scale_queries(kd);
-            // Key-first rows are the tile's rows, 16 bytes at a time; value-first ones are
-            // transposed element by element.
-            let to_staged = |tile: Shared<u16>, r: usize, c: usize, words: [u32; 4]| {
-                st_shared_v4(tile.add(r * STAGED_ROW + c).addr(), words);
-            };
-            if value_first {
-                state_rows.store(|col, a, words| {
-                    for (j, word) in words.iter().enumerate() {
-                        staged_h.add((a + 2 * j) * STAGED_ROW + col).st(*word as u16);
-                        staged_h.add((a + 2 * j + 1) * STAGED_ROW + col).st((*word >> 16) as u16);
-                    }
-                });
-            } else {
-                state_rows.store(|a, col, words| to_staged(staged_h, a, col, words));
-            }
-            new_rows.store(|r, col, words| to_staged(staged_v, r, col, words));
+            staging.store(staged_h);
             sync_threads();
+            let tiles = Tiles { qg, attention, staged_h, staged_v: staging_v(staged_h) };
+            write_output(&wk, &d, tiles, (o, warp, l), scale_bits);
+        }
+    }
+}
 
-            // o = scale ((q Γ) h + P v_new): warp (row block, column half).
-            let scale = f32::from_bits(scale_bits);
-            let (rb, half) = (warp % SUBS, warp / SUBS);
-            let r0 = rb * SUB;
-            let block = OutputBlock { r0, c0: half * (vd / 2), rows, l };
-            let tiles = Tiles { qg, attention, staged_h, staged_v };
-            let out = (o, RowsAt::heads(&wk, hv, i, vd));
-            if vd == MAX_V {
-                block.run::<OUTPUT_TILES>(tiles, kd, out, scale);
-            } else {
-                block.run::<OUTPUT_TILES_V64>(tiles, kd, out, scale);
-            }
+kernel_entry! {
+    /// The layer's output kernel on prepared attention (`abi::LAYER_OUTPUT_PREPARED`, parameters
+    /// `abi::LAYER_OUTPUT_PREPARED_PARAMS`): [`kda_layer_output`]'s `o`, with `q Γ` and the causal
+    /// attention read as `kda_layer_prepare_fused` wrote them instead of formed again from `q`,
+    /// `k` and the gate. Grid and threads as [`kda_layer_output`];
+    /// `layout::layer::OUTPUT_PREPARED_SMEM_BYTES` of dynamic shared memory.
+    ///
+    /// Reads `qg` (`bf16(q Γ)`, `[T, HV, K]`) and `attention` (`[T, HV, CHUNK]` bf16, each row
+    /// zeros past its diagonal), the valid rows of each; `h`, `v_new` and `o` as
+    /// [`kda_layer_output`].
+    ///
+    /// # Safety
+    /// As for [`kda_layer_output`]; `qg` and `attention` hold the chunks' valid rows.
+    pub unsafe fn kda_layer_output_prepared(
+        qg: *const u16,
+        attention: *const u16,
+        h: *const u16,
+        v_new: *const u16,
+        o: *mut u16,
+        chunks: *const u32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        scale_bits: u32,
+        state_layout: u32,
+    ) {
+        let _ = options; // the norms and gate are in `qg` and `attention` already
+        let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
+            return; // the launcher never launches so; this proves the tiles and divisions safe
+        };
+        let (hv, kd) = (d.value_heads, d.key_dim);
+        let (_, warp, l) = Lane::this_thread();
+        // SAFETY (block): as in `kda_layer_output`; every tile inside `OUTPUT_PREPARED_SMEM_BYTES`.
+        unsafe {
+            let wk = Work::of_this_cta(chunks, &d);
+            let base = Shared::<u8>::base();
+            let tiles = Tiles {
+                qg: base.cast::<u16>(),
+                attention: base.add(OUTPUT_PREPARED_ATTENTION_AT).cast::<u16>(),
+                staged_h: base.add(OUTPUT_PREPARED_STAGED_AT).cast::<u16>(),
+                staged_v: staging_v(base.add(OUTPUT_PREPARED_STAGED_AT).cast::<u16>()),
+            };
+            // Every tile's loads in flight at once (one wait for memory), zeros past the valid
+            // rows; then stored, and the products.
+            let qg_rows = Fetched::<ROW_VECTORS>::bf16(qg, (CHUNK, wk.rows), kd, RowsAt::heads(&wk, hv, wk.i, kd));
+            let attention_rows =
+                Fetched::<ATTENTION_VECTORS>::bf16(attention, (CHUNK, wk.rows), CHUNK, RowsAt::heads(&wk, hv, wk.i, CHUNK));
+            let staging = Staging::issue(h, v_new, &wk, &d, state_layout);
+            qg_rows.store(|r, c, words| st_shared_v4(tiles.qg.add(r * KEY_ROW + c).addr(), words));
+            attention_rows.store(|r, c, words| st_shared_v4(tiles.attention.add(r * ATTENTION_ROW + c).addr(), words));
+            staging.store(tiles.staged_h);
+            sync_threads();
+            write_output(&wk, &d, tiles, (o, warp, l), scale_bits);
         }
     }
 }
