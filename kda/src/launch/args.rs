@@ -302,14 +302,14 @@ mod tests {
     use crate::ptx;
     use kda_kernel::abi::{
         ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
-        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_OUTPUT, LAYER_PREPARE,
-        LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_FUSED, PORTABLE_FUSED_ENTRIES,
-        PORTABLE_FUSED_K64, PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64, PORTABLE_K64_WIDE,
-        PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_OUTPUT,
+        LAYER_OUTPUT_PREPARED, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES,
+        PORTABLE_FUSED, PORTABLE_FUSED_ENTRIES, PORTABLE_FUSED_K64, PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE,
+        PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 24] = [
+    const ABIS: [&KernelAbi; 25] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
@@ -331,6 +331,7 @@ mod tests {
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
         &LAYER_PREPARE_FUSED,
+        &LAYER_OUTPUT_PREPARED,
         &DECODE,
         &ADVANCE,
         &POOL_COPY,
@@ -470,9 +471,11 @@ mod tests {
         let mut pushed = Recorder::default();
         prepare.push(&mut pushed);
         check_entry(&LAYER_PREPARE, &pushed.0);
-        let mut pushed = Recorder::default();
-        output.push(&mut pushed);
-        check_entry(&LAYER_OUTPUT, &pushed.0);
+        for (args, abi) in output.iter().zip([&LAYER_OUTPUT, &LAYER_OUTPUT_PREPARED]) {
+            let mut pushed = Recorder::default();
+            args.push(&mut pushed);
+            check_entry(abi, &pushed.0);
+        }
         let mut pushed = Recorder::default();
         prepare_fused.push(&mut pushed);
         check_entry(&LAYER_PREPARE_FUSED, &pushed.0);

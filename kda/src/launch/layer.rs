@@ -11,10 +11,14 @@
 //!    neither `h` nor `v_new`.
 //!
 //! On the separate path ([`OutputPath::Separate`]: every other GPU and size, and callers that
-//! want every chunk's entry state `h`, e.g. for checkpoints), three launches:
-//! `kda_layer_prepare` (step 1 without `P` and `q Γ`), the recurrence ([`Kda::launch`]) writing
-//! `h`, `v_new` and the final states, and `kda_layer_output`: `o` from `q`, `k`, the gate, `h`
-//! and `v_new`.
+//! want every chunk's entry state `h`, e.g. for checkpoints), three launches: the prepare kernel,
+//! the recurrence ([`Kda::launch`]) writing `h`, `v_new` and the final states, and an output
+//! kernel forming `o` from `h` and `v_new`. Where a CTA gets the fused prepare kernel's 110 KB
+//! (the A100 and H100 classes), the prepare kernel is `kda_layer_prepare_fused` and the output
+//! kernel `kda_layer_output_prepared`, which reads its `P` and `q Γ`; elsewhere (sm_86, sm_89,
+//! sm_120) `kda_layer_prepare` (step 1 without `P` and `q Γ`) and `kda_layer_output`, which
+//! forms them again from `q`, `k` and the gate ([`ATTENTION_VAR`] forces either, for tests and
+//! A/B runs).
 //!
 //! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
@@ -87,6 +91,8 @@ pub struct LayerPlan {
     options: LayerOptions,
     /// How `o` is formed: [`OutputPath::Fused`] or [`OutputPath::Separate`] (never `Auto`).
     output: OutputPath,
+    /// On the separate path, where its output kernel takes `P` and `q Γ` from.
+    attention: SeparateAttention,
     /// The recurrence's plan, whose device tables hold the chunk records too (`CHUNK_WORDS`
     /// words per chunk: first token, valid rows, in the recurrence's chunk order).
     recurrence: DevicePlan,
@@ -124,6 +130,53 @@ impl LayerStage {
 /// `auto`, `fused` or `separate`: what [`OutputPath::Auto`] stands for (for tests and A/B runs
 /// of one build).
 pub const OUTPUT_VAR: &str = "KDA_LAYER_OUTPUT";
+
+/// `auto`, `prepared` or `formed`: where the separate path's output kernel takes the causal
+/// attention `P` and `q Γ` from (for tests and A/B runs of one build). Unset, empty or `auto`:
+/// prepared where the device gives a CTA the fused prepare kernel's shared memory, else formed.
+pub const ATTENTION_VAR: &str = "KDA_LAYER_ATTENTION";
+
+/// Where the separate path's output kernel takes the chunk's causal attention `P` and `q Γ`
+/// from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SeparateAttention {
+    /// Formed by `kda_layer_prepare_fused` in the same pass as `L` and read by
+    /// `kda_layer_output_prepared`: the chunk's gated product formed once per layer.
+    Prepared,
+    /// Formed again by `kda_layer_output` from `q`, `k` and the gate (GPUs without the fused
+    /// prepare kernel's 110 KB per CTA).
+    Formed,
+}
+
+impl SeparateAttention {
+    /// What `ATTENTION_VAR`'s value `named` takes on a device that gives a CTA `optin` bytes of
+    /// shared memory; `prepared` where the fused prepare kernel does not fit is a typed error.
+    fn for_device(named: Option<&str>, optin: usize) -> Result<Self, KdaError> {
+        use kda_kernel::layout::layer::{OUTPUT_PREPARED_SMEM_BYTES, PREPARE_FUSED_SMEM_BYTES};
+        let fits = optin >= PREPARE_FUSED_SMEM_BYTES.max(OUTPUT_PREPARED_SMEM_BYTES);
+        match named {
+            None | Some("") | Some("auto") => Ok(if fits { Self::Prepared } else { Self::Formed }),
+            Some("formed") => Ok(Self::Formed),
+            Some("prepared") if fits => Ok(Self::Prepared),
+            Some("prepared") => Err(KdaError::Unsupported {
+                argument: ATTENTION_VAR,
+                reason: format!(
+                    "prepared attention needs {PREPARE_FUSED_SMEM_BYTES} bytes of shared memory per CTA; this device \
+                     gives {optin}"
+                ),
+            }),
+            Some(other) => Err(KdaError::Argument {
+                name: ATTENTION_VAR,
+                reason: format!("`{other}`: expected auto, prepared or formed"),
+            }),
+        }
+    }
+
+    /// For `stream`'s device, as `ATTENTION_VAR` says.
+    fn of(stream: &Arc<CudaStream>) -> Result<Self, KdaError> {
+        Self::for_device(std::env::var(ATTENTION_VAR).ok().as_deref(), DeviceFit::of(stream.context())?.optin)
+    }
+}
 
 /// How a layer launch forms its output `o` (the module's docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -302,8 +355,9 @@ impl LayerPlan {
         let output = path.resolve(stream, &shape, &plan)?;
         fused_sizes(output, &shape)?;
         let chunks = Table::new(table);
+        let attention = SeparateAttention::of(stream)?;
         let recurrence = plan_recurrence(stream, plan, &shape, (StateLayout::KeyFirst, output), chunks)?;
-        Ok(Self { shape, options, output, recurrence, layout: StateLayout::KeyFirst, num_chunks })
+        Ok(Self { shape, options, output, attention, recurrence, layout: StateLayout::KeyFirst, num_chunks })
     }
 
     /// This plan re-planned in place for the batch `batch` (new sequence lengths; the same shape,
@@ -375,6 +429,13 @@ impl LayerPlan {
         self.output
     }
 
+    /// Whether the prepare kernel forms the chunks' causal attention and `q Γ` (into the
+    /// workspace's `qg` and `attention`): on the fused path, and on the separate path where the
+    /// device runs the fused prepare kernel.
+    fn prepares_attention(&self) -> bool {
+        self.output == OutputPath::Fused || self.attention == SeparateAttention::Prepared
+    }
+
     /// The states' layout.
     pub fn state_layout(&self) -> StateLayout {
         self.layout
@@ -411,7 +472,7 @@ impl LayerPlan {
         let bf = |n: usize| stream.alloc_zeros::<bf16>(n.max(1));
         let f = |n: usize| stream.alloc_zeros::<f32>(n.max(1));
         // Each path's own intermediates; the other's are one element.
-        let (separate, fused) = (self.output == OutputPath::Separate, self.output == OutputPath::Fused);
+        let (separate, attention) = (self.output == OutputPath::Separate, self.prepares_attention());
         let only = |wanted: bool, n: Result<usize, KdaError>| if wanted { n } else { Ok(1) };
         Ok(LayerWorkspace {
             k_rec: bf(len(t, key_heads, s.key_dim)?)?,
@@ -420,8 +481,8 @@ impl LayerPlan {
             gate: f(len(t, s.value_heads, s.gate_width())?)?,
             h: bf(only(separate, len(nt, s.value_heads, s.key_dim * s.value_dim))?)?,
             v_new: bf(only(separate, len(t, s.value_heads, s.value_dim))?)?,
-            qg: bf(only(fused, len(t, s.value_heads, s.key_dim))?)?,
-            attention: bf(only(fused, len(t, s.value_heads, CHUNK))?)?,
+            qg: bf(only(attention, len(t, s.value_heads, s.key_dim))?)?,
+            attention: bf(only(attention, len(t, s.value_heads, CHUNK))?)?,
         })
     }
 }
@@ -672,7 +733,7 @@ impl Kda {
                 gate_mode: codes.gate_mode,
                 lower_bound_bits: codes.lower_bound_bits,
             };
-            let kernel = if fused {
+            let kernel = if plan.prepares_attention() {
                 let outputs =
                     [read(workspace.qg.device_ptr_mut(stream)), read(workspace.attention.device_ptr_mut(stream))];
                 args.attention = Some([q, outputs[0], outputs[1]]);
@@ -730,24 +791,30 @@ impl Kda {
         if ctas > 0 {
             let mut records = Vec::new();
             let mut read = |x| keep(&mut records, x);
+            let states = [
+                read(workspace.h.device_ptr(stream)),
+                read(workspace.v_new.device_ptr(stream)),
+                read(outputs.o.device_ptr_mut(stream)),
+                chunks,
+            ];
+            let (attention, kernel) = if plan.prepares_attention() {
+                let prepared = [read(workspace.qg.device_ptr(stream)), read(workspace.attention.device_ptr(stream))];
+                (OutputAttention::Prepared(prepared), self.prepared_output_kernel()?)
+            } else {
+                (OutputAttention::Formed([q, k, read(workspace.gate.device_ptr(stream))]), self.layer_kernel(1)?)
+            };
             let args = OutputArgs {
-                ptrs: [
-                    q,
-                    k,
-                    read(workspace.gate.device_ptr(stream)),
-                    read(workspace.h.device_ptr(stream)),
-                    read(workspace.v_new.device_ptr(stream)),
-                    read(outputs.o.device_ptr_mut(stream)),
-                    chunks,
-                ],
+                attention,
+                states,
                 dims,
                 options: codes.options,
                 scale_bits: codes.scale_bits,
                 state_layout: plan.layout.code(),
             };
             // SAFETY: as for the prepare launch; `h` holds a state per (chunk, value head), in
-            // the chunk table's order, written by the recurrence just before on this stream.
-            unsafe { enqueue(stream, self.layer_kernel(1)?, ctas, |sink| args.push(sink)) }?;
+            // the chunk table's order, written by the recurrence just before on this stream
+            // (prepared: `qg` and `attention` by the fused prepare kernel before it).
+            unsafe { enqueue(stream, kernel, ctas, |sink| args.push(sink)) }?;
         }
         after(LayerStage::Output)
     }
@@ -816,9 +883,20 @@ impl PrepareArgs {
     }
 }
 
-/// The output kernel's arguments (`kda_kernel::abi::LAYER_OUTPUT_PARAMS`).
+/// Where the output kernel takes the causal attention from: `q`, `k` and the prepare kernel's
+/// gate (`kda_layer_output`), or the fused prepare kernel's `qg` and `attention`
+/// (`kda_layer_output_prepared`).
+pub(super) enum OutputAttention {
+    Formed([Address; 3]),
+    Prepared([Address; 2]),
+}
+
+/// The output kernel's arguments (`kda_kernel::abi::LAYER_OUTPUT_PARAMS`, or
+/// `LAYER_OUTPUT_PREPARED_PARAMS`).
 pub(super) struct OutputArgs {
-    ptrs: [Address; 7],
+    attention: OutputAttention,
+    /// `h`, `v_new`, `o` and the chunk table.
+    states: [Address; 4],
     dims: LayerDims,
     options: u32,
     scale_bits: u32,
@@ -827,10 +905,16 @@ pub(super) struct OutputArgs {
 }
 
 impl OutputArgs {
-    const TENSORS: [&'static str; 7] = ["q", "k", "gate", "h", "v_new", "o", "chunks"];
+    const FORMED: [&'static str; 3] = ["q", "k", "gate"];
+    const PREPARED: [&'static str; 2] = ["qg", "attention"];
+    const STATES: [&'static str; 4] = ["h", "v_new", "o", "chunks"];
 
     pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        push_named(sink, &Self::TENSORS, &self.ptrs);
+        match &self.attention {
+            OutputAttention::Formed(ptrs) => push_named(sink, &Self::FORMED, ptrs),
+            OutputAttention::Prepared(ptrs) => push_named(sink, &Self::PREPARED, ptrs),
+        }
+        push_named(sink, &Self::STATES, &self.states);
         self.dims.push(sink);
         sink.push("options", &self.options);
         sink.push("scale_bits", &self.scale_bits);
@@ -869,8 +953,9 @@ impl Kda {
         let (gate_actual, gate_len) = at_least(workspace.gate.len(), t * hv * s.gate_width());
         let (h_actual, h_len) = path_len(!fused, workspace.h.len(), nt * hv * kd * vd);
         let (vn_actual, vn_len) = path_len(!fused, workspace.v_new.len(), t * hv * vd);
-        let (qg_actual, qg_len) = path_len(fused, workspace.qg.len(), t * hv * kd);
-        let (p_actual, p_len) = path_len(fused, workspace.attention.len(), t * hv * CHUNK);
+        let attention = plan.prepares_attention();
+        let (qg_actual, qg_len) = path_len(attention, workspace.qg.len(), t * hv * kd);
+        let (p_actual, p_len) = path_len(attention, workspace.attention.len(), t * hv * CHUNK);
         let checks: [LenCheck; 18] = [
             ("q", Some(inputs.q.len()), Some(t * h * kd)),
             ("k", Some(inputs.k.len()), Some(t * h * kd)),
@@ -967,6 +1052,17 @@ impl Kda {
         Ok(&self.layer[i])
     }
 
+    /// The output kernel on prepared attention (loaded where the device gives a CTA the fused
+    /// prepare kernel's shared memory, which the plan checked).
+    fn prepared_output_kernel(&self) -> Result<&Loaded, KdaError> {
+        self.output_prepared.as_ref().ok_or_else(|| KdaError::Unsupported {
+            argument: "plan",
+            reason: "the plan takes the attention from the fused prepare kernel, which this launcher's device does \
+                     not run: plan the layer on this launcher's device"
+                .into(),
+        })
+    }
+
     /// The fused layer's prepare kernel (loaded where the device gives a CTA its shared memory;
     /// `fused_layer_runs` checked that it is).
     fn fused_prepare_kernel(&self) -> Result<&Loaded, KdaError> {
@@ -979,13 +1075,14 @@ impl Kda {
 
 /// One argument list of each layer kernel, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
-pub(super) fn sample_args() -> (PrepareArgs, OutputArgs, PrepareArgs) {
+pub(super) fn sample_args() -> (PrepareArgs, [OutputArgs; 2], PrepareArgs) {
     let dims = LayerDims { heads: 1, value_heads: 2, key_dim: 3, value_dim: 4, gate_width: 5 };
     let prepare =
         |attention| PrepareArgs { ptrs: [1; 11], attention, dims, options: 1, gate_mode: 2, lower_bound_bits: 3 };
+    let output = |attention| OutputArgs { attention, states: [1; 4], dims, options: 1, scale_bits: 2, state_layout: 1 };
     (
         prepare(None),
-        OutputArgs { ptrs: [1; 7], dims, options: 1, scale_bits: 2, state_layout: 1 },
+        [output(OutputAttention::Formed([1; 3])), output(OutputAttention::Prepared([2; 2]))],
         prepare(Some([2; 3])),
     )
 }
@@ -1011,6 +1108,23 @@ mod tests {
         // The A100's 163 KB hold no two-group fused CTA at K = 128; 99 KB parts no fused kernel.
         assert!(!portable_fuses(&a100, &kda, &one));
         assert!(!portable_fuses(&sm86, &kda, &six));
+    }
+
+    #[test]
+    fn the_separate_path_takes_prepared_attention_where_the_fused_prepare_kernel_fits() {
+        use SeparateAttention::{Formed, Prepared};
+        let (h100, a100, sm86) = (227 * 1024, 163 * 1024, 99 * 1024);
+        for auto in [None, Some(""), Some("auto")] {
+            assert_eq!(SeparateAttention::for_device(auto, h100).unwrap(), Prepared);
+            assert_eq!(SeparateAttention::for_device(auto, a100).unwrap(), Prepared);
+            assert_eq!(SeparateAttention::for_device(auto, sm86).unwrap(), Formed);
+        }
+        assert_eq!(SeparateAttention::for_device(Some("formed"), h100).unwrap(), Formed);
+        assert_eq!(SeparateAttention::for_device(Some("prepared"), a100).unwrap(), Prepared);
+        let refused = SeparateAttention::for_device(Some("prepared"), sm86).unwrap_err();
+        assert!(matches!(refused, KdaError::Unsupported { argument: ATTENTION_VAR, .. }), "{refused}");
+        let unknown = SeparateAttention::for_device(Some("both"), h100).unwrap_err();
+        assert!(unknown.to_string().contains("expected auto, prepared or formed"), "{unknown}");
     }
 
     #[test]

@@ -29,9 +29,9 @@ use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_PREPARE,
-    LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PORTABLE_FUSED_ENTRIES, PassCode, TensorMaps, hopper_for,
-    hopper_fused_for, portable_for, portable_fused_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED,
+    LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PORTABLE_FUSED_ENTRIES, PassCode,
+    TensorMaps, hopper_for, hopper_fused_for, portable_for, portable_fused_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -133,6 +133,9 @@ pub struct Kda {
     /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`), where the device gives a
     /// CTA its shared memory (110 KB: not the sm_86, sm_89 and sm_120 parts).
     prepare_fused: Option<Loaded>,
+    /// The separate path's output kernel on the fused prepare kernel's attention
+    /// (`abi::LAYER_OUTPUT_PREPARED`), loaded with `prepare_fused`.
+    output_prepared: Option<Loaded>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
     /// What [`Kernel::Auto`] stands for ([`KdaOptions::auto`]).
@@ -165,6 +168,10 @@ impl Kda {
         let portable = load_fitting(&PORTABLE_ENTRIES)?;
         let portable_fused = load_fitting(&PORTABLE_FUSED_ENTRIES)?;
         let prepare_fused = load_fitting(&[&LAYER_PREPARE_FUSED])?.pop().flatten();
+        let output_prepared = match prepare_fused {
+            Some(_) => load_fitting(&[&LAYER_OUTPUT_PREPARED])?.pop().flatten(),
+            None => None,
+        };
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
@@ -191,6 +198,7 @@ impl Kda {
             hopper_fused,
             portable_fused,
             prepare_fused,
+            output_prepared,
             compute_capability,
             module_code,
             auto: options.auto,
