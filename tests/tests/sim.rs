@@ -817,23 +817,23 @@ fn run_layer_keeping_h(
         // SAFETY: as above.
         unsafe {
             sim::launch(layer_launch(p, layer::OUTPUT_SMEM_BYTES), || {
-            kda_kernel::layer::kda_layer_output(
-                q_in.ptr() as *const u16,
-                k_in.ptr() as *const u16,
-                gate_in.ptr(),
-                h.ptr() as *const u16,
-                v_new.ptr() as *const u16,
-                o_out.mut_ptr() as *mut u16,
-                chunks.ptr(),
-                dims[0],
-                dims[1],
-                dims[2],
-                dims[3],
-                dims[4],
-                codes.options,
-                codes.scale_bits,
-                layout.code(),
-            )
+                kda_kernel::layer::kda_layer_output(
+                    q_in.ptr() as *const u16,
+                    k_in.ptr() as *const u16,
+                    gate_in.ptr(),
+                    h.ptr() as *const u16,
+                    v_new.ptr() as *const u16,
+                    o_out.mut_ptr() as *mut u16,
+                    chunks.ptr(),
+                    dims[0],
+                    dims[1],
+                    dims[2],
+                    dims[3],
+                    dims[4],
+                    codes.options,
+                    codes.scale_bits,
+                    layout.code(),
+                )
             })
         }
         .unwrap_or_else(|e| panic!("output: {e}"));
