@@ -18,10 +18,9 @@ struct Tiles {
     qg: Shared<u16>,
     /// The causal attention, bf16 `[CHUNK][ATTENTION_ROW]`.
     attention: Shared<u16>,
-    /// The entry state `h`, bf16 `[MAX_K][STAGED_ROW]` key-major.
+    /// The entry state `h`, bf16 `[MAX_K][STAGED_ROW]` key-major, then `v_new`, bf16
+    /// `[CHUNK][STAGED_ROW]` ([`staging_v`]).
     staged_h: Shared<u16>,
-    /// `v_new`, bf16 `[CHUNK][STAGED_ROW]`.
-    staged_v: Shared<u16>,
 }
 
 /// One warp's block of `o`: 16 rows from `r0`, the columns from `c0`, of a chunk of `rows` valid
@@ -70,7 +69,7 @@ impl OutputBlock {
         // `q Γ` by `h` over the keys, then the attention by `v_new` over the rows up to the
         // block's own (the attention is zero past its diagonal).
         product(t.qg, KEY_ROW, t.staged_h, kd);
-        product(t.attention, ATTENTION_ROW, t.staged_v, r0 + SUB);
+        product(t.attention, ATTENTION_ROW, staging_v(t.staged_h), r0 + SUB);
         for half in 0..2 {
             let (m, n) = l.acc_at(2 * half);
             if r0 + m < self.rows {
@@ -321,7 +320,7 @@ kernel_entry! {
             at.scale_queries(kd);
             staging.store(staged_h);
             sync_threads();
-            let tiles = Tiles { qg, attention, staged_h, staged_v: staging_v(staged_h) };
+            let tiles = Tiles { qg, attention, staged_h };
             write_output(&wk, &d, tiles, (o, warp, l), scale_bits);
         }
     }
@@ -370,7 +369,6 @@ kernel_entry! {
                 qg: base.cast::<u16>(),
                 attention: base.add(OUTPUT_PREPARED_ATTENTION_AT).cast::<u16>(),
                 staged_h: base.add(OUTPUT_PREPARED_STAGED_AT).cast::<u16>(),
-                staged_v: staging_v(base.add(OUTPUT_PREPARED_STAGED_AT).cast::<u16>()),
             };
             // Every tile's loads in flight at once (one wait for memory), zeros past the valid
             // rows; then stored, and the products.

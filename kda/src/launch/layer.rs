@@ -151,9 +151,11 @@ enum SeparateAttention {
 impl SeparateAttention {
     /// What `ATTENTION_VAR`'s value `named` takes on a device that gives a CTA `optin` bytes of
     /// shared memory; `prepared` where the fused prepare kernel does not fit is a typed error.
+    /// The launcher's own rule ([`super::fits_device`]), so that a plan takes the pair exactly
+    /// where a launcher on the device loads it.
     fn for_device(named: Option<&str>, optin: usize) -> Result<Self, KdaError> {
-        use kda_kernel::layout::layer::{OUTPUT_PREPARED_SMEM_BYTES, PREPARE_FUSED_SMEM_BYTES};
-        let fits = optin >= PREPARE_FUSED_SMEM_BYTES.max(OUTPUT_PREPARED_SMEM_BYTES);
+        use kda_kernel::abi::{LAYER_OUTPUT_PREPARED, LAYER_PREPARE_FUSED};
+        let fits = super::fits_device(&LAYER_PREPARE_FUSED, optin) && super::fits_device(&LAYER_OUTPUT_PREPARED, optin);
         match named {
             None | Some("") | Some("auto") => Ok(if fits { Self::Prepared } else { Self::Formed }),
             Some("formed") => Ok(Self::Formed),
@@ -161,8 +163,8 @@ impl SeparateAttention {
             Some("prepared") => Err(KdaError::Unsupported {
                 argument: ATTENTION_VAR,
                 reason: format!(
-                    "prepared attention needs {PREPARE_FUSED_SMEM_BYTES} bytes of shared memory per CTA; this device \
-                     gives {optin}"
+                    "prepared attention needs {} bytes of shared memory per CTA; this device gives {optin}",
+                    LAYER_PREPARE_FUSED.smem_bytes
                 ),
             }),
             Some(other) => Err(KdaError::Argument {
