@@ -519,7 +519,6 @@ impl DeviceFit {
 /// `OutputPath::Fused` forced) are correct on the simulator and not yet timed on a GPU.
 fn portable_fuses(fit: &DeviceFit, shape: &LayerShape, batch: &Plan) -> bool {
     use crate::columns::{ColumnMode, PortableFit};
-    use kda_kernel::layout::layer::PREPARE_FUSED_SMEM_BYTES;
     let planner = PortableFit {
         key_dim: shape.key_dim,
         value_dim: shape.value_dim,
@@ -528,7 +527,7 @@ fn portable_fuses(fit: &DeviceFit, shape: &LayerShape, batch: &Plan) -> bool {
         smem_per_block: fit.optin,
         fused: true,
     };
-    fit.optin >= PREPARE_FUSED_SMEM_BYTES && planner.groups(ColumnMode::Auto) == 2
+    super::fits_device(&kda_kernel::abi::LAYER_PREPARE_FUSED, fit.optin) && planner.groups(ColumnMode::Auto) == 2
 }
 
 /// Whether `output` runs `shape`: the fused path its sizes only (a typed refusal otherwise).
