@@ -530,32 +530,42 @@ pub const HOPPER_K256_NARROW: KernelAbi = hopper_entry("kda_fwd_h_hopper_k256_na
 /// registers, the sub-partition's file.
 pub const HOPPER_FUSED_MAX_REGISTERS: u32 = 255;
 
-/// One entry of the fused layer pass (sm_90a, [`HOPPER_FUSED_PARAMS`]): the recurrence in wide
-/// blocks with the layer's output `o` computed in its chunk loop.
-const fn hopper_fused_entry(entry: &'static str, key_dim: usize) -> KernelAbi {
+/// One entry of the fused layer pass (sm_90a, [`HOPPER_FUSED_PARAMS`]): the recurrence in
+/// blocks of `bv` columns with the layer's output `o` computed in its chunk loop.
+const fn hopper_fused_entry(entry: &'static str, key_dim: usize, bv: usize) -> KernelAbi {
     KernelAbi {
         entry,
         params: &HOPPER_FUSED_PARAMS,
         threads: hopper::THREADS,
-        smem_bytes: hopper::fused_smem_bytes(key_dim),
+        smem_bytes: hopper::fused_smem_bytes(key_dim, bv),
         max_registers: Some(HOPPER_FUSED_MAX_REGISTERS),
         targets: &[SM90A],
     }
 }
 
 /// The fused layer pass at `K = 128` (`layout::hopper::Fused` blocks).
-pub const HOPPER_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper", crate::layout::K_DIM);
+pub const HOPPER_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper", crate::layout::K_DIM, hopper::BV);
 /// The fused layer pass at `K = 64`.
-pub const HOPPER_K64_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper_k64", 64);
+pub const HOPPER_K64_FUSED: KernelAbi = hopper_fused_entry("kda_layer_fused_hopper_k64", 64, hopper::BV);
+/// The fused layer pass at `K = 128` in narrow blocks (`layout::hopper::NarrowFused`).
+pub const HOPPER_NARROW_FUSED: KernelAbi =
+    hopper_fused_entry("kda_layer_fused_hopper_narrow", crate::layout::K_DIM, hopper::NARROW_BV);
+/// The fused layer pass at `K = 64` in narrow blocks.
+pub const HOPPER_K64_NARROW_FUSED: KernelAbi =
+    hopper_fused_entry("kda_layer_fused_hopper_k64_narrow", 64, hopper::NARROW_BV);
 
 /// Every entry of the fused layer pass.
-pub const HOPPER_FUSED_ENTRIES: [&KernelAbi; 2] = [&HOPPER_FUSED, &HOPPER_K64_FUSED];
+pub const HOPPER_FUSED_ENTRIES: [&KernelAbi; 4] =
+    [&HOPPER_FUSED, &HOPPER_K64_FUSED, &HOPPER_NARROW_FUSED, &HOPPER_K64_NARROW_FUSED];
 
-/// The fused layer pass's entry for key size `key_dim`, if it has one.
-pub const fn hopper_fused_for(key_dim: usize) -> Option<&'static KernelAbi> {
-    match key_dim {
-        64 => Some(&HOPPER_K64_FUSED),
-        crate::layout::K_DIM => Some(&HOPPER_FUSED),
+/// The fused layer pass's entry for key size `key_dim` in blocks of `bv` value columns
+/// ([`hopper::BV`] or [`hopper::NARROW_BV`]), if it has one.
+pub const fn hopper_fused_for(key_dim: usize, bv: usize) -> Option<&'static KernelAbi> {
+    match (key_dim, bv) {
+        (64, hopper::BV) => Some(&HOPPER_K64_FUSED),
+        (crate::layout::K_DIM, hopper::BV) => Some(&HOPPER_FUSED),
+        (64, hopper::NARROW_BV) => Some(&HOPPER_K64_NARROW_FUSED),
+        (crate::layout::K_DIM, hopper::NARROW_BV) => Some(&HOPPER_NARROW_FUSED),
         _ => None,
     }
 }
@@ -802,7 +812,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 25] = [
+pub const KERNELS: [KernelAbi; 27] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -820,6 +830,8 @@ pub const KERNELS: [KernelAbi; 25] = [
     HOPPER_K256_NARROW,
     HOPPER_FUSED,
     HOPPER_K64_FUSED,
+    HOPPER_NARROW_FUSED,
+    HOPPER_K64_NARROW_FUSED,
     MERGE,
     LAYER_PREPARE,
     LAYER_OUTPUT,

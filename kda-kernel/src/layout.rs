@@ -939,6 +939,9 @@ pub mod hopper {
     pub struct Fused;
     /// 32-column blocks, the state key-major in registers.
     pub struct Narrow;
+    /// 32-column blocks of the fused layer pass: a narrow block whose chunk also gives the
+    /// layer's output, twice the chains of [`Fused`] for batches short of them.
+    pub struct NarrowFused;
 
     impl Block for Wide {
         const BV: usize = BV;
@@ -959,6 +962,15 @@ pub mod hopper {
 
     impl Block for Narrow {
         const BV: usize = NARROW_BV;
+        type StateBox = NarrowTile;
+        type ValueTile = NarrowTile;
+        type OperandBox = NarrowTile;
+        type InitialBox = NarrowInitialBox;
+    }
+
+    impl Block for NarrowFused {
+        const BV: usize = NARROW_BV;
+        const OUTPUT: bool = true;
         type StateBox = NarrowTile;
         type ValueTile = NarrowTile;
         type OperandBox = NarrowTile;
@@ -1057,11 +1069,13 @@ pub mod hopper {
     }
 
     /// Dynamic shared memory of one CTA of the fused layer pass at key size `key_dim` (64 or
-    /// [`K_DIM`]; 0 for any other).
-    pub const fn fused_smem_bytes(key_dim: usize) -> usize {
-        match key_dim {
-            64 => storage_bytes::<64, 1, Fused, FUSED_STAGES, STAGING, 1>(),
-            K_DIM => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>(),
+    /// [`K_DIM`]) in blocks of `bv` columns ([`BV`] or [`NARROW_BV`]); 0 for any other.
+    pub const fn fused_smem_bytes(key_dim: usize, bv: usize) -> usize {
+        match (key_dim, bv) {
+            (64, BV) => storage_bytes::<64, 1, Fused, FUSED_STAGES, STAGING, 1>(),
+            (K_DIM, BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>(),
+            (64, NARROW_BV) => storage_bytes::<64, 1, NarrowFused, FUSED_STAGES, STAGING, 1>(),
+            (K_DIM, NARROW_BV) => storage_bytes::<K_DIM, { K_DIM / BOX_COLS }, NarrowFused, FUSED_STAGES, STAGING, 1>(),
             _ => 0,
         }
     }
@@ -1094,6 +1108,8 @@ pub mod hopper {
     const _: () = check::<256, 4, Narrow, K256_STAGES, K256_STAGING, 0>();
     const _: () = check::<64, 1, Fused, FUSED_STAGES, STAGING, 1>();
     const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, Fused, FUSED_STAGES, STAGING, 1>();
+    const _: () = check::<64, 1, NarrowFused, FUSED_STAGES, STAGING, 1>();
+    const _: () = check::<K_DIM, { K_DIM / BOX_COLS }, NarrowFused, FUSED_STAGES, STAGING, 1>();
     const _: () = assert!(2 * SMEM_BYTES > 228 * 1024, "CTAS_PER_SM says shared memory allows one CTA");
 
     const _: () = assert!(V_DIM.is_multiple_of(BV) && MAX_V_DIM.is_multiple_of(BV) && K_DIM.is_multiple_of(BOX_COLS));

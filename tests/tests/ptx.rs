@@ -9,8 +9,8 @@ use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
     ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_FUSED, HOPPER_K64, HOPPER_K64_FUSED,
-    HOPPER_K64_NARROW, HOPPER_K256_NARROW, HOPPER_NARROW, KERNELS, LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE,
-    LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES, REGISTERS_PER_SM,
+    HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW, HOPPER_NARROW_FUSED, KERNELS,
+    LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES, REGISTERS_PER_SM,
 };
 use kda_kernel::layout::decode;
 use std::path::{Path, PathBuf};
@@ -312,6 +312,8 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
     // The fused layer pass: the wide products and the output's two, m64n64 with K / 16 and 4
     // k-steps.
     let fused = |k: usize| wide(k) + k / 16 + 4;
+    // In narrow blocks the output's two products are m64n32, with K / 16 and 4 k-steps.
+    let narrow_fused = |k: usize| narrow(k) + k / 16 + 4;
     let (all, only_fused) = (CONSUMER_VARIANTS, FUSED_CONSUMER_VARIANTS);
     for (abi, products, mmas_per_chunk, variants) in [
         (&HOPPER, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], wide(128), all),
@@ -321,6 +323,13 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
         (&HOPPER_K256_NARROW, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow(256), all),
         (&HOPPER_FUSED, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"], fused(128), only_fused),
         (&HOPPER_K64_FUSED, ["HGMMA.64x64x16.F32.BF16", "HGMMA.64x64x16.F32.BF16"], fused(64), only_fused),
+        (&HOPPER_NARROW_FUSED, ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"], narrow_fused(128), only_fused),
+        (
+            &HOPPER_K64_NARROW_FUSED,
+            ["HGMMA.64x32x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"],
+            narrow_fused(64),
+            only_fused,
+        ),
     ] {
         let r = resources(&report, abi.entry);
         println!("sm_90a {}: {r:?}", abi.entry);

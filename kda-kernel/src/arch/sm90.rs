@@ -469,6 +469,20 @@ pub unsafe fn wgmma_m64n32k16x4_add_ta(acc: &mut [f32; 16], a: u64, b: u64) {
     unsafe { wgmma_ss_m64n32_x4!(scale_a "1", trans_a "1", trans_b "0", acc acc, a a [0 128 256 384], b b [0 2 4 6]) }
 }
 
+/// `acc = acc + A @ B` over 64 keys or tokens (PTX 8.0, sm_90a; a narrow block's output
+/// products in the fused layer pass): four `wgmma.mma_async.m64n32k16.f32.bf16.bf16`, A a `q Γ`
+/// or attention box (`[64 t][64 k]`, K-major, 128-byte swizzle), B a box of a staged operand
+/// (`[32 v][64 k]`, K-major, 128-byte swizzle); k-step `i` starts 32 bytes further in both.
+/// Commits the group and returns while the products run.
+///
+/// # Safety
+/// As for [`wgmma_m64n32k16x4_sub_kmajor`], with `a` and `b` describing those boxes.
+#[inline(always)]
+pub unsafe fn wgmma_m64n32k16x4_add_kmajor(acc: &mut [f32; 16], a: u64, b: u64) {
+    // SAFETY: see the function's contract.
+    unsafe { wgmma_ss_m64n32_x4!(scale_a "1", trans_a "0", trans_b "0", acc acc, a a [0 2 4 6], b b [0 2 4 6]) }
+}
+
 /// `wgmma.wait_group.sync.aligned $pending;` with the accumulator registers `$acc[$i]` as `inout`
 /// operands (named in a PTX comment), so the compiler keeps them untouched between a start and
 /// this wait.
@@ -520,6 +534,31 @@ pub unsafe fn wgmma_wait_m64n64(acc: &mut [f32; 32]) {
 pub unsafe fn wgmma_wait_m64n32(acc: &mut [f32; 16]) {
     // SAFETY: see the function's contract.
     unsafe { wgmma_wait_group!(0; acc; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) }
+}
+
+/// `wgmma.wait_group.sync.aligned NEWER;` (PTX 8.0, sm_90a): returns once every committed group
+/// but the newest `NEWER` has completed, `acc` being the 16-register (`m64n32`) accumulator of
+/// one of those older groups (named as `inout` operands, as in [`wgmma_wait_m64n32`]); the
+/// newest groups run on.
+///
+/// # Safety
+/// The warpgroup's 128 threads call this together; the groups on `acc` were all committed
+/// before the newest `NEWER` groups.
+#[inline(always)]
+pub unsafe fn wgmma_wait_older_m64n32<const NEWER: u32>(acc: &mut [f32; 16]) {
+    // SAFETY: see the function's contract.
+    unsafe {
+        asm!(
+            "wgmma.wait_group.sync.aligned {n};",
+            "// accumulators {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15}",
+            inout(reg32) acc[0], inout(reg32) acc[1], inout(reg32) acc[2], inout(reg32) acc[3],
+            inout(reg32) acc[4], inout(reg32) acc[5], inout(reg32) acc[6], inout(reg32) acc[7],
+            inout(reg32) acc[8], inout(reg32) acc[9], inout(reg32) acc[10], inout(reg32) acc[11],
+            inout(reg32) acc[12], inout(reg32) acc[13], inout(reg32) acc[14], inout(reg32) acc[15],
+            n = const NEWER,
+            options(nostack),
+        )
+    }
 }
 
 /// `wgmma.wait_group.sync.aligned 0;` (PTX 8.0, sm_90a) after [`wgmma_m64n128k16x4_add_start`]:

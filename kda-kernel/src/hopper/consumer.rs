@@ -69,13 +69,7 @@ pub unsafe fn run<C: WideKey, B: Block>(
     // SAFETY: as this function's.
     unsafe {
         if B::OUTPUT {
-            // The fused layer pass is never a pre-scan (its entry's contract).
-            match (kind.scalar_gate, kind.value_first) {
-                (false, false) => consume::<C, B, false, false, false>(work, smem, tid, out, has_h0),
-                (false, true) => consume::<C, B, false, true, false>(work, smem, tid, out, has_h0),
-                (true, false) => consume::<C, B, true, false, false>(work, smem, tid, out, has_h0),
-                (true, true) => consume::<C, B, true, true, false>(work, smem, tid, out, has_h0),
-            }
+            for_fused_variant!(kind, consume::<C, B>(work, smem, tid, out), has_h0)
         } else {
             for_variant!(kind, consume::<C, B>(work, smem, tid, out), has_h0)
         }
@@ -101,6 +95,20 @@ macro_rules! for_variant {
     };
 }
 pub(super) use for_variant;
+
+/// [`for_variant`] for the fused layer pass, which is never a pre-scan (its entries' contract):
+/// `PRESCAN` false, four variants.
+macro_rules! for_fused_variant {
+    ($kind:expr, $consume:ident::<$($ty:ty),+>($($arg:expr),*), $has_h0:expr) => {
+        match ($kind.scalar_gate, $kind.value_first) {
+            (false, false) => $consume::<$($ty),+, false, false, false>($($arg),*, $has_h0),
+            (false, true) => $consume::<$($ty),+, false, true, false>($($arg),*, $has_h0),
+            (true, false) => $consume::<$($ty),+, true, false, false>($($arg),*, $has_h0),
+            (true, true) => $consume::<$($ty),+, true, true, false>($($arg),*, $has_h0),
+        }
+    };
+}
+pub(super) use for_fused_variant;
 
 /// [`run`] for one variant: [`walk_items`] with the wide state and chunk.
 ///
@@ -371,7 +379,9 @@ unsafe fn consume_chunk<C: WideKey, B: Block, const SCALAR_GATE: bool, const VAL
         C::product2_start(s, &a2, sw128_desc(tiles.k(0), BOX_BYTES as u32, ATOM_BYTES));
         if B::OUTPUT {
             wgmma_wait_older_m64n64(&mut o);
-            store_output::<B>(&mut o, item, c, smem.vn(buf), smem.staging_buffers(), out, tid);
+            let frags: [[u32; 4]; CHUNK / 16] = a_fragments(&o.map(|x| x * out.scale));
+            let tile = smem.vn(buf);
+            store_output::<B>(item, c, tile, smem.staging_buffers(), out, tid, || stage_transposed(tile, &frags, tid));
         } else if !PRESCAN {
             fence_proxy_async();
             named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
@@ -388,33 +398,29 @@ unsafe fn consume_chunk<C: WideKey, B: Block, const SCALAR_GATE: bool, const VAL
     }
 }
 
-/// The fused pass's output of chunk `c` of `item`: `scale o^T` rounded to bf16, staged
-/// transposed (`[CHUNK][BV]`, as `v_new`) in `tile` once the stores of `buffers` chunks back
-/// have read it, then stored by TMA (a full chunk) or as the valid rows (a partial one) to `o`
-/// (`out.v_new` in the fused pass), as one bulk group.
+/// The fused pass's output of chunk `c` of `item`: `stage` writes it (`scale o` rounded to
+/// bf16, `[CHUNK][B::BV]` laid out as `v_new`'s staging tile) into `tile` once the stores of
+/// `buffers` chunks back have read it, then it goes by TMA (a full chunk) or as the valid rows
+/// (a partial one) to `o` (`out.v_new` in the fused pass), as one bulk group.
 ///
 /// # Safety
-/// The warpgroup calls it together, `o` complete; `tile` is this chunk's staging buffer.
+/// The warpgroup calls it together, `stage` writing only `tile`, this chunk's staging buffer.
 #[inline(always)]
-unsafe fn store_output<B: Block>(
-    o: &mut [f32; VN_REGS],
+pub(super) unsafe fn store_output<B: Block>(
     item: &Item,
     c: usize,
     tile: u32,
     buffers: usize,
     out: Outputs,
     tid: usize,
+    stage: impl FnOnce(),
 ) {
     let (rows, tok0) = (item.rows(c), item.first_token(c));
-    for x in o.iter_mut() {
-        *x *= out.scale;
-    }
-    let frags: [[u32; 4]; CHUNK / 16] = a_fragments(o);
     // SAFETY: the buffer is free once `acquire_staging` returns; the box lies inside the
     // sequence's rows of `o` (a full chunk), the tail's rows are the sequence's.
     unsafe {
         acquire_staging(tid, buffers);
-        stage_transposed(tile, &frags, tid);
+        stage();
         fence_proxy_async();
         named_barrier(CONSUMER_BARRIER, CONSUMER_THREADS as u32);
         if tid == STORE_THREAD {

@@ -12,7 +12,7 @@
 //! | `mod.rs` | the entry: barriers, then a match on the thread's role |
 //! | [`producer`] | warp 4: the `h0` slot and the ring's chunk tiles (TMA), `STAGES` chunks ahead |
 //! | [`consumer`] | warps 0-3 (one warpgroup) of a wide block: the state in registers, the two wgmma products per chunk, the `h`/`v_new`/`ht` stores (in the fused layer pass, two more products and the `o` stores) |
-//! | [`narrow`] | the consumer of a narrow block: the state key-major, both products' operands in shared memory |
+//! | [`narrow`] | the consumer of a narrow block: the state key-major, both products' operands in shared memory (in the fused layer pass, two more products and the `o` stores) |
 //! | [`tail`] | a sequence's partial last chunk: one-row loads, masking, plain `v_new` stores |
 //! | [`smem`] | shared-memory addresses from `layout::hopper::SharedStorage` |
 //! | [`keys`] | what the key size changes: state registers, the products' shapes, the layout |
@@ -35,7 +35,7 @@ mod tail;
 use crate::abi::{MapSlot, PassCode, StateLayoutCode, TENSOR_MAP_BYTES, TensorMaps};
 use crate::arch::sm80::{sync_threads, thread_idx_x};
 use crate::arch::sm90::{fence_mbarrier_init, param_address, prefetch_tensormap};
-use crate::layout::hopper::{Block, CONSUMER_THREADS, Fused, Narrow, PRODUCER_THREADS, Wide};
+use crate::layout::hopper::{Block, CONSUMER_THREADS, Fused, Narrow, NarrowFused, PRODUCER_THREADS, Wide};
 use crate::schedule::{RowStrides, Work};
 use consumer::Variant;
 use keys::{K64, K128, K256, KeySize, WideKey};
@@ -74,6 +74,14 @@ impl<C: WideKey> BlockConsumer<C> for Fused {
 }
 
 impl<C: KeySize> BlockConsumer<C> for Narrow {
+    #[inline(always)]
+    unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
+        // SAFETY: the caller's contract.
+        unsafe { narrow::run(work, smem, tid, out, has_h0, kind) }
+    }
+}
+
+impl<C: WideKey> BlockConsumer<C> for NarrowFused {
     #[inline(always)]
     unsafe fn consume(work: &Work, smem: Smem<C, Self>, tid: usize, out: Outputs, has_h0: bool, kind: Variant) {
         // SAFETY: the caller's contract.
@@ -120,7 +128,8 @@ struct Params {
 /// workers, at most one CTA per SM; `abi::HOPPER.threads` threads; the entry's
 /// `smem_bytes` of dynamic shared memory). Naming `$scale_bits` declares an entry of the fused
 /// layer pass (`abi::HOPPER_FUSED` and its sibling, parameters `abi::HOPPER_FUSED_PARAMS`: the
-/// output scale last, the layer's output `o` in `v_new`'s place), for [`Fused`] blocks.
+/// output scale last, the layer's output `o` in `v_new`'s place), for [`Fused`] and
+/// [`NarrowFused`] blocks.
 macro_rules! hopper_entry {
     ($(#[$doc:meta])* $name:ident, $key:ty, $block:ty $(, $scale_bits:ident)?) => {
         $(#[$doc])*
@@ -228,6 +237,20 @@ hopper_entry!(
     kda_layer_fused_hopper_k64,
     K64,
     Fused,
+    scale_bits
+);
+hopper_entry!(
+    /// The fused layer pass at `K = 128` in narrow blocks (`abi::HOPPER_NARROW_FUSED`).
+    kda_layer_fused_hopper_narrow,
+    K128,
+    NarrowFused,
+    scale_bits
+);
+hopper_entry!(
+    /// The fused layer pass at `K = 64` in narrow blocks (`abi::HOPPER_K64_NARROW_FUSED`).
+    kda_layer_fused_hopper_k64_narrow,
+    K64,
+    NarrowFused,
     scale_bits
 );
 

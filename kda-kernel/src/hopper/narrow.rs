@@ -13,13 +13,22 @@
 //! for `v_new` and `bf16(Vn)^T` (scaled by the scalar gate) for product 2; publish and start
 //! product 2, and while it runs store `h` and `v_new`; wait for it and release the stage.
 //!
+//! In the fused layer pass ([`crate::layout::hopper::NarrowFused`]) the chunk also gives the
+//! layer's output from the same operands, two more products beside the recurrence's, and
+//! `scale o` is stored in place of `h` and `v_new`:
+//!
+//! ```text
+//! o  = (q Γ) @ bf16(S)          m64 n32 k=K    (A = the stage's q Γ tile, B = product 1's B)
+//! o += P @ bf16(Vn)             m64 n32 k64    (A = the attention tile, B = bf16(Vn)^T unscaled)
+//! ```
+//!
 //! The operand tiles are K-major with the 128-byte swizzle, the layout the wide products' `w`
 //! operand already uses; the store tiles are laid out as the `h` and `v_new` boxes are in
 //! memory (`[K][32]` and `[CHUNK][32]`, 64-byte swizzle; value-first `h` as `[32][K]`).
 
 use super::consumer::{
-    CONSUMER_BARRIER, ChunkAt, ItemState, Staged, Variant, acquire_staging, for_variant, stage_transposed,
-    store_outputs, walk_items,
+    CONSUMER_BARRIER, ChunkAt, ItemState, Staged, Variant, acquire_staging, for_fused_variant, for_variant,
+    stage_transposed, store_output, store_outputs, walk_items,
 };
 use super::fragments::{
     ACC_PER_GROUP, ATOM_BYTES, UNUSED_LEADING, a_fragments, acc_coords, fragment_row, swizzled, swizzled64,
@@ -31,11 +40,11 @@ use super::smem::Smem;
 use super::tail;
 use crate::arch::sm80::{ld_shared_f32, ldmatrix_x4, named_barrier, thread_idx_x_fresh};
 use crate::arch::sm90::{
-    fence_proxy_async, stmatrix_x4, sw128_desc, wgmma_m64n32k16x4_add_ta, wgmma_m64n32k16x4_sub_kmajor,
-    wgmma_wait_m64n32,
+    fence_proxy_async, stmatrix_x4, sw128_desc, wgmma_m64n32k16x4_add_kmajor, wgmma_m64n32k16x4_add_ta,
+    wgmma_m64n32k16x4_sub_kmajor, wgmma_wait_m64n32, wgmma_wait_older_m64n32,
 };
 use crate::layout::CHUNK;
-use crate::layout::hopper::{BOX_COLS, CONSUMER_THREADS, Narrow, NarrowTile};
+use crate::layout::hopper::{BOX_COLS, Block, CONSUMER_THREADS, NARROW_BV, NarrowTile};
 use crate::schedule::Work;
 
 /// Keys per m64 tile of the state (and per box of the `k`, `w` and `bf16(S)^T` tiles).
@@ -46,22 +55,31 @@ const TILE_BYTES: u32 = core::mem::size_of::<NarrowTile>() as u32;
 /// `8 * chunk` of its 128-byte rows).
 const COLS_PER_CHUNK16: usize = 8;
 
-/// The consumer warpgroup's loop over this CTA's narrow items, specialized for `kind`.
+/// The consumer warpgroup's loop over this CTA's narrow items (blocks `B` of `NARROW_BV`
+/// columns: the recurrence's, or the fused layer pass's), specialized for `kind`.
 ///
 /// # Safety
 /// Called by the 128 consumer threads only, after the barriers are initialised; `out` holds the
 /// launch's outputs.
 #[inline(always)]
-pub unsafe fn run<C: KeySize>(
+pub unsafe fn run<C: KeySize, B: Block>(
     work: &Work,
-    smem: Smem<C, Narrow>,
+    smem: Smem<C, B>,
     tid: usize,
     out: Outputs,
     has_h0: bool,
     kind: Variant,
 ) {
+    const { assert!(B::BV == NARROW_BV, "a narrow consumer's block") };
+    const { assert!(!B::OUTPUT || C::KB <= 2, "the fused pass runs K = 64 or 128") };
     // SAFETY: as this function's.
-    unsafe { for_variant!(kind, consume::<C>(work, smem, tid, out), has_h0) }
+    unsafe {
+        if B::OUTPUT {
+            for_fused_variant!(kind, consume::<C, B>(work, smem, tid, out), has_h0)
+        } else {
+            for_variant!(kind, consume::<C, B>(work, smem, tid, out), has_h0)
+        }
+    }
 }
 
 /// (key row, value column in the block) of element `e` of a narrow state: accumulator
@@ -83,9 +101,9 @@ fn narrow_flat<C: KeySize>(s: &mut C::NarrowState) -> &mut [f32] {
 /// # Safety
 /// As for [`run`], with `SCALAR_GATE`, `VALUE_FIRST` and `PRESCAN` the launch's.
 #[inline(always)]
-unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume<C: KeySize, B: Block, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     work: &Work,
-    smem: Smem<C, Narrow>,
+    smem: Smem<C, B>,
     tid: usize,
     out: Outputs,
     has_h0: bool,
@@ -93,20 +111,22 @@ unsafe fn consume<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, 
     let state = ItemState { zero: C::zero_narrow_state, flat: narrow_flat::<C>, coords: |e| narrow_coords(tid, e) };
     // SAFETY: as this function's; each chunk runs at the consumer's positions.
     unsafe {
-        walk_items::<C, Narrow, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
-            consume_chunk::<C, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
+        walk_items::<C, B, _, VALUE_FIRST, PRESCAN>(work, smem, tid, out, has_h0, state, |at, s| {
+            consume_chunk::<C, B, SCALAR_GATE, VALUE_FIRST, PRESCAN>(at, smem, out, s)
         })
     }
 }
 
-/// One chunk, at `at`.
+/// One chunk, at `at`. In the fused layer pass (`B::OUTPUT`) also the chunk's output: its first
+/// product started behind product 1, its second before product 2, and `scale o` stored while
+/// product 2 runs.
 ///
 /// # Safety
 /// As for [`run`]; `at.stage` is the consumer's position and `at.buf` the chunk's staging buffer.
 #[inline(always)]
-unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
+unsafe fn consume_chunk<C: KeySize, B: Block, const SCALAR_GATE: bool, const VALUE_FIRST: bool, const PRESCAN: bool>(
     at: ChunkAt<'_>,
-    smem: Smem<C, Narrow>,
+    smem: Smem<C, B>,
     out: Outputs,
     s: &mut C::NarrowState,
 ) {
@@ -115,6 +135,9 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
     let tiles = smem.stage(stage.index());
     let rows = item.rows(c);
     let tid = thread_idx_x_fresh();
+    // The recurrence's own outputs: neither in the pre-scan nor in the fused pass.
+    let stores = !PRESCAN && !B::OUTPUT;
+    let operand = |tile: u32| sw128_desc(tile, UNUSED_LEADING, ATOM_BYTES);
     // SAFETY (block): the stage's tiles are read only between the full wait and the release; each
     // wgmma's accumulator is left alone between its start and its wait; the operand tiles are
     // rewritten only after the products that read them have completed (the previous chunk's
@@ -133,32 +156,45 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         let mut vn = if zero_u { [0.0; NARROW_ACC] } else { load_u(tiles.u(), item.u_col.unwrap_or(0), rows, tid) };
         publish();
 
-        // 2. Vn = u - w @ bf16(S), and meanwhile bf16(S) staged for `h` (none in the pre-scan);
-        //    then the state's decay per key row.
+        // 2. Vn = u - w @ bf16(S) (fused: then o = (q Γ) @ bf16(S) behind it), and meanwhile
+        //    bf16(S) staged for `h` (neither in the pre-scan nor fused); then the state's decay
+        //    per key row.
         for t in 0..C::KB {
-            let a = sw128_desc(tiles.w(t), UNUSED_LEADING, ATOM_BYTES);
-            let b = sw128_desc(smem.s_operand() + t as u32 * TILE_BYTES, UNUSED_LEADING, ATOM_BYTES);
-            wgmma_m64n32k16x4_sub_kmajor(&mut vn, a, b);
+            let b = operand(smem.s_operand() + t as u32 * TILE_BYTES);
+            wgmma_m64n32k16x4_sub_kmajor(&mut vn, operand(tiles.w(t)), b);
         }
-        if !PRESCAN {
-            acquire_staging(tid, smem.staging_buffers());
-            for (t, acc) in s.as_ref().iter().enumerate() {
-                stage_state::<VALUE_FIRST>(smem.h(buf), t, &a_fragments::<2>(acc), tid);
+        let mut o = [0.0f32; NARROW_ACC];
+        if B::OUTPUT {
+            for t in 0..C::KB {
+                let b = operand(smem.s_operand() + t as u32 * TILE_BYTES);
+                wgmma_m64n32k16x4_add_kmajor(&mut o, operand(tiles.q(t)), b);
             }
+            wait_behind_key_tiles::<C>(&mut vn);
+        } else {
+            if stores {
+                acquire_staging(tid, smem.staging_buffers());
+                for (t, acc) in s.as_ref().iter().enumerate() {
+                    stage_state::<VALUE_FIRST>(smem.h(buf), t, &a_fragments::<2>(acc), tid);
+                }
+            }
+            wgmma_wait_m64n32(&mut vn);
         }
-        wgmma_wait_m64n32(&mut vn);
         // (After the wait: ptxas would otherwise wait there for product 1 anyway, as the state's
         // registers were last written by a wgmma.)
         decay_rows(s.as_mut(), smem.decay(stage.index()), tid);
 
         // 3. Rows past the chunk's end leave Vn as zeros; bf16(Vn) staged for `v_new` (unscaled);
-        //    with `g` each token's row scaled by exp2(g_last - g[r]); bf16(Vn)^T as product 2's B.
+        //    with `g` each token's row scaled by exp2(g_last - g[r]); bf16(Vn)^T as product 2's B
+        //    (fused with `g`: the unscaled one too, as the output's).
         zero_token_rows(&mut vn, rows, tid);
         let staged: [[u32; 4]; CHUNK / 32] = a_fragments(&vn);
-        if !PRESCAN {
+        if stores {
             stage_rows64(smem.vn(buf), 0, &staged, tid);
         }
         let b2 = if SCALAR_GATE {
+            if B::OUTPUT {
+                stage_transposed(smem.output_operand(), &staged, tid);
+            }
             scale_token_rows(&mut vn, smem.row_scale(stage.index()), tid);
             a_fragments(&vn)
         } else {
@@ -167,17 +203,28 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         stage_transposed(smem.vn_operand(), &b2, tid);
         publish();
 
-        // 4. S += k^T @ bf16(Vn) per 64-key tile, and meanwhile `h` and `v_new` leave.
-        let b = sw128_desc(smem.vn_operand(), UNUSED_LEADING, ATOM_BYTES);
+        // 4. Fused: o += P @ bf16(Vn) (unscaled, as the output takes it). Then S += k^T @
+        //    bf16(Vn) per 64-key tile, and meanwhile `h` and `v_new` leave (fused: `o` once its
+        //    products are done).
+        if B::OUTPUT {
+            let vn_unscaled = if SCALAR_GATE { smem.output_operand() } else { smem.vn_operand() };
+            wgmma_m64n32k16x4_add_kmajor(&mut o, operand(tiles.p()), operand(vn_unscaled));
+        }
+        let b = operand(smem.vn_operand());
         for (t, acc) in s.as_mut().iter_mut().enumerate() {
             let a = sw128_desc(tiles.k(t), UNUSED_LEADING, ATOM_BYTES);
             wgmma_m64n32k16x4_add_ta(acc, a, b);
         }
-        if !PRESCAN {
+        if B::OUTPUT {
+            wait_behind_key_tiles::<C>(&mut o);
+            let frags: [[u32; 4]; CHUNK / 32] = a_fragments(&o.map(|x| x * out.scale));
+            let tile = smem.vn(buf);
+            store_output::<B>(item, c, tile, smem.staging_buffers(), out, tid, || stage_rows64(tile, 0, &frags, tid));
+        } else if stores {
             let staged = Staged { h: smem.h(buf), vn: smem.vn(buf), boxes: C::KB, box_bytes: TILE_BYTES as usize };
             store_outputs::<VALUE_FIRST>(item, c, out.maps, staged, tid);
             if rows < CHUNK {
-                tail::store_value_rows::<Narrow>(smem.vn(buf), out, item, item.first_token(c), rows, tid);
+                tail::store_value_rows::<B>(smem.vn(buf), out, item, item.first_token(c), rows, tid);
             }
         }
 
@@ -187,6 +234,18 @@ unsafe fn consume_chunk<C: KeySize, const SCALAR_GATE: bool, const VALUE_FIRST: 
         }
         ring.consumer_release(stage);
     }
+}
+
+/// Waits for the wgmma groups committed before the newest `K / 64` (one per 64-key tile: the
+/// output's first product behind product 1, or product 2 behind the output's second), `acc`
+/// being their accumulator.
+///
+/// # Safety
+/// As for `arch::sm90::wgmma_wait_older_m64n32`, with the newest `C::KB` groups not on `acc`.
+#[inline(always)]
+unsafe fn wait_behind_key_tiles<C: KeySize>(acc: &mut [f32; NARROW_ACC]) {
+    // SAFETY: the caller's contract (`run` allows no other `C::KB` in the fused pass).
+    unsafe { if C::KB == 1 { wgmma_wait_older_m64n32::<1>(acc) } else { wgmma_wait_older_m64n32::<2>(acc) } }
 }
 
 /// Makes this warpgroup's shared-memory writes visible to the async proxy (wgmma and TMA reads)

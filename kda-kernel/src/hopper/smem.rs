@@ -75,6 +75,14 @@ impl<C: KeySize, B: Block> Smem<C, B> {
         self.base + C::smem::<B>().vn_operand
     }
 
+    /// Narrow blocks of the fused layer pass with a scalar gate: the unscaled `bf16(Vn)^T`
+    /// operand of the output's second product (`[BV][CHUNK]`, as [`Self::vn_operand`]), in the
+    /// first `h` staging buffer, which the fused pass never stores from.
+    #[inline(always)]
+    pub fn output_operand(self) -> u32 {
+        self.h(0)
+    }
+
     /// The initial-state slot, f32 `[K][B::BV]` (or `[B::BV][K]`).
     #[inline(always)]
     pub fn h0(self) -> u32 {

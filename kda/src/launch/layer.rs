@@ -205,7 +205,7 @@ impl OutputPath {
     /// Whether the fused path runs `shape`'s sizes (`K` of 64 or 128, `V` a multiple of 64), on
     /// a device that runs it (`Auto`'s rule).
     pub fn fused_runs(shape: &LayerShape) -> bool {
-        kda_kernel::abi::hopper_fused_for(shape.key_dim).is_some()
+        kda_kernel::abi::hopper_fused_for(shape.key_dim, kda_kernel::layout::hopper::BV).is_some()
             && shape.value_dim.is_multiple_of(kda_kernel::layout::hopper::BV)
     }
 
@@ -556,8 +556,8 @@ fn plan_recurrence(
     chunks: Table,
 ) -> Result<DevicePlan, KdaError> {
     let columns = match (output, ColumnMode::Auto.or_env()?) {
-        // `KDA_COLUMNS=narrow` runs the portable kernel's fused pass in one-group CTAs (the
-        // Hopper kernel refuses it at launch).
+        // `KDA_COLUMNS=narrow` runs the fused pass in narrow blocks: the Hopper kernel's
+        // 32-column entries, the portable kernel's one-group CTAs.
         (OutputPath::Fused, ColumnMode::Auto) => ColumnMode::Force(Columns::Wide),
         (_, mode) => mode,
     };

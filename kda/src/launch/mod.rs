@@ -265,9 +265,10 @@ impl Kda {
         }
     }
 
-    /// The fused layer pass's Hopper entry for key size `key_dim`, when this device has it.
-    fn loaded_fused(&self, key_dim: usize) -> Option<&Loaded> {
-        let abi = hopper_fused_for(key_dim)?;
+    /// The fused layer pass's Hopper entry for key size `key_dim` in blocks of `bv` columns, when
+    /// this device has it.
+    fn loaded_fused(&self, key_dim: usize, bv: usize) -> Option<&Loaded> {
+        let abi = hopper_fused_for(key_dim, bv)?;
         let i = HOPPER_FUSED_ENTRIES.iter().position(|&e| e.entry == abi.entry)?;
         self.hopper_fused.as_ref().map(|entries| &entries[i])
     }
@@ -347,8 +348,8 @@ impl Kda {
         }
     }
 
-    /// Whether the fused layer pass runs this launch: the Hopper kernel chosen (`choice`), in
-    /// wide blocks, at a key size the pass has an entry for; or the portable kernel, with a fused
+    /// Whether the fused layer pass runs this launch: the Hopper kernel chosen (`choice`), at a
+    /// key size and block width the pass has an entry for; or the portable kernel, with a fused
     /// entry for the plan's key size and consumer groups that this device loaded; a typed refusal
     /// otherwise.
     fn fused_runs(&self, choice: Kernel, plan: &DevicePlan, dims: &Dims) -> Result<(), KdaError> {
@@ -370,9 +371,9 @@ impl Kda {
                 "the fused layer pass runs on the Hopper kernel, and this launch takes the {choice:?} kernel                  (OutputPath::Separate runs the layer on any kernel)"
             ));
         }
-        if plan.columns.width() != BV || self.loaded_fused(dims.key_dim).is_none() {
+        if self.loaded_fused(dims.key_dim, plan.columns.width()).is_none() {
             return refuse(format!(
-                "the fused layer pass runs wide column blocks at K = 64 or 128, the plan has {:?} blocks at K = {}",
+                "the fused layer pass runs K = 64 or 128, the plan has {:?} blocks at K = {}",
                 plan.columns, dims.key_dim
             ));
         }
@@ -572,9 +573,9 @@ impl Kda {
         // The pre-scan of a fused launch is the recurrence's own (it writes only its maps).
         let fused = fused.filter(|_| pass.pass != PassCode::Prescan);
         let f = match fused {
-            Some(_) => self.loaded_fused(dims.key_dim).ok_or_else(|| KdaError::Unsupported {
+            Some(_) => self.loaded_fused(dims.key_dim, width).ok_or_else(|| KdaError::Unsupported {
                 argument: "output_path",
-                reason: format!("no fused layer pass at K = {}", dims.key_dim),
+                reason: format!("no fused layer pass at K = {} in blocks of {width} columns", dims.key_dim),
             })?,
             None => f,
         };
