@@ -627,6 +627,18 @@ fn layer_random() {
             println!("{name} {path:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
             assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {path:?}: {errs:?} over {bounds:?}");
         }
+        if kda_tests::output_paths(&gpu, p).contains(&kda::OutputPath::Fused) {
+            // The fused pass in narrow blocks (the Hopper kernel's 32-column entries).
+            let s = &gpu.stream;
+            let plan = kda::LayerPlan::with_path(s, p.plan.clone(), p.shape, p.options, kda::OutputPath::Fused)
+                .and_then(|plan| plan.with_columns(s, ColumnMode::Force(Columns::Narrow)))
+                .unwrap();
+            let mut workspace = plan.workspace(s).unwrap();
+            let out = kda_tests::run_layer_guarded_with(&gpu, p, &plan, &mut workspace).unwrap();
+            let errs = out.errors(&want);
+            println!("{name} Fused, narrow: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
+            assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} narrow: {errs:?} over {bounds:?}");
+        }
     }
     println!("{} random layers", cases.len());
 }

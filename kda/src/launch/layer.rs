@@ -413,6 +413,36 @@ impl LayerPlan {
         Ok(self)
     }
 
+    /// This plan with its recurrence in the column blocks `mode` names, for tests and A/B runs:
+    /// on the fused path the Hopper kernel's 32-column blocks ([`Columns::Narrow`]) or the
+    /// portable kernel's one-group CTAs. [`ColumnMode::Auto`] is the layer's own rule (wide
+    /// blocks for the fused path unless `KDA_COLUMNS` names them). The split is planned afresh.
+    ///
+    /// ```no_run
+    /// use kda::columns::{ColumnMode, Columns};
+    /// use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    /// use kda::{Kda, LayerPlan, Plan};
+    ///
+    /// # fn main() -> Result<(), kda::KdaError> {
+    /// let (_kda, stream) = Kda::open(0)?;
+    /// // Qwen3-Next's layer on one prompt: 32 value heads, 64 wide chains.
+    /// let shape = LayerShape { kind: LayerKind::Gdn, heads: 16, value_heads: 32, key_dim: 128, value_dim: 128 };
+    /// let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
+    /// let plan = LayerPlan::new(&stream, Plan::from_lengths(&[8192]), shape, options)?
+    ///     .with_columns(&stream, ColumnMode::Force(Columns::Narrow))?; // 128 narrow chains
+    /// # let _ = plan;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_columns(mut self, stream: &Arc<CudaStream>, mode: ColumnMode) -> Result<Self, KdaError> {
+        let mode = match mode {
+            ColumnMode::Auto => layer_columns(self.output)?,
+            forced => forced,
+        };
+        self.recurrence.set_columns(stream, mode)?;
+        Ok(self)
+    }
+
     /// The chunk records among the recurrence plan's tables.
     fn chunk_records(&self) -> Result<&Table, KdaError> {
         self.recurrence.extra.as_ref().ok_or_else(|| KdaError::Argument {
@@ -555,14 +585,25 @@ fn plan_recurrence(
     (layout, output): (StateLayout, OutputPath),
     chunks: Table,
 ) -> Result<DevicePlan, KdaError> {
-    let columns = match (output, ColumnMode::Auto.or_env()?) {
+    let fused = output == OutputPath::Fused;
+    DevicePlan::model_with(
+        stream,
+        batch,
+        &shape.recurrence_shape(layout),
+        layer_columns(output)?,
+        (Some(chunks), fused),
+    )
+}
+
+/// The column blocks of a layer's recurrence on `output`: those `KDA_COLUMNS` names, else the
+/// planner's, except that the fused path runs wide blocks.
+fn layer_columns(output: OutputPath) -> Result<ColumnMode, KdaError> {
+    Ok(match (output, ColumnMode::Auto.or_env()?) {
         // `KDA_COLUMNS=narrow` runs the fused pass in narrow blocks: the Hopper kernel's
         // 32-column entries, the portable kernel's one-group CTAs.
         (OutputPath::Fused, ColumnMode::Auto) => ColumnMode::Force(Columns::Wide),
         (_, mode) => mode,
-    };
-    let fused = output == OutputPath::Fused;
-    DevicePlan::model_with(stream, batch, &shape.recurrence_shape(layout), columns, (Some(chunks), fused))
+    })
 }
 
 /// Whether the GPU layer runs `shape`: a valid layer shape with `K` and `V` of 64 or 128 (the
