@@ -416,7 +416,9 @@ impl LayerPlan {
     /// This plan with its recurrence in the column blocks `mode` names, for tests and A/B runs:
     /// on the fused path the Hopper kernel's 32-column blocks ([`Columns::Narrow`]) or the
     /// portable kernel's one-group CTAs. [`ColumnMode::Auto`] is the layer's own rule (wide
-    /// blocks for the fused path unless `KDA_COLUMNS` names them). The split is planned afresh.
+    /// blocks for the fused path unless `KDA_COLUMNS` names them). The split is planned afresh;
+    /// [`LayerPlan::with_state_layout`] and [`LayerPlan::with_output_path`] plan the columns
+    /// afresh too, so this comes after them.
     ///
     /// ```no_run
     /// use kda::columns::{ColumnMode, Columns};
