@@ -621,13 +621,14 @@ fn layer_random() {
     for (name, p) in &cases {
         let want = layer_reference(p).unwrap();
         let bounds = kda_tests::layer_bounds(p, &want);
-        for path in kda_tests::output_paths(&gpu, p) {
+        let paths = kda_tests::output_paths(&gpu, p);
+        for &path in &paths {
             let out = kda_tests::run_layer_guarded_on(&gpu, p, StateLayout::KeyFirst, path).unwrap();
             let errs = out.errors(&want);
             println!("{name} {path:?}: o {:.2e} ht {:.2e}, bounds {bounds:?}", errs[0], errs[1]);
             assert!(errs.iter().zip(&bounds).all(|(e, b)| e <= b), "{name} {path:?}: {errs:?} over {bounds:?}");
         }
-        if kda_tests::output_paths(&gpu, p).contains(&kda::OutputPath::Fused) {
+        if paths.contains(&kda::OutputPath::Fused) {
             // The fused pass in narrow blocks (the Hopper kernel's 32-column entries).
             let s = &gpu.stream;
             let plan = kda::LayerPlan::with_path(s, p.plan.clone(), p.shape, p.options, kda::OutputPath::Fused)

@@ -783,9 +783,9 @@ fn run_layer_keeping_h(
     let mut o = vec![poison_bf; t * hv * vd];
     let (h, v_new, o_out) = (ptr(&recurrence.h), ptr(&recurrence.v_new), ptr_mut(&mut o));
     let gate_in = ptr(&gate);
+    let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
     if output == LayerOutput::Fused {
         let o = fused_output(p, (&qg, &attention), &recurrence.h, &recurrence.v_new, layout);
-        let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
         return (LayerOutputs { o, ht }, recurrence.h);
     }
     let (qg_in, attention_in) = (ptr(&qg), ptr(&attention));
@@ -839,7 +839,6 @@ fn run_layer_keeping_h(
         .unwrap_or_else(|e| panic!("output: {e}"));
     }
     assert!(o.iter().all(|x| x.to_bits() != POISON_BF16), "the output kernel left o unwritten");
-    let ht = if value_first { transposed(&recurrence.ht, vd, kd) } else { recurrence.ht };
     (LayerOutputs { o: o.iter().map(|x| x.to_f32()).collect(), ht }, recurrence.h)
 }
 
