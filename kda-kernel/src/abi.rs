@@ -607,7 +607,7 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fuse
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
         threads: threads(key_dim, groups),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
-        max_registers: if warps_per_group(key_dim) > VN_ROW_BLOCKS {
+        max_registers: if warps_per_group(key_dim, groups) > VN_ROW_BLOCKS {
             // The fused entries' shared memory (147 KB and more) leaves one CTA per SM anywhere.
             let ctas = if fused { 1 } else { max_ctas_per_sm(key_dim, groups) };
             registers_for(threads(key_dim, groups) * ctas)
@@ -621,8 +621,8 @@ const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fuse
 
 /// Registers per thread where `threads` threads share an SM (its CTAs), at most 255 (an
 /// instruction's register field): the most that lets them all run, rounded down to the
-/// allocation's 8 (the entries of eight warps per group: one CTA of 544 threads, whose threads
-/// would take 125 each at ptxas's choice, 120; two of 288, 112); none where 255 each fit.
+/// allocation's 8 (the one-group entries of eight warps: two CTAs of 288 threads, 112; the
+/// fused pass's one, 224); none where 255 each fit.
 const fn registers_for(threads: usize) -> Option<u32> {
     const MAX_PER_THREAD: usize = 255;
     const GRANULE: usize = 8;

@@ -422,17 +422,18 @@ pub mod portable {
     pub const BV: usize = 32;
     /// m16 tiles of a chunk's tokens: the row blocks of `Vn` among a group's warps.
     pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
-    /// Consumer warps per group of the entries for key size `key_dim` (one group or two, the
-    /// recurrence's and the fused layer pass's alike): four (one m16 tile of `Vn`, 16 tokens, each and `K / 4` state
-    /// rows each), or eight for the entries at `K = 128`, the recurrence's and the fused layer
-    /// pass's, one group or two (each warp 16 tokens of half the group's columns in `w @ S`, and in
-    /// `q Γ @ S` and `P @ Vn`, and 16 state rows: half of every warp's products, so the serially
-    /// dependent chain of a chunk, which sets those entries' pace on the H100 and H200
-    /// (bench/RESULTS.md, "The portable kernel"), is shared by twice the warps; 544 threads
-    /// hold at most 120 registers each, two CTAs of 288 threads (the one-group recurrence) 112,
-    /// and none spills).
-    pub const fn warps_per_group(key_dim: usize) -> usize {
-        if key_dim == 128 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
+    /// Consumer warps per group of the entries for key size `key_dim` and `groups` groups (the
+    /// recurrence's and the fused layer pass's alike): four (one m16 tile of `Vn`, 16 tokens,
+    /// each, and `K / 4` state rows each), or eight in the one-group entries at `K = 128` (each
+    /// warp 16 tokens of half the group's columns in `w @ S`, and in `q Γ @ S` and `P @ Vn`, and
+    /// 16 state rows: half of every warp's products, so the serially dependent chain of a chunk,
+    /// which sets those entries' pace on the H100 and H200 (bench/RESULTS.md, "The portable
+    /// kernel"), is shared by twice the warps; two CTAs of 288 threads take 112 registers each,
+    /// the fused pass's one 224, none spills). Two groups of eight warps (544 threads, 120
+    /// registers each by `.maxnreg`) compiled without spills but did not launch on the H100
+    /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`, 2026-12-07), so the two-group entries keep four.
+    pub const fn warps_per_group(key_dim: usize, groups: usize) -> usize {
+        if key_dim == 128 && groups == 1 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
     }
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
     /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
@@ -459,7 +460,7 @@ pub mod portable {
     /// Threads per CTA of the entries for `key_dim` and `groups`: the consumer groups
     /// ([`warps_per_group`]) and the producer warp.
     pub const fn threads(key_dim: usize, groups: usize) -> usize {
-        (groups * warps_per_group(key_dim) + 1) * 32
+        (groups * warps_per_group(key_dim, groups) + 1) * 32
     }
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
@@ -613,7 +614,7 @@ pub mod portable {
         /// entry's instantiation).
         pub const VALID: () = {
             assert!(Self::WARPS * MMA_M * MT == K, "MT m16 tiles of state rows per warp");
-            assert!(Self::WARPS == warps_per_group(K), "the variant's warps");
+            assert!(Self::WARPS == warps_per_group(K, G), "the variant's warps");
             assert!(Self::WARPS.is_multiple_of(VN_ROW_BLOCKS) && Self::VN_TILES.is_multiple_of(N_TILES_PER_LOAD));
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
@@ -636,7 +637,7 @@ pub mod portable {
             (64, 1) => Tiles::<64, 1, 1, true>::SMEM_BYTES,
             (128, 1) => Tiles::<128, 1, 1, true>::SMEM_BYTES,
             (64, _) => Tiles::<64, 1, 2, true>::SMEM_BYTES,
-            _ => Tiles::<128, 1, 2, true>::SMEM_BYTES,
+            _ => Tiles::<128, 2, 2, true>::SMEM_BYTES,
         }
     }
 
@@ -664,7 +665,7 @@ pub mod portable {
             (64, 1) => (Tiles::<64, 1, 1, false>::SMEM_BYTES, Tiles::<64, 1, 1, false>::STAGES),
             (128, 1) => (Tiles::<128, 1, 1, false>::SMEM_BYTES, Tiles::<128, 1, 1, false>::STAGES),
             (64, _) => (Tiles::<64, 1, 2, false>::SMEM_BYTES, Tiles::<64, 1, 2, false>::STAGES),
-            (128, _) => (Tiles::<128, 1, 2, false>::SMEM_BYTES, Tiles::<128, 1, 2, false>::STAGES),
+            (128, _) => (Tiles::<128, 2, 2, false>::SMEM_BYTES, Tiles::<128, 2, 2, false>::STAGES),
             _ => (Tiles::<256, 4, 1, false>::SMEM_BYTES, Tiles::<256, 4, 1, false>::STAGES),
         }
     }
@@ -774,12 +775,12 @@ pub mod portable {
         Tiles::<64, 1, 1, true>::VALID,
         Tiles::<128, 1, 1, true>::VALID,
         Tiles::<64, 1, 2, true>::VALID,
-        Tiles::<128, 1, 2, true>::VALID,
+        Tiles::<128, 2, 2, true>::VALID,
         Tiles::<64, 1, 1, false>::VALID,
         Tiles::<128, 1, 1, false>::VALID,
         Tiles::<256, 4, 1, false>::VALID,
         Tiles::<64, 1, 2, false>::VALID,
-        Tiles::<128, 1, 2, false>::VALID,
+        Tiles::<128, 2, 2, false>::VALID,
     ];
 }
 

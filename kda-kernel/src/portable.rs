@@ -222,7 +222,7 @@ portable_entry!(
     /// (`abi::PORTABLE_WIDE`).
     kda_fwd_h_portable_wide,
     128,
-    1,
+    2,
     2,
     false
 );
@@ -255,7 +255,7 @@ portable_fused_entry!(
 );
 portable_fused_entry!(
     /// The fused layer pass at `K = 128`, two consumer groups (`abi::PORTABLE_FUSED_WIDE`).
-    kda_layer_fused_portable_wide, 128, 1, 2
+    kda_layer_fused_portable_wide, 128, 2, 2
 );
 
 /// Shared addresses of the ring (`layout::portable::Tiles`) and of one consumer group's tiles

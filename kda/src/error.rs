@@ -85,6 +85,19 @@ pub enum KdaError {
         /// Compute capability `(major, minor)` of the device.
         compute_capability: (i32, i32),
     },
+    /// A kernel, as the driver compiled it for this device, cannot run the CTA it launches: its
+    /// registers per thread leave room for fewer threads per CTA than its block holds. Reported
+    /// when the launcher loads the module, not by a failed launch.
+    KernelResources {
+        /// The kernel's entry point.
+        entry: &'static str,
+        /// Threads per CTA it launches.
+        threads: usize,
+        /// The most threads per CTA the compiled kernel runs.
+        max_threads: usize,
+        /// Registers per thread of the compiled kernel.
+        registers: usize,
+    },
     /// A tensor or plan belongs to another device than the launcher.
     WrongDevice {
         /// Argument name.
@@ -148,6 +161,11 @@ impl fmt::Display for KdaError {
             Self::UnsupportedDevice { compute_capability: (ma, mi) } => {
                 write!(f, "device of compute capability {ma}.{mi} is not supported (sm_80 or newer needed)")
             }
+            Self::KernelResources { entry, threads, max_threads, registers } => write!(
+                f,
+                "kernel `{entry}` as compiled for this device takes {registers} registers per thread, so a CTA \
+                 runs at most {max_threads} threads; it launches {threads}"
+            ),
             Self::WrongDevice { tensor, expected, actual } => {
                 write!(f, "`{tensor}` lives on device {actual}, the launcher on device {expected}")
             }

@@ -177,11 +177,11 @@ fn baseline_sass_uses_the_hardware_conversions() {
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
 }
 
-/// A portable consumer warp's share of a chunk at key size `key_dim`: its n8 tiles of the group's
-/// four in `Vn` (and `o`), and its m16 tiles of state rows.
-fn warp_share(key_dim: usize) -> (usize, usize) {
+/// A portable consumer warp's share of a chunk at key size `key_dim` in an entry of `groups`
+/// groups: its n8 tiles of the group's four in `Vn` (and `o`), and its m16 tiles of state rows.
+fn warp_share(key_dim: usize, groups: usize) -> (usize, usize) {
     use kda_kernel::layout::portable::{MMA_M, N_TILES, VN_ROW_BLOCKS, warps_per_group};
-    let warps = warps_per_group(key_dim);
+    let warps = warps_per_group(key_dim, groups);
     (N_TILES * VN_ROW_BLOCKS / warps, key_dim / (MMA_M * warps))
 }
 
@@ -210,7 +210,7 @@ fn portable_sass_runs_both_products_on_the_tensor_cores() {
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
             // The loops are the same for every group: one copy of them.
             use kda_kernel::layout::portable::N_TILES;
-            let (vn_tiles, state_tiles) = warp_share(key_dim);
+            let (vn_tiles, state_tiles) = warp_share(key_dim, groups);
             let hmma = (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's two products", abi.entry);
             assert!(count("LDS") > 0 && count("STS") > 0, "{arch}: shared accesses");
@@ -259,7 +259,7 @@ fn the_portable_fused_pass_runs_its_four_products_on_the_tensor_cores() {
             let code = function_sass(&code, abi.entry);
             let count = |op: &str| code.lines().filter(|l| l.contains(op)).count();
             use kda_kernel::layout::portable::N_TILES;
-            let (vn_tiles, state_tiles) = warp_share(key_dim);
+            let (vn_tiles, state_tiles) = warp_share(key_dim, groups);
             let hmma = 2 * (key_dim / 16) * vn_tiles + 4 * N_TILES * state_tiles + 4 * vn_tiles;
             assert_eq!(count("HMMA.16816.F32.BF16"), hmma, "{arch} {}: the chunk's four products", abi.entry);
             for op in ["LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "ARRIVES.LDGSTSBAR.64", "STG.E"] {

@@ -80,11 +80,30 @@ fn fits_device(abi: &KernelAbi, smem_optin: usize) -> bool {
     abi.smem_bytes <= smem_optin
 }
 
+/// Whether a kernel whose compiled form runs at most `max_threads` threads per CTA (the driver's
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`: the entry's `.maxntid`, or fewer where its
+/// registers per thread leave less room) runs a CTA of `threads`.
+fn runs_block(max_threads: i32, threads: usize) -> bool {
+    usize::try_from(max_threads).is_ok_and(|most| threads <= most)
+}
+
 impl Loaded {
-    /// Loads `abi`'s entry from `module` and opts in to its shared memory.
+    /// Loads `abi`'s entry from `module`, checks that the compiled kernel runs a CTA of the
+    /// entry's threads ([`KdaError::KernelResources`] where its registers do not allow it: the
+    /// driver compiles the PTX for the device, and a launch would fail only later), and opts in to
+    /// its shared memory.
     fn load(module: &Arc<cudarc::driver::CudaModule>, abi: &'static KernelAbi) -> Result<Self, KdaError> {
         use cudarc::driver::sys::CUfunction_attribute::*;
         let function = module.load_function(abi.entry)?;
+        let max_threads = function.get_attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+        if !runs_block(max_threads, abi.threads) {
+            return Err(KdaError::KernelResources {
+                entry: abi.entry,
+                threads: abi.threads,
+                max_threads: max_threads.max(0) as usize,
+                registers: function.num_regs()?.max(0) as usize,
+            });
+        }
         if abi.smem_bytes > DEFAULT_DYNAMIC_SMEM_BYTES {
             function.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, abi.smem_bytes as i32)?;
             // Prefer the largest shared-memory carveout: the kernel needs nearly all of it.
@@ -873,6 +892,27 @@ mod entries_loaded {
             let two = portable_for(key_dim, 2).unwrap();
             assert!(!fits_device(two, SM86) && fits_device(two, A100));
         }
+    }
+
+    #[test]
+    fn an_entry_loads_only_where_its_compiled_form_runs_its_block() {
+        // The driver's maximum threads per CTA: the entry's `.maxntid`, or fewer where the
+        // compiled kernel's registers leave less room (a negative or zero answer runs nothing).
+        assert!(runs_block(544, 544) && runs_block(1024, 288));
+        assert!(!runs_block(512, 544), "544 threads at 128 registers each do not fit 64K");
+        assert!(!runs_block(0, 32) && !runs_block(-1, 32));
+        // Every entry's own block is within its `.maxntid` (the builder writes it as `threads`),
+        // and within a CTA's 1024 threads.
+        for abi in PORTABLE_ENTRIES.iter().chain(kda_kernel::abi::PORTABLE_FUSED_ENTRIES.iter()) {
+            assert!(runs_block(1024, abi.threads), "{}", abi.entry);
+        }
+        let err = KdaError::KernelResources {
+            entry: "kda_fwd_h_portable_wide",
+            threads: 544,
+            max_threads: 512,
+            registers: 128,
+        };
+        assert!(err.to_string().contains("kda_fwd_h_portable_wide") && err.to_string().contains("544"), "{err}");
     }
 }
 
