@@ -234,6 +234,34 @@ impl MergeArgs {
     }
 }
 
+/// The parameter names of a kernel that takes `P` tensor addresses, then `W` 32-bit words.
+pub(super) struct ArgNames<const P: usize, const W: usize> {
+    pub tensors: [&'static str; P],
+    pub words: [&'static str; W],
+}
+
+/// A kernel's arguments as its ABI lists them: `P` tensor addresses, then `W` 32-bit words, each
+/// pushed under its parameter name.
+pub(super) struct NamedArgs<const P: usize, const W: usize> {
+    pub names: &'static ArgNames<P, W>,
+    pub ptrs: [Address; P],
+    pub words: [u32; W],
+}
+
+impl<const P: usize, const W: usize> NamedArgs<P, W> {
+    /// Pushes the arguments in the kernel's parameter order.
+    pub fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
+        push_named(sink, &self.names.tensors, &self.ptrs);
+        push_named(sink, &self.names.words, &self.words);
+    }
+
+    /// One argument list under `names`, for the launcher's ABI test (`args::tests`).
+    #[cfg(test)]
+    pub fn sample(names: &'static ArgNames<P, W>) -> Self {
+        Self { names, ptrs: [1; P], words: [2; W] }
+    }
+}
+
 /// Pushes `values` under `names`, pairwise in order: a kernel's tensor addresses, or its 32-bit
 /// words.
 pub(super) fn push_named<'a, T: DeviceRepr>(sink: &mut impl ArgSink<'a>, names: &[&'static str], values: &'a [T]) {

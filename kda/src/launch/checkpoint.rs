@@ -7,7 +7,7 @@
 //! tokens), as the decode step runs a chain of tokens (`kda_advance_states`, one launch; the
 //! decode step's code). Its error is the layer's on `ht` plus the bf16 rounding of `h`.
 
-use super::args::{Address, ArgSink, push_named};
+use super::args::{ArgNames, NamedArgs};
 use super::decode::decode_supports;
 use super::layer::{LayerInputs, LayerPlan, LayerWorkspace, LenCheck, OutputPath, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
@@ -157,6 +157,7 @@ impl Kda {
             ("v", v, super::decode::V_ALIGNMENT),
         ])?;
         let args = AdvanceArgs {
+            names: &ADVANCE_NAMES,
             ptrs: [
                 q,
                 k,
@@ -196,15 +197,12 @@ impl Kda {
 }
 
 /// The checkpoint kernel's arguments (`kda_kernel::abi::ADVANCE_PARAMS`).
-pub(super) struct AdvanceArgs {
-    ptrs: [Address; 13],
-    words: [u32; 11],
-}
+pub(super) type AdvanceArgs = NamedArgs<13, 11>;
 
-impl AdvanceArgs {
-    const TENSORS: [&'static str; 13] =
-        ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "h", "sources", "first_rows", "counts", "slots", "pool"];
-    const WORDS: [&'static str; 11] = [
+/// The checkpoint kernel's parameter names.
+const ADVANCE_NAMES: ArgNames<13, 11> = ArgNames {
+    tensors: ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "h", "sources", "first_rows", "counts", "slots", "pool"],
+    words: [
         "pool_dtype",
         "pool_layout",
         "h_layout",
@@ -216,16 +214,11 @@ impl AdvanceArgs {
         "options",
         "gate_mode",
         "lower_bound_bits",
-    ];
-
-    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        push_named(sink, &Self::TENSORS, &self.ptrs);
-        push_named(sink, &Self::WORDS, &self.words);
-    }
-}
+    ],
+};
 
 /// One argument list of the checkpoint kernel, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> AdvanceArgs {
-    AdvanceArgs { ptrs: [1; 13], words: [2; 11] }
+    NamedArgs::sample(&ADVANCE_NAMES)
 }

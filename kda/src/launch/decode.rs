@@ -7,7 +7,7 @@
 //! [`Kda::launch_decode`] allocates nothing and never synchronises, so a serving loop can capture
 //! it in a CUDA graph.
 
-use super::args::{Address, ArgSink, push_named};
+use super::args::{Address, ArgNames, NamedArgs};
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
 use super::{Kda, Loaded, enqueue};
 use crate::KdaError;
@@ -351,6 +351,7 @@ impl Kda {
         let parents = plan.parents.as_ref().map(|x| x.device_ptr(stream));
         let token_slots = plan.token_slots.as_ref().map(|x| x.device_ptr(stream));
         let args = DecodeArgs {
+            names: &DECODE_NAMES,
             ptrs: [
                 q,
                 k,
@@ -420,7 +421,8 @@ pub(super) fn pool_alignment(dtype: StateDtype) -> usize {
 
 /// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).
 fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Result<(), KdaError> {
-    let named: Vec<_> = DecodeArgs::TENSORS
+    let named: Vec<_> = DECODE_NAMES
+        .tensors
         .iter()
         .zip(&args.ptrs)
         .zip(decode_alignments(pool, gate_width))
@@ -430,15 +432,12 @@ fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Re
 }
 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
-pub(super) struct DecodeArgs {
-    ptrs: [Address; 13],
-    words: [u32; 12],
-}
+pub(super) type DecodeArgs = NamedArgs<13, 12>;
 
-impl DecodeArgs {
-    const TENSORS: [&'static str; 13] =
-        ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"];
-    const WORDS: [&'static str; 12] = [
+/// The decode step's parameter names.
+pub(super) const DECODE_NAMES: ArgNames<13, 12> = ArgNames {
+    tensors: ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"],
+    words: [
         "pool_dtype",
         "pool_layout",
         "draft",
@@ -451,18 +450,13 @@ impl DecodeArgs {
         "gate_mode",
         "lower_bound_bits",
         "scale_bits",
-    ];
-
-    pub(super) fn push<'a>(&'a self, sink: &mut impl ArgSink<'a>) {
-        push_named(sink, &Self::TENSORS, &self.ptrs);
-        push_named(sink, &Self::WORDS, &self.words);
-    }
-}
+    ],
+};
 
 /// One argument list of the decode step, for the launcher's ABI test (`args::tests`).
 #[cfg(test)]
 pub(super) fn sample_args() -> DecodeArgs {
-    DecodeArgs { ptrs: [1; 13], words: [2; 12] }
+    NamedArgs::sample(&DECODE_NAMES)
 }
 
 #[cfg(test)]
