@@ -601,33 +601,16 @@ pub const BASELINE: KernelAbi = KernelAbi {
 /// [`PORTABLE_PARAMS`], every entry of the fused layer pass (`fused`) [`PORTABLE_FUSED_PARAMS`],
 /// and they launch alike; the key size and the consumer groups set its threads and shared memory.
 const fn portable_entry(entry: &'static str, key_dim: usize, groups: usize, fused: bool) -> KernelAbi {
-    use crate::layout::portable::{VN_ROW_BLOCKS, entry_smem_bytes, max_ctas_per_sm, threads, warps_per_group};
+    use crate::layout::portable::{entry_smem_bytes, threads};
     KernelAbi {
         entry,
         params: if fused { &PORTABLE_FUSED_PARAMS } else { &PORTABLE_PARAMS },
-        threads: threads(key_dim, groups),
+        threads: threads(groups),
         smem_bytes: entry_smem_bytes(key_dim, groups, fused),
-        max_registers: if warps_per_group(key_dim, groups) > VN_ROW_BLOCKS {
-            // The fused entries' shared memory (147 KB and more) leaves one CTA per SM anywhere.
-            let ctas = if fused { 1 } else { max_ctas_per_sm(key_dim, groups) };
-            registers_for(threads(key_dim, groups) * ctas)
-        } else {
-            // Four warps per group: ptxas's own choice, as measured (168 registers at most).
-            None
-        },
+        // ptxas's own choice, as measured (168 registers at most).
+        max_registers: None,
         targets: &[SM90A, SM80],
     }
-}
-
-/// Registers per thread where `threads` threads share an SM (its CTAs), at most 255 (an
-/// instruction's register field): the most that lets them all run, rounded down to the
-/// allocation's 8 (the one-group entries of eight warps: two CTAs of 288 threads, 112; the
-/// fused pass's one, 224); none where 255 each fit.
-const fn registers_for(threads: usize) -> Option<u32> {
-    const MAX_PER_THREAD: usize = 255;
-    const GRANULE: usize = 8;
-    let fit = REGISTERS_PER_SM / threads / GRANULE * GRANULE;
-    if fit < MAX_PER_THREAD { Some(fit as u32) } else { None }
 }
 
 /// The portable tensor-core kernel at `K = 64`: both products of a chunk on `mma.sync`, one CTA

@@ -397,7 +397,7 @@ pub mod baseline {
 /// One CTA per (sequence, head, block of `G * BV` value columns), with both products of a chunk
 /// on `mma.sync.m16n8k16` (bf16), in two warp roles: a **producer** warp copies each chunk's `w`,
 /// `k` and `u` rows and gate values into a ring of `STAGES` shared-memory stages with
-/// `cp.async`, while `G` **consumer groups** of `warps_per_group` warps run the chunk before it,
+/// `cp.async`, while `G` **consumer groups** of `WARPS_PER_GROUP` warps run the chunk before it,
 /// group `g` the block's columns `g * BV ..`: each of its warps holds `STATE_ROWS_PER_WARP` rows
 /// of the group's `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token
 /// rows of its `Vn` in `VN_TILES` n8 tiles of the group's columns. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
@@ -422,19 +422,12 @@ pub mod portable {
     pub const BV: usize = 32;
     /// m16 tiles of a chunk's tokens: the row blocks of `Vn` among a group's warps.
     pub const VN_ROW_BLOCKS: usize = CHUNK / MMA_M;
-    /// Consumer warps per group of the entries for key size `key_dim` and `groups` groups (the
-    /// recurrence's and the fused layer pass's alike): four (one m16 tile of `Vn`, 16 tokens,
-    /// each, and `K / 4` state rows each), or eight in the one-group entries at `K = 128` (each
-    /// warp 16 tokens of half the group's columns in `w @ S`, and in `q Γ @ S` and `P @ Vn`, and
-    /// 16 state rows: half of every warp's products, so the serially dependent chain of a chunk,
-    /// which sets those entries' pace on the H100 and H200 (bench/RESULTS.md, "The portable
-    /// kernel"), is shared by twice the warps; two CTAs of 288 threads take 112 registers each,
-    /// the fused pass's one 224, none spills). Two groups of eight warps (544 threads, 120
-    /// registers each by `.maxnreg`) compiled without spills but did not launch on the H100
-    /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`, 2026-12-07), so the two-group entries keep four.
-    pub const fn warps_per_group(key_dim: usize, groups: usize) -> usize {
-        if key_dim == 128 && groups == 1 { 2 * VN_ROW_BLOCKS } else { VN_ROW_BLOCKS }
-    }
+    /// Consumer warps per group: four, each one m16 tile of `Vn` (16 tokens) in all 32 columns
+    /// and `K / 4` state rows. Eight (each warp half a group's columns and 16 state rows, half of
+    /// every warp's share of a chunk's chain) measured slower in one-group CTAs (fixed_8192 545.3
+    /// against 378.0 us, mixed_6 568.3 against 399.1, H100, 2026-12-07) and did not launch in
+    /// two-group ones (544 threads at 120 registers; bench/RESULTS.md, "Tried and rejected").
+    pub const WARPS_PER_GROUP: usize = VN_ROW_BLOCKS;
     /// Consumer groups per CTA at most. A CTA of `G` groups runs a block of `G * BV` value
     /// columns: its groups share every chunk's `w` and `k` tiles (the bulk of the bytes), so two
     /// groups move half the `w`, `k` bytes per value column of one, where shared memory has room
@@ -457,10 +450,10 @@ pub mod portable {
         groups * warps
     }
 
-    /// Threads per CTA of the entries for `key_dim` and `groups`: the consumer groups
-    /// ([`warps_per_group`]) and the producer warp.
-    pub const fn threads(key_dim: usize, groups: usize) -> usize {
-        (groups * warps_per_group(key_dim, groups) + 1) * 32
+    /// Threads per CTA of the entries of `groups` groups: the consumer groups
+    /// ([`WARPS_PER_GROUP`] each) and the producer warp.
+    pub const fn threads(groups: usize) -> usize {
+        (groups * WARPS_PER_GROUP + 1) * 32
     }
     /// `mma.m16n8k16`'s shape.
     pub const MMA_M: usize = 16;
@@ -531,8 +524,8 @@ pub mod portable {
 
     /// The shapes and shared-memory map of the kernel for key size `K`, whose consumer warps each
     /// hold `MT` m16 tiles of state rows (a parameter of its own because an array length cannot
-    /// be computed from `K`): `K / 64` with four warps per group, `K / 128` with eight
-    /// ([`warps_per_group`]). The column block's tiles, then the ring:
+    /// be computed from `K`): `K / 64` with [`WARPS_PER_GROUP`] warps per group
+    /// (`K / (16 MT)` warps in general). The column block's tiles, then the ring:
     ///
     /// | tile | layout |
     /// |---|---|
@@ -614,7 +607,7 @@ pub mod portable {
         /// entry's instantiation).
         pub const VALID: () = {
             assert!(Self::WARPS * MMA_M * MT == K, "MT m16 tiles of state rows per warp");
-            assert!(Self::WARPS == warps_per_group(K, G), "the variant's warps");
+            assert!(Self::WARPS == WARPS_PER_GROUP, "the variant's warps");
             assert!(Self::WARPS.is_multiple_of(VN_ROW_BLOCKS) && Self::VN_TILES.is_multiple_of(N_TILES_PER_LOAD));
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
@@ -635,7 +628,7 @@ pub mod portable {
     pub const fn fused_smem_bytes(key_dim: usize, groups: usize) -> usize {
         match (key_dim, groups) {
             (64, 1) => Tiles::<64, 1, 1, true>::SMEM_BYTES,
-            (128, 1) => Tiles::<128, 1, 1, true>::SMEM_BYTES,
+            (128, 1) => Tiles::<128, 2, 1, true>::SMEM_BYTES,
             (64, _) => Tiles::<64, 1, 2, true>::SMEM_BYTES,
             _ => Tiles::<128, 2, 2, true>::SMEM_BYTES,
         }
@@ -663,7 +656,7 @@ pub mod portable {
     const fn sizes(key_dim: usize, groups: usize) -> (usize, usize) {
         match (key_dim, groups) {
             (64, 1) => (Tiles::<64, 1, 1, false>::SMEM_BYTES, Tiles::<64, 1, 1, false>::STAGES),
-            (128, 1) => (Tiles::<128, 1, 1, false>::SMEM_BYTES, Tiles::<128, 1, 1, false>::STAGES),
+            (128, 1) => (Tiles::<128, 2, 1, false>::SMEM_BYTES, Tiles::<128, 2, 1, false>::STAGES),
             (64, _) => (Tiles::<64, 1, 2, false>::SMEM_BYTES, Tiles::<64, 1, 2, false>::STAGES),
             (128, _) => (Tiles::<128, 2, 2, false>::SMEM_BYTES, Tiles::<128, 2, 2, false>::STAGES),
             _ => (Tiles::<256, 4, 1, false>::SMEM_BYTES, Tiles::<256, 4, 1, false>::STAGES),
@@ -773,11 +766,11 @@ pub mod portable {
     const _: () = assert!((empty_barrier(MAX_STAGES - 1) as usize) < 16, "16 named barriers per CTA");
     const _: [(); 9] = [
         Tiles::<64, 1, 1, true>::VALID,
-        Tiles::<128, 1, 1, true>::VALID,
+        Tiles::<128, 2, 1, true>::VALID,
         Tiles::<64, 1, 2, true>::VALID,
         Tiles::<128, 2, 2, true>::VALID,
         Tiles::<64, 1, 1, false>::VALID,
-        Tiles::<128, 1, 1, false>::VALID,
+        Tiles::<128, 2, 1, false>::VALID,
         Tiles::<256, 4, 1, false>::VALID,
         Tiles::<64, 1, 2, false>::VALID,
         Tiles::<128, 2, 2, false>::VALID,

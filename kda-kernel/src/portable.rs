@@ -110,7 +110,7 @@ macro_rules! portable_entry {
             $(#[$doc])*
             ///
             /// Grid: one CTA per worker of the pass's schedule (`work`: worker `b`'s first record
-            /// is record `b`); `layout::portable::threads(K, G)` threads;
+            /// is record `b`); `layout::portable::threads(G)` threads;
             /// `layout::portable::smem_bytes(K, G)` of dynamic shared memory.
             ///
             /// # Safety
@@ -196,7 +196,7 @@ portable_entry!(
     /// The portable tensor-core recurrence at `K = 128`, one consumer group (`abi::PORTABLE`).
     kda_fwd_h_portable,
     128,
-    1,
+    2,
     1,
     false
 );
@@ -247,7 +247,7 @@ portable_fused_entry!(
 portable_fused_entry!(
     /// The fused layer pass on the portable kernel at `K = 128` (`abi::PORTABLE_FUSED`): as
     /// [`kda_layer_fused_portable_k64`].
-    kda_layer_fused_portable, 128, 1, 1
+    kda_layer_fused_portable, 128, 2, 1
 );
 portable_fused_entry!(
     /// The fused layer pass at `K = 64`, two consumer groups (`abi::PORTABLE_FUSED_K64_WIDE`).

@@ -266,7 +266,7 @@ fn launch_portable_pass(
     let entry = portable_entry(key_dim, groups);
     let launch = Launch {
         grid: pass.workers,
-        block: portable::threads(key_dim, groups),
+        block: portable::threads(groups),
         shared_bytes: portable::smem_bytes(key_dim, groups),
     };
     // SAFETY: every buffer holds the problem's rows at these strides and the state rows the
@@ -419,7 +419,7 @@ fn run_portable_fused(
     let entry = portable_fused_entry(kd, groups);
     let launch = Launch {
         grid: pass.workers,
-        block: portable::threads(kd, groups),
+        block: portable::threads(groups),
         shared_bytes: portable::fused_smem_bytes(kd, groups),
     };
     // SAFETY: every buffer holds the layer's rows (packed) and the state rows the records name;
