@@ -181,6 +181,16 @@ fn optin_smem(arch: &str) -> usize {
     }
 }
 
+/// Shared memory per SM on `arch` (one of [`JIT_TARGETS`]): 100 KB on the sm_86, sm_89 and
+/// sm_120 parts, 164 KB on the A100, 228 KB on 9.x and sm_100.
+fn smem_per_sm(arch: &str) -> usize {
+    match arch {
+        "sm_86" | "sm_89" | "sm_120" => 100 * 1024,
+        "sm_80" => 164 * 1024,
+        _ => 228 * 1024,
+    }
+}
+
 #[test]
 fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
     let portable: Vec<_> = KERNELS.iter().filter(|k| k.targets.contains(&kda_kernel::abi::SM80)).collect();
@@ -195,9 +205,26 @@ fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
             if k.smem_bytes > optin_smem(arch) {
                 continue; // never loaded there (the launcher's `fits_device`)
             }
-            println!("{arch} {}: {} registers, {} bytes of dynamic shared memory", k.entry, r.registers, k.smem_bytes);
+            // The portable kernel's persistent grid counts on as many CTAs per SM as its layout
+            // says (`layout::portable::workers_of`): their registers must let them run at once.
+            let ctas = PORTABLE_ENTRIES
+                .iter()
+                .zip(kda_kernel::layout::portable::VARIANTS)
+                .find(|(abi, _)| abi.entry == k.entry)
+                .map_or(1, |(abi, (key_dim, groups))| {
+                    kda_kernel::layout::portable::workers_of(abi.smem_bytes, key_dim, groups, 1, smem_per_sm(arch))
+                });
+            println!(
+                "{arch} {}: {} registers, {} bytes of dynamic shared memory, {ctas} CTAs per SM",
+                k.entry, r.registers, k.smem_bytes
+            );
             assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch} {}: {r:?}", k.entry);
-            assert!(fits_sm(r.registers, k.threads, 1), "{arch} {}: {} registers", k.entry, r.registers);
+            assert!(
+                fits_sm(r.registers, k.threads, ctas),
+                "{arch} {}: {} registers for {ctas} CTAs",
+                k.entry,
+                r.registers
+            );
         }
     }
 }
