@@ -1,5 +1,5 @@
 //! `xtask ab KDA_A KDA_B ... [--shapes S,...] [--rounds N] [--repeat N] [--timeout S] [--out DIR]
-//! [--time-unchecked]`: several `kda` builds (each built from its commit and carried along) on the
+//! [--time-unchecked] [--deadline S]`: several `kda` builds (each built from its commit and carried along) on the
 //! same inputs. A shape `layer:NAME` is the whole layer on a peer shape (`kda layer --bench NAME`,
 //! random inputs of a fixed seed, each build's first run checked for finite outputs); a shape
 //! `decode:NAME` the decode step on a decode bench shape (`kda decode --bench NAME`, each build's
@@ -14,7 +14,9 @@
 //! (the build order reversed every other round), each build times each shape with
 //! `kda run --repeat N`. Prints a table of the median over rounds of each run's median and each
 //! build's ratio to the first, and writes it all to `DIR/ab.json` (default `target/ab`), every
-//! run's output to `DIR/ab.log`.
+//! run's output to `DIR/ab.log`. With `--deadline S` no timed run starts once S seconds have passed
+//! since the command began: the table then holds the rounds that ran (a GPU call of fixed length
+//! keeps its results instead of losing them to its own time limit).
 
 use crate::args::Args;
 use crate::proc::{Combined, Finished, Scratch, create_dir, describe, run_logged, tail, write_json};
@@ -25,7 +27,7 @@ use kda_cli::Progress;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const DEFAULT_SHAPES: &[&str] = &["fixed_8192", "mixed_6", "many_short", "decode_like"];
 const DEFAULT_ROUNDS: usize = 2;
@@ -50,11 +52,17 @@ struct Options {
     out: PathBuf,
     /// Time builds after the first that fail their check (`--time-unchecked`).
     time_unchecked: bool,
+    /// Start no timed run after this long since the command began (`--deadline`).
+    deadline: Option<Duration>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
-    let a =
-        Args::parse("ab", args, &["--shapes", "--rounds", "--repeat", "--timeout", "--out"], &["--time-unchecked"])?;
+    let a = Args::parse(
+        "ab",
+        args,
+        &["--shapes", "--rounds", "--repeat", "--timeout", "--out", "--deadline"],
+        &["--time-unchecked"],
+    )?;
     if a.positional.is_empty() {
         return Err("ab: name the kda binaries to compare (KDA_A KDA_B ...)".into());
     }
@@ -88,6 +96,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
         timeout: a.timeout("--timeout", DEFAULT_TIMEOUT)?,
         out: a.path("--out", "target/ab"),
         time_unchecked: a.has("--time-unchecked"),
+        deadline: match a.value("--deadline") {
+            None => None,
+            Some(_) => Some(a.timeout("--deadline", DEFAULT_TIMEOUT)?),
+        },
     })
 }
 
@@ -136,6 +148,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// under way) and the log book gathering every run's output.
 struct Ab {
     o: Options,
+    /// When the command began (`--deadline` counts from it).
+    started: Instant,
     scratch: Scratch,
     book: Combined,
     run_log: PathBuf,
@@ -161,6 +175,8 @@ struct Expected {
 struct Timing {
     times: Vec<Vec<Vec<f64>>>,
     failures: Vec<String>,
+    /// The runs not started because the deadline had passed.
+    skipped: usize,
 }
 
 impl Ab {
@@ -176,7 +192,7 @@ impl Ab {
         let scratch = Scratch::new("ab")?;
         let book = Combined::create(o.out.join("ab.log"))?;
         let run_log = scratch.join("run.log");
-        Ok(Self { o, scratch, book, run_log })
+        Ok(Self { o, started: Instant::now(), scratch, book, run_log })
     }
 
     /// Runs `cmd` under `limit` and adds its output to the book as run `name`.
@@ -277,16 +293,27 @@ impl Ab {
     /// Times the builds `timed` on every shape, round by round, the order reversed every other
     /// round.
     fn time(&self, timed: &[usize]) -> Result<Timing, String> {
-        let mut timing =
-            Timing { times: vec![vec![Vec::new(); self.o.builds.len()]; self.o.shapes.len()], failures: Vec::new() };
+        let mut timing = Timing {
+            times: vec![vec![Vec::new(); self.o.builds.len()]; self.o.shapes.len()],
+            failures: Vec::new(),
+            skipped: 0,
+        };
         let progress = Progress::new("ab", self.o.rounds * self.o.shapes.len() * timed.len());
         for round in 0..self.o.rounds {
             let order: Vec<usize> = if round % 2 == 0 { timed.to_vec() } else { timed.iter().rev().copied().collect() };
             for s in 0..self.o.shapes.len() {
                 for &i in &order {
-                    self.time_run((round, s, i), &mut timing, &progress)?;
+                    if past(self.o.deadline, self.started.elapsed()) {
+                        timing.skipped += 1;
+                        progress.skip(1);
+                    } else {
+                        self.time_run((round, s, i), &mut timing, &progress)?;
+                    }
                 }
             }
+        }
+        if timing.skipped > 0 {
+            progress.out(&format!("--deadline passed: {} timed run(s) not started", timing.skipped));
         }
         Ok(timing)
     }
@@ -348,7 +375,7 @@ impl Ab {
         let doc = json!({
             "builds": self.build_records(&checks.passed), "rounds": self.o.rounds, "repeat": self.o.repeat,
             "seed": shapes::INPUT_SEED, "shapes": self.shape_records(&timing.times, &medians),
-            "checks": checks.records, "failures": timing.failures,
+            "checks": checks.records, "failures": timing.failures, "skipped_at_deadline": timing.skipped,
         });
         let path = self.o.out.join("ab.json");
         write_json(&path, &doc)?;
@@ -377,6 +404,11 @@ impl Ab {
             .map(|(i, b)| json!({ "label": label(i), "path": b.display().to_string(), "check": passed[i] }))
             .collect()
     }
+}
+
+/// Whether a `deadline` (none: never) has passed after `elapsed`.
+fn past(deadline: Option<Duration>, elapsed: Duration) -> bool {
+    deadline.is_some_and(|d| elapsed >= d)
 }
 
 /// The outcome: an error naming the builds that failed their check, else one naming the timed
@@ -462,7 +494,13 @@ mod tests {
         assert_eq!((o.rounds, o.repeat, o.timeout), (2, 100, DEFAULT_TIMEOUT));
         assert_eq!(o.out, PathBuf::from("target/ab"));
         assert!(!o.time_unchecked);
+        assert_eq!(o.deadline, None);
         assert!(parse(&strings(&["a/kda", "b/kda", "--time-unchecked"])).unwrap().time_unchecked);
+        let o = parse(&strings(&["a/kda", "--deadline", "120"])).unwrap();
+        assert_eq!(o.deadline, Some(Duration::from_secs(120)));
+        assert!(parse(&strings(&["a/kda", "--deadline", "0"])).is_err());
+        assert!(past(o.deadline, Duration::from_secs(120)) && !past(o.deadline, Duration::from_secs(119)));
+        assert!(!past(None, Duration::from_secs(1 << 40)));
         let o = parse(&strings(&[
             "a/kda",
             "--shapes",

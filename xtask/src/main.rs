@@ -41,7 +41,7 @@ usage: cargo xtask <command> [options]   (on a GPU machine without Rust: target/
                                         variant (`kda run`, `kda layer`, the suite's sanitizer_workload); --tools: a subset, --only: the cases
                                         whose name contains one of S (_wide _narrow _split _portable_kernel _baseline _layer gpu_);
                                         a table of the summaries; logs in DIR (target/sanitize)
-  ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR]   GPU: checks kda builds against the f64 reference, then times them round by round; ab.json, ab.log in DIR (target/ab)
+  ab KDA... [--shapes A,B] [--rounds N] [--repeat N] [--timeout S] [--out DIR] [--time-unchecked] [--deadline S]   GPU: checks kda builds against the f64 reference, then times them round by round (none started after S seconds); ab.json, ab.log in DIR (target/ab)
   gpu-session [--out DIR] [--quick]     GPU: nvidia-smi, suite, demo, PyTorch round trip, bench, sanitize (--quick: suite, bench); session.log, results.json in DIR (target/gpu-session)
 GPU commands find kda and gpu next to this executable, or in --bundle DIR. Shapes (H = 64 unless said):
   fixed_8192 mixed_6 fixed_32k many_short tiny random_ragged_32k decode_like ragged_many (8 ragged lengths, H = 32)
