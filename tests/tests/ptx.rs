@@ -171,16 +171,6 @@ fn every_portable_kernel_fits_every_sm80_gpu() {
 /// L4 / L40S / RTX 40xx, H100 / H200, B200, RTX 50xx.
 const JIT_TARGETS: [&str; 6] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"];
 
-/// Dynamic shared memory a CTA may opt in to on `arch` (one of [`JIT_TARGETS`]): 99 KB on the
-/// sm_86, sm_89 and sm_120 parts, 163 KB on the A100, 227 KB on 9.x and sm_100.
-fn optin_smem(arch: &str) -> usize {
-    match arch {
-        "sm_86" | "sm_89" | "sm_120" => 99 * 1024,
-        "sm_80" => 163 * 1024,
-        _ => 227 * 1024,
-    }
-}
-
 /// Shared memory per SM on `arch` (one of [`JIT_TARGETS`]): 100 KB on the sm_86, sm_89 and
 /// sm_120 parts, 164 KB on the A100, 228 KB on 9.x and sm_100.
 fn smem_per_sm(arch: &str) -> usize {
@@ -189,6 +179,12 @@ fn smem_per_sm(arch: &str) -> usize {
         "sm_80" => 164 * 1024,
         _ => 228 * 1024,
     }
+}
+
+/// Dynamic shared memory a CTA may opt in to on `arch`: the SM's less what the driver reserves
+/// per CTA (99 KB, 163 KB, 227 KB).
+fn optin_smem(arch: &str) -> usize {
+    smem_per_sm(arch) - kda_kernel::layout::portable::RESERVED_SMEM_PER_CTA
 }
 
 #[test]
@@ -241,7 +237,8 @@ fn baseline_sass_uses_the_hardware_conversions() {
     assert!(!code.contains("CALL."), "baseline SASS holds a call");
 }
 
-/// A portable consumer warp's share of a chunk at key size `key_dim`: its n8 tiles of the group's four in `Vn` (and `o`), and its m16 tiles of state rows.
+/// A portable consumer warp's share of a chunk at key size `key_dim`: its n8 tiles of the group's
+/// four in `Vn` (and `o`), and its m16 tiles of state rows.
 fn warp_share(key_dim: usize) -> (usize, usize) {
     use kda_kernel::layout::portable::{MMA_M, N_TILES, VN_ROW_BLOCKS, WARPS_PER_GROUP};
     let warps = WARPS_PER_GROUP;
