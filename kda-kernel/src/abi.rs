@@ -754,11 +754,10 @@ pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// Register budget of the decode step: three CTAs of 256 threads per SM, 3 x 256 x 80 = 61440
-/// registers, so that three CTAs' states (96 KB) are in flight per SM; ptxas spills a few words
-/// of the token loop's and the tree path's bookkeeping at 80 (the PTX test bounds it). Against
-/// 128 registers (two CTAs) on the H200: 15% faster on verify, up to 3% on one-token steps.
-pub const DECODE_MAX_REGISTERS: u32 = 80;
+/// Register budget of the decode step: four CTAs of 128 threads per SM, 4 x 128 x 128 = 65536
+/// registers (four warps in each quarter of the register file), so that four CTAs' states (128
+/// KB, 64 values per thread) are in flight per SM.
+pub const DECODE_MAX_REGISTERS: u32 = 128;
 
 /// 32-bit registers of an SM on every sm_80+ GPU.
 pub const REGISTERS_PER_SM: usize = 65536;

@@ -3,10 +3,12 @@
 //! from its slot of a caller's pool and written back in place, or each token's state into a slot
 //! of its own.
 //!
-//! One CTA per (sequence, value head, block of `COLS` value columns). Each thread holds `VEC`
-//! consecutive columns of `K / KEY_GROUPS` consecutive keys of the state in registers, loaded and
-//! stored as one vector per key row, so each half-warp reads and writes 256 contiguous bytes of a
-//! row of the pool. Per token, with the layer's options applied to its inputs:
+//! One CTA per (sequence, value head, block of `COLS` value columns); each warp holds every key
+//! of its own `WARP_COLS` columns. Each thread holds `VEC` consecutive columns of `K / KEY_LANES`
+//! keys of the state in registers (vectors of `KEY_VECTOR` keys, interleaved with the warp's
+//! other key lanes), loaded and stored as one vector per key row, so each quarter-warp reads and
+//! writes 64 contiguous bytes of a row of the pool. Per token, with the layer's options applied
+//! to its inputs:
 //!
 //! ```text
 //! S = diag(exp(g)) S;   delta = beta (v - S^T k);   S += k delta^T;   o = scale S^T q
@@ -14,14 +16,13 @@
 //!
 //! with `o` taken as `scale (S^T q + delta (k . q))` from the decayed `S`, so that one pass over
 //! the state gives every sum the token needs: `S^T k`, `S^T q`, and the norms `q . q`, `k . k` and
-//! `k . q` (the L2 norms scale the sums afterwards). The two halves of a warp add theirs by a
-//! shuffle, the warps theirs in shared memory, where warp 0 alone (a lane per column vector and
-//! half of the warps, the halves then added by a shuffle) adds the warps' sums and forms the
-//! token's delta and output, handing delta back through shared memory: the sums are read by 32
-//! threads per token, not 256. Every token's rows are
-//! copied to shared memory (`cp.async`) under the state's loads and converted once, so a CTA
-//! waits for memory once per call, not once per token, and a token then costs two CTA barriers
-//! (the sums, then the deltas). A sequence's tokens form a
+//! `k . q` (the L2 norms scale the sums afterwards). The warp's key lanes add theirs by butterfly
+//! shuffles, after which every lane holds its columns' whole sums and forms their delta (and,
+//! on the first key lane, the output) itself: a token's sums never leave the warp. Every token's
+//! rows are copied to shared memory (`cp.async`) under the state's loads and converted once, so a
+//! CTA waits for memory once per call, not once per token, and a token then costs no CTA barrier
+//! at all (against two, the sums and the deltas, when the warps split the keys: verify 0.875x of
+//! that time on the H100, one-token steps within 1%). A sequence's tokens form a
 //! chain (each continues from the previous one) or, with `parents`, a tree: a token continues from
 //! its parent's state, which the CTA rebuilds from the sequence's initial state (read again from
 //! its slot) along the parent's ancestors whenever the parent is not the token just run. Every
@@ -33,14 +34,13 @@
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
     ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
-    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x_fresh,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
-    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_GROUPS, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD,
-    DELTAS_AT, RAW_AT, RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, SUMS_AT, VEC,
-    WARP_SUM_WORDS, WARPS,
+    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
+    RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
@@ -154,8 +154,6 @@ kernel_entry! {
             }
             token.stage_raw(d, scalars);
             let mut current = -1i64;
-            // Which of the two shared buffers of partial sums the next `step` writes.
-            let mut parity = 0;
             for t in 0..d {
                 let row = n * d + t;
                 let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
@@ -184,9 +182,9 @@ kernel_entry! {
                 // path from the root (one call site of `step`: the kernel keeps one copy of it).
                 for u in 0..=t {
                     if run & (1 << u) != 0 {
-                        token.step(n * d + u, Some(u), &mut s, u == t, parity);
+                        // (A staged token uses no loading stage: parity 0.)
+                        token.step(n * d + u, Some(u), &mut s, u == t, 0);
                         token.as_stored(&mut s);
-                        parity ^= 1;
                     }
                 }
                 current = t as i64;
@@ -364,32 +362,29 @@ struct Token {
     scale: f32,
 }
 
-/// A thread's place: its warp, its lane's column vector and key half, and so its group of keys,
-/// read afresh from `%tid.x` by each use (`thread_idx_x_fresh`), so that the compiler recomputes
-/// the addresses derived from it per token instead of keeping all of them in registers across
-/// the token loop.
+/// A thread's place: its column vector in the block (its warp's, then its lane's among the
+/// warp's) and its key lane, read afresh from `%tid.x` by each use (`thread_idx_x_fresh`), so
+/// that the compiler recomputes the addresses derived from it per token instead of keeping all of
+/// them in registers across the token loop.
 struct Place {
-    warp: usize,
-    /// The lane's vector of `VEC` columns in the block.
+    /// The thread's vector of `VEC` columns in the block.
     col_lane: usize,
-    /// The lane's half of the warp (its keys).
+    /// The thread's lane along the keys: its keys are vectors `key_lane`, `key_lane +
+    /// KEY_LANES`, ... of `KEY_VECTOR` keys ([`Place::key`]).
     key_lane: usize,
-    /// `warp * KEY_LANES + key_lane`: the thread's keys are `group * K / KEY_GROUPS ..` onwards.
-    group: usize,
 }
 
 impl Place {
-    /// Whether this thread reduces a token's sums for its column vector (and forms its delta
-    /// and output): warp 0, each half of it over half of the warps' sums.
-    fn is_reducer(&self) -> bool {
-        self.warp == 0
-    }
-
     fn fresh() -> Self {
         let tid = thread_idx_x_fresh();
         let (warp, lane) = (tid / 32, tid % 32);
-        let key_lane = lane / COL_LANES;
-        Self { warp, col_lane: lane % COL_LANES, key_lane, group: warp * KEY_LANES + key_lane }
+        Self { col_lane: warp * COL_LANES + lane % COL_LANES, key_lane: lane / COL_LANES }
+    }
+
+    /// The thread's key `t` (of `K / KEY_LANES`): the key lanes' vectors interleave, so that a
+    /// warp's lanes read `KEY_LANES` consecutive 16-byte vectors of a staged row at once.
+    fn key(&self, t: usize) -> usize {
+        (t / KEY_VECTOR * KEY_LANES + self.key_lane) * KEY_VECTOR + t % KEY_VECTOR
     }
 }
 
@@ -404,14 +399,21 @@ fn floats4(w: [u32; 4]) -> [f32; 4] {
     w.map(f32::from_bits)
 }
 
-/// The sum of `x` over the warp's two key halves (lanes `COL_LANES` apart).
+/// The sum of `x` over the warp's `KEY_LANES` key lanes (lanes `COL_LANES` apart), by
+/// butterfly shuffles: every lane ends with the sum.
 ///
 /// # Safety
 /// The whole warp calls it together.
 #[inline(always)]
-unsafe fn add_halves(x: f32) -> f32 {
-    // SAFETY: the caller's contract.
-    x + f32::from_bits(unsafe { shfl_xor(x.to_bits(), COL_LANES as u32) })
+unsafe fn add_key_lanes(x: f32) -> f32 {
+    let mut x = x;
+    let mut apart = COL_LANES;
+    while apart < 32 {
+        // SAFETY: the caller's contract.
+        x += f32::from_bits(unsafe { shfl_xor(x.to_bits(), apart as u32) });
+        apart *= 2;
+    }
+    x
 }
 
 /// A key's gate scalars, as [`Token::gate_scalars`] loads them: the value head's raw `A_log`
@@ -422,8 +424,8 @@ struct GateScalars {
     bias: f32,
 }
 
-/// Where a token's reducers read its `v` and `beta`: the draft token's raw slot (shared
-/// address), or values loaded from memory before the token's first barrier.
+/// Where a token's threads read its `v` and `beta`: the draft token's raw slot (shared
+/// address), or values loaded from memory before the token's barrier.
 #[derive(Clone, Copy)]
 enum Inputs {
     Staged(u32),
@@ -477,7 +479,7 @@ impl Token {
 
     /// Keys per thread.
     fn keys(&self) -> usize {
-        self.kd / KEY_GROUPS
+        self.kd / KEY_LANES
     }
 
     /// The element offset of this thread's first column in key row `key` of the head's state in
@@ -515,7 +517,7 @@ impl Token {
             for (t, row) in s.iter_mut().enumerate() {
                 if t < self.keys() {
                     for (x, value) in row.iter_mut().enumerate() {
-                        let e = self.value_first_offset(slot, x, at.group * self.keys() + t, &at);
+                        let e = self.value_first_offset(slot, x, at.key(t), &at);
                         // SAFETY: the key row is below `kd` and the column below `vd`.
                         *value = unsafe {
                             if bf16 { bf16_to_f32(*(pool as *const u16).add(e)) } else { *pool.add(e) }
@@ -526,7 +528,7 @@ impl Token {
         } else {
             for (t, row) in s.iter_mut().enumerate() {
                 if t < self.keys() {
-                    *row = vector(self.state_offset(slot, at.group * self.keys() + t, &at));
+                    *row = vector(self.state_offset(slot, at.key(t), &at));
                 }
             }
         }
@@ -555,7 +557,7 @@ impl Token {
             for (t, row) in s.iter().enumerate() {
                 if t < self.keys() {
                     for (x, &value) in row.iter().enumerate() {
-                        let e = self.value_first_offset(slot, x, at.group * self.keys() + t, &at);
+                        let e = self.value_first_offset(slot, x, at.key(t), &at);
                         // SAFETY: as in `load`.
                         unsafe {
                             if self.bf16_pool {
@@ -570,7 +572,7 @@ impl Token {
         } else {
             for (t, row) in s.iter().enumerate() {
                 if t < self.keys() {
-                    vector(self.state_offset(slot, at.group * self.keys() + t, &at), *row);
+                    vector(self.state_offset(slot, at.key(t), &at), *row);
                 }
             }
         }
@@ -708,9 +710,11 @@ impl Token {
 
     /// One token (row `row` of the tensors) through the state `s`: decay, the delta rule's
     /// update, and, when `write_o`, the output row. Its inputs come from draft token `staged`'s
-    /// stage and raw slot when given (staged by [`Token::stage_raw`]: two CTA barriers), else from
-    /// memory through stage `parity` (three barriers); every thread calls it, with `parity`
-    /// alternating between consecutive calls.
+    /// stage and raw slot when given (staged by [`Token::stage_raw`]: no barrier), else from
+    /// memory through stage `parity` (one CTA barrier); every thread calls it, with `parity`
+    /// alternating between consecutive loaded tokens. A token's sums over the keys stay inside each warp
+    /// (its lanes hold every key of the warp's columns): every lane ends with its columns' sums
+    /// and forms their delta itself.
     ///
     /// # Safety
     /// As the kernel's: `row` is a row of every tensor; a `staged` token is staged.
@@ -721,20 +725,17 @@ impl Token {
         // SAFETY (block): the kernel's contract; the vectors' offsets are multiples of `VEC`
         // (`col0` and `V` are), shared indices below `SMEM_WORDS`.
         unsafe {
-            // Shared addresses (32-bit, `.shared` window) of this token's stage (`q`, `k`, decay)
-            // and of its partial sums.
-            let base = smem_base_shared();
             let word = |x: usize| (x * 4) as u32;
-            let sums = base + word(SUMS_AT + parity * WARPS * WARP_SUM_WORDS);
-            let deltas = base + word(DELTAS_AT);
             let at = Place::fresh();
             let c = self.col0 + VEC * at.col_lane;
-            // The reducer's `v` and `beta`: from the raw slot when staged, else from memory.
-            let (stage, reducer_inputs) = match staged {
+            // `v` and `beta`: from the raw slot when staged, else from memory.
+            let (stage, inputs) = match staged {
                 Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
-                    // The token's q, k and decay staged (one key per thread), and a reducer's v
-                    // and beta, all loads issued before any wait.
+                    // The token's q, k and decay staged (one key per thread), and this thread's
+                    // v and beta, all loads issued before the wait. The stage is rewritten two
+                    // tokens on, after the next token's barrier, which every thread reaches only
+                    // after reading this one.
                     let stage = stage_of(parity);
                     let tid = thread_idx_x_fresh();
                     if tid < kd {
@@ -743,12 +744,8 @@ impl Token {
                         let raw = *self.g.add(value_row * self.gw + self.gate_column(tid));
                         self.stage_key(stage, tid, q, k, raw, self.gate_scalars(tid));
                     }
-                    let loaded = if at.is_reducer() {
-                        let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-                        Inputs::Loaded(v, *self.beta.add(value_row))
-                    } else {
-                        Inputs::Loaded([0.0; VEC], 0.0)
-                    };
+                    let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
+                    let loaded = Inputs::Loaded(v, *self.beta.add(value_row));
                     sync_threads();
                     (stage, loaded)
                 }
@@ -757,12 +754,11 @@ impl Token {
 
             // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
             // its keys' staged values read four at a time.
-            let key0 = at.group * keys;
             let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
             let (mut nq, mut nk, mut kq) = (0.0, 0.0, 0.0);
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
-                    let at_key = word(key0 + KEY_VECTOR * quad);
+                    let at_key = word(at.key(KEY_VECTOR * quad));
                     let q4 = floats4(ld_shared_v4(qs + at_key));
                     let k4 = floats4(ld_shared_v4(ks + at_key));
                     let d4 = floats4(ld_shared_v4(decays + at_key));
@@ -779,84 +775,40 @@ impl Token {
                     }
                 }
             }
-            // The warp's two key halves, then the warps through shared memory.
+            // The sums over the warp's key lanes: every lane has its columns' whole sums.
             for col in 0..VEC {
-                sk[col] = add_halves(sk[col]);
-                sq[col] = add_halves(sq[col]);
+                sk[col] = add_key_lanes(sk[col]);
+                sq[col] = add_key_lanes(sq[col]);
             }
-            let (nq, nk, kq) = (add_halves(nq), add_halves(nk), add_halves(kq));
-            if at.key_lane == 0 {
-                let mine = sums + word(at.warp * WARP_SUM_WORDS);
-                st_shared_v4(mine + word(VEC * at.col_lane), sk.map(f32::to_bits));
-                st_shared_v4(mine + word(COLS + VEC * at.col_lane), sq.map(f32::to_bits));
-                if at.col_lane == 0 {
-                    st_shared_v4(mine + word(2 * COLS), [nq, nk, kq, 0.0].map(f32::to_bits));
+            let (nq, nk, kq) = (add_key_lanes(nq), add_key_lanes(nk), add_key_lanes(kq));
+            let (v, b_raw) = match inputs {
+                Inputs::Staged(raw) => {
+                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                    (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
                 }
+                Inputs::Loaded(v, b_raw) => (v, b_raw),
+            };
+            let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
+                (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
+            } else {
+                (1.0, 1.0)
+            };
+            let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
+            // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
+            let kq = kq * k_scale * q_scale;
+            let mut out = [0.0f32; VEC];
+            let mut delta = [0.0f32; VEC];
+            for col in 0..VEC {
+                delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
+                out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
             }
-            sync_threads();
-            let at = Place::fresh();
-            if at.is_reducer() {
-                // The warps' partial sums of this thread's columns added, the token's delta and
-                // output formed, and delta and the key scale handed to every thread.
-                let (v, b_raw) = match reducer_inputs {
-                    Inputs::Staged(raw) => {
-                        let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
-                        (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
-                    }
-                    Inputs::Loaded(v, b_raw) => (v, b_raw),
-                };
-                // Each half of the warp adds half of the warps' sums, then the halves theirs.
-                let (mut sk, mut sq) = ([0.0f32; VEC], [0.0f32; VEC]);
-                let mut norms = [0.0f32; 4];
-                for x in 0..WARPS / KEY_LANES {
-                    let theirs = sums + word((at.key_lane * (WARPS / KEY_LANES) + x) * WARP_SUM_WORDS);
-                    let (k4, q4) =
-                        (ld_shared_v4(theirs + word(VEC * at.col_lane)), ld_shared_v4(theirs + word(COLS + VEC * at.col_lane)));
-                    let n4 = floats4(ld_shared_v4(theirs + word(2 * COLS)));
-                    for col in 0..VEC {
-                        sk[col] += f32::from_bits(k4[col]);
-                        sq[col] += f32::from_bits(q4[col]);
-                        norms[col] += n4[col];
-                    }
-                }
-                for col in 0..VEC {
-                    sk[col] = add_halves(sk[col]);
-                    sq[col] = add_halves(sq[col]);
-                }
-                let [nq, nk, kq, _] = norms.map(|x| add_halves(x));
-                let (q_scale, k_scale) = if self.options & OPT_L2NORM != 0 {
-                    (rsqrt_approx(nq + L2NORM_EPS), rsqrt_approx(nk + L2NORM_EPS))
-                } else {
-                    (1.0, 1.0)
-                };
-                let strength_beta = if self.options & OPT_BETA_SIGMOID != 0 { sigmoid(b_raw) } else { b_raw };
-                // o = scale (S^T q + delta (k . q)) from the decayed S, q and k normalised.
-                let kq = kq * k_scale * q_scale;
-                let mut out = [0.0f32; VEC];
-                let mut delta = [0.0f32; VEC];
-                for col in 0..VEC {
-                    delta[col] = strength_beta * (v[col] - k_scale * sk[col]);
-                    out[col] = self.scale * fma_f32(delta[col], kq, q_scale * sq[col]);
-                }
-                if at.key_lane == 0 {
-                    st_shared_v4(deltas + word(VEC * at.col_lane), delta.map(f32::to_bits));
-                    if at.col_lane == 0 {
-                        st_shared_f32(deltas + word(COLS), k_scale);
-                    }
-                }
-                if write_o && at.key_lane == 0 {
-                    let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
-                    st_global_v2(self.o.add(value_row * vd + self.col0 + VEC * at.col_lane) as *mut u32, w);
-                }
+            if write_o && at.key_lane == 0 {
+                let w = [pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3])];
+                st_global_v2(self.o.add(value_row * vd + c) as *mut u32, w);
             }
-            sync_threads();
-            let at = Place::fresh();
-            let delta = floats4(ld_shared_v4(deltas + word(VEC * at.col_lane)));
-            let k_scale = ld_shared_f32(deltas + word(COLS));
-            let key0 = at.group * keys;
             for quad in 0..MAX_KEYS_PER_THREAD / KEY_VECTOR {
                 if quad < keys / KEY_VECTOR {
-                    let k4 = floats4(ld_shared_v4(ks + word(key0 + KEY_VECTOR * quad)));
+                    let k4 = floats4(ld_shared_v4(ks + word(at.key(KEY_VECTOR * quad))));
                     for x in 0..KEY_VECTOR {
                         for (col, state) in s[KEY_VECTOR * quad + x].iter_mut().enumerate() {
                             *state = fma_f32(k4[x] * k_scale, delta[col], *state);
@@ -864,12 +816,6 @@ impl Token {
                     }
                 }
             }
-            // Between tokens: the next token's partial sums go to the other buffer, and these
-            // are rewritten two tokens on, after the next token's barrier, which every reader of
-            // these passes after reading them; the deltas are rewritten by the next token's
-            // reducers after its first barrier, which every thread reaches only after reading
-            // these; a staged token's stage is only read from here on, and a loaded token's is
-            // rewritten two tokens on, after the same barrier.
         }
     }
 }

@@ -271,31 +271,35 @@ pub mod layer {
 }
 
 /// Sizes of the decode step (`kda_decode_step`): one CTA per (sequence, value head, block of
-/// `COLS` value columns); a warp per quarter of the keys, a lane per column.
+/// `COLS` value columns); each warp holds every key of its own `WARP_COLS` columns, so that a
+/// token's sums over the keys stay inside the warp (shuffles, no shared memory, no CTA barrier).
 pub mod decode {
     /// State columns per thread: one 16-byte vector of f32 (8 bytes of a bf16 pool).
     pub const VEC: usize = 4;
-    /// Lanes along a row of the state: a half-warp reads 256 contiguous bytes of an f32 row.
-    pub const COL_LANES: usize = 16;
-    /// Value columns per CTA: the column lanes' vectors. Two CTAs per (sequence, head) at
-    /// V = 128, so that 64 sequences of 32 heads give 4096 CTAs.
-    pub const COLS: usize = COL_LANES * VEC;
-    /// Lanes of a warp along the keys (the warp's two halves hold different keys).
+    /// Lanes of a warp along a row of the state: 64 contiguous bytes of an f32 row each.
+    pub const COL_LANES: usize = 4;
+    /// Value columns per warp: its column lanes' vectors.
+    pub const WARP_COLS: usize = COL_LANES * VEC;
+    /// Lanes of a warp along the keys: a token's sums take `log2(KEY_LANES)` shuffles.
     pub const KEY_LANES: usize = 32 / COL_LANES;
-    /// Warps per CTA: 256 threads, 32 state values each at K = 128, so that the registers of
-    /// three CTAs per SM (`abi::DECODE_MAX_REGISTERS`) hold 96 KB of states in flight.
-    pub const WARPS: usize = 8;
+    /// Warps per CTA: 128 threads, 64 state values each at K = 128, so that the registers of
+    /// four CTAs per SM (`abi::DECODE_MAX_REGISTERS`) hold 128 KB of states in flight.
+    pub const WARPS: usize = 4;
+    /// Value columns per CTA: the warps' columns. Two CTAs per (sequence, head) at V = 128, so
+    /// that 64 sequences of 32 heads give 4096 CTAs.
+    pub const COLS: usize = WARPS * WARP_COLS;
     /// Threads per CTA.
     pub const THREADS: usize = 32 * WARPS;
     /// CTAs of the decode step resident per SM, as its register budget allows
     /// (`abi::DECODE_MAX_REGISTERS`).
-    pub const CTAS_PER_SM: usize = 3;
-    /// Groups of keys, one per (warp, key lane): each thread holds `K / KEY_GROUPS` consecutive
-    /// keys of its `VEC` columns.
-    pub const KEY_GROUPS: usize = KEY_LANES * WARPS;
+    pub const CTAS_PER_SM: usize = 4;
+    /// Groups of keys, one per key lane: each thread holds `K / KEY_GROUPS` keys of its `VEC`
+    /// columns, in vectors of `KEY_VECTOR` interleaved with the other key lanes' (a warp's
+    /// lanes read `KEY_LANES` consecutive vectors of the staged `q`, `k` and decay at once).
+    pub const KEY_GROUPS: usize = KEY_LANES;
     /// Keys per shared-memory vector read of the staged `q`, `k` and decay (16 bytes).
     pub const KEY_VECTOR: usize = 4;
-    /// The key sizes the kernel runs are multiples of this (64): each key group holds the same
+    /// The key sizes the kernel runs are multiples of this (32): each key group holds the same
     /// number of keys, whole vectors of them.
     pub const K_MULTIPLE: usize = KEY_GROUPS * KEY_VECTOR;
     /// The largest key size the registers hold (`MAX_K / KEY_GROUPS` keys per thread).
@@ -304,10 +308,6 @@ pub mod decode {
     pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
     /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
     pub const STAGE_WORDS: usize = 3 * MAX_K;
-    /// f32 words a warp adds to a token's shared partial sums: `S^T k` and `S^T q` over its keys
-    /// for the CTA's columns, then `q . q`, `k . k` and `k . q` over its keys, and one word to
-    /// keep the next warp's vectors 16-byte aligned.
-    pub const WARP_SUM_WORDS: usize = 2 * COLS + 4;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
     /// token's path from the initial state is a bit mask over the sequence's tokens in one
     /// register, and a path has at most this many steps.
@@ -327,18 +327,11 @@ pub mod decode {
     /// Bytes of one token's raw inputs.
     pub const RAW_TOKEN_BYTES: usize = RAW_BETA + COPY_BYTES;
     /// Offsets in f32 words: every draft token's staged `q`, `k` and decay (converted once, at
-    /// the start, so that a token then waits on barriers, not on memory), two buffers of
-    /// partial sums (tokens alternate between them: a token's sums are rewritten two tokens
-    /// later, after a barrier every reader of them has passed), the token's delta per column
-    /// and its key scale (written by the reducers, read by every thread), every draft token's
-    /// raw inputs.
+    /// the start, so that a token then waits on nothing but its warp's shuffles), every draft
+    /// token's raw inputs.
     pub const STAGES_AT: usize = 0;
-    pub const SUMS_AT: usize = STAGES_AT + MAX_DRAFT * STAGE_WORDS;
-    pub const DELTAS_AT: usize = SUMS_AT + 2 * WARPS * WARP_SUM_WORDS;
-    /// f32 words of the deltas: one per column and the key scale, padded to a 16-byte vector.
-    pub const DELTA_WORDS: usize = COLS + 4;
-    pub const RAW_AT: usize = DELTAS_AT + DELTA_WORDS;
-    /// f32 words of shared memory: 30 KB, three CTAs per SM on every sm_80+ GPU.
+    pub const RAW_AT: usize = STAGES_AT + MAX_DRAFT * STAGE_WORDS;
+    /// f32 words of shared memory: 21 KB, four CTAs per SM on every sm_80+ GPU.
     pub const SMEM_WORDS: usize = RAW_AT + MAX_DRAFT * RAW_TOKEN_BYTES / 4;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
@@ -349,9 +342,8 @@ pub mod decode {
 
     const _: () = {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
-        assert!(DELTAS_AT.is_multiple_of(4) && DELTA_WORDS.is_multiple_of(4), "deltas read as 16-byte vectors");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
-        assert!(CTAS_PER_SM * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "three CTAs per SM on sm_86 and sm_89");
+        assert!(CTAS_PER_SM * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "four CTAs per SM on sm_86 and sm_89");
     };
 }
 

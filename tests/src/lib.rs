@@ -797,6 +797,8 @@ pub fn decode_cases() -> Vec<DecodeCase> {
         (LayerKind::Kda, 1, 2, 64, 64, GateInput::Log, false),
         (LayerKind::Gdn, 1, 2, 128, 128, GateInput::Softplus, true),
         (LayerKind::Gdn, 2, 4, 64, 192, GateInput::Log, false),
+        // K = 96: three vectors of keys per key lane.
+        (LayerKind::Kda, 1, 1, 96, 64, GateInput::Softplus, true),
     ];
     let mut out = Vec::new();
     for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {

@@ -19,8 +19,10 @@ use std::process::Command;
 /// CTAs of the baseline each SM should hold at once (the tiles are sized for two).
 const BASELINE_CTAS_PER_SM: usize = 2;
 /// Bytes the decode step may spill under its register budget: a few words of the token loop's
-/// and the tree's rebuild path's bookkeeping; never the state, which is 128 bytes per thread.
-const DECODE_SPILL_LIMIT: usize = 64;
+/// and the tree's rebuild path's bookkeeping (ptxas for sm_80 to sm_89 spills 28 to 32 bytes of
+/// 64-bit row offsets at 128 registers, 52 to 68 reloaded; for sm_90 and later none); never the
+/// state, which is 256 bytes per thread.
+const DECODE_SPILL_LIMIT: usize = 96;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -118,8 +120,9 @@ fn the_register_rule_agrees_with_the_driver() {
     let most = |registers: usize| (1..=32).filter(|&w| fits_sm(registers, 32 * w, 1)).max().unwrap_or(0) * 32;
     assert_eq!([most(119), most(120), most(130), most(168)], [512, 512, 384, 384]);
     assert!(!fits_sm(120, 544, 1), "the launch the H100 refused");
-    assert!(fits_sm(80, 256, 3) && !fits_sm(80, 256, 4), "the decode step: three CTAs at 80, a fourth needs 64");
+    assert!(fits_sm(80, 256, 3) && !fits_sm(80, 256, 4), "three CTAs of 256 threads at 80, a fourth needs 64");
     assert!(fits_sm(64, 256, 4));
+    assert!(fits_sm(128, 128, 4) && !fits_sm(136, 128, 4), "the decode step: four CTAs of 128 threads at 128");
 }
 
 #[test]
@@ -461,9 +464,9 @@ fn entry_directives_match_the_abi() {
     }
 }
 
-/// The decode step and the checkpoint kernel on every GPU they serve: three CTAs per SM under
+/// The decode step and the checkpoint kernel on every GPU they serve: four CTAs per SM under
 /// their register budget, at most a few words spilled, and in the SASS the state's vector loads
-/// and stores, the warp's shuffles and their barriers.
+/// and stores, the warp's shuffles (a token's sums) and their barriers.
 #[test]
 fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
     assert!(fits_sm(DECODE_MAX_REGISTERS as usize, DECODE.threads, decode::CTAS_PER_SM));
@@ -472,9 +475,9 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
         let (cubin, report) = assemble_as(ptx, arch, &format!("decode-{arch}"));
         let code = sass(&cubin);
         // Once each in the code: the decode step's two barriers of staging every token's
-        // copied rows and a token's two (its partial sums, its deltas); the checkpoint kernel's
-        // three per token (its loaded inputs, its partial sums, its deltas).
-        for (abi, barriers) in [(&DECODE, 4), (&ADVANCE, 3)] {
+        // copied rows (a token's sums stay inside each warp: no barrier of its own); the
+        // checkpoint kernel's one per token (its loaded inputs).
+        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 1)] {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}", abi.entry);
             assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);

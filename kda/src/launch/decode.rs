@@ -523,7 +523,12 @@ mod tests {
         assert!(decode_supports(&ok, &pool(&ok, StateLayout::ValueFirst)).is_ok());
         assert_eq!(refused(shape(256, 128), StateLayout::ValueFirst), "key_dim");
         assert_eq!(refused(shape(256, 128), StateLayout::KeyFirst), "key_dim");
-        assert_eq!(refused(shape(96, 128), StateLayout::KeyFirst), "key_dim");
+        let k96 = shape(96, 128);
+        assert!(
+            decode_supports(&k96, &pool(&k96, StateLayout::KeyFirst)).is_ok(),
+            "three vectors of keys per key lane"
+        );
+        assert_eq!(refused(shape(80, 128), StateLayout::KeyFirst), "key_dim");
         assert_eq!(refused(shape(128, 32), StateLayout::KeyFirst), "value_dim");
         assert_eq!(refused(shape(128, 96), StateLayout::KeyFirst), "value_dim");
         let other_pool = PoolShape { value_heads: 2, ..pool(&ok, StateLayout::KeyFirst) };
