@@ -3,7 +3,8 @@
 //! `xtask` (this program: bench, gpu-suite, profile, sanitize, ab, gpu-session) and `gpu` (the GPU
 //! suite's test binary). `--with` also builds the `kda` of each git revision named (a branch, a
 //! commit) in a worktree of its own under `target/bundle-worktrees/`, copied in as
-//! `kda-<rev>`: the builds `xtask ab` compares on the GPU. `--pack` strips the binaries and packs
+//! `kda-<rev>`: the builds `xtask ab` compares on the GPU (a `kda-<rev>` of an earlier bundle that
+//! this one does not name is removed). `--pack` strips the binaries and packs
 //! the folder into `DIR.tar.xz` (a few MiB), for when the folder and the tracked tree together pass
 //! what a device call carries; on the GPU machine `tar xJf target/gpu-bundle.tar.xz -C target`
 //! unpacks it.
@@ -54,6 +55,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         None => Vec::new(),
     };
     create_dir(&out)?;
+    for stale in stale_builds(&out, &builds) {
+        std::fs::remove_file(&stale).map_err(|e| format!("{}: {e}", stale.display()))?;
+        println!("  removed  {} (an earlier --with build, not in this bundle)", stale.display());
+    }
     let total = copy_into(&out, &builds)?;
     println!("{:>8.1} MiB  in all", mib(total));
     if !revisions.is_empty() {
@@ -106,6 +111,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The `kda-<rev>` files in `dir` that `builds` does not name: earlier `--with` builds, which would
+/// otherwise ride along in the archive, past what a device call carries.
+fn stale_builds(dir: &Path, builds: &[(String, PathBuf)]) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let stale = |name: &str| name.starts_with("kda-") && !builds.iter().any(|(b, _)| b == name);
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.file_name().and_then(|n| n.to_str()).is_some_and(stale))
+        .collect();
+    found.sort();
+    found
 }
 
 /// Copies each `(name, source)` of `builds` to `dir/name`, with a line for each; returns the bytes
@@ -541,6 +559,20 @@ fn executable(json_lines: &str, want: impl Fn(&Value) -> bool) -> Option<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn earlier_with_builds_are_stale_and_this_bundles_are_not() {
+        let dir = std::env::temp_dir().join(format!("kda-bundle-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["kda", "xtask", "gpu", "kda-aaa1111", "kda-bbb2222", "notes-kda-ccc"] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        let builds: Vec<(String, PathBuf)> =
+            ["kda", "xtask", "gpu", "kda-bbb2222"].iter().map(|n| (n.to_string(), PathBuf::new())).collect();
+        assert_eq!(stale_builds(&dir, &builds), vec![dir.join("kda-aaa1111")]);
+        assert!(stale_builds(&dir.join("missing"), &builds).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn revisions_become_file_names() {
