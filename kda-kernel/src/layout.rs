@@ -392,7 +392,7 @@ pub mod baseline {
 /// `cp.async`, while `G` **consumer groups** of `WARPS_PER_GROUP` warps run the chunk before it,
 /// group `g` the block's columns `g * BV ..`: each of its warps holds `STATE_ROWS_PER_WARP` rows
 /// of the group's `[K][BV]` state as accumulator fragments and computes `VN_ROWS_PER_WARP` token
-/// rows of its `Vn` in `VN_TILES` n8 tiles of the group's columns. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
+/// rows of its `Vn` in all of the group's columns. The groups share the stage's `w` and `k` tiles, so a wide CTA (`G = 2`)
 /// moves half the bytes per value column into the SM that a narrow one (`G = 1`) does. Every tile
 /// is stored as the memory it comes from lays it out (token-major rows, or the state's key-major
 /// rows) and read into fragments with `ldmatrix` (`.trans` where the product needs the
@@ -547,10 +547,6 @@ pub mod portable {
         pub const CONSUMERS: usize = Self::WARPS * 32;
         /// Threads of the CTA: the groups and the producer warp.
         pub const THREADS: usize = G * Self::CONSUMERS + 32;
-        /// Parts of the group's columns among the warps of one row block of `Vn`.
-        pub const COL_PARTS: usize = Self::WARPS / VN_ROW_BLOCKS;
-        /// n8 tiles of the group's columns one warp forms of `Vn` (and of `o`).
-        pub const VN_TILES: usize = N_TILES / Self::COL_PARTS;
         /// State rows (of K) per consumer warp.
         pub const STATE_ROWS_PER_WARP: usize = MT * MMA_M;
         /// k16 steps of `w @ bf16(S)` (over K).
@@ -600,7 +596,7 @@ pub mod portable {
         pub const VALID: () = {
             assert!(Self::WARPS * MMA_M * MT == K, "MT m16 tiles of state rows per warp");
             assert!(Self::WARPS == WARPS_PER_GROUP, "the variant's warps");
-            assert!(Self::WARPS.is_multiple_of(VN_ROW_BLOCKS) && Self::VN_TILES.is_multiple_of(N_TILES_PER_LOAD));
+            assert!(N_TILES.is_multiple_of(N_TILES_PER_LOAD), "a warp's `Vn` tiles in whole loads");
             assert!(G >= 1 && G <= MAX_GROUPS && (Self::U_STRIDE * 2).is_multiple_of(16));
             assert!(K.is_multiple_of(VECTOR) && (Self::ROW_STRIDE * 2).is_multiple_of(16));
             assert!(Self::RING_OFFSET.is_multiple_of(16) && Self::STAGE_BYTES.is_multiple_of(16));

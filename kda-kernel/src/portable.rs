@@ -40,7 +40,7 @@ use crate::arch::sm80::{
 };
 use crate::layout::portable::{
     BV, BV_STRIDE, MBARRIER_BYTES, MMA_K, MMA_M, MMA_N, N_TILES, N_TILES_PER_LOAD, Place, STATE_K_STEPS, Tiles, VECTOR,
-    VN_ROW_BLOCKS, VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp,
+    VN_ROWS_PER_WARP, consumer_barrier, empty_barrier, full_arrivals, producer_warp,
 };
 use crate::layout::CHUNK;
 
@@ -360,14 +360,10 @@ impl Frag {
         self.place.warp
     }
 
-    /// The first token row of this warp's m16 tile of `Vn` (and of `o`).
+    /// The first token row of this warp's m16 tile of `Vn` (and of `o`): a warp per row block
+    /// (`WARPS_PER_GROUP` = `VN_ROW_BLOCKS`), each in all of the group's columns.
     fn vn_row0(self) -> usize {
-        self.warp() % VN_ROW_BLOCKS * VN_ROWS_PER_WARP
-    }
-
-    /// The first of this warp's `vn_tiles` n8 tiles of the group's columns in `Vn` (and `o`).
-    fn vn_col0(self, vn_tiles: usize) -> usize {
-        self.warp() / VN_ROW_BLOCKS * vn_tiles * MMA_N
+        self.warp() * VN_ROWS_PER_WARP
     }
 }
 
@@ -786,12 +782,12 @@ unsafe fn g_last(tiles: Stage, args: &Args, rows: usize) -> f32 {
     if args.g.is_null() { 0.0 } else { unsafe { ld_shared_f32(Smem::f32_at(tiles.g, rows - 1)) } }
 }
 
-/// A warp's 16 token rows of its `VN_TILES` n8 tiles of the group's columns, as
-/// `mma_m16n8k16_bf16` accumulators (the first `VN_TILES` of the array; the others unused).
+/// A warp's 16 token rows of the group's `N_TILES` n8 tiles of columns, as `mma_m16n8k16_bf16`
+/// accumulators.
 type Rows16 = [[f32; 4]; N_TILES];
 
-/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows of its `VN_TILES` n8 tiles of
-/// the group's columns (`Frag::vn_row0`, `Frag::vn_col0`); `bf16(Vn)` over the valid rows
+/// Step 2: `Vn = u - w @ bf16(S)` for this warp's 16 token rows (`Frag::vn_row0`) in all of the
+/// group's columns; `bf16(Vn)` over the valid rows
 /// of the stage's `u` tile (for [`store_v_new`], and in the fused pass for [`store_output`]),
 /// and to the `vn` tile (scaled by the scalar gate's `exp2(g[last] - g[t])` where there is one;
 /// zeros past the chunk's end); then the consumer barrier. In the fused pass (`O`) it also
@@ -808,8 +804,7 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
     args: &Args,
     rows: usize,
 ) -> Rows16 {
-    let vn_tiles = Tiles::<K, MT, G, O>::VN_TILES;
-    let (row0, col0) = (frag.vn_row0(), frag.vn_col0(vn_tiles));
+    let row0 = frag.vn_row0();
     let row_stride = Tiles::<K, MT, G, O>::ROW_STRIDE;
     let mut acc: Rows16 = [[0.0f32; 4]; N_TILES];
     let mut o: Rows16 = [[0.0f32; 4]; N_TILES];
@@ -819,19 +814,14 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
             let at = frag.place.ldmatrix_down_then_right(row0, ks * MMA_K);
             let a = ldmatrix_x4(Smem::bf16_at(tiles.w, row_stride, at));
             let q = if O { ldmatrix_x4(Smem::bf16_at(tiles.q, row_stride, at)) } else { [0; 4] };
-            // (Pairs past this warp's `VN_TILES` are never loaded: the array's length is fixed.)
             let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] = core::array::from_fn(|pair| {
-                if pair * N_TILES_PER_LOAD < vn_tiles {
-                    b_fragments(smem.st, frag, ks * MMA_K, col0 + pair * N_TILES_PER_LOAD * MMA_N)
-                } else {
-                    [[0; 2]; N_TILES_PER_LOAD]
-                }
+                b_fragments(smem.st, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N)
             });
             (a, q, b)
         };
         pipelined(Tiles::<K, MT, G, O>::VN_K_STEPS, load, |(a, q, b)| {
             // Index loops to a constant bound: fully unrolled, every fragment in registers.
-            for nt in 0..vn_tiles {
+            for nt in 0..N_TILES {
                 let b = b[nt / N_TILES_PER_LOAD][nt % N_TILES_PER_LOAD];
                 mma_m16n8k16_bf16(&mut acc[nt], a, b);
                 if O {
@@ -845,8 +835,8 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
         let scales = t_rows.map(|t| {
             if args.g.is_null() { 1.0 } else { exp2_approx(g_last - ld_shared_f32(Smem::f32_at(tiles.g, t))) }
         });
-        for nt in 0..vn_tiles {
-            let (acc, col) = (acc[nt], col0 + nt * MMA_N + 2 * frag.place.t);
+        for (nt, acc) in acc.iter().enumerate() {
+            let col = nt * MMA_N + 2 * frag.place.t;
             for (half, (&t, &scale)) in t_rows.iter().zip(&scales).enumerate() {
                 // Every row, valid or not: past the chunk's end `u` and `w` are zero-filled, so
                 // `Vn` is zero there, and the scale is 1 (`g` holds the last valid row's value).
@@ -866,8 +856,8 @@ unsafe fn corrected_values<const K: usize, const MT: usize, const G: usize, cons
     o
 }
 
-/// The fused pass's output of this warp's 16 token rows (of its `VN_TILES` n8 tiles of the
-/// group's columns): `o += P @ bf16(Vn)` over the chunk's
+/// The fused pass's output of this warp's 16 token rows (in all of the group's columns):
+/// `o += P @ bf16(Vn)` over the chunk's
 /// tokens (`P` from the stage's tile, `bf16(Vn)` unscaled from the stage's `u` tile, where
 /// [`corrected_values`] left it: zeros past the chunk's end in both), then `scale o` rounded to
 /// bf16 to `o`'s valid rows (`args.v_new`, at its strides), two adjacent columns per store.
@@ -883,8 +873,7 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
     (item, tok0, rows): (&Item, usize, usize),
     mut o: Rows16,
 ) {
-    let vn_tiles = Tiles::<K, MT, G, O>::VN_TILES;
-    let (row0, col0) = (frag.vn_row0(), frag.vn_col0(vn_tiles));
+    let row0 = frag.vn_row0();
     let (p_stride, u_stride) = (Tiles::<K, MT, G, O>::P_STRIDE, Tiles::<K, MT, G, O>::U_STRIDE);
     // SAFETY (block): see the function's contract; every shared address is inside the stage's
     // `P` and `u` tiles, every store inside a valid row of `o`.
@@ -892,16 +881,12 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
         let load = |ks: usize| {
             let a = ldmatrix_x4(Smem::bf16_at(tiles.p, p_stride, frag.place.ldmatrix_down_then_right(row0, ks * MMA_K)));
             let b: [[[u32; 2]; N_TILES_PER_LOAD]; N_TILES / N_TILES_PER_LOAD] = core::array::from_fn(|pair| {
-                if pair * N_TILES_PER_LOAD < vn_tiles {
-                    b_fragments_at(tiles.u_group, u_stride, frag, ks * MMA_K, col0 + pair * N_TILES_PER_LOAD * MMA_N)
-                } else {
-                    [[0; 2]; N_TILES_PER_LOAD]
-                }
+                b_fragments_at(tiles.u_group, u_stride, frag, ks * MMA_K, pair * N_TILES_PER_LOAD * MMA_N)
             });
             (a, b)
         };
         pipelined(STATE_K_STEPS, load, |(a, b)| {
-            for nt in 0..vn_tiles {
+            for nt in 0..N_TILES {
                 mma_m16n8k16_bf16(&mut o[nt], a, b[nt / N_TILES_PER_LOAD][nt % N_TILES_PER_LOAD]);
             }
         });
@@ -912,8 +897,8 @@ unsafe fn store_output<const K: usize, const MT: usize, const G: usize, const O:
                 let row = args.v_new.add(args.v_new_rows.row(tok0 + t, item.head) + item.vcol0);
                 // An index loop to a constant bound (an iterator's `take` left `o` in local memory).
                 #[allow(clippy::needless_range_loop)]
-                for nt in 0..vn_tiles {
-                    let (acc, col) = (o[nt], col0 + nt * MMA_N + 2 * frag.place.t);
+                for nt in 0..N_TILES {
+                    let (acc, col) = (o[nt], nt * MMA_N + 2 * frag.place.t);
                     let pair = pack_bf16x2(acc[2 * half] * scale, acc[2 * half + 1] * scale);
                     st_global_b32(row.add(col) as *mut u32, pair);
                 }

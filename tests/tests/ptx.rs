@@ -250,8 +250,7 @@ fn warp_share(key_dim: usize) -> (usize, usize) {
 
 /// The portable tensor-core kernel, every key size's entry: both products on the tensor cores
 /// (`HMMA` per chunk and warp: `K / 16` k-steps x 4 column tiles for `Vn`, 4 k-steps x 4 column
-/// tiles x `K / 64` row tiles for `S`, or with eight warps per group half of each: 2 column
-/// tiles, `K / 128` row tiles; the loops are unrolled) with their operands read by `ldmatrix`
+/// tiles x `K / 64` row tiles for `S`; the loops are unrolled) with their operands read by `ldmatrix`
 /// (`LDSM`, as stored and transposed), the chunks copied by `cp.async` (`LDGSTS`, 16-byte ones
 /// bypassing L1) and announced by the hardware once landed (`ARRIVES.LDGSTSBAR`), the stages
 /// handed back on named barriers (`BAR.ARV` by the consumers), `h` and `v_new` stored 16
