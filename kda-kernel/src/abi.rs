@@ -754,10 +754,11 @@ pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// Register budget of the decode step: four CTAs of 128 threads per SM, 4 x 128 x 128 = 65536
-/// registers (four warps in each quarter of the register file), so that four CTAs' states (128
-/// KB, 64 values per thread) are in flight per SM.
-pub const DECODE_MAX_REGISTERS: u32 = 128;
+/// Register budget of the decode step: the SM's registers shared by `layout::decode::CTAS_PER_SM`
+/// CTAs of `layout::decode::THREADS`: 65536 / (4 x 128) = 128 (four warps in each quarter of the
+/// register file), so that four CTAs' states (128 KB, 64 values per thread) are in flight per SM.
+pub const DECODE_MAX_REGISTERS: u32 =
+    (REGISTERS_PER_SM / (crate::layout::decode::THREADS * crate::layout::decode::CTAS_PER_SM)) as u32;
 
 /// 32-bit registers of an SM on every sm_80+ GPU.
 pub const REGISTERS_PER_SM: usize = 65536;

@@ -293,19 +293,18 @@ pub mod decode {
     /// CTAs of the decode step resident per SM, as its register budget allows
     /// (`abi::DECODE_MAX_REGISTERS`).
     pub const CTAS_PER_SM: usize = 4;
-    /// Groups of keys, one per key lane: each thread holds `K / KEY_GROUPS` keys of its `VEC`
-    /// columns, in vectors of `KEY_VECTOR` interleaved with the other key lanes' (a warp's
-    /// lanes read `KEY_LANES` consecutive vectors of the staged `q`, `k` and decay at once).
-    pub const KEY_GROUPS: usize = KEY_LANES;
-    /// Keys per shared-memory vector read of the staged `q`, `k` and decay (16 bytes).
+    /// Keys per shared-memory vector read of the staged `q`, `k` and decay (16 bytes). Each
+    /// thread holds `K / KEY_LANES` keys of its `VEC` columns, in vectors of `KEY_VECTOR`
+    /// interleaved with the other key lanes' (a warp's lanes read `KEY_LANES` consecutive
+    /// vectors of the staged `q`, `k` and decay at once).
     pub const KEY_VECTOR: usize = 4;
-    /// The key sizes the kernel runs are multiples of this (32): each key group holds the same
+    /// The key sizes the kernel runs are multiples of this (32): each key lane holds the same
     /// number of keys, whole vectors of them.
-    pub const K_MULTIPLE: usize = KEY_GROUPS * KEY_VECTOR;
-    /// The largest key size the registers hold (`MAX_K / KEY_GROUPS` keys per thread).
+    pub const K_MULTIPLE: usize = KEY_LANES * KEY_VECTOR;
+    /// The largest key size the registers hold (`MAX_K / KEY_LANES` keys per thread).
     pub const MAX_K: usize = 128;
     /// Keys per thread at `MAX_K`.
-    pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_GROUPS;
+    pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_LANES;
     /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
     pub const STAGE_WORDS: usize = 3 * MAX_K;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
