@@ -18,6 +18,8 @@ pub const CODE_VAR: &str = "KDA_CODE";
 pub const MODULE_VAR: &str = "KDA_MODULE";
 /// `auto`, `hopper`, `baseline` or `portable`: [`KdaOptions::auto`].
 pub const KERNEL_VAR: &str = "KDA_KERNEL";
+/// `auto`, `plain` or `prefetch`: [`KdaOptions::decode`].
+pub const DECODE_VAR: &str = "KDA_DECODE";
 
 /// How a [`Kda`](super::Kda) loads and picks its kernels. The default is what the library ran in
 /// every measurement so far: the device's module, from PTX, `Kernel::Auto` as the device decides.
@@ -30,6 +32,24 @@ pub struct KdaOptions {
     /// What [`Kernel::Auto`] stands for: [`Kernel::Auto`] lets the device decide (the Hopper
     /// kernel on 9.x, the baseline elsewhere); any other kernel is taken for it.
     pub auto: Kernel,
+    /// Which form of the decode step runs.
+    pub decode: DecodeStep,
+}
+
+/// The decode step's two forms (the same results, bit for bit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeStep {
+    /// [`DecodeStep::Prefetch`] where an SM holds four of its CTAs
+    /// (`kda_kernel::layout::decode::PREFETCH_SMEM_PER_SM`: 9.0 and 10.0), else
+    /// [`DecodeStep::Plain`].
+    #[default]
+    Auto,
+    /// One CTA per (sequence, value head, block of columns), each loading its state when it
+    /// starts.
+    Plain,
+    /// Persistent CTAs, each copying its next item's state to shared memory while the current
+    /// item's tokens run (where a CTA gets its shared memory; else [`DecodeStep::Plain`]).
+    Prefetch,
 }
 
 /// The code a module is loaded from.
@@ -74,11 +94,13 @@ impl std::fmt::Display for ModuleCode {
 }
 
 impl KdaOptions {
-    /// The options `KDA_CODE`, `KDA_MODULE` and `KDA_KERNEL` set (each unset or empty: the
-    /// default); a value outside each one's list is an error naming the variable.
+    /// The options `KDA_CODE`, `KDA_MODULE`, `KDA_KERNEL` and `KDA_DECODE` set (each unset or
+    /// empty: the default); a value outside each one's list is an error naming the variable.
     pub fn from_env() -> Result<Self, KdaError> {
         let var = |name| std::env::var(name).ok();
-        Self::parse(var(CODE_VAR).as_deref(), var(MODULE_VAR).as_deref(), var(KERNEL_VAR).as_deref())
+        let mut this = Self::parse(var(CODE_VAR).as_deref(), var(MODULE_VAR).as_deref(), var(KERNEL_VAR).as_deref())?;
+        this.decode = parse_decode(var(DECODE_VAR).as_deref())?;
+        Ok(this)
     }
 
     fn parse(code: Option<&str>, module: Option<&str>, kernel: Option<&str>) -> Result<Self, KdaError> {
@@ -103,7 +125,32 @@ impl KdaOptions {
             "portable" => Kernel::Portable,
             other => return Err(bad(KERNEL_VAR, other, "`auto`, `hopper`, `baseline`, `portable`")),
         };
-        Ok(Self { code, module, auto })
+        Ok(Self { code, module, auto, decode: DecodeStep::Auto })
+    }
+}
+
+/// The decode step `KDA_DECODE` names.
+fn parse_decode(value: Option<&str>) -> Result<DecodeStep, KdaError> {
+    match value.unwrap_or_default() {
+        "" | "auto" => Ok(DecodeStep::Auto),
+        "plain" => Ok(DecodeStep::Plain),
+        "prefetch" => Ok(DecodeStep::Prefetch),
+        other => Err(KdaError::Argument {
+            name: DECODE_VAR,
+            reason: format!("`{other}`: one of `auto`, `plain`, `prefetch`"),
+        }),
+    }
+}
+
+/// Whether the decode step runs prefetching (`choice`) on a device whose SM holds `smem_per_sm`
+/// bytes of shared memory and gives a CTA at most `smem_optin`.
+pub(super) fn decode_prefetches(choice: DecodeStep, smem_per_sm: usize, smem_optin: usize) -> bool {
+    use kda_kernel::layout::decode::{PREFETCH_SMEM_BYTES, PREFETCH_SMEM_PER_SM};
+    let fits = PREFETCH_SMEM_BYTES <= smem_optin;
+    match choice {
+        DecodeStep::Auto => fits && PREFETCH_SMEM_PER_SM <= smem_per_sm,
+        DecodeStep::Plain => false,
+        DecodeStep::Prefetch => fits,
     }
 }
 
@@ -142,7 +189,13 @@ mod tests {
     fn the_environment_names_each_option() {
         assert_eq!(KdaOptions::parse(None, None, None).unwrap(), KdaOptions::default());
         let all = KdaOptions::parse(Some("cubin"), Some("portable"), Some("baseline")).unwrap();
-        assert_eq!(all, KdaOptions { code: Code::Cubin, module: Module::Portable, auto: Kernel::Baseline });
+        let want =
+            KdaOptions { code: Code::Cubin, module: Module::Portable, auto: Kernel::Baseline, ..Default::default() };
+        assert_eq!(all, want);
+        assert_eq!(parse_decode(None).unwrap(), DecodeStep::Auto);
+        assert_eq!(parse_decode(Some("plain")).unwrap(), DecodeStep::Plain);
+        assert_eq!(parse_decode(Some("prefetch")).unwrap(), DecodeStep::Prefetch);
+        assert!(parse_decode(Some("fast")).unwrap_err().to_string().contains(DECODE_VAR));
         assert_eq!(KdaOptions::parse(Some(""), Some(""), Some("hopper")).unwrap().auto, Kernel::Hopper);
         assert_eq!(KdaOptions::parse(None, None, Some("portable")).unwrap().auto, Kernel::Portable);
         for (args, var) in [
@@ -153,6 +206,18 @@ mod tests {
             let err = KdaOptions::parse(args.0, args.1, args.2).unwrap_err().to_string();
             assert!(err.contains(var), "{err}");
         }
+    }
+
+    /// The prefetching step where four of its CTAs fit an SM (9.0, 10.0: 228 KB), not on the
+    /// A100 (164 KB) or the 100 KB parts, unless forced where one CTA fits.
+    #[test]
+    fn the_decode_step_prefetches_where_four_ctas_fit() {
+        let (hopper, a100, ada) = ((228 << 10, 227 << 10), (164 << 10, 163 << 10), (100 << 10, 99 << 10));
+        assert!(decode_prefetches(DecodeStep::Auto, hopper.0, hopper.1));
+        assert!(!decode_prefetches(DecodeStep::Auto, a100.0, a100.1));
+        assert!(!decode_prefetches(DecodeStep::Auto, ada.0, ada.1));
+        assert!(decode_prefetches(DecodeStep::Prefetch, a100.0, a100.1));
+        assert!(!decode_prefetches(DecodeStep::Plain, hopper.0, hopper.1));
     }
 
     #[test]
