@@ -205,9 +205,19 @@ impl Kda {
             use kda_kernel::layout::{decode, portable::RESERVED_SMEM_PER_CTA};
             let sms =
                 ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-            let per_sm =
-                (smem_per_sm / (DECODE_PREFETCH.smem_bytes + RESERVED_SMEM_PER_CTA)).clamp(1, decode::CTAS_PER_SM);
-            Some((Loaded::load(&module, &DECODE_PREFETCH)?, sms.max(1) as usize * per_sm))
+            let per_cta = DECODE_PREFETCH.smem_bytes + RESERVED_SMEM_PER_CTA;
+            let most =
+                std::env::var("KDA_DECODE_CTAS").ok().and_then(|x| x.parse().ok()).unwrap_or(decode::CTAS_PER_SM);
+            let per_sm = (smem_per_sm / per_cta).clamp(1, most);
+            let kernel = Loaded::load(&module, &DECODE_PREFETCH)?;
+            // No more shared memory than those CTAs take: the rest stays L1, which holds the
+            // step's loads and stores in flight.
+            let percent = (per_sm * per_cta * 100).div_ceil(smem_per_sm.max(1)).min(100) as i32;
+            kernel.function.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                percent,
+            )?;
+            Some((kernel, sms.max(1) as usize * per_sm))
         } else {
             None
         };
