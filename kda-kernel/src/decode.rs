@@ -462,6 +462,28 @@ impl Place {
     }
 }
 
+/// Where vector `part` (`STATES_PER_COPY` states) of key row `key` lies in the prefetched
+/// key-first state ([`Token::copy_state`]): the vectors of each row permuted by the key, so that
+/// a warp's read of one vector per lane ([`Token::load_prefetched`]: `KEY_LANES` rows `KEY_VECTOR`
+/// apart, `COL_LANES` consecutive vectors each) spreads over every bank instead of landing on
+/// the same ones (rows of 256 bytes, or 128 of bf16, map to the same banks): four wavefronts of
+/// 16-byte reads (two of 8-byte ones), the fewest a warp's vectors take, where unpermuted rows
+/// took eight.
+#[inline(always)]
+fn swizzled(key: usize, part: usize, bf16: bool) -> usize {
+    // The key lane of the rows a warp reads together.
+    let lane = (key / KEY_VECTOR) % KEY_LANES;
+    // 16-byte vectors: 8 of them fill the banks once; 8-byte vectors: 16 of them, so the lanes'
+    // offsets step by four vectors (a warp's column lanes fill the four between).
+    let offset = if bf16 { (lane * COL_LANES) % (2 * KEY_LANES) } else { lane };
+    part ^ offset
+}
+
+const _: () = assert!(
+    COLS / STATES_PER_COPY == 2 * KEY_LANES && COL_LANES == 4,
+    "`swizzled` permutes a row's 16 vectors in place, four column lanes to a warp"
+);
+
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
 fn unpack4(w: [u32; 2]) -> [f32; 4] {
     let half = |x: u32, hi: bool| bf16_to_f32(if hi { (x >> 16) as u16 } else { x as u16 });
@@ -697,6 +719,7 @@ impl Token {
             let (r, part) = (r as usize, part as usize);
             if r < rows {
                 let state = first + r * row_stride + part * STATES_PER_COPY;
+                let part = if self.value_first_pool { part } else { swizzled(r, part, self.bf16_pool) };
                 let packed = r * row_states + part * STATES_PER_COPY;
                 // SAFETY: the row and its states lie inside the slot's head (the function's
                 // contract); each copy is aligned to its size (the pool's alignment, and every
@@ -736,7 +759,7 @@ impl Token {
                             *value = if self.bf16_pool { bf16_to_f32(ld_shared_u16(a)) } else { ld_shared_f32(a) };
                         }
                     } else {
-                        let a = addr(key * COLS + VEC * at.col_lane);
+                        let a = addr(key * COLS + VEC * swizzled(key, at.col_lane, self.bf16_pool));
                         *row = if self.bf16_pool {
                             unpack4(ld_shared_v2_f32(a).map(f32::to_bits))
                         } else {
