@@ -841,8 +841,9 @@ fn the_plain_and_prefetching_decode_steps_agree_bit_for_bit() {
         let kda = kda::Kda::with_options(gpu.stream.context().clone(), options).unwrap();
         Gpu { kda, stream: gpu.stream }
     };
-    let (plain, prefetch) = (with(DecodeStep::Plain), with(DecodeStep::Prefetch));
-    assert_eq!((plain.kda.decode_step(), prefetch.kda.decode_step()), (DecodeStep::Plain, DecodeStep::Prefetch));
+    let prefetching = DecodeStep::Prefetch { ctas_per_sm: 2 };
+    let (plain, prefetch) = (with(DecodeStep::Plain), with(prefetching));
+    assert_eq!((plain.kda.decode_step(), prefetch.kda.decode_step()), (DecodeStep::Plain, prefetching));
     let bits = |x: &[kda::bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let f32_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for case in kda_tests::decode_cases() {

@@ -399,16 +399,19 @@ impl Kda {
     /// CTA per item.
     fn decode_kernel(&self, items: usize) -> (&Loaded, usize) {
         match &self.decode_prefetch {
-            Some((kernel, resident)) => (kernel, items.min(*resident)),
+            Some((kernel, _, resident)) => (kernel, items.min(*resident)),
             None => (&self.decode, items),
         }
     }
 
     /// Which form of the decode step this launcher runs ([`KdaOptions::decode`](super::KdaOptions)
-    /// and the device's shared memory decide): [`DecodeStep::Prefetch`](super::DecodeStep) or
-    /// [`DecodeStep::Plain`](super::DecodeStep).
+    /// and the device's shared memory decide): [`DecodeStep::Prefetch`](super::DecodeStep) with
+    /// its CTAs per SM, or [`DecodeStep::Plain`](super::DecodeStep).
     pub fn decode_step(&self) -> super::DecodeStep {
-        if self.decode_prefetch.is_some() { super::DecodeStep::Prefetch } else { super::DecodeStep::Plain }
+        match &self.decode_prefetch {
+            Some((_, ctas_per_sm, _)) => super::DecodeStep::Prefetch { ctas_per_sm: *ctas_per_sm },
+            None => super::DecodeStep::Plain,
+        }
     }
 }
 

@@ -136,10 +136,10 @@ pub struct Kda {
     layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
-    /// The prefetching decode step (`abi::DECODE_PREFETCH`) where [`KdaOptions::decode`] and
-    /// the device's shared memory give it (`options::decode_prefetches`), with its grid: its
-    /// CTAs resident at once on the device's SMs.
-    decode_prefetch: Option<(Loaded, usize)>,
+    /// The prefetching decode step (`abi::DECODE_PREFETCH`) where [`KdaOptions::decode`] asks
+    /// for it and the device's shared memory gives it (`options::decode_prefetch_ctas`), with
+    /// its CTAs per SM and its grid: its CTAs resident at once on the device's SMs.
+    decode_prefetch: Option<(Loaded, usize, usize)>,
     /// Checkpoints for prefix caching.
     advance: Loaded,
     /// Whole states between a pool and a packed buffer.
@@ -201,25 +201,22 @@ impl Kda {
         let smem_per_sm = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
         )? as usize;
-        let decode_prefetch = if options::decode_prefetches(options.decode, smem_per_sm, smem_optin) {
-            use kda_kernel::layout::{decode, portable::RESERVED_SMEM_PER_CTA};
-            let sms =
-                ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-            let per_cta = DECODE_PREFETCH.smem_bytes + RESERVED_SMEM_PER_CTA;
-            let most =
-                std::env::var("KDA_DECODE_CTAS").ok().and_then(|x| x.parse().ok()).unwrap_or(decode::CTAS_PER_SM);
-            let per_sm = (smem_per_sm / per_cta).clamp(1, most);
-            let kernel = Loaded::load(&module, &DECODE_PREFETCH)?;
-            // No more shared memory than those CTAs take: the rest stays L1, which holds the
-            // step's loads and stores in flight.
-            let percent = (per_sm * per_cta * 100).div_ceil(smem_per_sm.max(1)).min(100) as i32;
-            kernel.function.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                percent,
-            )?;
-            Some((kernel, sms.max(1) as usize * per_sm))
-        } else {
-            None
+        let decode_prefetch = match options::decode_prefetch_ctas(options.decode, smem_per_sm, smem_optin) {
+            Some(per_sm) => {
+                let sms =
+                    ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                let kernel = Loaded::load(&module, &DECODE_PREFETCH)?;
+                // No more shared memory than those CTAs take: the rest stays L1, which holds
+                // the step's loads and stores in flight.
+                let per_cta = DECODE_PREFETCH.smem_bytes + kda_kernel::layout::portable::RESERVED_SMEM_PER_CTA;
+                let percent = (per_sm * per_cta * 100).div_ceil(smem_per_sm.max(1)).min(100) as i32;
+                kernel.function.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    percent,
+                )?;
+                Some((kernel, per_sm, sms.max(1) as usize * per_sm))
+            }
+            None => None,
         };
         let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;

@@ -39,17 +39,21 @@ pub struct KdaOptions {
 /// The decode step's two forms (the same results, bit for bit).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeStep {
-    /// [`DecodeStep::Prefetch`] where an SM holds four of its CTAs
-    /// (`kda_kernel::layout::decode::PREFETCH_SMEM_PER_SM`: 9.0 and 10.0), else
-    /// [`DecodeStep::Plain`].
+    /// What the library runs unless told otherwise: [`DecodeStep::Plain`] (the prefetching
+    /// step measured 1.34x to 1.42x slower on the H100 at four CTAs per SM, bench/RESULTS.md).
     #[default]
     Auto,
     /// One CTA per (sequence, value head, block of columns), each loading its state when it
     /// starts.
     Plain,
-    /// Persistent CTAs, each copying its next item's state to shared memory while the current
-    /// item's tokens run (where a CTA gets its shared memory; else [`DecodeStep::Plain`]).
-    Prefetch,
+    /// Persistent CTAs, at most `ctas_per_sm` per SM (1 to 4), each copying its next item's state
+    /// to shared memory while the current item's tokens run (where a CTA gets its shared memory;
+    /// else [`DecodeStep::Plain`]). The SM's shared memory is configured for those CTAs only,
+    /// the rest left to the L1 cache.
+    Prefetch {
+        /// The most CTAs resident per SM.
+        ctas_per_sm: usize,
+    },
 }
 
 /// The code a module is loaded from.
@@ -129,29 +133,33 @@ impl KdaOptions {
     }
 }
 
-/// The decode step `KDA_DECODE` names.
+/// The decode step `KDA_DECODE` names: `auto`, `plain`, `prefetch` (four CTAs per SM) or
+/// `prefetch=N` (at most `N`, 1 to 4).
 fn parse_decode(value: Option<&str>) -> Result<DecodeStep, KdaError> {
+    use kda_kernel::layout::decode::CTAS_PER_SM;
+    let bad = |other: &str| KdaError::Argument {
+        name: DECODE_VAR,
+        reason: format!("`{other}`: one of `auto`, `plain`, `prefetch`, `prefetch=N` (N from 1 to {CTAS_PER_SM})"),
+    };
     match value.unwrap_or_default() {
         "" | "auto" => Ok(DecodeStep::Auto),
         "plain" => Ok(DecodeStep::Plain),
-        "prefetch" => Ok(DecodeStep::Prefetch),
-        other => Err(KdaError::Argument {
-            name: DECODE_VAR,
-            reason: format!("`{other}`: one of `auto`, `plain`, `prefetch`"),
-        }),
+        "prefetch" => Ok(DecodeStep::Prefetch { ctas_per_sm: CTAS_PER_SM }),
+        other => match other.strip_prefix("prefetch=").and_then(|n| n.parse().ok()) {
+            Some(ctas_per_sm) if (1..=CTAS_PER_SM).contains(&ctas_per_sm) => Ok(DecodeStep::Prefetch { ctas_per_sm }),
+            _ => Err(bad(other)),
+        },
     }
 }
 
-/// Whether the decode step runs prefetching (`choice`) on a device whose SM holds `smem_per_sm`
-/// bytes of shared memory and gives a CTA at most `smem_optin`.
-pub(super) fn decode_prefetches(choice: DecodeStep, smem_per_sm: usize, smem_optin: usize) -> bool {
-    use kda_kernel::layout::decode::{PREFETCH_SMEM_BYTES, PREFETCH_SMEM_PER_SM};
-    let fits = PREFETCH_SMEM_BYTES <= smem_optin;
-    match choice {
-        DecodeStep::Auto => fits && PREFETCH_SMEM_PER_SM <= smem_per_sm,
-        DecodeStep::Plain => false,
-        DecodeStep::Prefetch => fits,
-    }
+/// The CTAs per SM of the prefetching decode step that `choice` runs on a device whose SM holds
+/// `smem_per_sm` bytes of shared memory and gives a CTA at most `smem_optin` (each CTA taking
+/// `layout::decode::PREFETCH_SMEM_BYTES` and the driver's reserve), or `None`: the plain step.
+pub(super) fn decode_prefetch_ctas(choice: DecodeStep, smem_per_sm: usize, smem_optin: usize) -> Option<usize> {
+    use kda_kernel::layout::{decode::PREFETCH_SMEM_BYTES, portable::RESERVED_SMEM_PER_CTA};
+    let DecodeStep::Prefetch { ctas_per_sm } = choice else { return None };
+    let fitting = smem_per_sm / (PREFETCH_SMEM_BYTES + RESERVED_SMEM_PER_CTA);
+    (PREFETCH_SMEM_BYTES <= smem_optin && fitting > 0).then(|| ctas_per_sm.clamp(1, fitting))
 }
 
 /// The PTX target a device of `compute_capability` loads with `module`.
@@ -194,8 +202,11 @@ mod tests {
         assert_eq!(all, want);
         assert_eq!(parse_decode(None).unwrap(), DecodeStep::Auto);
         assert_eq!(parse_decode(Some("plain")).unwrap(), DecodeStep::Plain);
-        assert_eq!(parse_decode(Some("prefetch")).unwrap(), DecodeStep::Prefetch);
-        assert!(parse_decode(Some("fast")).unwrap_err().to_string().contains(DECODE_VAR));
+        assert_eq!(parse_decode(Some("prefetch")).unwrap(), DecodeStep::Prefetch { ctas_per_sm: 4 });
+        assert_eq!(parse_decode(Some("prefetch=2")).unwrap(), DecodeStep::Prefetch { ctas_per_sm: 2 });
+        for bad in ["fast", "prefetch=0", "prefetch=5", "prefetch=x"] {
+            assert!(parse_decode(Some(bad)).unwrap_err().to_string().contains(DECODE_VAR), "{bad}");
+        }
         assert_eq!(KdaOptions::parse(Some(""), Some(""), Some("hopper")).unwrap().auto, Kernel::Hopper);
         assert_eq!(KdaOptions::parse(None, None, Some("portable")).unwrap().auto, Kernel::Portable);
         for (args, var) in [
@@ -208,16 +219,19 @@ mod tests {
         }
     }
 
-    /// The prefetching step where four of its CTAs fit an SM (9.0, 10.0: 228 KB), not on the
-    /// A100 (164 KB) or the 100 KB parts, unless forced where one CTA fits.
+    /// The prefetching step only when asked, with as many CTAs per SM as asked and as fit
+    /// (four on 9.0 and 10.0's 228 KB, two on the A100's 164 KB, one on the 100 KB parts).
     #[test]
-    fn the_decode_step_prefetches_where_four_ctas_fit() {
+    fn the_decode_step_prefetches_only_when_asked_and_where_it_fits() {
         let (hopper, a100, ada) = ((228 << 10, 227 << 10), (164 << 10, 163 << 10), (100 << 10, 99 << 10));
-        assert!(decode_prefetches(DecodeStep::Auto, hopper.0, hopper.1));
-        assert!(!decode_prefetches(DecodeStep::Auto, a100.0, a100.1));
-        assert!(!decode_prefetches(DecodeStep::Auto, ada.0, ada.1));
-        assert!(decode_prefetches(DecodeStep::Prefetch, a100.0, a100.1));
-        assert!(!decode_prefetches(DecodeStep::Plain, hopper.0, hopper.1));
+        let four = DecodeStep::Prefetch { ctas_per_sm: 4 };
+        assert_eq!(decode_prefetch_ctas(DecodeStep::Auto, hopper.0, hopper.1), None);
+        assert_eq!(decode_prefetch_ctas(DecodeStep::Plain, hopper.0, hopper.1), None);
+        assert_eq!(decode_prefetch_ctas(four, hopper.0, hopper.1), Some(4));
+        assert_eq!(decode_prefetch_ctas(DecodeStep::Prefetch { ctas_per_sm: 2 }, hopper.0, hopper.1), Some(2));
+        assert_eq!(decode_prefetch_ctas(four, a100.0, a100.1), Some(2));
+        assert_eq!(decode_prefetch_ctas(four, ada.0, ada.1), Some(1));
+        assert_eq!(decode_prefetch_ctas(four, 48 << 10, 48 << 10), None);
     }
 
     #[test]
