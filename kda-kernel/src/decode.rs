@@ -49,7 +49,52 @@ use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 /// This thread's part of one head's state: `VEC` columns of each of its keys.
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
-kernel_entry! {
+/// The decode step's entries: `$name` runs [`decode_items`] with `PREFETCH` = `$prefetch`, both
+/// taking `abi::DECODE_PARAMS`.
+macro_rules! decode_entry {
+    ($(#[$attr:meta])* $name:ident, $prefetch:literal) => {
+        kernel_entry! {
+            $(#[$attr])*
+            pub unsafe fn $name(
+                q: *const u16,
+                k: *const u16,
+                v: *const u16,
+                g: *const f32,
+                beta: *const f32,
+                a_log: *const f32,
+                dt_bias: *const f32,
+                slots: *const i64,
+                fresh: *const u32,
+                parents: *const i64,
+                token_slots: *const i64,
+                pool: *mut f32,
+                o: *mut u16,
+                pool_dtype: u32,
+                pool_layout: u32,
+                draft: u32,
+                sequences: u32,
+                heads: u32,
+                value_heads: u32,
+                key_dim: u32,
+                value_dim: u32,
+                gate_width: u32,
+                options: u32,
+                gate_mode: u32,
+                lower_bound_bits: u32,
+                scale_bits: u32,
+            ) {
+                let x = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
+                let t = Tables { slots, fresh, parents, token_slots };
+                let dims = [heads, value_heads, key_dim, value_dim, gate_width, draft, sequences];
+                let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
+                // SAFETY: this entry's contract.
+                unsafe { decode_items::<$prefetch>(x, t, pool, dims, codes) }
+            }
+        }
+    };
+}
+
+decode_entry! {
     /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: one CTA per item
     /// (`sequences * HV * V / COLS` CTAs: sequence-major, then value heads, then blocks of `COLS`
     /// columns); `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
@@ -75,44 +120,11 @@ kernel_entry! {
     /// each parent precedes its token; the tensors hold
     /// `N * draft` rows (`N` = `sequences`); `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a
     /// multiple of `COLS`.
-    pub unsafe fn kda_decode_step(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        g: *const f32,
-        beta: *const f32,
-        a_log: *const f32,
-        dt_bias: *const f32,
-        slots: *const i64,
-        fresh: *const u32,
-        parents: *const i64,
-        token_slots: *const i64,
-        pool: *mut f32,
-        o: *mut u16,
-        pool_dtype: u32,
-        pool_layout: u32,
-        draft: u32,
-        sequences: u32,
-        heads: u32,
-        value_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        gate_width: u32,
-        options: u32,
-        gate_mode: u32,
-        lower_bound_bits: u32,
-        scale_bits: u32,
-    ) {
-        let x = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
-        let t = Tables { slots, fresh, parents, token_slots };
-        let dims = [heads, value_heads, key_dim, value_dim, gate_width, draft, sequences];
-        let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
-        // SAFETY: this entry's contract.
-        unsafe { decode_items::<false>(x, t, pool, dims, codes) }
-    }
+    kda_decode_step,
+    false
 }
 
-kernel_entry! {
+decode_entry! {
     /// The decode step with its states prefetched (`abi::DECODE_PREFETCH`, parameters
     /// `abi::DECODE_PARAMS`, as [`kda_decode_step`]'s contract): persistent CTAs, CTA `b` taking
     /// items `b`, `b + gridDim.x`, ... of [`kda_decode_step`]'s grid, and copying each next item's
@@ -123,41 +135,8 @@ kernel_entry! {
     ///
     /// # Safety
     /// As [`kda_decode_step`]'s.
-    pub unsafe fn kda_decode_step_prefetch(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        g: *const f32,
-        beta: *const f32,
-        a_log: *const f32,
-        dt_bias: *const f32,
-        slots: *const i64,
-        fresh: *const u32,
-        parents: *const i64,
-        token_slots: *const i64,
-        pool: *mut f32,
-        o: *mut u16,
-        pool_dtype: u32,
-        pool_layout: u32,
-        draft: u32,
-        sequences: u32,
-        heads: u32,
-        value_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        gate_width: u32,
-        options: u32,
-        gate_mode: u32,
-        lower_bound_bits: u32,
-        scale_bits: u32,
-    ) {
-        let x = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
-        let t = Tables { slots, fresh, parents, token_slots };
-        let dims = [heads, value_heads, key_dim, value_dim, gate_width, draft, sequences];
-        let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
-        // SAFETY: this entry's contract.
-        unsafe { decode_items::<true>(x, t, pool, dims, codes) }
-    }
+    kda_decode_step_prefetch,
+    true
 }
 
 /// The decode step's tables of sequences and tokens ([`kda_decode_step`]'s).
