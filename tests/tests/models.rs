@@ -118,6 +118,50 @@ fn literal(p: &ModelProblem) -> Outputs {
     out
 }
 
+/// The most units in the last place between paired floats, each given as its place on the
+/// ordered line of its type's values (`bf16_line`, `f32_line`).
+fn ulps_apart(pairs: impl Iterator<Item = (i64, i64)>) -> u64 {
+    pairs.map(|(a, b)| a.abs_diff(b)).max().unwrap_or(0)
+}
+
+/// A bf16's place among bf16 values in order: adjacent values are adjacent integers, both zeros 0.
+fn bf16_line(x: bf16) -> i64 {
+    let (bits, magnitude) = (x.to_bits(), i64::from(x.to_bits() & 0x7fff));
+    if bits & 0x8000 != 0 { -magnitude } else { magnitude }
+}
+
+/// An f32's place among f32 values in order (as [`bf16_line`]).
+fn f32_line(x: f32) -> i64 {
+    let (bits, magnitude) = (x.to_bits(), i64::from(x.to_bits() & 0x7fff_ffff));
+    if bits >> 31 != 0 { -magnitude } else { magnitude }
+}
+
+/// Units in the last place between the parallel reference's outputs and the literal
+/// transcription's (`h`, `v_new`, `ht`) on a random problem.
+fn literal_ulps_apart(lengths: &[usize], shape: ModelShape, with_h0: bool, seed: u64) -> [u64; 3] {
+    let p = inputs::try_random_model_problem(Plan::from_lengths(lengths), shape, with_h0, seed).unwrap();
+    let (got, want) = (reference::model_reference(&p.view()).unwrap(), literal(&p));
+    let bf16_apart = |a: &[bf16], b: &[bf16]| ulps_apart(a.iter().zip(b).map(|(&x, &y)| (bf16_line(x), bf16_line(y))));
+    let f32_apart = |a: &[f32], b: &[f32]| ulps_apart(a.iter().zip(b).map(|(&x, &y)| (f32_line(x), f32_line(y))));
+    [bf16_apart(&got.h, &want.h), bf16_apart(&got.v_new, &want.v_new), f32_apart(&got.ht, &want.ht)]
+}
+
+/// The draw on which a relative bound of 1e-12 on the whole of `ht` failed: one f32 of `ht`
+/// rounded the other way (2.2e-10 relative), every other element equal.
+#[test]
+fn one_rounding_flip_is_f64_rounding_not_a_difference() {
+    let shape = ModelShape {
+        heads: 2,
+        value_heads: 2,
+        key_dim: 128,
+        value_dim: 64,
+        gates: Gates { g: true, gk: true },
+        layout: StateLayout::ValueFirst,
+    };
+    let apart = literal_ulps_apart(&[95], shape, true, 11213686211818876596);
+    assert!(apart.iter().all(|&u| u <= 1), "{apart:?}");
+}
+
 /// Model shapes the proptests draw: every gate kind, one to two key heads, groups of one to
 /// three value heads, head sizes 64 or 128, either layout.
 fn shapes() -> impl Strategy<Value = ModelShape> {
@@ -133,12 +177,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The parallel reference and the literal transcription agree to f64 rounding on random
-    /// gates, head groupings, head sizes and layouts.
+    /// gates, head groupings, head sizes and layouts: every output element the same or one unit
+    /// in the last place of its storage type apart (bf16 `h` and `v_new`, f32 `ht`), which is
+    /// what two f64 summation orders can change once rounded (a value that lands on the other
+    /// side of a rounding boundary; a relative bound on the whole tensor failed on such a flip).
     #[test]
     fn agrees_with_the_literal_transcription(lengths in short_lengths(), shape in shapes(), with_h0: bool, seed: u64) {
-        let p = inputs::try_random_model_problem(Plan::from_lengths(&lengths), shape, with_h0, seed).unwrap();
-        let errs = reference::model_reference(&p.view()).unwrap().errors(&literal(&p));
-        prop_assert!(errs.iter().all(|&e| e < 1e-12), "{:?}: {:?}", shape, errs);
+        let apart = literal_ulps_apart(&lengths, shape, with_h0, seed);
+        prop_assert!(apart.iter().all(|&u| u <= 1), "{:?}: units in the last place apart (h, v_new, ht): {:?}", shape, apart);
     }
 }
 
