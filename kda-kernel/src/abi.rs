@@ -775,7 +775,7 @@ pub const DECODE: KernelAbi = KernelAbi {
 };
 
 /// The decode step with each next item's state prefetched to shared memory by persistent CTAs
-/// (every target; launched where an SM holds `layout::decode::PREFETCH_SMEM_PER_SM`).
+/// (every target; opt-in through `KdaOptions::decode`, with as many CTAs per SM as asked and as fit).
 pub const DECODE_PREFETCH: KernelAbi = KernelAbi {
     entry: "kda_decode_step_prefetch",
     params: &DECODE_PARAMS,
