@@ -649,7 +649,7 @@ impl Token {
         }
     }
 
-    /// Issues the copies of an item's inputs to shared memory for [`Token::run_sequence`] with
+    /// Issues the copies of an item's inputs to shared memory for [`Token::begin`] with
     /// prefetching: the `d` token rows from `first_row` to their raw slots and, unless the
     /// sequence starts fresh, this CTA's block of its state ([`Token::copy_state`]).
     ///
