@@ -283,9 +283,9 @@ pub const LAYER_OUTPUT_PREPARED_PARAMS: [Param; 14] = {
 /// (`[N]` u32), each token's parent and state slot (`[N * draft]` i64 each, null for a chain and
 /// for the last state back to the sequence's slot), the pool, the output `o`, then the pool's
 /// element type (a [`StateDtypeCode`]) and layout (a [`StateLayoutCode`]), `draft`
-/// (tokens per sequence), `sequences` (`N`), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
+/// (tokens per sequence), `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`,
 /// `options`, `gate_mode`, the lower bound's and the scale's f32 bits.
-pub const DECODE_PARAMS: [Param; 26] = [
+pub const DECODE_PARAMS: [Param; 25] = [
     Param::pointer("q"),
     Param::pointer("k"),
     Param::pointer("v"),
@@ -302,7 +302,6 @@ pub const DECODE_PARAMS: [Param; 26] = [
     Param::u32("pool_dtype"),
     Param::u32("pool_layout"),
     Param::u32("draft"),
-    Param::u32("sequences"),
     Param::u32("heads"),
     Param::u32("value_heads"),
     Param::u32("key_dim"),
@@ -774,17 +773,6 @@ pub const DECODE: KernelAbi = KernelAbi {
     targets: &[SM90A, SM80],
 };
 
-/// The decode step with each next item's state prefetched to shared memory by persistent CTAs
-/// (every target; opt-in through `KdaOptions::decode`, with as many CTAs per SM as asked and as fit).
-pub const DECODE_PREFETCH: KernelAbi = KernelAbi {
-    entry: "kda_decode_step_prefetch",
-    params: &DECODE_PARAMS,
-    threads: crate::layout::decode::THREADS,
-    smem_bytes: crate::layout::decode::PREFETCH_SMEM_BYTES,
-    max_registers: Some(DECODE_MAX_REGISTERS),
-    targets: &[SM90A, SM80],
-};
-
 /// Checkpoints for prefix caching: states advanced from a layer's chunk entry states through a
 /// few tokens, into a pool (the decode step's code and budget, every target).
 pub const ADVANCE: KernelAbi = KernelAbi {
@@ -807,7 +795,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 28] = [
+pub const KERNELS: [KernelAbi; 27] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -833,7 +821,6 @@ pub const KERNELS: [KernelAbi; 28] = [
     LAYER_PREPARE_FUSED,
     LAYER_OUTPUT_PREPARED,
     DECODE,
-    DECODE_PREFETCH,
     ADVANCE,
     POOL_COPY,
 ];

@@ -32,72 +32,24 @@
 //! target; the state is memory-bound (read once, written once per stored token).
 
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, cp_async_4, cp_async_8, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32,
-    grid_dim_x, ld_global_v2, ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2,
-    rsqrt_approx, shfl_xor, smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads,
-    thread_idx_x_fresh,
+    bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
+    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
+    smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
 use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
-    RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_BETA, STAGE_DECAY, STAGE_K, STAGE_Q, STAGE_V,
-    STAGE_WORDS, STAGES_AT, STATE_AT, STATE_COPIES_PER_THREAD, STATES_PER_COPY, THREADS, VEC,
+    RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
 };
 use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
 
 /// This thread's part of one head's state: `VEC` columns of each of its keys.
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
 
-/// The decode step's entries: `$name` runs [`decode_items`] with `PREFETCH` = `$prefetch`, both
-/// taking `abi::DECODE_PARAMS`.
-macro_rules! decode_entry {
-    ($(#[$attr:meta])* $name:ident, $prefetch:literal) => {
-        kernel_entry! {
-            $(#[$attr])*
-            pub unsafe fn $name(
-                q: *const u16,
-                k: *const u16,
-                v: *const u16,
-                g: *const f32,
-                beta: *const f32,
-                a_log: *const f32,
-                dt_bias: *const f32,
-                slots: *const i64,
-                fresh: *const u32,
-                parents: *const i64,
-                token_slots: *const i64,
-                pool: *mut f32,
-                o: *mut u16,
-                pool_dtype: u32,
-                pool_layout: u32,
-                draft: u32,
-                sequences: u32,
-                heads: u32,
-                value_heads: u32,
-                key_dim: u32,
-                value_dim: u32,
-                gate_width: u32,
-                options: u32,
-                gate_mode: u32,
-                lower_bound_bits: u32,
-                scale_bits: u32,
-            ) {
-                let x = Tensors { q, k, v, g, beta, a_log, dt_bias, o };
-                let t = Tables { slots, fresh, parents, token_slots };
-                let dims = [heads, value_heads, key_dim, value_dim, gate_width, draft, sequences];
-                let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
-                // SAFETY: this entry's contract.
-                unsafe { decode_items::<$prefetch>(x, t, pool, dims, codes) }
-            }
-        }
-    };
-}
-
-decode_entry! {
-    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: one CTA per item
-    /// (`sequences * HV * V / COLS` CTAs: sequence-major, then value heads, then blocks of `COLS`
-    /// columns); `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
+kernel_entry! {
+    /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`
+    /// CTAs, sequence-major; `layout::decode::THREADS` threads; `layout::decode::SMEM_BYTES`.
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
@@ -118,138 +70,135 @@ decode_entry! {
     /// `v`, `o` and a bf16 pool are 8-byte aligned, an f32 pool 16-byte aligned. Every non-negative slot lies inside the pool; no slot is written by one sequence and read
     /// or written by another, nor twice by one, nor, in a call with a tree, by its own sequence;
     /// each parent precedes its token; the tensors hold
-    /// `N * draft` rows (`N` = `sequences`); `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a
-    /// multiple of `COLS`.
-    kda_decode_step,
-    false
-}
-
-decode_entry! {
-    /// The decode step with its states prefetched (`abi::DECODE_PREFETCH`, parameters
-    /// `abi::DECODE_PARAMS`, as [`kda_decode_step`]'s contract): persistent CTAs, CTA `b` taking
-    /// items `b`, `b + gridDim.x`, ... of [`kda_decode_step`]'s grid, and copying each next item's
-    /// state and token rows to shared memory (`cp.async`) while the current item's tokens run, so
-    /// that memory streams under the tokens' arithmetic instead of between them. Grid: up to
-    /// `CTAS_PER_SM` per SM; `layout::decode::PREFETCH_SMEM_BYTES` (four CTAs need
-    /// `layout::decode::PREFETCH_SMEM_PER_SM`). Same results bit for bit.
-    ///
-    /// # Safety
-    /// As [`kda_decode_step`]'s.
-    kda_decode_step_prefetch,
-    true
-}
-
-/// The decode step's tables of sequences and tokens ([`kda_decode_step`]'s).
-#[derive(Clone, Copy)]
-struct Tables {
-    slots: *const i64,
-    fresh: *const u32,
-    parents: *const i64,
-    token_slots: *const i64,
-}
-
-/// Where an item stands: its slot (negative: padding) and whether it starts from zeros, read
-/// from the tables (`slots`, `fresh`) for sequence `n`.
-#[derive(Clone, Copy)]
-struct Start {
-    slot: i64,
-    fresh: bool,
-}
-
-impl Start {
-    /// Sequence `n`'s start.
-    ///
-    /// # Safety
-    /// `n` is a sequence of the tables.
-    #[inline(always)]
-    unsafe fn of(t: &Tables, n: usize) -> Self {
-        // SAFETY: see the function's contract.
-        unsafe { Self { slot: *t.slots.add(n), fresh: *t.fresh.add(n) != 0 } }
-    }
-}
-
-/// The decode step's items from this CTA's on, one per CTA (`PREFETCH` false: the grid has an
-/// item per CTA), or every `gridDim.x`-th with the next item's state and token rows copied to
-/// shared memory under the current item's tokens (`PREFETCH`). `dims` holds the entry's
-/// `heads`, `value_heads`, `key_dim`, `value_dim`, `gate_width`, `draft` and `sequences`.
-///
-/// # Safety
-/// The entries' contract.
-#[inline(always)]
-unsafe fn decode_items<const PREFETCH: bool>(x: Tensors, t: Tables, pool: *mut f32, dims: [u32; 7], codes: Codes) {
-    let [heads, value_heads, key_dim, value_dim, gate_width, draft, sequences] = dims;
-    let (h, hv, kd, vd, gw, d) =
-        (heads as usize, value_heads as usize, key_dim as usize, value_dim as usize, gate_width as usize, draft as usize);
-    // (`sizes_run` spelled out: through it the compiler no longer proves `Token::new`'s
-    // head-group division safe here, and the step spills more.)
-    if h == 0
-        || hv == 0
-        || !hv.is_multiple_of(h)
-        || kd == 0
-        || kd > MAX_K
-        || !kd.is_multiple_of(K_MULTIPLE)
-        || vd == 0
-        || !vd.is_multiple_of(COLS)
-        || !(gw == 1 || gw == kd)
-        || d == 0
-        || d > MAX_DRAFT
-    {
-        return; // the launcher never launches so; this proves the indices below safe
-    }
-    let dims = Dims { h, hv, kd, vd, gw };
-    let blocks = (vd / COLS) as u32;
-    let per_seq = value_heads.wrapping_mul(blocks);
-    let items = sequences.wrapping_mul(per_seq);
-    let mut item = block_idx_x() as u32;
-    // The plain step's grid has one CTA per item: its loop runs once.
-    let stride = if PREFETCH { grid_dim_x() as u32 } else { items };
-    let Some((n, i, col0)) = item_place(item, per_seq, blocks) else { return };
-    // SAFETY (block): the kernel's contract.
-    unsafe {
-        let mut start = Start::of(&t, n);
-        if PREFETCH && start.slot >= 0 {
-            Token::new(x, dims, i, col0, codes).prefetch(pool, n * d, d, start);
+    /// `N * draft` rows; `K` a multiple of `K_MULTIPLE` up to `MAX_K`, `V` a multiple of `COLS`.
+    pub unsafe fn kda_decode_step(
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        g: *const f32,
+        beta: *const f32,
+        a_log: *const f32,
+        dt_bias: *const f32,
+        slots: *const i64,
+        fresh: *const u32,
+        parents: *const i64,
+        token_slots: *const i64,
+        pool: *mut f32,
+        o: *mut u16,
+        pool_dtype: u32,
+        pool_layout: u32,
+        draft: u32,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        gate_mode: u32,
+        lower_bound_bits: u32,
+        scale_bits: u32,
+    ) {
+        let (h, hv, kd, vd, gw, d) = (
+            heads as usize,
+            value_heads as usize,
+            key_dim as usize,
+            value_dim as usize,
+            gate_width as usize,
+            draft as usize,
+        );
+        // (`sizes_run` and `cta_place` spelled out: through them the compiler no longer proves
+        // `Token::new`'s head-group division safe here, and the step spills more.)
+        if h == 0
+            || hv == 0
+            || !hv.is_multiple_of(h)
+            || kd == 0
+            || kd > MAX_K
+            || !kd.is_multiple_of(K_MULTIPLE)
+            || vd == 0
+            || !vd.is_multiple_of(COLS)
+            || !(gw == 1 || gw == kd)
+            || d == 0
+            || d > MAX_DRAFT
+        {
+            return; // the launcher never launches so; this proves the indices below safe
         }
-        loop {
-            let Some((n, i, col0)) = item_place(item, per_seq, blocks) else { return };
-            let token = Token::new(x, dims, i, col0, codes);
-            // This thread's key's gate scalars, requested with the next item's start: the
-            // tokens' staging waits for them, the next item's copies only for its start (the
-            // plan's tables and the head's scalars, not the sequence's pool slot, so a padding
-            // sequence reads nothing of the pool).
+        let blocks = (vd / COLS) as u32;
+        let per_seq = value_heads.wrapping_mul(blocks);
+        let b = block_idx_x() as u32;
+        let (Some(n), Some(rest)) = (b.checked_div(per_seq), b.checked_rem(per_seq)) else { return };
+        // (Checked divisions: the sizes are positive, which the compiler cannot see; no panic path.)
+        let (Some(i), Some(block)) = (rest.checked_div(blocks), rest.checked_rem(blocks)) else { return };
+        let (n, i, col0) = (n as usize, i as usize, block as usize * COLS);
+        let dims = Dims { h, hv, kd, vd, gw };
+        let codes = Codes { options, gate_mode, pool_dtype, pool_layout, lower_bound_bits, scale_bits };
+        let token = Token::new(Tensors { q, k, v, g, beta, a_log, dt_bias, o }, dims, i, col0, codes);
+        // SAFETY (block): the kernel's contract.
+        unsafe {
+            // The sequence's slot and start, and this thread's key's gate scalars, requested
+            // together: the state's loads wait for one memory round trip before them, and the
+            // tokens' staging for none (the plan's tables and the head's scalars, not the
+            // sequence's pool slot, so a padding sequence still reads nothing of the pool).
             let scalars = token.gate_scalars(thread_idx_x_fresh());
-            let next = item.wrapping_add(stride);
-            let next_place = if PREFETCH && next < items && next > item { item_place(next, per_seq, blocks) } else { None };
-            let next_start = next_place.map(|(n, ..)| Start::of(&t, n));
-            let live = start.slot >= 0;
+            let (slot, start_fresh) = (*slots.add(n), *fresh.add(n) != 0);
+            if slot < 0 {
+                return; // padding: nothing read or written
+            }
+            // Every token's rows copied to shared memory, under the state's loads; then
+            // converted once, so that each token waits on a barrier, not on memory.
+            token.copy_raw(n * d, d);
+            // `s` is the state after token `current` (-1: the initial state, read from the slot,
+            // or zeros).
             let mut s: Keys = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-            if live {
-                token.begin::<PREFETCH>(pool, (n, d), start, scalars, &mut s);
+            if !start_fresh {
+                token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
             }
-            // The next item's copies, once every thread has read this item's.
-            if let (Some((n, i, col0)), Some(start)) = (next_place, next_start)
-                && start.slot >= 0
-            {
-                Token::new(x, dims, i, col0, codes).prefetch(pool, n * d, d, start);
+            token.stage_raw(d, scalars);
+            let mut current = -1i64;
+            for t in 0..d {
+                let row = n * d + t;
+                let parent = if parents.is_null() { t as i64 - 1 } else { *parents.add(row) };
+                // The tokens to run, as a bit mask over the sequence's tokens: `t`, after the
+                // parent's ancestors from the initial state when `s` is not the parent's state.
+                let mut run = 1u32 << t;
+                if parent != current {
+                    // Rebuild from the initial state, read again (the contract keeps a tree's own
+                    // slot unwritten until the call ends), rather than held in registers.
+                    s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
+                    if !start_fresh {
+                        token.load(pool, token.bf16_pool, token.value_first_pool, slot as usize, &mut s);
+                    }
+                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes its
+                    // token by the contract.)
+                    let mut at = parent;
+                    for _ in 0..MAX_DRAFT {
+                        if at < 0 || at as usize >= t {
+                            break;
+                        }
+                        run |= 1 << at;
+                        at = if parents.is_null() { at - 1 } else { *parents.add(n * d + at as usize) };
+                    }
+                }
+                // Ancestors precede their tokens, so running the mask in token order runs the
+                // path from the root (one call site of `step`: the kernel keeps one copy of it).
+                for u in 0..=t {
+                    if run & (1 << u) != 0 {
+                        // (A staged token uses no loading stage: parity 0.)
+                        token.step(n * d + u, Some(u), &mut s, u == t, 0);
+                        token.as_stored(&mut s);
+                    }
+                }
+                current = t as i64;
+                let store = if token_slots.is_null() {
+                    if t + 1 == d { slot } else { -1 }
+                } else {
+                    *token_slots.add(row)
+                };
+                if store >= 0 {
+                    token.store(pool, store as usize, &s);
+                }
             }
-            if live {
-                token.run_tokens(&t, pool, (n, d), start, &mut s);
-            }
-            let Some(next_start) = next_start else { return };
-            (item, start) = (next, next_start);
         }
     }
-}
-
-/// Item `item`'s sequence, value head and first column, items being sequence-major (`per_seq`
-/// per sequence), then value heads, then `blocks` blocks of `COLS` columns. `None` only for
-/// sizes the kernels refuse (checked divisions: the sizes are positive, which the compiler
-/// cannot see; no panic path).
-#[inline(always)]
-fn item_place(item: u32, per_seq: u32, blocks: u32) -> Option<(usize, usize, usize)> {
-    let (n, rest) = (item.checked_div(per_seq)?, item.checked_rem(per_seq)?);
-    let (i, block) = (rest.checked_div(blocks)?, rest.checked_rem(blocks)?);
-    Some((n as usize, i as usize, block as usize * COLS))
 }
 
 kernel_entry! {
@@ -350,7 +299,6 @@ fn cta_place(value_heads: u32, vd: usize) -> Option<(usize, usize, usize)> {
 }
 
 /// The tensors a token reads (and `o`, which it writes).
-#[derive(Clone, Copy)]
 struct Tensors {
     q: *const u16,
     k: *const u16,
@@ -373,7 +321,6 @@ struct Dims {
 }
 
 /// The launch's option words, as the kernels take them.
-#[derive(Clone, Copy)]
 struct Codes {
     options: u32,
     gate_mode: u32,
@@ -441,28 +388,6 @@ impl Place {
     }
 }
 
-/// Where vector `part` (`STATES_PER_COPY` states) of key row `key` lies in the prefetched
-/// key-first state ([`Token::copy_state`]): the vectors of each row permuted by the key, so that
-/// a warp's read of one vector per lane ([`Token::load_prefetched`]: `KEY_LANES` rows `KEY_VECTOR`
-/// apart, `COL_LANES` consecutive vectors each) spreads over every bank instead of landing on
-/// the same ones (rows of 256 bytes, or 128 of bf16, map to the same banks): four wavefronts of
-/// 16-byte reads (two of 8-byte ones), the fewest a warp's vectors take, where unpermuted rows
-/// took eight.
-#[inline(always)]
-fn swizzled(key: usize, part: usize, bf16: bool) -> usize {
-    // The key lane of the rows a warp reads together.
-    let lane = (key / KEY_VECTOR) % KEY_LANES;
-    // 16-byte vectors: 8 of them fill the banks once; 8-byte vectors: 16 of them, so the lanes'
-    // offsets step by four vectors (a warp's column lanes fill the four between).
-    let offset = if bf16 { (lane * COL_LANES) % (2 * KEY_LANES) } else { lane };
-    part ^ offset
-}
-
-const _: () = assert!(
-    COLS / STATES_PER_COPY == 2 * KEY_LANES && COL_LANES == 4,
-    "`swizzled` permutes a row's 16 vectors in place, four column lanes to a warp"
-);
-
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
 fn unpack4(w: [u32; 2]) -> [f32; 4] {
     let half = |x: u32, hi: bool| bf16_to_f32(if hi { (x >> 16) as u16 } else { x as u16 });
@@ -499,11 +424,11 @@ struct GateScalars {
     bias: f32,
 }
 
-/// Where a token's threads read its `v` and `beta`: the draft token's stage, or values loaded
-/// from memory before the token's barrier.
+/// Where a token's threads read its `v` and `beta`: the draft token's raw slot (shared
+/// address), or values loaded from memory before the token's barrier.
 #[derive(Clone, Copy)]
 enum Inputs {
-    Staged,
+    Staged(u32),
     Loaded([f32; VEC], f32),
 }
 
@@ -541,7 +466,7 @@ impl Token {
             vd: d.vd,
             gw: d.gw,
             i,
-            j: d.hv.checked_div(d.h).and_then(|group| i.checked_div(group)).unwrap_or(0),
+            j: i.checked_div(d.hv / d.h).unwrap_or(0),
             col0,
             options: c.options,
             gate_mode: c.gate_mode,
@@ -549,204 +474,6 @@ impl Token {
             value_first_pool: c.pool_layout == StateLayoutCode::ValueFirst as u32,
             lower_bound: f32::from_bits(c.lower_bound_bits),
             scale: f32::from_bits(c.scale_bits),
-        }
-    }
-
-    /// The start of sequence `n`'s `d` tokens on this CTA's item from `start` (not padding),
-    /// with this thread's key's gate `scalars`: the state into `s` (zeros when fresh) from the
-    /// slot, or with `PREFETCH` from its copy in shared memory ([`Token::prefetch`]), and the
-    /// tokens staged. With `PREFETCH` every thread has then read the copies, which the next
-    /// item's may overwrite.
-    ///
-    /// # Safety
-    /// Every thread calls it; the kernel's contract; with `PREFETCH` the item's copies were
-    /// issued; `s` holds zeros.
-    #[inline(always)]
-    unsafe fn begin<const PREFETCH: bool>(
-        &self,
-        pool: *const f32,
-        (n, d): (usize, usize),
-        start: Start,
-        scalars: GateScalars,
-        s: &mut Keys,
-    ) {
-        // SAFETY (block): the kernel's contract.
-        unsafe {
-            if !PREFETCH {
-                // Every token's rows copied to shared memory, under the state's loads; then
-                // converted once, so that each token waits on nothing but its warp.
-                self.copy_raw(n * d, d);
-                if !start.fresh {
-                    self.load(pool, self.bf16_pool, self.value_first_pool, start.slot as usize, s);
-                }
-            }
-            self.stage_raw(d, scalars);
-            if PREFETCH {
-                if !start.fresh {
-                    self.load_prefetched(s);
-                }
-                sync_threads();
-            }
-        }
-    }
-
-    /// Sequence `n`'s `d` tokens through `s` (its initial state, from [`Token::begin`]), each
-    /// token's state stored where the tables say.
-    ///
-    /// # Safety
-    /// Every thread calls it, after [`Token::begin`]; the kernel's contract.
-    #[inline(always)]
-    unsafe fn run_tokens(&self, t: &Tables, pool: *mut f32, (n, d): (usize, usize), start: Start, s: &mut Keys) {
-        let slot = start.slot as usize;
-        // SAFETY (block): the kernel's contract.
-        unsafe {
-            // `s` is the state after token `current` (-1: the initial state).
-            let mut current = -1i64;
-            for tok in 0..d {
-                let row = n * d + tok;
-                let parent = if t.parents.is_null() { tok as i64 - 1 } else { *t.parents.add(row) };
-                // The tokens to run, as a bit mask over the sequence's tokens: `tok`, after the
-                // parent's ancestors from the initial state when `s` is not the parent's state.
-                let mut run = 1u32 << tok;
-                if parent != current {
-                    // Rebuild from the initial state, read again from the slot (the contract
-                    // keeps a tree's own slot unwritten until the call ends), rather than held
-                    // in registers.
-                    *s = [[0.0; VEC]; MAX_KEYS_PER_THREAD];
-                    if !start.fresh {
-                        self.load(pool, self.bf16_pool, self.value_first_pool, slot, s);
-                    }
-                    // (At most `MAX_DRAFT` steps whatever the table holds: each parent precedes
-                    // its token by the contract.)
-                    let mut at = parent;
-                    for _ in 0..MAX_DRAFT {
-                        if at < 0 || at as usize >= tok {
-                            break;
-                        }
-                        run |= 1 << at;
-                        at = if t.parents.is_null() { at - 1 } else { *t.parents.add(n * d + at as usize) };
-                    }
-                }
-                // Ancestors precede their tokens, so running the mask in token order runs the
-                // path from the root (one call site of `step`: the kernel keeps one copy of it).
-                for u in 0..=tok {
-                    if run & (1 << u) != 0 {
-                        // (A staged token uses no loading stage: parity 0.)
-                        self.step(n * d + u, Some(u), s, u == tok, 0);
-                        self.as_stored(s);
-                    }
-                }
-                current = tok as i64;
-                let store = if t.token_slots.is_null() {
-                    if tok + 1 == d { start.slot } else { -1 }
-                } else {
-                    *t.token_slots.add(row)
-                };
-                if store >= 0 {
-                    self.store(pool, store as usize, s);
-                }
-            }
-        }
-    }
-
-    /// Issues the copies of an item's inputs to shared memory for [`Token::begin`] with
-    /// prefetching: the `d` token rows from `first_row` to their raw slots and, unless the
-    /// sequence starts fresh, this CTA's block of its state ([`Token::copy_state`]).
-    ///
-    /// # Safety
-    /// Every thread calls it, after every thread has read the previous item's copies; `start`
-    /// is not padding; the kernel's contract.
-    #[inline(always)]
-    unsafe fn prefetch(&self, pool: *const f32, first_row: usize, d: usize, start: Start) {
-        // SAFETY: the function's contract.
-        unsafe {
-            self.copy_raw(first_row, d);
-            if !start.fresh {
-                self.copy_state(pool, start.slot as usize);
-            }
-        }
-    }
-
-    /// The CTA's block of the state in `slot` (its `COLS` columns of every key) copied to
-    /// `layout::decode::STATE_AT` as the pool holds it (layout and element type), rows packed:
-    /// `[K][COLS]` key-first, `[COLS][K]` value-first; `STATES_PER_COPY` states per copy, the
-    /// threads taking consecutive copies.
-    ///
-    /// # Safety
-    /// `slot` lies inside the pool; no thread reads the state's copy until the next
-    /// [`Token::stage_raw`]; the pool is 16-byte aligned (bf16: 8-byte).
-    #[inline(always)]
-    unsafe fn copy_state(&self, pool: *const f32, slot: usize) {
-        let (kd, vd) = (self.kd, self.vd);
-        let head = slot * self.hv + self.i;
-        // Rows of the block, states per row, and the first state of row `r` in the pool.
-        let (row_states, first) = if self.value_first_pool {
-            (kd, (head * vd + self.col0) * kd)
-        } else {
-            (COLS, head * kd * vd + self.col0)
-        };
-        let (rows, row_stride) = if self.value_first_pool { (COLS, kd) } else { (kd, vd) };
-        let copies_per_row = (row_states / STATES_PER_COPY) as u32;
-        let buffer = smem_base_shared() + (STATE_AT * 4) as u32;
-        let tid = thread_idx_x_fresh();
-        for c in 0..STATE_COPIES_PER_THREAD {
-            let copy = (c * THREADS + tid) as u32;
-            // (Checked: `copies_per_row` is positive, which the compiler cannot see.)
-            let (Some(r), Some(part)) = (copy.checked_div(copies_per_row), copy.checked_rem(copies_per_row)) else {
-                return;
-            };
-            let (r, part) = (r as usize, part as usize);
-            if r < rows {
-                let state = first + r * row_stride + part * STATES_PER_COPY;
-                let part = if self.value_first_pool { part } else { swizzled(r, part, self.bf16_pool) };
-                let packed = r * row_states + part * STATES_PER_COPY;
-                // SAFETY: the row and its states lie inside the slot's head (the function's
-                // contract); each copy is aligned to its size (the pool's alignment, and every
-                // offset a multiple of `STATES_PER_COPY`).
-                unsafe {
-                    if self.bf16_pool {
-                        let src = (pool as *const u16).add(state) as *const u8;
-                        cp_async_8(buffer + (packed * 2) as u32, src, 8);
-                    } else {
-                        cp_async_16(buffer + (packed * 4) as u32, pool.add(state) as *const u8, 16);
-                    }
-                }
-            }
-        }
-    }
-
-    /// This thread's keys of the state [`Token::copy_state`] copied, into `s` (as
-    /// [`Token::load`] reads them from the pool: the same values).
-    ///
-    /// # Safety
-    /// The copies landed and are visible to every thread (after [`Token::stage_raw`]).
-    #[inline(always)]
-    unsafe fn load_prefetched(&self, s: &mut Keys) {
-        let at = Place::fresh();
-        let buffer = smem_base_shared() + (STATE_AT * 4) as u32;
-        let bytes = if self.bf16_pool { 2 } else { 4 };
-        let addr = |packed: usize| buffer + (packed * bytes) as u32;
-        // SAFETY (block): every offset lies inside the copied block (keys below `K`, columns
-        // below `COLS`), vectors aligned to their size.
-        unsafe {
-            for (t, row) in s.iter_mut().enumerate() {
-                if t < self.keys() {
-                    let key = at.key(t);
-                    if self.value_first_pool {
-                        for (x, value) in row.iter_mut().enumerate() {
-                            let a = addr((VEC * at.col_lane + x) * self.kd + key);
-                            *value = if self.bf16_pool { bf16_to_f32(ld_shared_u16(a)) } else { ld_shared_f32(a) };
-                        }
-                    } else {
-                        let a = addr(key * COLS + VEC * swizzled(key, at.col_lane, self.bf16_pool));
-                        *row = if self.bf16_pool {
-                            unpack4(ld_shared_v2_f32(a).map(f32::to_bits))
-                        } else {
-                            floats4(ld_shared_v4(a))
-                        };
-                    }
-                }
-            }
         }
     }
 
@@ -911,11 +638,9 @@ impl Token {
         }
     }
 
-    /// Waits for [`Token::copy_raw`]'s copies (and any other of this thread's), then converts
-    /// each of the `d` tokens' `q`, `k` and gate into its stage (f32, the decay activated), one
-    /// key per thread, the thread's key's gate scalars `scalars` ([`Token::gate_scalars`]), and
-    /// its `v` (one column per thread) and `beta`. Two CTA barriers, after which no thread reads
-    /// the raw slots again.
+    /// Waits for [`Token::copy_raw`]'s copies, then converts each of the `d` tokens' `q`, `k` and
+    /// gate into its stage (f32, the decay activated), one key per thread, the thread's key's
+    /// gate scalars `scalars` ([`Token::gate_scalars`]). Two CTA barriers.
     ///
     /// # Safety
     /// Every thread calls it, after `copy_raw(_, d)`.
@@ -934,18 +659,6 @@ impl Token {
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
                         let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
                         self.stage_key(stage_of(t), tid, q, k, g, scalars);
-                    }
-                }
-            }
-            if tid < COLS {
-                for t in 0..MAX_DRAFT {
-                    if t < d {
-                        let (raw, stage) = (raw_slot(t), stage_of(t));
-                        let v = bf16_to_f32(ld_shared_u16(raw + (RAW_V + 2 * tid) as u32));
-                        st_shared_f32(stage + ((STAGE_V + tid) * 4) as u32, v);
-                        if tid == 0 {
-                            st_shared_f32(stage + (STAGE_BETA * 4) as u32, ld_shared_f32(raw + RAW_BETA as u32));
-                        }
                     }
                 }
             }
@@ -989,9 +702,9 @@ impl Token {
         // SAFETY: see the function's contract.
         unsafe {
             let word = |x: usize| stage + (x * 4) as u32;
-            st_shared_f32(word(STAGE_Q + key), q);
-            st_shared_f32(word(STAGE_K + key), k);
-            st_shared_f32(word(STAGE_DECAY + key), decay);
+            st_shared_f32(word(key), q);
+            st_shared_f32(word(MAX_K + key), k);
+            st_shared_f32(word(2 * MAX_K + key), decay);
         }
     }
 
@@ -1017,7 +730,7 @@ impl Token {
             let c = self.col0 + VEC * at.col_lane;
             // `v` and `beta`: from the raw slot when staged, else from memory.
             let (stage, inputs) = match staged {
-                Some(t) => (stage_of(t), Inputs::Staged),
+                Some(t) => (stage_of(t), Inputs::Staged(raw_slot(t))),
                 None => {
                     // The token's q, k and decay staged (one key per thread), and this thread's
                     // v and beta, all loads issued before the wait. The stage is rewritten two
@@ -1037,7 +750,7 @@ impl Token {
                     (stage, loaded)
                 }
             };
-            let (qs, ks, decays) = (stage + word(STAGE_Q), stage + word(STAGE_K), stage + word(STAGE_DECAY));
+            let (qs, ks, decays) = (stage, stage + word(MAX_K), stage + word(2 * MAX_K));
 
             // The decayed state, and this thread's parts of S^T k, S^T q, q . q, k . k, k . q,
             // its keys' staged values read four at a time.
@@ -1069,9 +782,9 @@ impl Token {
             }
             let (nq, nk, kq) = (add_key_lanes(nq), add_key_lanes(nk), add_key_lanes(kq));
             let (v, b_raw) = match inputs {
-                Inputs::Staged => {
-                    let v = floats4(ld_shared_v4(stage + word(STAGE_V + VEC * at.col_lane)));
-                    (v, ld_shared_f32(stage + word(STAGE_BETA)))
+                Inputs::Staged(raw) => {
+                    let v = ld_shared_v2_f32(raw + (RAW_V + 2 * VEC * at.col_lane) as u32).map(f32::to_bits);
+                    (unpack4(v), ld_shared_f32(raw + RAW_BETA as u32))
                 }
                 Inputs::Loaded(v, b_raw) => (v, b_raw),
             };

@@ -305,17 +305,8 @@ pub mod decode {
     pub const MAX_K: usize = 128;
     /// Keys per thread at `MAX_K`.
     pub const MAX_KEYS_PER_THREAD: usize = MAX_K / KEY_LANES;
-    /// Word offsets inside a token's stage (f32): `q`, `k` and the decay per key (`[MAX_K]`
-    /// each), the CTA's columns of `v` (`[COLS]`) and `beta` (padded to a 16-byte vector), so
-    /// that a staged token reads nothing of its raw slot, which the next item's copies may then
-    /// overwrite while it runs.
-    pub const STAGE_Q: usize = 0;
-    pub const STAGE_K: usize = STAGE_Q + MAX_K;
-    pub const STAGE_DECAY: usize = STAGE_K + MAX_K;
-    pub const STAGE_V: usize = STAGE_DECAY + MAX_K;
-    pub const STAGE_BETA: usize = STAGE_V + COLS;
-    /// f32 words of a token's stage.
-    pub const STAGE_WORDS: usize = STAGE_BETA + KEY_VECTOR;
+    /// f32 words of a token's staged inputs: `q`, `k` and the decay per key (`[MAX_K]` each).
+    pub const STAGE_WORDS: usize = 3 * MAX_K;
     /// The most tokens per sequence one call runs (speculative decoding's draft tokens): a
     /// token's path from the initial state is a bit mask over the sequence's tokens in one
     /// register, and a path has at most this many steps.
@@ -339,29 +330,10 @@ pub mod decode {
     /// token's raw inputs.
     pub const STAGES_AT: usize = 0;
     pub const RAW_AT: usize = STAGES_AT + MAX_DRAFT * STAGE_WORDS;
-    /// f32 words of shared memory: 23 KB, four CTAs per SM on every sm_80+ GPU.
+    /// f32 words of shared memory: 21 KB, four CTAs per SM on every sm_80+ GPU.
     pub const SMEM_WORDS: usize = RAW_AT + MAX_DRAFT * RAW_TOKEN_BYTES / 4;
     /// Bytes of shared memory.
     pub const SMEM_BYTES: usize = SMEM_WORDS * 4;
-    /// Where the prefetching step (`kda_decode_step_prefetch`) copies its next item's state (f32
-    /// words): the block's `MAX_K x COLS` states in the pool's layout and element type, after
-    /// the stages and raw slots.
-    pub const STATE_AT: usize = SMEM_WORDS;
-    /// f32 words of the prefetched state at the largest sizes (an f32 pool).
-    pub const STATE_WORDS: usize = MAX_K * COLS;
-    /// Bytes of shared memory of the prefetching step: 55 KB, so that four CTAs per SM need the
-    /// 228 KB of an SM of compute capability 9.0 or 10.0 (`PREFETCH_SMEM_PER_SM`).
-    pub const PREFETCH_SMEM_BYTES: usize = (STATE_AT + STATE_WORDS) * 4;
-    /// Shared memory per SM the prefetching step needs for `CTAS_PER_SM` CTAs, the driver's
-    /// reserve per CTA (`portable::RESERVED_SMEM_PER_CTA`) included: devices with less run the
-    /// step that loads each state when its CTA starts.
-    pub const PREFETCH_SMEM_PER_SM: usize =
-        CTAS_PER_SM * (PREFETCH_SMEM_BYTES + super::portable::RESERVED_SMEM_PER_CTA);
-    /// States per prefetch copy: a 16-byte copy of f32 states, an 8-byte one of bf16 (a bf16
-    /// pool is only 8-byte aligned).
-    pub const STATES_PER_COPY: usize = VEC;
-    /// Copies per thread of a prefetched state at the largest sizes.
-    pub const STATE_COPIES_PER_THREAD: usize = STATE_WORDS / STATES_PER_COPY / THREADS;
 
     /// Copies staging one token at the largest sizes: 16-byte copies of `q`, `k`, the gate and
     /// `v`, and one f32 of `beta`.
@@ -371,9 +343,6 @@ pub mod decode {
         assert!(RAW_TOKEN_BYTES.is_multiple_of(COPY_BYTES) && RAW_AT.is_multiple_of(4), "staged rows 16-byte aligned");
         assert!(TOKEN_COPIES <= THREADS, "one copy per thread per token stages a token's rows");
         assert!(CTAS_PER_SM * SMEM_BYTES <= super::SM80_SMEM_PER_CTA, "four CTAs per SM on sm_86 and sm_89");
-        assert!(PREFETCH_SMEM_PER_SM <= 228 * 1024, "four prefetching CTAs per SM on 9.0 and 10.0");
-        assert!(STATE_WORDS.is_multiple_of(STATES_PER_COPY * THREADS), "whole copies per thread");
-        assert!(STAGE_WORDS.is_multiple_of(KEY_VECTOR) && STAGE_V.is_multiple_of(VEC), "stage vectors 16-byte aligned");
     };
 }
 

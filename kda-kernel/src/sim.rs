@@ -108,8 +108,6 @@ impl std::error::Error for SimError {}
 pub struct Cta {
     /// `%ctaid.x`.
     pub index: usize,
-    /// `%nctaid.x`.
-    pub grid: usize,
     /// `blockDim.x`.
     pub threads: usize,
     shared: SharedMemory,
@@ -321,7 +319,6 @@ impl Cta {
             .collect();
         Self {
             index,
-            grid: launch.grid,
             threads: launch.block,
             shared: SharedMemory::new(launch.shared_bytes),
             shadow: Shadow::new(launch.shared_bytes),

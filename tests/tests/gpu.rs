@@ -138,11 +138,7 @@ fn every_load_option_runs_the_fixtures() {
     let ctx = gpu.kda.context().clone();
     for code in [Code::Ptx, Code::Cubin] {
         for module in [Module::Native, Module::Portable] {
-            let kda = Kda::with_options(
-                ctx.clone(),
-                KdaOptions { code, module, auto: Kernel::Auto, ..KdaOptions::default() },
-            )
-            .unwrap();
+            let kda = Kda::with_options(ctx.clone(), KdaOptions { code, module, auto: Kernel::Auto }).unwrap();
             let loaded = kda.module_code();
             println!("{code:?} {module:?}: kernels from {loaded}");
             if code == Code::Cubin && !matches!(loaded, ModuleCode::Cubin(_)) {
@@ -825,64 +821,6 @@ fn decode_step_matches_the_pooled_reference() {
         let plan = DecodePlan::new(&gpu.stream, p.shape, p.options, shape, &case.indices, &case.fresh);
         let (pool, o) = kda_tests::run_decode(&gpu, p, &plan.unwrap(), &kda_tests::transposed(&case.pool, kd, vd));
         case.check(&kda_tests::transposed(&pool, vd, kd), &o);
-    }
-}
-
-/// The two forms of the decode step (`KdaOptions::decode`: one CTA per item, and persistent
-/// CTAs prefetching each next item's state) on every decode case and on the verify cases' trees,
-/// bit for bit the same outputs and pools, on f32 and bf16 pools.
-#[test]
-fn the_plain_and_prefetching_decode_steps_agree_bit_for_bit() {
-    use kda::pool::StateDtype;
-    use kda::{DecodePlan, DecodeStep, KdaOptions};
-    let with = |decode| {
-        let gpu = Gpu::open();
-        let options = KdaOptions { decode, ..KdaOptions::from_env().unwrap() };
-        let kda = kda::Kda::with_options(gpu.stream.context().clone(), options).unwrap();
-        Gpu { kda, stream: gpu.stream }
-    };
-    let prefetching = DecodeStep::Prefetch { ctas_per_sm: 2 };
-    let (plain, prefetch) = (with(DecodeStep::Plain), with(prefetching));
-    assert_eq!((plain.kda.decode_step(), prefetch.kda.decode_step()), (DecodeStep::Plain, prefetching));
-    let bits = |x: &[kda::bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    let f32_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for case in kda_tests::decode_cases() {
-        let p = &case.p;
-        let run = |gpu: &Gpu| {
-            let plan = DecodePlan::new(&gpu.stream, p.shape, p.options, case.pool_shape, &case.indices, &case.fresh);
-            kda_tests::run_decode(gpu, p, &plan.unwrap(), &case.pool)
-        };
-        let ((pool_a, o_a), (pool_b, o_b)) = (run(&plain), run(&prefetch));
-        assert_eq!(bits(&o_a), bits(&o_b), "{}: o", case.name);
-        assert_eq!(f32_bits(&pool_a), f32_bits(&pool_b), "{}: pool", case.name);
-    }
-    for case in kda_tests::verify_cases() {
-        let p = &case.p;
-        let bf16_shape = kda::pool::PoolShape { dtype: StateDtype::Bf16, ..case.pool_shape };
-        let bf16_pool: Vec<kda::bf16> = case.pool.iter().map(|&x| kda::bf16::from_f32(x)).collect();
-        let plan = |gpu: &Gpu, shape| {
-            let (indices, fresh, parents, slots) = (&case.indices, &case.fresh, &case.parents, &case.token_slots);
-            DecodePlan::verify(
-                &gpu.stream,
-                p.shape,
-                p.options,
-                shape,
-                indices,
-                fresh,
-                case.draft,
-                Some(parents),
-                Some(slots),
-            )
-            .unwrap()
-        };
-        let f32_run = |gpu: &Gpu| kda_tests::run_decode(gpu, p, &plan(gpu, case.pool_shape), &case.pool);
-        let ((pool_a, o_a), (pool_b, o_b)) = (f32_run(&plain), f32_run(&prefetch));
-        assert_eq!(bits(&o_a), bits(&o_b), "{}: o", case.name);
-        assert_eq!(f32_bits(&pool_a), f32_bits(&pool_b), "{}: pool", case.name);
-        let bf16_run = |gpu: &Gpu| kda_tests::run_decode(gpu, p, &plan(gpu, bf16_shape), &bf16_pool);
-        let ((pool_a, o_a), (pool_b, o_b)) = (bf16_run(&plain), bf16_run(&prefetch));
-        assert_eq!(bits(&o_a), bits(&o_b), "{}: o (bf16 pool)", case.name);
-        assert_eq!(bits(&pool_a), bits(&pool_b), "{}: bf16 pool", case.name);
     }
 }
 

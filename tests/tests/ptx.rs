@@ -8,10 +8,9 @@
 use kda::ptx::{SM80, SM90A};
 use kda_cli::cuda_tool;
 use kda_kernel::abi::{
-    ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, DECODE_PREFETCH, HOPPER, HOPPER_FUSED, HOPPER_K64,
-    HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW,
-    HOPPER_NARROW_FUSED, KERNELS, LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE,
-    PORTABLE_ENTRIES, REGISTERS_PER_SM,
+    ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_FUSED, HOPPER_K64, HOPPER_K64_FUSED,
+    HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW, HOPPER_NARROW_FUSED, KERNELS,
+    LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES, REGISTERS_PER_SM,
 };
 use kda_kernel::layout::decode;
 use std::path::{Path, PathBuf};
@@ -24,10 +23,6 @@ const BASELINE_CTAS_PER_SM: usize = 2;
 /// 64-bit row offsets at 128 registers, 52 to 68 reloaded; for sm_90 and later none); never the
 /// state, which is 256 bytes per thread.
 const DECODE_SPILL_LIMIT: usize = 96;
-/// Spill bytes the prefetching decode step may have: its item loop keeps the next item's start
-/// and place beside a token's 64 state values, and ptxas spills a few words of them around
-/// each item (not inside a token's products: a handful of local accesses per item).
-const PREFETCH_SPILL_LIMIT: usize = 320;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -203,7 +198,7 @@ fn the_portable_ptx_assembles_without_spills_for_every_gpu_it_serves() {
         let (_, report) = assemble_as(SM80, arch, &format!("jit-{arch}"));
         for k in &portable {
             let r = resources(&report, k.entry);
-            if [DECODE.entry, DECODE_PREFETCH.entry, ADVANCE.entry].contains(&k.entry) {
+            if k.entry == DECODE.entry || k.entry == ADVANCE.entry {
                 continue; // `the_decode_step_keeps_its_state_in_registers_for_every_gpu`
             }
             if k.smem_bytes > optin_smem(arch) {
@@ -481,19 +476,14 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
         // Once each in the code: the decode step's two barriers of staging every token's
         // copied rows (a token's sums stay inside each warp: no barrier of its own); the
         // checkpoint kernel's one per token (its loaded inputs).
-        // The prefetching step: one more, after every thread has read its item's copies.
-        for (abi, barriers, spill_limit) in [
-            (&DECODE, 2, DECODE_SPILL_LIMIT),
-            (&DECODE_PREFETCH, 3, PREFETCH_SPILL_LIMIT),
-            (&ADVANCE, 1, DECODE_SPILL_LIMIT),
-        ] {
+        for (abi, barriers) in [(&DECODE, 2), (&ADVANCE, 1)] {
             let r = resources(&report, abi.entry);
             println!("{arch} {}: {r:?}", abi.entry);
             assert!(r.registers <= DECODE_MAX_REGISTERS as usize, "{arch} {}: {r:?}", abi.entry);
-            let spills = r.spill_stores <= spill_limit && r.spill_loads <= spill_limit;
+            let spills = r.spill_stores <= DECODE_SPILL_LIMIT && r.spill_loads <= DECODE_SPILL_LIMIT;
             assert!(spills, "{arch} {}: {r:?}", abi.entry);
             let body = function_sass(&code, abi.entry);
-            let store = if abi.entry == ADVANCE.entry { "STG.E" } else { "STG.E.128" };
+            let store = if abi.entry == DECODE.entry { "STG.E.128" } else { "STG.E" };
             for op in ["LDG.E", store, "SHFL.BFLY"] {
                 assert!(body.contains(op), "{arch} {} SASS lacks {op}", abi.entry);
             }
@@ -507,10 +497,5 @@ fn the_decode_step_keeps_its_state_in_registers_for_every_gpu() {
         let decode = function_sass(&code, DECODE.entry);
         assert!(decode.contains("LDG.E.128"), "{arch}: the decode step reads the f32 state as 16-byte vectors");
         assert!(decode.contains("LDGSTS"), "{arch}: the decode step copies its tokens' rows with cp.async");
-        let prefetch = function_sass(&code, DECODE_PREFETCH.entry);
-        assert!(
-            prefetch.contains("LDGSTS.E.BYPASS.128") && prefetch.contains("LDS.128"),
-            "{arch}: the prefetching step copies f32 states 16 bytes at a time and reads them back as vectors"
-        );
     }
 }

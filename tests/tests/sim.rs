@@ -933,7 +933,7 @@ fn the_layer_kernels_reproduce_the_layer_fixtures() {
 /// and block of `COLS` columns): `p` holds `N * draft` token rows, `slots` and `fresh` one entry
 /// per sequence (plus the launcher's padding entry, see `SlotUse::decode_tables`), `parents` and
 /// `token_slots` one per token or empty. Returns `o`, poisoned first; `pool` is updated in place.
-fn sim_decode<P: PoolElement + Copy>(
+fn sim_decode<P: PoolElement>(
     p: &LayerProblem,
     slots: &[i64],
     fresh: &[u32],
@@ -943,43 +943,8 @@ fn sim_decode<P: PoolElement + Copy>(
     sim_decode_in(StateLayout::KeyFirst, p, slots, fresh, tables, pool)
 }
 
-/// [`sim_decode`] over a pool of `layout`: the plain step (one CTA per item) and the prefetching
-/// step (persistent CTAs, fewer than the items, so that each runs several and prefetches under
-/// them) on copies of `pool`, which must agree bit for bit; their result.
-fn sim_decode_in<P: PoolElement + Copy>(
-    layout: StateLayout,
-    p: &LayerProblem,
-    slots: &[i64],
-    fresh: &[u32],
-    tables: &DraftTables,
-    pool: &mut [P],
-) -> Vec<bf16> {
-    let items = (slots.len() - 1) * p.shape.value_heads * (p.shape.value_dim / kda_kernel::layout::decode::COLS);
-    let mut prefetched = pool.to_vec();
-    let o = sim_decode_entry(DecodeEntry::Plain, layout, p, slots, fresh, tables, pool);
-    // Three persistent CTAs: every CTA past the first item runs from a prefetched copy.
-    let ctas = items.clamp(1, 3);
-    let o_prefetched = sim_decode_entry(DecodeEntry::Prefetch(ctas), layout, p, slots, fresh, tables, &mut prefetched);
-    let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&o), bits(&o_prefetched), "the prefetching step's o differs from the plain step's");
-    // SAFETY: both are slices of plain numbers (f32 or bf16), viewed as their bytes.
-    let bytes = |x: &[P]| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) };
-    assert!(bytes(pool) == bytes(&prefetched), "the prefetching step's states differ from the plain step's");
-    o
-}
-
-/// Which decode entry [`sim_decode_entry`] runs.
-#[derive(Clone, Copy)]
-enum DecodeEntry {
-    /// `kda_decode_step`, one CTA per item.
-    Plain,
-    /// `kda_decode_step_prefetch` on this many CTAs.
-    Prefetch(usize),
-}
-
-/// The decode kernel `entry` on the simulator (as [`sim_decode_in`]).
-fn sim_decode_entry<P: PoolElement>(
-    entry: DecodeEntry,
+/// [`sim_decode`] over a pool of `layout`.
+fn sim_decode_in<P: PoolElement>(
     layout: StateLayout,
     p: &LayerProblem,
     slots: &[i64],
@@ -999,16 +964,16 @@ fn sim_decode_entry<P: PoolElement>(
     let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
     let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
     let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
-    let items = seqs * s.value_heads * (s.value_dim / decode::COLS);
-    let (grid, shared_bytes) = match entry {
-        DecodeEntry::Plain => (items, decode::SMEM_BYTES),
-        DecodeEntry::Prefetch(ctas) => (ctas, decode::PREFETCH_SMEM_BYTES),
+    let launch = Launch {
+        grid: seqs * s.value_heads * (s.value_dim / decode::COLS),
+        block: decode::THREADS,
+        shared_bytes: decode::SMEM_BYTES,
     };
-    let launch = Launch { grid, block: decode::THREADS, shared_bytes };
-    // The entries take the same arguments.
-    macro_rules! call {
-        ($kernel:path) => {
-            $kernel(
+    // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
+    // pool (`slot_uses`, `draft_tables`).
+    unsafe {
+        sim::launch(launch, || {
+            kda_kernel::decode::kda_decode_step(
                 q.ptr() as *const u16,
                 k.ptr() as *const u16,
                 v.ptr() as *const u16,
@@ -1025,7 +990,6 @@ fn sim_decode_entry<P: PoolElement>(
                 P::DTYPE.code(),
                 layout.code(),
                 tables.draft as u32,
-                seqs as u32,
                 words[0],
                 words[1],
                 words[2],
@@ -1036,14 +1000,6 @@ fn sim_decode_entry<P: PoolElement>(
                 codes.lower_bound_bits,
                 codes.scale_bits,
             )
-        };
-    }
-    // SAFETY: `draft` token rows per sequence in every tensor; the slots were checked against the
-    // pool (`slot_uses`, `draft_tables`).
-    unsafe {
-        sim::launch(launch, || match entry {
-            DecodeEntry::Plain => call!(kda_kernel::decode::kda_decode_step),
-            DecodeEntry::Prefetch(_) => call!(kda_kernel::decode::kda_decode_step_prefetch),
         })
     }
     .unwrap_or_else(|e| panic!("decode: {e}"));

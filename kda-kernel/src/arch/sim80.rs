@@ -23,11 +23,6 @@ pub fn block_idx_x() -> usize {
     with_thread(|cta, _| cta.index)
 }
 
-/// `%nctaid.x`.
-pub fn grid_dim_x() -> usize {
-    with_thread(|cta, _| cta.grid)
-}
-
 /// `%ctaid.x`, read by the warp role `ROLE`.
 pub fn block_idx_x_in_role<const ROLE: u32>() -> usize {
     block_idx_x()
@@ -439,15 +434,6 @@ pub unsafe fn named_barrier_arrive(id: u32, threads: u32) {
 pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     // SAFETY: the caller's contract.
     unsafe { crate::sim::defer_copy(dst, src, 16, src_bytes as usize) }
-}
-
-/// `cp.async.ca.shared.global`, 8 bytes (as [`cp_async_16`]).
-///
-/// # Safety
-/// `src` addresses `src_bytes` readable bytes (0 or 8) until the copy lands.
-pub unsafe fn cp_async_8(dst: u32, src: *const u8, src_bytes: u32) {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sim::defer_copy(dst, src, 8, src_bytes as usize) }
 }
 
 /// `cp.async.ca.shared.global`, 4 bytes (as [`cp_async_16`]).

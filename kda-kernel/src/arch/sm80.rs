@@ -25,13 +25,6 @@ pub fn block_idx_x() -> usize {
     unsafe { nvptx::_block_idx_x() as usize }
 }
 
-/// `%nctaid.x`: the CTAs of the grid.
-#[inline(always)]
-pub fn grid_dim_x() -> usize {
-    // SAFETY: reading a special register has no preconditions.
-    unsafe { nvptx::_grid_dim_x() as usize }
-}
-
 /// `mov.u32 r, %ctaid.x;` (PTX 1.0), as read by the warp role `ROLE`: the role's number is in the
 /// instruction's comment, so the reads of two roles are different instructions and the compiler
 /// cannot hoist them into one above the branch between the roles. Read inside its role, the value
@@ -573,21 +566,6 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     // SAFETY: see the function's contract.
     unsafe {
         asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
-             n = in(reg32) src_bytes, options(nostack))
-    }
-}
-
-/// `cp.async.ca.shared.global [dst], [src], 8, src_bytes;` (PTX 7.0, sm_80): as
-/// [`cp_async_16`] for 8 bytes, `src_bytes` 0 or 8.
-///
-/// # Safety
-/// `dst` is an 8-byte-aligned shared address inside the allocation; `src` is an 8-byte-aligned
-/// global address of `src_bytes` readable bytes.
-#[inline(always)]
-pub unsafe fn cp_async_8(dst: u32, src: *const u8, src_bytes: u32) {
-    // SAFETY: see the function's contract.
-    unsafe {
-        asm!("cp.async.ca.shared.global [{d}], [{s}], 8, {n};", d = in(reg32) dst, s = in(reg64) src,
              n = in(reg32) src_bytes, options(nostack))
     }
 }

@@ -329,8 +329,8 @@ mod tests {
     use super::*;
     use crate::ptx;
     use kda_kernel::abi::{
-        ADVANCE, BASELINE, DECODE, DECODE_PREFETCH, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES,
-        HOPPER_K64, HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW,
+        ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
+        HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW,
         HOPPER_NARROW_FUSED, KERNELS, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE,
         POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_FUSED, PORTABLE_FUSED_ENTRIES, PORTABLE_FUSED_K64,
         PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE,
@@ -338,7 +338,7 @@ mod tests {
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 28] = [
+    const ABIS: [&KernelAbi; 27] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
@@ -364,7 +364,6 @@ mod tests {
         &LAYER_PREPARE_FUSED,
         &LAYER_OUTPUT_PREPARED,
         &DECODE,
-        &DECODE_PREFETCH,
         &ADVANCE,
         &POOL_COPY,
     ];
@@ -514,7 +513,6 @@ mod tests {
         let mut pushed = Recorder::default();
         super::super::decode::sample_args().push(&mut pushed);
         check_entry(&DECODE, &pushed.0);
-        check_entry(&DECODE_PREFETCH, &pushed.0);
         let mut pushed = Recorder::default();
         super::super::checkpoint::sample_args().push(&mut pushed);
         check_entry(&ADVANCE, &pushed.0);

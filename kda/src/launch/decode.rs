@@ -371,7 +371,6 @@ impl Kda {
                 plan.pool.dtype.code(),
                 plan.pool.layout.code(),
                 word("draft", plan.draft)?,
-                word("slot_indices", n)?,
                 word("heads", h)?,
                 word("value_heads", hv)?,
                 word("key_dim", kd)?,
@@ -390,28 +389,11 @@ impl Kda {
         // their tokens, and
         // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
         // so they alias no input.
-        let (kernel, grid) = self.decode_kernel(ctas);
-        unsafe { enqueue(stream, kernel, grid, |sink| args.push(sink)) }
+        unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
     }
 
-    /// The decode step's kernel for `items` (sequence, value head, block) items, and its grid:
-    /// the prefetching step's resident CTAs (at most one per item) where it is loaded, else one
-    /// CTA per item.
-    fn decode_kernel(&self, items: usize) -> (&Loaded, usize) {
-        match &self.decode_prefetch {
-            Some((kernel, _, resident)) => (kernel, items.min(*resident)),
-            None => (&self.decode, items),
-        }
-    }
-
-    /// Which form of the decode step this launcher runs ([`KdaOptions::decode`](super::KdaOptions)
-    /// and the device's shared memory decide): [`DecodeStep::Prefetch`](super::DecodeStep) with
-    /// its CTAs per SM, or [`DecodeStep::Plain`](super::DecodeStep).
-    pub fn decode_step(&self) -> super::DecodeStep {
-        match &self.decode_prefetch {
-            Some((_, ctas_per_sm, _)) => super::DecodeStep::Prefetch { ctas_per_sm: *ctas_per_sm },
-            None => super::DecodeStep::Plain,
-        }
+    fn decode_kernel(&self) -> &Loaded {
+        &self.decode
     }
 }
 
@@ -450,16 +432,15 @@ fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Re
 }
 
 /// The decode step's arguments (`kda_kernel::abi::DECODE_PARAMS`).
-pub(super) type DecodeArgs = NamedArgs<13, 13>;
+pub(super) type DecodeArgs = NamedArgs<13, 12>;
 
 /// The decode step's parameter names.
-pub(super) const DECODE_NAMES: ArgNames<13, 13> = ArgNames {
+pub(super) const DECODE_NAMES: ArgNames<13, 12> = ArgNames {
     tensors: ["q", "k", "v", "g", "beta", "a_log", "dt_bias", "slots", "fresh", "parents", "token_slots", "pool", "o"],
     words: [
         "pool_dtype",
         "pool_layout",
         "draft",
-        "sequences",
         "heads",
         "value_heads",
         "key_dim",

@@ -20,7 +20,7 @@ pub use checkpoint::CheckpointPlan;
 pub use decode::{DecodeInputs, DecodePlan};
 pub use device_plan::{DevicePlan, KdaInputs, KdaOutputs};
 pub use layer::{LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, OUTPUT_VAR, OutputPath};
-pub use options::{CODE_VAR, Code, DECODE_VAR, DecodeStep, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
+pub use options::{CODE_VAR, Code, KERNEL_VAR, KdaOptions, MODULE_VAR, Module, ModuleCode};
 pub use pooled::{LayerPool, PooledStates};
 pub use validate::TENSOR_ALIGN;
 
@@ -29,9 +29,9 @@ use crate::{Dims, KdaError, Tensor};
 use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, PortableArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
-    BASELINE, DECODE, DECODE_PREFETCH, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT,
-    LAYER_OUTPUT_PREPARED, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES,
-    PORTABLE_FUSED_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for, portable_for, portable_fused_for,
+    BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED,
+    LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PORTABLE_FUSED_ENTRIES, PassCode,
+    TensorMaps, hopper_for, hopper_fused_for, portable_for, portable_fused_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -136,10 +136,6 @@ pub struct Kda {
     layer: [Loaded; 2],
     /// The decode step.
     decode: Loaded,
-    /// The prefetching decode step (`abi::DECODE_PREFETCH`) where [`KdaOptions::decode`] asks
-    /// for it and the device's shared memory gives it (`options::decode_prefetch_ctas`), with
-    /// its CTAs per SM and its grid: its CTAs resident at once on the device's SMs.
-    decode_prefetch: Option<(Loaded, usize, usize)>,
     /// Checkpoints for prefix caching.
     advance: Loaded,
     /// Whole states between a pool and a packed buffer.
@@ -198,26 +194,6 @@ impl Kda {
         let merge = Loaded::load(&module, &MERGE)?;
         let layer = [Loaded::load(&module, &LAYER_PREPARE)?, Loaded::load(&module, &LAYER_OUTPUT)?];
         let decode = Loaded::load(&module, &DECODE)?;
-        let smem_per_sm = ctx.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-        )? as usize;
-        let decode_prefetch = match options::decode_prefetch_ctas(options.decode, smem_per_sm, smem_optin) {
-            Some(per_sm) => {
-                let sms =
-                    ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-                let kernel = Loaded::load(&module, &DECODE_PREFETCH)?;
-                // No more shared memory than those CTAs take: the rest stays L1, which holds
-                // the step's loads and stores in flight.
-                let per_cta = DECODE_PREFETCH.smem_bytes + kda_kernel::layout::portable::RESERVED_SMEM_PER_CTA;
-                let percent = (per_sm * per_cta * 100).div_ceil(smem_per_sm.max(1)).min(100) as i32;
-                kernel.function.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    percent,
-                )?;
-                Some((kernel, per_sm, sms.max(1) as usize * per_sm))
-            }
-            None => None,
-        };
         let advance = Loaded::load(&module, &kda_kernel::abi::ADVANCE)?;
         let pool_copy = Loaded::load(&module, &POOL_COPY)?;
         let load_all = |entries: &[&'static KernelAbi]| {
@@ -235,7 +211,6 @@ impl Kda {
             merge,
             layer,
             decode,
-            decode_prefetch,
             advance,
             pool_copy,
             hopper,

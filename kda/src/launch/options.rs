@@ -18,8 +18,6 @@ pub const CODE_VAR: &str = "KDA_CODE";
 pub const MODULE_VAR: &str = "KDA_MODULE";
 /// `auto`, `hopper`, `baseline` or `portable`: [`KdaOptions::auto`].
 pub const KERNEL_VAR: &str = "KDA_KERNEL";
-/// `auto`, `plain` or `prefetch`: [`KdaOptions::decode`].
-pub const DECODE_VAR: &str = "KDA_DECODE";
 
 /// How a [`Kda`](super::Kda) loads and picks its kernels. The default is what the library ran in
 /// every measurement so far: the device's module, from PTX, `Kernel::Auto` as the device decides.
@@ -32,28 +30,6 @@ pub struct KdaOptions {
     /// What [`Kernel::Auto`] stands for: [`Kernel::Auto`] lets the device decide (the Hopper
     /// kernel on 9.x, the baseline elsewhere); any other kernel is taken for it.
     pub auto: Kernel,
-    /// Which form of the decode step runs.
-    pub decode: DecodeStep,
-}
-
-/// The decode step's two forms (the same results, bit for bit).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DecodeStep {
-    /// What the library runs unless told otherwise: [`DecodeStep::Plain`] (the prefetching
-    /// step measured 1.34x to 1.42x slower on the H100 at four CTAs per SM, bench/RESULTS.md).
-    #[default]
-    Auto,
-    /// One CTA per (sequence, value head, block of columns), each loading its state when it
-    /// starts.
-    Plain,
-    /// Persistent CTAs, at most `ctas_per_sm` per SM (1 to 4), each copying its next item's state
-    /// to shared memory while the current item's tokens run (where a CTA gets its shared memory;
-    /// else [`DecodeStep::Plain`]). The SM's shared memory is configured for those CTAs only,
-    /// the rest left to the L1 cache.
-    Prefetch {
-        /// The most CTAs resident per SM.
-        ctas_per_sm: usize,
-    },
 }
 
 /// The code a module is loaded from.
@@ -98,13 +74,11 @@ impl std::fmt::Display for ModuleCode {
 }
 
 impl KdaOptions {
-    /// The options `KDA_CODE`, `KDA_MODULE`, `KDA_KERNEL` and `KDA_DECODE` set (each unset or
-    /// empty: the default); a value outside each one's list is an error naming the variable.
+    /// The options `KDA_CODE`, `KDA_MODULE` and `KDA_KERNEL` set (each unset or empty: the
+    /// default); a value outside each one's list is an error naming the variable.
     pub fn from_env() -> Result<Self, KdaError> {
         let var = |name| std::env::var(name).ok();
-        let mut this = Self::parse(var(CODE_VAR).as_deref(), var(MODULE_VAR).as_deref(), var(KERNEL_VAR).as_deref())?;
-        this.decode = parse_decode(var(DECODE_VAR).as_deref())?;
-        Ok(this)
+        Self::parse(var(CODE_VAR).as_deref(), var(MODULE_VAR).as_deref(), var(KERNEL_VAR).as_deref())
     }
 
     fn parse(code: Option<&str>, module: Option<&str>, kernel: Option<&str>) -> Result<Self, KdaError> {
@@ -129,37 +103,8 @@ impl KdaOptions {
             "portable" => Kernel::Portable,
             other => return Err(bad(KERNEL_VAR, other, "`auto`, `hopper`, `baseline`, `portable`")),
         };
-        Ok(Self { code, module, auto, decode: DecodeStep::Auto })
+        Ok(Self { code, module, auto })
     }
-}
-
-/// The decode step `KDA_DECODE` names: `auto`, `plain`, `prefetch` (four CTAs per SM) or
-/// `prefetch=N` (at most `N`, 1 to 4).
-fn parse_decode(value: Option<&str>) -> Result<DecodeStep, KdaError> {
-    use kda_kernel::layout::decode::CTAS_PER_SM;
-    let bad = |other: &str| KdaError::Argument {
-        name: DECODE_VAR,
-        reason: format!("`{other}`: one of `auto`, `plain`, `prefetch`, `prefetch=N` (N from 1 to {CTAS_PER_SM})"),
-    };
-    match value.unwrap_or_default() {
-        "" | "auto" => Ok(DecodeStep::Auto),
-        "plain" => Ok(DecodeStep::Plain),
-        "prefetch" => Ok(DecodeStep::Prefetch { ctas_per_sm: CTAS_PER_SM }),
-        other => match other.strip_prefix("prefetch=").and_then(|n| n.parse().ok()) {
-            Some(ctas_per_sm) if (1..=CTAS_PER_SM).contains(&ctas_per_sm) => Ok(DecodeStep::Prefetch { ctas_per_sm }),
-            _ => Err(bad(other)),
-        },
-    }
-}
-
-/// The CTAs per SM of the prefetching decode step that `choice` runs on a device whose SM holds
-/// `smem_per_sm` bytes of shared memory and gives a CTA at most `smem_optin` (each CTA taking
-/// `layout::decode::PREFETCH_SMEM_BYTES` and the driver's reserve), or `None`: the plain step.
-pub(super) fn decode_prefetch_ctas(choice: DecodeStep, smem_per_sm: usize, smem_optin: usize) -> Option<usize> {
-    use kda_kernel::layout::{decode::PREFETCH_SMEM_BYTES, portable::RESERVED_SMEM_PER_CTA};
-    let DecodeStep::Prefetch { ctas_per_sm } = choice else { return None };
-    let fitting = smem_per_sm / (PREFETCH_SMEM_BYTES + RESERVED_SMEM_PER_CTA);
-    (PREFETCH_SMEM_BYTES <= smem_optin && fitting > 0).then(|| ctas_per_sm.clamp(1, fitting))
 }
 
 /// The PTX target a device of `compute_capability` loads with `module`.
@@ -197,16 +142,7 @@ mod tests {
     fn the_environment_names_each_option() {
         assert_eq!(KdaOptions::parse(None, None, None).unwrap(), KdaOptions::default());
         let all = KdaOptions::parse(Some("cubin"), Some("portable"), Some("baseline")).unwrap();
-        let want =
-            KdaOptions { code: Code::Cubin, module: Module::Portable, auto: Kernel::Baseline, ..Default::default() };
-        assert_eq!(all, want);
-        assert_eq!(parse_decode(None).unwrap(), DecodeStep::Auto);
-        assert_eq!(parse_decode(Some("plain")).unwrap(), DecodeStep::Plain);
-        assert_eq!(parse_decode(Some("prefetch")).unwrap(), DecodeStep::Prefetch { ctas_per_sm: 4 });
-        assert_eq!(parse_decode(Some("prefetch=2")).unwrap(), DecodeStep::Prefetch { ctas_per_sm: 2 });
-        for bad in ["fast", "prefetch=0", "prefetch=5", "prefetch=x"] {
-            assert!(parse_decode(Some(bad)).unwrap_err().to_string().contains(DECODE_VAR), "{bad}");
-        }
+        assert_eq!(all, KdaOptions { code: Code::Cubin, module: Module::Portable, auto: Kernel::Baseline });
         assert_eq!(KdaOptions::parse(Some(""), Some(""), Some("hopper")).unwrap().auto, Kernel::Hopper);
         assert_eq!(KdaOptions::parse(None, None, Some("portable")).unwrap().auto, Kernel::Portable);
         for (args, var) in [
@@ -217,21 +153,6 @@ mod tests {
             let err = KdaOptions::parse(args.0, args.1, args.2).unwrap_err().to_string();
             assert!(err.contains(var), "{err}");
         }
-    }
-
-    /// The prefetching step only when asked, with as many CTAs per SM as asked and as fit
-    /// (four on 9.0 and 10.0's 228 KB, two on the A100's 164 KB, one on the 100 KB parts).
-    #[test]
-    fn the_decode_step_prefetches_only_when_asked_and_where_it_fits() {
-        let (hopper, a100, ada) = ((228 << 10, 227 << 10), (164 << 10, 163 << 10), (100 << 10, 99 << 10));
-        let four = DecodeStep::Prefetch { ctas_per_sm: 4 };
-        assert_eq!(decode_prefetch_ctas(DecodeStep::Auto, hopper.0, hopper.1), None);
-        assert_eq!(decode_prefetch_ctas(DecodeStep::Plain, hopper.0, hopper.1), None);
-        assert_eq!(decode_prefetch_ctas(four, hopper.0, hopper.1), Some(4));
-        assert_eq!(decode_prefetch_ctas(DecodeStep::Prefetch { ctas_per_sm: 2 }, hopper.0, hopper.1), Some(2));
-        assert_eq!(decode_prefetch_ctas(four, a100.0, a100.1), Some(2));
-        assert_eq!(decode_prefetch_ctas(four, ada.0, ada.1), Some(1));
-        assert_eq!(decode_prefetch_ctas(four, 48 << 10, 48 << 10), None);
     }
 
     #[test]
