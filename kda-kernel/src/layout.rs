@@ -113,15 +113,35 @@ pub mod merge {
     pub const ROWS_PER_PASS: usize = THREADS / (COLS / 4);
     /// The largest key size the merge holds.
     pub const MAX_K: usize = 256;
-    /// Shared memory: the entry state's `K x COLS` block, double-buffered (read one, write the
-    /// next), f32.
-    pub const SMEM_BYTES: usize = 2 * MAX_K * COLS * 4;
+    /// f32 words of one buffer of the entry block (`MAX_K x COLS`); two of them from word 0 on
+    /// (read one, write the next).
+    pub const ENTRY_WORDS: usize = MAX_K * COLS;
+    /// Key columns of `M_s` one stage of the ring holds: a unit of work is one pass's rows
+    /// against this many keys of the entry block, so a stage's size does not grow with `K`.
+    pub const KEY_BLOCK: usize = 64;
+    /// f32 words of a staged row of `M_s`: `KEY_BLOCK` and one 16-byte vector of padding, so that
+    /// the rows a warp reads together (8 of them, 4 lanes each) start in different banks.
+    pub const STAGE_ROW_WORDS: usize = KEY_BLOCK + 4;
+    /// f32 words of one stage: `ROWS_PER_PASS` rows of `M_s` (`STAGE_ROW_WORDS` each), then the
+    /// same rows' `COLS` columns of `B_s` (`[ROWS_PER_PASS][COLS]`, used by a pass's first unit).
+    pub const STAGE_WORDS: usize = ROWS_PER_PASS * (STAGE_ROW_WORDS + COLS);
+    /// Stages of the ring: two units' copies in flight while a third is computed (the copies of
+    /// a unit take about one L2 round trip, its products about as long).
+    pub const STAGES: usize = 3;
+    /// Word offset of the ring, after the two entry buffers.
+    pub const STAGES_AT: usize = 2 * ENTRY_WORDS;
+    /// Shared memory: the entry buffers and the ring, f32: under the 99 KB a CTA gets on sm_86,
+    /// sm_89 and sm_120, so every sm_80+ GPU runs it.
+    pub const SMEM_BYTES: usize = (STAGES_AT + STAGES * STAGE_WORDS) * 4;
 
     const _: () = {
         assert!(COLS.is_multiple_of(4) && super::hopper::BV.is_multiple_of(COLS));
+        assert!(KEY_BLOCK.is_multiple_of(4) && STAGE_ROW_WORDS.is_multiple_of(4));
+        assert!(SMEM_BYTES <= 99 * 1024, "the merge fits the smallest opt-in shared memory of sm_80+");
         let mut i = 0;
         while i < KEY_DIMS.len() {
             assert!(KEY_DIMS[i] <= MAX_K && KEY_DIMS[i].is_multiple_of(ROWS_PER_PASS));
+            assert!(KEY_DIMS[i].is_multiple_of(KEY_BLOCK), "a stage spans key columns only");
             i += 1;
         }
     };

@@ -8,44 +8,100 @@
 //! except that where the pre-scan ran a sequence's first segment from `h0` (its record's
 //! `MERGE_FIRST_EXIT`), `entry(1)` is that run's exit state, the first map's `B` columns.
 //!
-//! serial over a sequence's segments, parallel over sequences, value heads and blocks of
+//! Serial over a sequence's segments, parallel over sequences, value heads and blocks of
 //! `COLS` value columns (one CTA each). The block of the entry state lives in shared memory
 //! (double-buffered: step `s` reads one buffer and writes the other); each thread computes one
-//! 4-column quad of `K / ROWS_PER_PASS` key rows per step, reading its rows of `M_s` straight
-//! from global memory (each row is read by the `V / COLS` CTAs of its head, through L2). Plain f32
-//! arithmetic: every target has it.
+//! 4-column quad of `K / ROWS_PER_PASS` key rows per step. The maps do not depend on the
+//! entries, so they stream ahead of the products: a step is cut into units (one pass's
+//! `ROWS_PER_PASS` rows against `KEY_BLOCK` keys of the entry block), and every unit's rows of
+//! `M_s` (with, for a pass's first unit, its rows of `B_s`) are copied by `cp.async` into a ring of
+//! `STAGES` stages while earlier units are computed, so a step waits on the arithmetic, not on a
+//! round trip to the L2 per batch of loads. Each map row is read by the `V / COLS` CTAs of its
+//! head, through L2. Plain f32 arithmetic: every target has it.
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    block_idx_x, fma_f32, ld_shared_v4, smem_base_shared, st_shared_v4, sync_threads, thread_idx_x,
+    block_idx_x, cp_async_16, cp_async_commit_group, cp_async_wait_group, fma_f32, ld_shared_v4, smem_base_shared,
+    st_shared_v4, sync_threads, thread_idx_x,
 };
-use crate::layout::merge::{COLS, MAX_K, ROWS_PER_PASS};
+use crate::layout::merge::{
+    COLS, ENTRY_WORDS, KEY_BLOCK, MAX_K, ROWS_PER_PASS, STAGE_ROW_WORDS, STAGE_WORDS, STAGES, STAGES_AT, THREADS,
+};
 use crate::layout::{MERGE_FIRST_ENTRY, MERGE_FIRST_EXIT, MERGE_FIRST_MAP, MERGE_SEGMENTS, MERGE_SEQ, MERGE_WORDS};
 
 /// Threads per key row: one per 4-column quad.
 const QUADS: usize = COLS / 4;
-/// Bytes of one buffer of the entry block (`MAX_K x COLS` f32).
-const BUFFER_BYTES: usize = MAX_K * COLS * 4;
-/// Quads (4 key columns) of a row of `M_s` a thread loads before using them: independent loads
-/// in flight hide the latency of the global reads. `4 * LOAD_BATCH` must divide every key size
-/// (checked below): a batch past `K` would read `B`'s columns as `M`'s.
-const LOAD_BATCH: usize = 16;
-
-const _: () = {
-    let mut i = 0;
-    while i < crate::layout::hopper::KEY_DIMS.len() {
-        assert!(
-            crate::layout::hopper::KEY_DIMS[i].is_multiple_of(4 * LOAD_BATCH),
-            "a load batch spans key columns only"
-        );
-        i += 1;
-    }
-};
+/// 16-byte copies of a staged row of `M_s` (`KEY_BLOCK` f32).
+const ROW_COPIES: usize = KEY_BLOCK / 4;
+/// 16-byte copies per thread of a unit's rows of `M_s`, and of a pass's rows of `B_s`.
+const M_COPIES_PER_THREAD: usize = ROWS_PER_PASS * ROW_COPIES / THREADS;
+const B_COPIES_PER_THREAD: usize = ROWS_PER_PASS * QUADS / THREADS;
+const _: () = assert!(
+    M_COPIES_PER_THREAD * THREADS == ROWS_PER_PASS * ROW_COPIES && B_COPIES_PER_THREAD * THREADS == ROWS_PER_PASS * QUADS,
+    "the threads share a unit's copies evenly"
+);
+/// Word offset of a stage's rows of `B_s`, after its rows of `M_s`.
+const STAGE_B_AT: usize = ROWS_PER_PASS * STAGE_ROW_WORDS;
 
 /// Four adjacent f32, read and written as one 16-byte access.
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
 struct Quad([f32; 4]);
+
+/// A unit of a record's merge: step `step`, pass `pass` (its rows `pass * ROWS_PER_PASS ..`) and
+/// key block `block` (keys `block * KEY_BLOCK ..` of the entry block).
+#[derive(Clone, Copy)]
+struct Unit {
+    step: usize,
+    pass: usize,
+    block: usize,
+}
+
+/// The order of a record's units: steps, then passes, then key blocks; one per pass (its `B`
+/// rows alone) in a first exit's step 0, whose `M` columns are not read.
+#[derive(Clone, Copy)]
+struct Units {
+    steps: usize,
+    passes: usize,
+    blocks: usize,
+    first_exit: bool,
+}
+
+impl Units {
+    /// The first unit.
+    const FIRST: Unit = Unit { step: 0, pass: 0, block: 0 };
+
+    /// Key blocks of `M_s` that step `step` reads (0: its `B` columns alone).
+    fn key_blocks(self, step: usize) -> usize {
+        if step == 0 && self.first_exit { 0 } else { self.blocks }
+    }
+
+    /// Whether `u` is a unit of the record (and not past its last).
+    fn has(self, u: Unit) -> bool {
+        u.step < self.steps
+    }
+
+    /// Whether `u` is its pass's last unit (the one that completes its rows of the next entry).
+    fn ends_pass(self, u: Unit) -> bool {
+        u.block + 1 >= self.key_blocks(u.step)
+    }
+
+    /// The unit after `u` (by counters, no division).
+    fn next(self, u: Unit) -> Unit {
+        if !self.ends_pass(u) {
+            Unit { block: u.block + 1, ..u }
+        } else if u.pass + 1 < self.passes {
+            Unit { pass: u.pass + 1, block: 0, ..u }
+        } else {
+            Unit { step: u.step + 1, pass: 0, block: 0 }
+        }
+    }
+}
+
+/// The shared address of ring stage `slot`.
+fn stage_at(slot: usize) -> u32 {
+    smem_base_shared() + ((STAGES_AT + slot * STAGE_WORDS) * 4) as u32
+}
 
 kernel_entry! {
     /// The split merge (`abi::MERGE`, parameters `abi::MERGE_PARAMS`). Grid: one CTA per (merge
@@ -57,8 +113,8 @@ kernel_entry! {
     /// `maps` holds every map row the records name (`[rows][key_dim][key_dim + value_dim]` f32,
     /// key-first), `h0` (unless null) and `entries` every state row they name
     /// (`[rows][key_dim][value_dim]` f32 in `state_layout`), all 16-byte aligned; `key_dim` is a
-    /// multiple of `ROWS_PER_PASS` up to `MAX_K`, `value_dim` a multiple of `COLS`; `entries`
-    /// overlaps nothing else.
+    /// multiple of `ROWS_PER_PASS` and of `KEY_BLOCK` up to `MAX_K`, `value_dim` a multiple of
+    /// `COLS`; `entries` overlaps nothing else.
     pub unsafe fn kda_split_merge(
         maps: *const f32,
         h0: *const f32,
@@ -98,9 +154,45 @@ kernel_entry! {
         };
         let entry_row = |s: usize| (first_entry + s) * heads + head;
         // This thread's quad of key row `i` in entry buffer `s % 2`.
-        let shared =
-            |s: usize, i: usize| (smem_base_shared() as usize + (s % 2) * BUFFER_BYTES + (i * COLS + 4 * quad) * 4) as u32;
+        let shared = |s: usize, i: usize| smem_base_shared() + (((s % 2) * ENTRY_WORDS + i * COLS + 4 * quad) * 4) as u32;
         let wide = kd + vd;
+        let units = Units {
+            steps: segments.saturating_sub(1),
+            passes: kd / ROWS_PER_PASS,
+            blocks: kd / KEY_BLOCK,
+            first_exit: first_exit != 0,
+        };
+        // Issues unit `u`'s copies into the stage at `stage` (none past the last unit): its rows
+        // of `M_s`, packed `STAGE_ROW_WORDS` apart, and for a pass's first unit its rows of the
+        // block's `B_s` columns.
+        let issue = |u: Unit, stage: u32| {
+            if !units.has(u) {
+                return;
+            }
+            // SAFETY (block): the record names map row `(first_map + s) * heads + head` for every
+            // segment but the last; the rows lie below `kd`, the keys below `kd` (`kd` a
+            // multiple of `KEY_BLOCK`), `B`'s columns inside the row; every copy 16-byte aligned
+            // (the map's base, `wide`, `KEY_BLOCK` and `COLS` multiples of 4 f32); the
+            // destinations inside the stage.
+            unsafe {
+                let map = maps.add(((first_map + u.step) * heads + head) * kd * wide);
+                let first_row = u.pass * ROWS_PER_PASS;
+                if units.key_blocks(u.step) > 0 {
+                    for j in 0..M_COPIES_PER_THREAD {
+                        let (r, part) = ((tid + j * THREADS) / ROW_COPIES, (tid + j * THREADS) % ROW_COPIES);
+                        let src = map.add((first_row + r) * wide + u.block * KEY_BLOCK + 4 * part);
+                        cp_async_16(stage + ((r * STAGE_ROW_WORDS + 4 * part) * 4) as u32, src.cast(), 16);
+                    }
+                }
+                if u.block == 0 {
+                    for j in 0..B_COPIES_PER_THREAD {
+                        let (r, q) = ((tid + j * THREADS) / QUADS, (tid + j * THREADS) % QUADS);
+                        let src = map.add((first_row + r) * wide + kd + block * COLS + 4 * q);
+                        cp_async_16(stage + ((STAGE_B_AT + r * COLS + 4 * q) * 4) as u32, src.cast(), 16);
+                    }
+                }
+            }
+        };
 
         // entry(0): h0's block, or zeros.
         for i in (row0..kd).step_by(ROWS_PER_PASS) {
@@ -112,39 +204,52 @@ kernel_entry! {
                 states.write(entries, entry_row(0), i, x);
             }
         }
-        // SAFETY: every thread reaches it.
-        unsafe { sync_threads() };
-        for s in 0..segments.saturating_sub(1) {
-            // SAFETY: the record names map row `(first_map + s) * heads + head` for every segment but
-            // the last.
-            let map = unsafe { maps.add(((first_map + s) * heads + head) * kd * wide) };
-            // The key columns `M_s` spans: none for a first exit, whose entry(1) is the map's `B`
-            // columns alone (its key columns are not written).
-            let depth = if s == 0 && first_exit != 0 { 0 } else { kd };
-            for i in (row0..kd).step_by(ROWS_PER_PASS) {
-                // SAFETY (block): row `i` of the map, its `B` quad at key column `kd + col`; the
-                // entry block's rows in buffer `s % 2`, written by the previous step before the
-                // barrier.
-                unsafe {
-                    let row = map.add(i * wide);
-                    let mut acc = *row.add(kd + states.col).cast::<Quad>();
-                    for k0 in (0..depth).step_by(4 * LOAD_BATCH) {
-                        let m: [Quad; LOAD_BATCH] = core::array::from_fn(|j| *row.add(k0 + 4 * j).cast::<Quad>());
-                        for (j, mq) in m.iter().enumerate() {
-                            for (jj, &mk) in mq.0.iter().enumerate() {
-                                let e = ld_shared_v4(shared(s, k0 + 4 * j + jj));
-                                for (a, &x) in acc.0.iter_mut().zip(&e) {
-                                    *a = fma_f32(mk, f32::from_bits(x), *a);
-                                }
+        // The ring's first `STAGES - 1` units in flight, a group each.
+        let mut ahead = Units::FIRST;
+        for slot in 0..STAGES - 1 {
+            issue(ahead, stage_at(slot));
+            cp_async_commit_group();
+            ahead = units.next(ahead);
+        }
+        let (mut u, mut slot) = (Units::FIRST, 0);
+        let mut acc = Quad([0.0; 4]);
+        while units.has(u) {
+            // Unit `u`'s copies landed (the `STAGES - 2` later groups may not have), every
+            // thread's visible after the barrier, which also closes the previous unit: its stage
+            // takes the unit `STAGES - 1` ahead, and the entry rows it wrote are complete.
+            cp_async_wait_group::<{ STAGES as u32 - 2 }>();
+            // SAFETY: every thread runs the same units.
+            unsafe { sync_threads() };
+            issue(ahead, stage_at((slot + STAGES - 1) % STAGES));
+            cp_async_commit_group();
+            ahead = units.next(ahead);
+
+            let stage = stage_at(slot);
+            let i = u.pass * ROWS_PER_PASS + row0;
+            // SAFETY (block): the stage holds unit `u` (above); its rows and `B` columns, and the
+            // entry buffer's rows below `kd`, lie inside their buffers.
+            unsafe {
+                if u.block == 0 {
+                    acc = Quad(ld_shared_v4(stage + ((STAGE_B_AT + row0 * COLS + 4 * quad) * 4) as u32).map(f32::from_bits));
+                }
+                if units.key_blocks(u.step) > 0 {
+                    for part in 0..ROW_COPIES {
+                        let m = ld_shared_v4(stage + ((row0 * STAGE_ROW_WORDS + 4 * part) * 4) as u32);
+                        for (jj, &mk) in m.iter().enumerate() {
+                            let e = ld_shared_v4(shared(u.step, u.block * KEY_BLOCK + 4 * part + jj));
+                            for (a, &x) in acc.0.iter_mut().zip(&e) {
+                                *a = fma_f32(f32::from_bits(mk), f32::from_bits(x), *a);
                             }
                         }
                     }
-                    st_shared_v4(shared(s + 1, i), acc.0.map(f32::to_bits));
-                    states.write(entries, entry_row(s + 1), i, acc);
+                }
+                if units.ends_pass(u) {
+                    st_shared_v4(shared(u.step + 1, i), acc.0.map(f32::to_bits));
+                    states.write(entries, entry_row(u.step + 1), i, acc);
                 }
             }
-            // SAFETY: every thread reaches it (the loop bounds are the CTA's).
-            unsafe { sync_threads() };
+            u = units.next(u);
+            slot = (slot + 1) % STAGES;
         }
     }
 }

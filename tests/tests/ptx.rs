@@ -351,8 +351,9 @@ fn the_split_merge_assembles_without_spills_for_both_targets() {
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{arch}: {r:?}");
         let code = sass(&cubin);
         let body = function_sass(&code, MERGE.entry);
-        // f32 FMAs over 16-byte loads of the maps and the shared entry block.
-        for op in ["FFMA", "LDG.E.128", "LDS.128"] {
+        // f32 FMAs over the shared entry block and the maps' stages, which `cp.async` fills
+        // (`LDGSTS`) ahead of the products; `h0` by 16-byte loads.
+        for op in ["FFMA", "LDGSTS", "LDG.E.128", "LDS.128"] {
             assert!(body.contains(op), "{arch} {} SASS lacks {op}", MERGE.entry);
         }
         // ptxas's `CALL.REL.NOINC` to the next instruction (its loop-convergence idiom on sm_80)
