@@ -32,7 +32,9 @@ const ITEM_OVERHEAD: u64 = crate::schedule::ITEM_OVERHEAD;
 /// Modelled cost of one merge step (`M_s entry(s) + B_s` for one head, a `K x K` by `K x V`
 /// product), in chunk times: measured on the H200 as about 5 us per step
 /// (bench/history/2026-12-04-to-06-sessions.md, "Splitting sequences": the split sweeps), against
-/// about 0.9 us per chunk of a lone chain.
+/// about 0.9 us per chunk of a lone chain; streaming the maps (a892c6b) took about 1.5 us off each
+/// step on the H100, which leaves the rounded figure and the planner's choices on the sweeps'
+/// shapes as they were.
 pub const MERGE_STEP: u64 = 4;
 /// Modelled cost of each extra launch a split adds (the pre-scan and the merge), in chunk times
 /// (about 3.5 us each on the H200).
