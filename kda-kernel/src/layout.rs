@@ -105,10 +105,10 @@ pub mod merge {
     use super::hopper::KEY_DIMS;
 
     /// Value columns one CTA chains: narrow, so the merge of a few heads still spreads over many
-    /// SMs (its steps are serial within a sequence).
-    pub const COLS: usize = 16;
-    /// Threads per CTA: four per key row (one 4-column quad each) for 64 rows at a time.
-    pub const THREADS: usize = 256;
+    /// SMs (its steps are serial within a sequence) and each CTA's step is short.
+    pub const COLS: usize = 8;
+    /// Threads per CTA: two per key row (one 4-column quad each) for 64 rows at a time.
+    pub const THREADS: usize = 128;
     /// Key rows computed at once by the CTA (`THREADS` over the quads of a row).
     pub const ROWS_PER_PASS: usize = THREADS / (COLS / 4);
     /// The largest key size the merge holds.
@@ -120,7 +120,8 @@ pub mod merge {
     /// against this many keys of the entry block, so a stage's size does not grow with `K`.
     pub const KEY_BLOCK: usize = 64;
     /// f32 words of a staged row of `M_s`: `KEY_BLOCK` and one 16-byte vector of padding, so that
-    /// the rows a warp reads together (8 of them, 4 lanes each) start in different banks.
+    /// the rows a warp reads together (16 of them, a lane per quad; 4 to each 128-byte wavefront)
+    /// start in different banks.
     pub const STAGE_ROW_WORDS: usize = KEY_BLOCK + 4;
     /// f32 words of one stage: `ROWS_PER_PASS` rows of `M_s` (`STAGE_ROW_WORDS` each), then the
     /// same rows' `COLS` columns of `B_s` (`[ROWS_PER_PASS][COLS]`, used by a pass's first unit).
