@@ -9,7 +9,7 @@
 
 use super::args::{Address, ArgNames, NamedArgs};
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
-use super::{Kda, Loaded, enqueue};
+use super::{Kda, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
@@ -389,11 +389,7 @@ impl Kda {
         // their tokens, and
         // the pool's shape is the layer's (`decode_supports`); `pool` and `o` are `&mut` borrows,
         // so they alias no input.
-        unsafe { enqueue(stream, self.decode_kernel(), ctas, |sink| args.push(sink)) }
-    }
-
-    fn decode_kernel(&self) -> &Loaded {
-        &self.decode
+        unsafe { enqueue(stream, &self.decode, ctas, |sink| args.push(sink)) }
     }
 }
 
