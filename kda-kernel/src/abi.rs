@@ -692,8 +692,6 @@ pub const MERGE: KernelAbi = KernelAbi {
 /// shared memory allows two), 2 x 256 x 128 = 65536 registers.
 pub const LAYER_MAX_REGISTERS: u32 = 128;
 
-/// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
-/// f32 arithmetic, every target).
 /// The fused layer's prepare kernel's parameters ([`LAYER_PREPARE_FUSED`]):
 /// [`LAYER_PREPARE_PARAMS`] with `q` in and `qg` (`q Γ`, `[T, HV, K]` bf16) and `attention`
 /// (`[T, HV, CHUNK]` bf16) out after the tensors.
@@ -713,6 +711,8 @@ pub const LAYER_PREPARE_FUSED_PARAMS: [Param; 22] = {
     }
     out
 };
+/// The layer's prepare kernel: gate, norms, the WY solve, the recurrence's keys and gate (plain
+/// f32 arithmetic, every target).
 pub const LAYER_PREPARE: KernelAbi = KernelAbi {
     entry: "kda_layer_prepare",
     params: &LAYER_PREPARE_PARAMS,
@@ -751,6 +751,23 @@ pub const LAYER_PREPARE_FUSED: KernelAbi = KernelAbi {
     threads: crate::layout::layer::THREADS,
     smem_bytes: crate::layout::layer::PREPARE_FUSED_SMEM_BYTES,
     max_registers: Some(LAYER_MAX_REGISTERS),
+    targets: &[SM90A, SM80],
+};
+
+/// Register budget of the scalar-gate prepare kernel ([`LAYER_PREPARE_FUSED_SCALAR`]): three CTAs
+/// of 256 threads per SM (its shared memory allows three on 9.x), 65536 / 768 = 85 registers,
+/// allocated in steps of 8.
+pub const LAYER_SCALAR_MAX_REGISTERS: u32 = 80;
+
+/// The fused layer's prepare kernel for a per-head gate or none (Gated DeltaNet; every target):
+/// [`LAYER_PREPARE_FUSED`]'s parameters and outputs without the gate tile, three CTAs per SM on
+/// 9.x.
+pub const LAYER_PREPARE_FUSED_SCALAR: KernelAbi = KernelAbi {
+    entry: "kda_layer_prepare_fused_scalar",
+    params: &LAYER_PREPARE_FUSED_PARAMS,
+    threads: crate::layout::layer::THREADS,
+    smem_bytes: crate::layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES,
+    max_registers: Some(LAYER_SCALAR_MAX_REGISTERS),
     targets: &[SM90A, SM80],
 };
 
@@ -795,7 +812,7 @@ pub const POOL_COPY: KernelAbi = KernelAbi {
 };
 
 /// Every kernel of the crate.
-pub const KERNELS: [KernelAbi; 27] = [
+pub const KERNELS: [KernelAbi; 28] = [
     BASELINE,
     PORTABLE_K64,
     PORTABLE,
@@ -819,6 +836,7 @@ pub const KERNELS: [KernelAbi; 27] = [
     LAYER_PREPARE,
     LAYER_OUTPUT,
     LAYER_PREPARE_FUSED,
+    LAYER_PREPARE_FUSED_SCALAR,
     LAYER_OUTPUT_PREPARED,
     DECODE,
     ADVANCE,

@@ -233,6 +233,17 @@ pub mod layer {
     /// Shared memory one CTA may use with two per SM on 9.x (228 KB per SM, 1 KB of it reserved
     /// per CTA).
     pub const SM90_TWO_CTA_SMEM: usize = 228 * 1024 / 2 - 1024;
+    /// Shared memory one CTA may use with three per SM on 9.x.
+    pub const SM90_THREE_CTA_SMEM: usize = 228 * 1024 / 3 - 1024;
+    /// Bytes of the fused prepare kernel's shared memory for a per-head gate (or none,
+    /// `kda_layer_prepare_fused_scalar`): [`PREPARE_FUSED_SMEM_BYTES`] without the gate tile,
+    /// whose one word per row lies in the key tile's padding ([`SCALAR_GATE_COL`]); the solve
+    /// then runs `w` and `u` in turn over the key tile. 73 KB: three CTAs per SM on 9.x (the
+    /// prepare kernel is latency-bound: one CTA per SM instead of two made it 1.46x slower).
+    pub const PREPARE_SCALAR_FUSED_SMEM_BYTES: usize = PREPARE_FUSED_SMEM_BYTES - CHUNK * ROW_WORDS * 4;
+    /// The column of the key tile (`[CHUNK][ROW_WORDS]`, keys in columns below `MAX_K`) that
+    /// holds a per-head gate in the scalar prepare kernel: the first padding word of each row.
+    pub const SCALAR_GATE_COL: usize = MAX_K;
     /// f32 words of the output kernel's shared memory: the chunk's keys (`[CHUNK][KEY_ROW]` bf16),
     /// queries (`[CHUNK][ROW_WORDS]` f32), cumulative gate (`[CHUNK][ROW_WORDS]` f32) and causal
     /// attention (`[CHUNK][ATTENTION_ROW]` bf16). Once the attention is formed, `q Γ` (bf16, the
@@ -287,6 +298,11 @@ pub mod layer {
             "the layer kernels run on every sm_80+ GPU"
         );
         assert!(PREPARE_FUSED_SMEM_BYTES <= SM90_TWO_CTA_SMEM, "the fused prepare kernel keeps two CTAs per SM");
+        assert!(
+            PREPARE_SCALAR_FUSED_SMEM_BYTES <= SM90_THREE_CTA_SMEM,
+            "the scalar prepare kernel runs three CTAs per SM"
+        );
+        assert!(SCALAR_GATE_COL < ROW_WORDS, "the per-head gate lies in the key tile's padding");
         assert!((PREPARE_WORDS * 4).is_multiple_of(16), "the fused prepare kernel's queries start 16-byte aligned");
     };
 }

@@ -10,7 +10,8 @@ use kda_cli::cuda_tool;
 use kda_kernel::abi::{
     ADVANCE, BASELINE, DECODE, DECODE_MAX_REGISTERS, HOPPER, HOPPER_FUSED, HOPPER_K64, HOPPER_K64_FUSED,
     HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW, HOPPER_NARROW_FUSED, KERNELS,
-    LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, PORTABLE_ENTRIES, REGISTERS_PER_SM,
+    LAYER_MAX_REGISTERS, LAYER_OUTPUT, LAYER_PREPARE, LAYER_PREPARE_FUSED, LAYER_PREPARE_FUSED_SCALAR, MERGE,
+    PORTABLE_ENTRIES, REGISTERS_PER_SM,
 };
 use kda_kernel::layout::decode;
 use std::path::{Path, PathBuf};
@@ -418,20 +419,23 @@ fn hopper_kernel_assembles_without_spills_and_uses_tma_wgmma_and_mbarriers() {
 
 /// The layer's token-parallel kernels in the sm_90a module: no spills or stack under their
 /// register budget, two CTAs per SM by registers and shared memory (the fused prepare kernel's
-/// 110 KB included), their products on the tensor cores (`HMMA`) and their tiles read and
-/// written 16 bytes at a time.
+/// 110 KB included; three for its scalar-gate variant), their products on the tensor cores
+/// (`HMMA`) and their tiles read and written 16 bytes at a time.
 #[test]
 fn the_layer_kernels_keep_two_ctas_per_sm_on_hopper() {
-    use kda_kernel::layout::layer::SM90_TWO_CTA_SMEM;
+    use kda_kernel::layout::layer::{SM90_THREE_CTA_SMEM, SM90_TWO_CTA_SMEM};
     let (cubin, report) = assemble(SM90A, "sm_90a");
     let code = sass(&cubin);
-    for abi in [&LAYER_PREPARE, &LAYER_OUTPUT, &LAYER_PREPARE_FUSED] {
+    for (abi, ctas) in
+        [(&LAYER_PREPARE, 2), (&LAYER_OUTPUT, 2), (&LAYER_PREPARE_FUSED, 2), (&LAYER_PREPARE_FUSED_SCALAR, 3)]
+    {
         let r = resources(&report, abi.entry);
         println!("sm_90a {}: {r:?}, {} bytes of shared memory", abi.entry, abi.smem_bytes);
         assert_eq!((r.stack, r.spill_stores, r.spill_loads), (0, 0, 0), "{}: {r:?}", abi.entry);
-        assert!(r.registers <= LAYER_MAX_REGISTERS as usize, "{}: {r:?}", abi.entry);
-        assert!(fits_sm(r.registers, abi.threads, 2), "{}: two CTAs by registers", abi.entry);
-        assert!(abi.smem_bytes <= SM90_TWO_CTA_SMEM, "{}: two CTAs by shared memory", abi.entry);
+        assert!(r.registers <= abi.max_registers.unwrap() as usize, "{}: {r:?}", abi.entry);
+        assert!(fits_sm(r.registers, abi.threads, ctas), "{}: {ctas} CTAs by registers", abi.entry);
+        let smem = if ctas == 3 { SM90_THREE_CTA_SMEM } else { SM90_TWO_CTA_SMEM };
+        assert!(abi.smem_bytes <= smem, "{}: {ctas} CTAs by shared memory", abi.entry);
         let body = function_sass(&code, abi.entry);
         // (The output kernel writes `o` a pair of bf16 per store, from its accumulators.)
         let store = if abi.entry == LAYER_OUTPUT.entry { "STG.E" } else { "STG.E.128" };

@@ -608,6 +608,32 @@ fn layer_launch(p: &LayerProblem, shared_bytes: usize) -> Launch {
     Launch { grid: p.plan.chunks() * p.shape.value_heads, block: layer::THREADS, shared_bytes }
 }
 
+/// The fused prepare kernels' signature (`kda_layer_prepare_fused` and its scalar-gate variant).
+type PrepareFused = unsafe fn(
+    *const u16,
+    *const u16,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const u32,
+    *mut u16,
+    *mut u16,
+    *mut u16,
+    *mut f32,
+    *const u16,
+    *mut u16,
+    *mut u16,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+);
+
 /// What runs the layer's recurrence on the simulator.
 #[derive(Clone, Copy, Debug)]
 enum LayerRecurrence {
@@ -678,9 +704,15 @@ fn run_layer_keeping_h(
     // SAFETY: every buffer holds the layer's rows for this plan and shape; the table was built
     // from the same plan.
     if fused {
+        // The launcher's choice: the variant without the gate tile for a per-head gate.
+        let (prepare_fused, smem) = if gw == 1 {
+            (kda_kernel::layer::kda_layer_prepare_fused_scalar as PrepareFused, layer::PREPARE_SCALAR_FUSED_SMEM_BYTES)
+        } else {
+            (kda_kernel::layer::kda_layer_prepare_fused as PrepareFused, layer::PREPARE_FUSED_SMEM_BYTES)
+        };
         unsafe {
-            sim::launch(layer_launch(p, layer::PREPARE_FUSED_SMEM_BYTES), || {
-                kda_kernel::layer::kda_layer_prepare_fused(
+            sim::launch(layer_launch(p, smem), || {
+                prepare_fused(
                     k_in.ptr() as *const u16,
                     v_in.ptr() as *const u16,
                     g_in.ptr(),

@@ -17,6 +17,8 @@
 //! - `kda_layer_prepare_fused` (9.x): the prepare kernel's work and the output kernel's `P` and
 //!   `q Γ`, written for the fused recurrence (`abi::HOPPER_FUSED`), which forms `o` in its chunk
 //!   loop instead of the output kernel.
+//! - `kda_layer_prepare_fused_scalar`: the same for a per-head gate (Gated DeltaNet) without the
+//!   gate tile, in shared memory for three CTAs per SM on 9.x.
 //!
 //! The products run on the tensor cores in TF32 (`mma.sync` m16n8k8, f32 accumulation). A gated
 //! product `sum_a x[r][a] y[s][a] exp(G[r][a] - G[s][a])` between sub-blocks `bi > bj` is one
@@ -37,7 +39,7 @@ use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
     OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
-    STAGED_ROW, SUB, SUBS, THREADS,
+    SCALAR_GATE_COL, STAGED_ROW, SUB, SUBS, THREADS,
 };
 use crate::layout::portable::Place;
 
@@ -48,7 +50,7 @@ mod prepare;
 #[cfg(not(target_arch = "nvptx64"))]
 pub use output::{kda_layer_output, kda_layer_output_prepared};
 #[cfg(not(target_arch = "nvptx64"))]
-pub use prepare::{kda_layer_prepare, kda_layer_prepare_fused};
+pub use prepare::{kda_layer_prepare, kda_layer_prepare_fused, kda_layer_prepare_fused_scalar};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;

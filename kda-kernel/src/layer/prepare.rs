@@ -176,6 +176,28 @@ impl Solve {
     }
 }
 
+/// The solve `(I + L) X = R` over the first `cols` columns of `tile` (`[CHUNK][ROW_WORDS]`, `R`
+/// in place), each warp its own `cols / 8` columns (`cols` 64 or 128: one or two n8 tiles); the
+/// scalar entry's `w`, then its `u`. Ends with the CTA synchronised.
+///
+/// # Safety
+/// The CTA calls it together; `R`, `L` and the inverses are written and visible.
+#[inline(always)]
+unsafe fn solve_tile(tile: Shared<f32>, cols: usize, lower: Shared<f32>, inverse: Shared<f32>, warp: usize, l: Lane) {
+    let cols_per_warp = cols / (THREADS / LANES);
+    let solve = Solve { keys: tile, values: tile, lower, inverse, kd: cols, col0: warp * cols_per_warp, l };
+    // SAFETY: the caller's contract; every column of the warp's below `cols <= MAX_K`.
+    unsafe {
+        if cols_per_warp / TILE_N == 1 {
+            solve.run::<1>();
+        } else {
+            solve.run::<2>();
+        }
+        sync_threads();
+    }
+}
+const _: () = assert!(MAX_K / (THREADS / LANES) == 2 * TILE_N && MAX_V <= MAX_K);
+
 /// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
 const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
@@ -222,15 +244,24 @@ struct AttentionTensors {
 /// attention in the same pass as `L`, written from its accumulators), and of a per-key gate only
 /// each chunk's last row written (all the fused recurrence reads of it).
 ///
+/// With `SCALAR` (a per-head gate or none: `kda_layer_prepare_fused_scalar`) the CTA has no gate
+/// tile (`layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES`, three CTAs per SM on 9.x): the gate is
+/// one word per row, kept in the key tile's padding column `SCALAR_GATE_COL`, and the solve runs
+/// twice over the key tile, `w` (stored) and then `u` (over `diag(beta) v`), where the generic
+/// layout solves `[w | u]` at once over the key and gate tiles.
+///
 /// # Safety
-/// The entries' contract.
+/// The entries' contract; with `SCALAR` the gate is per head.
 #[inline(always)]
-unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors, words: PrepareWords) {
+unsafe fn prepare<const FUSED: bool, const SCALAR: bool>(t: PrepareTensors, fused: AttentionTensors, words: PrepareWords) {
     let PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out } = t;
     let PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits } = words;
     let Some(d) = Dims::checked(heads, value_heads, key_dim, value_dim, gate_width) else {
         return; // the launcher never launches so; this proves the tiles and divisions safe
     };
+    if SCALAR && d.per_key_gate() {
+        return; // the launcher never launches so: a per-key gate needs the gate tile
+    }
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
     let (tid, warp, l) = Lane::this_thread();
     // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
@@ -238,10 +269,16 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
     unsafe {
         let wk = Work::of_this_cta(chunks, &d);
         let (i, t0, rows) = (wk.i, wk.t0, wk.rows);
-        let per_key = d.per_key_gate();
+        let per_key = !SCALAR && d.per_key_gate();
         let keys = Shared::<f32>::base();
-        let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key };
-        let betas = gates.tile.add(CHUNK * ROW_WORDS);
+        // The gate's tile after the keys, or (`SCALAR`) its one word per row in the keys'
+        // padding; `beta` after them.
+        let (gates, betas) = if SCALAR {
+            (Gates { tile: keys.add(SCALAR_GATE_COL), per_key }, keys.add(CHUNK * ROW_WORDS))
+        } else {
+            let gates = Gates { tile: keys.add(CHUNK * ROW_WORDS), per_key };
+            (gates, gates.tile.add(CHUNK * ROW_WORDS))
+        };
         let lower = betas.add(CHUNK);
         let inverse = lower.add(CHUNK * MATRIX_ROW_WORDS);
         // Fused: the queries (bf16) after the inverses.
@@ -340,7 +377,9 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
 
         // The values' loads issued here, to arrive while the keys and gate go out and the
         // right-hand side is formed.
-        let value_rows = Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
+        // (`SCALAR`: issued after the solve of `w`, not held through it.)
+        let fetch_values = || Fetched::<ROW_VECTORS>::bf16(v, (CHUNK, rows), vd, RowsAt::heads(&wk, hv, i, vd));
+        let value_rows = if SCALAR { Fetched::<ROW_VECTORS>::none() } else { fetch_values() };
         let last = rows - 1;
         let row_at = RowsAt::heads(&wk, hv, i, kd);
         // The recurrence's gate, while the gate tile still holds it.
@@ -407,10 +446,26 @@ unsafe fn prepare<const FUSED: bool>(t: PrepareTensors, fused: AttentionTensors,
         } else {
             walk_rows(false);
         }
+        sync_threads();
+        if SCALAR {
+            // w in place over the right-hand side, out; then u over diag(beta) v, in the same
+            // tile once every thread has read its w.
+            solve_tile(keys, kd, lower, inverse, warp, l);
+            let value_rows = fetch_values();
+            store_bf16_rows(w_out, rows, kd, row_at, |r, col| row8(keys, r, col));
+            sync_threads();
+            value_rows.store(|r, col, words| {
+                let b = betas.add(r).ld();
+                set_row8(keys, r, col, unpack_bf16x8(words).map(|x| b * x));
+            });
+            sync_threads();
+            solve_tile(keys, vd, lower, inverse, warp, l);
+            store_bf16_rows(u_out, rows, vd, RowsAt::heads(&wk, hv, i, vd), |r, col| row8(keys, r, col));
+            return;
+        }
         // Then, once no thread reads G any more, diag(beta) v over the gate tile (zeros past the
         // valid rows). The solution [w | u] stays there: w's columns in the key tile, u's in the
         // gate tile.
-        sync_threads();
         let values = gates.tile;
         value_rows.store(|r, col, words| {
             let b = betas.add(r).ld();
@@ -476,7 +531,7 @@ kernel_entry! {
         let none = AttentionTensors { q: core::ptr::null(), qg_out: core::ptr::null_mut(), attention_out: core::ptr::null_mut() };
         let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
         // SAFETY: this entry's contract.
-        unsafe { prepare::<false>(t, none, words) }
+        unsafe { prepare::<false, false>(t, none, words) }
     }
 }
 
@@ -524,6 +579,47 @@ kernel_entry! {
         let fused = AttentionTensors { q, qg_out, attention_out };
         let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
         // SAFETY: this entry's contract.
-        unsafe { prepare::<true>(t, fused, words) }
+        unsafe { prepare::<true, false>(t, fused, words) }
+    }
+}
+
+kernel_entry! {
+    /// The fused layer's prepare kernel for a per-head gate or none (Gated DeltaNet;
+    /// `abi::LAYER_PREPARE_FUSED_SCALAR`, parameters `abi::LAYER_PREPARE_FUSED_PARAMS`):
+    /// [`kda_layer_prepare_fused`]'s work and outputs in
+    /// `layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES` of dynamic shared memory (no gate tile:
+    /// three CTAs per SM on 9.x, two on the A100). Grid and threads as [`kda_layer_prepare`].
+    ///
+    /// # Safety
+    /// As for [`kda_layer_prepare`]; `gate_width` is 1.
+    pub unsafe fn kda_layer_prepare_fused_scalar(
+        k: *const u16,
+        v: *const u16,
+        g: *const f32,
+        beta: *const f32,
+        a_log: *const f32,
+        dt_bias: *const f32,
+        chunks: *const u32,
+        k_rec: *mut u16,
+        w_out: *mut u16,
+        u_out: *mut u16,
+        gate_out: *mut f32,
+        q: *const u16,
+        qg_out: *mut u16,
+        attention_out: *mut u16,
+        heads: u32,
+        value_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        gate_width: u32,
+        options: u32,
+        gate_mode: u32,
+        lower_bound_bits: u32,
+    ) {
+        let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
+        let fused = AttentionTensors { q, qg_out, attention_out };
+        let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
+        // SAFETY: this entry's contract.
+        unsafe { prepare::<true, true>(t, fused, words) }
     }
 }

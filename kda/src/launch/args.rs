@@ -331,14 +331,14 @@ mod tests {
     use kda_kernel::abi::{
         ADVANCE, BASELINE, DECODE, HOPPER, HOPPER_ENTRIES, HOPPER_FUSED, HOPPER_FUSED_ENTRIES, HOPPER_K64,
         HOPPER_K64_FUSED, HOPPER_K64_NARROW, HOPPER_K64_NARROW_FUSED, HOPPER_K256_NARROW, HOPPER_NARROW,
-        HOPPER_NARROW_FUSED, KERNELS, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED, LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE,
-        POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_FUSED, PORTABLE_FUSED_ENTRIES, PORTABLE_FUSED_K64,
-        PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64, PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE,
-        TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
+        HOPPER_NARROW_FUSED, KERNELS, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED, LAYER_PREPARE, LAYER_PREPARE_FUSED,
+        LAYER_PREPARE_FUSED_SCALAR, MERGE, POOL_COPY, PORTABLE, PORTABLE_ENTRIES, PORTABLE_FUSED,
+        PORTABLE_FUSED_ENTRIES, PORTABLE_FUSED_K64, PORTABLE_FUSED_K64_WIDE, PORTABLE_FUSED_WIDE, PORTABLE_K64,
+        PORTABLE_K64_WIDE, PORTABLE_K256, PORTABLE_WIDE, TENSOR_MAP_ALIGN, TENSOR_MAPS, TensorMap,
     };
 
     /// The kernels the launcher pushes arguments for.
-    const ABIS: [&KernelAbi; 27] = [
+    const ABIS: [&KernelAbi; 28] = [
         &BASELINE,
         &PORTABLE_K64,
         &PORTABLE,
@@ -362,6 +362,7 @@ mod tests {
         &LAYER_PREPARE,
         &LAYER_OUTPUT,
         &LAYER_PREPARE_FUSED,
+        &LAYER_PREPARE_FUSED_SCALAR,
         &LAYER_OUTPUT_PREPARED,
         &DECODE,
         &ADVANCE,
@@ -510,6 +511,7 @@ mod tests {
         let mut pushed = Recorder::default();
         prepare_fused.push(&mut pushed);
         check_entry(&LAYER_PREPARE_FUSED, &pushed.0);
+        check_entry(&LAYER_PREPARE_FUSED_SCALAR, &pushed.0);
         let mut pushed = Recorder::default();
         super::super::decode::sample_args().push(&mut pushed);
         check_entry(&DECODE, &pushed.0);

@@ -781,7 +781,7 @@ impl Kda {
                 let outputs =
                     [read(workspace.qg.device_ptr_mut(stream)), read(workspace.attention.device_ptr_mut(stream))];
                 args.attention = Some([q, outputs[0], outputs[1]]);
-                self.fused_prepare_kernel()?
+                self.fused_prepare_kernel(s.gate_width() == 1)?
             } else {
                 self.layer_kernel(0)?
             };
@@ -1108,9 +1108,11 @@ impl Kda {
     }
 
     /// The fused layer's prepare kernel (loaded where the device gives a CTA its shared memory;
-    /// `fused_layer_runs` checked that it is).
-    fn fused_prepare_kernel(&self) -> Result<&Loaded, KdaError> {
-        self.prepare_fused.as_ref().ok_or_else(|| KdaError::Unsupported {
+    /// `fused_layer_runs` checked that it is): its variant without the gate tile where the gate
+    /// is `per_head` (or absent).
+    fn fused_prepare_kernel(&self, per_head: bool) -> Result<&Loaded, KdaError> {
+        let kernel = if per_head { &self.prepare_fused_scalar } else { &self.prepare_fused };
+        kernel.as_ref().ok_or_else(|| KdaError::Unsupported {
             argument: "output_path",
             reason: "the fused layer pass needs a GPU that gives a CTA the fused prepare kernel's shared memory".into(),
         })

@@ -30,8 +30,8 @@ use args::{BaselineArgs, Checked, HopperArgs, MapsArg, MergeArgs, Pointers, Port
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use kda_kernel::abi::{
     BASELINE, DECODE, HOPPER_ENTRIES, HOPPER_FUSED_ENTRIES, KernelAbi, LAYER_OUTPUT, LAYER_OUTPUT_PREPARED,
-    LAYER_PREPARE, LAYER_PREPARE_FUSED, MERGE, POOL_COPY, PORTABLE_ENTRIES, PORTABLE_FUSED_ENTRIES, PassCode,
-    TensorMaps, hopper_for, hopper_fused_for, portable_for, portable_fused_for,
+    LAYER_PREPARE, LAYER_PREPARE_FUSED, LAYER_PREPARE_FUSED_SCALAR, MERGE, POOL_COPY, PORTABLE_ENTRIES,
+    PORTABLE_FUSED_ENTRIES, PassCode, TensorMaps, hopper_for, hopper_fused_for, portable_for, portable_fused_for,
 };
 use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
@@ -152,6 +152,9 @@ pub struct Kda {
     /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`), where the device gives a
     /// CTA its shared memory (110 KB: not the sm_86, sm_89 and sm_120 parts).
     prepare_fused: Option<Loaded>,
+    /// Its variant for a per-head gate or none (`abi::LAYER_PREPARE_FUSED_SCALAR`: no gate tile,
+    /// three CTAs per SM on 9.x), loaded with `prepare_fused`.
+    prepare_fused_scalar: Option<Loaded>,
     /// The separate path's output kernel on the fused prepare kernel's attention
     /// (`abi::LAYER_OUTPUT_PREPARED`), loaded with `prepare_fused`.
     output_prepared: Option<Loaded>,
@@ -187,6 +190,11 @@ impl Kda {
         let portable = load_fitting(&PORTABLE_ENTRIES)?;
         let portable_fused = load_fitting(&PORTABLE_FUSED_ENTRIES)?;
         let prepare_fused = load_fitting(&[&LAYER_PREPARE_FUSED])?.pop().flatten();
+        // The scalar-gate variant takes less shared memory: it runs wherever the generic one does.
+        let prepare_fused_scalar = match prepare_fused {
+            Some(_) => Some(Loaded::load(&module, &LAYER_PREPARE_FUSED_SCALAR)?),
+            None => None,
+        };
         let output_prepared = match prepare_fused {
             Some(_) => load_fitting(&[&LAYER_OUTPUT_PREPARED])?.pop().flatten(),
             None => None,
@@ -217,6 +225,7 @@ impl Kda {
             hopper_fused,
             portable_fused,
             prepare_fused,
+            prepare_fused_scalar,
             output_prepared,
             compute_capability,
             module_code,
