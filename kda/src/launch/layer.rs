@@ -18,7 +18,9 @@
 //! kernel `kda_layer_output_prepared`, which reads its `P` and `q Γ`; elsewhere (sm_86, sm_89,
 //! sm_120) `kda_layer_prepare` (step 1 without `P` and `q Γ`) and `kda_layer_output`, which
 //! forms them again from `q`, `k` and the gate ([`ATTENTION_VAR`] forces either, for tests and
-//! A/B runs).
+//! A/B runs). A per-head gate (Gated DeltaNet) takes `kda_layer_prepare_fused_scalar` in place
+//! of `kda_layer_prepare_fused`: no gate tile, 73 KB, so the prepared pair runs on every sm_80+
+//! GPU.
 //!
 //! The intermediates live in a [`LayerWorkspace`] the caller allocates once per plan. Like
 //! [`Kda::launch`], [`Kda::launch_layer`] allocates nothing and never synchronises.
@@ -150,12 +152,14 @@ enum SeparateAttention {
 
 impl SeparateAttention {
     /// What `ATTENTION_VAR`'s value `named` takes on a device that gives a CTA `optin` bytes of
-    /// shared memory; `prepared` where the fused prepare kernel does not fit is a typed error.
-    /// The launcher's own rule ([`super::fits_device`]), so that a plan takes the pair exactly
-    /// where a launcher on the device loads it.
-    fn for_device(named: Option<&str>, optin: usize) -> Result<Self, KdaError> {
-        use kda_kernel::abi::{LAYER_OUTPUT_PREPARED, LAYER_PREPARE_FUSED};
-        let fits = super::fits_device(&LAYER_PREPARE_FUSED, optin) && super::fits_device(&LAYER_OUTPUT_PREPARED, optin);
+    /// shared memory, for a layer whose gate is `per_head` or not; `prepared` where the fused
+    /// prepare kernel for that gate does not fit is a typed error. The launcher's own rule
+    /// ([`super::fits_device`]), so that a plan takes the pair exactly where a launcher on the
+    /// device loads it.
+    fn for_device(named: Option<&str>, optin: usize, per_head: bool) -> Result<Self, KdaError> {
+        use kda_kernel::abi::LAYER_OUTPUT_PREPARED;
+        let prepare = fused_prepare_abi(per_head);
+        let fits = super::fits_device(prepare, optin) && super::fits_device(&LAYER_OUTPUT_PREPARED, optin);
         match named {
             None | Some("") | Some("auto") => Ok(if fits { Self::Prepared } else { Self::Formed }),
             Some("formed") => Ok(Self::Formed),
@@ -164,7 +168,7 @@ impl SeparateAttention {
                 argument: ATTENTION_VAR,
                 reason: format!(
                     "prepared attention needs {} bytes of shared memory per CTA; this device gives {optin}",
-                    LAYER_PREPARE_FUSED.smem_bytes
+                    prepare.smem_bytes
                 ),
             }),
             Some(other) => Err(KdaError::Argument {
@@ -174,10 +178,17 @@ impl SeparateAttention {
         }
     }
 
-    /// For `stream`'s device, as `ATTENTION_VAR` says.
-    fn of(stream: &Arc<CudaStream>) -> Result<Self, KdaError> {
-        Self::for_device(std::env::var(ATTENTION_VAR).ok().as_deref(), DeviceFit::of(stream.context())?.optin)
+    /// For `stream`'s device and a layer of `shape`, as `ATTENTION_VAR` says.
+    fn of(stream: &Arc<CudaStream>, shape: &LayerShape) -> Result<Self, KdaError> {
+        let optin = DeviceFit::of(stream.context())?.optin;
+        Self::for_device(std::env::var(ATTENTION_VAR).ok().as_deref(), optin, shape.gate_width() == 1)
     }
+}
+
+/// The fused prepare kernel a layer runs: the variant without the gate tile where the gate is
+/// `per_head` (or absent), which also fits the 99 KB a CTA gets on sm_86, sm_89 and sm_120.
+fn fused_prepare_abi(per_head: bool) -> &'static kda_kernel::abi::KernelAbi {
+    if per_head { &kda_kernel::abi::LAYER_PREPARE_FUSED_SCALAR } else { &kda_kernel::abi::LAYER_PREPARE_FUSED }
 }
 
 /// How a layer launch forms its output `o` (the module's docs).
@@ -357,7 +368,7 @@ impl LayerPlan {
         let output = path.resolve(stream, &shape, &plan)?;
         fused_sizes(output, &shape)?;
         let chunks = Table::new(table);
-        let attention = SeparateAttention::of(stream)?;
+        let attention = SeparateAttention::of(stream, &shape)?;
         let recurrence = plan_recurrence(stream, plan, &shape, (StateLayout::KeyFirst, output), chunks)?;
         Ok(Self { shape, options, output, attention, recurrence, layout: StateLayout::KeyFirst, num_chunks })
     }
@@ -1157,19 +1168,23 @@ mod tests {
     }
 
     #[test]
-    fn the_separate_path_takes_prepared_attention_where_the_fused_prepare_kernel_fits() {
+    fn the_separate_path_takes_prepared_attention_where_its_fused_prepare_kernel_fits() {
         use SeparateAttention::{Formed, Prepared};
         let (h100, a100, sm86) = (227 * 1024, 163 * 1024, 99 * 1024);
         for auto in [None, Some(""), Some("auto")] {
-            assert_eq!(SeparateAttention::for_device(auto, h100).unwrap(), Prepared);
-            assert_eq!(SeparateAttention::for_device(auto, a100).unwrap(), Prepared);
-            assert_eq!(SeparateAttention::for_device(auto, sm86).unwrap(), Formed);
+            for per_head in [false, true] {
+                assert_eq!(SeparateAttention::for_device(auto, h100, per_head).unwrap(), Prepared);
+                assert_eq!(SeparateAttention::for_device(auto, a100, per_head).unwrap(), Prepared);
+            }
+            // The 99 KB parts hold the scalar-gate variant only.
+            assert_eq!(SeparateAttention::for_device(auto, sm86, false).unwrap(), Formed);
+            assert_eq!(SeparateAttention::for_device(auto, sm86, true).unwrap(), Prepared);
         }
-        assert_eq!(SeparateAttention::for_device(Some("formed"), h100).unwrap(), Formed);
-        assert_eq!(SeparateAttention::for_device(Some("prepared"), a100).unwrap(), Prepared);
-        let refused = SeparateAttention::for_device(Some("prepared"), sm86).unwrap_err();
+        assert_eq!(SeparateAttention::for_device(Some("formed"), h100, true).unwrap(), Formed);
+        assert_eq!(SeparateAttention::for_device(Some("prepared"), a100, false).unwrap(), Prepared);
+        let refused = SeparateAttention::for_device(Some("prepared"), sm86, false).unwrap_err();
         assert!(matches!(refused, KdaError::Unsupported { argument: ATTENTION_VAR, .. }), "{refused}");
-        let unknown = SeparateAttention::for_device(Some("both"), h100).unwrap_err();
+        let unknown = SeparateAttention::for_device(Some("both"), h100, false).unwrap_err();
         assert!(unknown.to_string().contains("expected auto, prepared or formed"), "{unknown}");
     }
 

@@ -153,10 +153,12 @@ pub struct Kda {
     /// CTA its shared memory (110 KB: not the sm_86, sm_89 and sm_120 parts).
     prepare_fused: Option<Loaded>,
     /// Its variant for a per-head gate or none (`abi::LAYER_PREPARE_FUSED_SCALAR`: no gate tile,
-    /// three CTAs per SM on 9.x), loaded with `prepare_fused`.
+    /// three CTAs per SM on 9.x), where the device gives a CTA its shared memory (every GPU that
+    /// has `prepare_fused`, and the 99 KB parts).
     prepare_fused_scalar: Option<Loaded>,
     /// The separate path's output kernel on the fused prepare kernel's attention
-    /// (`abi::LAYER_OUTPUT_PREPARED`), loaded with `prepare_fused`.
+    /// (`abi::LAYER_OUTPUT_PREPARED`), loaded with `prepare_fused_scalar` (wherever a fused
+    /// prepare kernel fits).
     output_prepared: Option<Loaded>,
     compute_capability: (i32, i32),
     module_code: ModuleCode,
@@ -190,12 +192,10 @@ impl Kda {
         let portable = load_fitting(&PORTABLE_ENTRIES)?;
         let portable_fused = load_fitting(&PORTABLE_FUSED_ENTRIES)?;
         let prepare_fused = load_fitting(&[&LAYER_PREPARE_FUSED])?.pop().flatten();
-        // The scalar-gate variant takes less shared memory: it runs wherever the generic one does.
-        let prepare_fused_scalar = match prepare_fused {
-            Some(_) => Some(Loaded::load(&module, &LAYER_PREPARE_FUSED_SCALAR)?),
-            None => None,
-        };
-        let output_prepared = match prepare_fused {
+        // The scalar-gate variant takes less shared memory: it fits wherever the generic one
+        // does, and on the 99 KB parts too.
+        let prepare_fused_scalar = load_fitting(&[&LAYER_PREPARE_FUSED_SCALAR])?.pop().flatten();
+        let output_prepared = match prepare_fused_scalar {
             Some(_) => load_fitting(&[&LAYER_OUTPUT_PREPARED])?.pop().flatten(),
             None => None,
         };
