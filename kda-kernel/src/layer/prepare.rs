@@ -535,7 +535,48 @@ kernel_entry! {
     }
 }
 
-kernel_entry! {
+/// The two fused prepare entries, one parameter list (`abi::LAYER_PREPARE_FUSED_PARAMS`):
+/// `prepare::<true, $scalar>`.
+macro_rules! fused_prepare_entry {
+    ($(#[$attr:meta])* $name:ident, $scalar:literal) => {
+        kernel_entry! {
+            $(#[$attr])*
+            pub unsafe fn $name(
+                k: *const u16,
+                v: *const u16,
+                g: *const f32,
+                beta: *const f32,
+                a_log: *const f32,
+                dt_bias: *const f32,
+                chunks: *const u32,
+                k_rec: *mut u16,
+                w_out: *mut u16,
+                u_out: *mut u16,
+                gate_out: *mut f32,
+                q: *const u16,
+                qg_out: *mut u16,
+                attention_out: *mut u16,
+                heads: u32,
+                value_heads: u32,
+                key_dim: u32,
+                value_dim: u32,
+                gate_width: u32,
+                options: u32,
+                gate_mode: u32,
+                lower_bound_bits: u32,
+            ) {
+                let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
+                let fused = AttentionTensors { q, qg_out, attention_out };
+                let words =
+                    PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
+                // SAFETY: this entry's contract.
+                unsafe { prepare::<true, $scalar>(t, fused, words) }
+            }
+        }
+    };
+}
+
+fused_prepare_entry! {
     /// The fused layer's prepare kernel (`abi::LAYER_PREPARE_FUSED`, parameters
     /// `abi::LAYER_PREPARE_FUSED_PARAMS`): [`kda_layer_prepare`]'s work and the output's
     /// token-parallel part for the fused recurrence (`abi::HOPPER_FUSED`, or the portable
@@ -551,75 +592,18 @@ kernel_entry! {
     ///
     /// # Safety
     /// As for [`kda_layer_prepare`].
-    pub unsafe fn kda_layer_prepare_fused(
-        k: *const u16,
-        v: *const u16,
-        g: *const f32,
-        beta: *const f32,
-        a_log: *const f32,
-        dt_bias: *const f32,
-        chunks: *const u32,
-        k_rec: *mut u16,
-        w_out: *mut u16,
-        u_out: *mut u16,
-        gate_out: *mut f32,
-        q: *const u16,
-        qg_out: *mut u16,
-        attention_out: *mut u16,
-        heads: u32,
-        value_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        gate_width: u32,
-        options: u32,
-        gate_mode: u32,
-        lower_bound_bits: u32,
-    ) {
-        let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
-        let fused = AttentionTensors { q, qg_out, attention_out };
-        let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
-        // SAFETY: this entry's contract.
-        unsafe { prepare::<true, false>(t, fused, words) }
-    }
+    kda_layer_prepare_fused, false
 }
 
-kernel_entry! {
+fused_prepare_entry! {
     /// The fused layer's prepare kernel for a per-head gate or none (Gated DeltaNet;
     /// `abi::LAYER_PREPARE_FUSED_SCALAR`, parameters `abi::LAYER_PREPARE_FUSED_PARAMS`):
     /// [`kda_layer_prepare_fused`]'s work and outputs in
     /// `layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES` of dynamic shared memory (no gate tile:
-    /// three CTAs per SM on 9.x, two on the A100). Grid and threads as [`kda_layer_prepare`].
+    /// three CTAs per SM on 9.x, two on the A100, one on the 99 KB parts). Grid and threads as
+    /// [`kda_layer_prepare`].
     ///
     /// # Safety
     /// As for [`kda_layer_prepare`]; `gate_width` is 1.
-    pub unsafe fn kda_layer_prepare_fused_scalar(
-        k: *const u16,
-        v: *const u16,
-        g: *const f32,
-        beta: *const f32,
-        a_log: *const f32,
-        dt_bias: *const f32,
-        chunks: *const u32,
-        k_rec: *mut u16,
-        w_out: *mut u16,
-        u_out: *mut u16,
-        gate_out: *mut f32,
-        q: *const u16,
-        qg_out: *mut u16,
-        attention_out: *mut u16,
-        heads: u32,
-        value_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        gate_width: u32,
-        options: u32,
-        gate_mode: u32,
-        lower_bound_bits: u32,
-    ) {
-        let t = PrepareTensors { k, v, g, beta, a_log, dt_bias, chunks, k_rec, w_out, u_out, gate_out };
-        let fused = AttentionTensors { q, qg_out, attention_out };
-        let words = PrepareWords { heads, value_heads, key_dim, value_dim, gate_width, options, gate_mode, lower_bound_bits };
-        // SAFETY: this entry's contract.
-        unsafe { prepare::<true, true>(t, fused, words) }
-    }
+    kda_layer_prepare_fused_scalar, true
 }
