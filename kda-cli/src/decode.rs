@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerProblem, LayerShape};
 use kda::pool::layer_reference_pooled;
 use kda::pool::{PoolShape, StateDtype, slot_uses};
-use kda::{DecodeInputs, DecodePlan, Kda, KdaError, StateLayout, bf16};
+use kda::{DecodeInputs, DecodePlan, FloatBuffer, Kda, KdaError, StateLayout, bf16};
 use std::sync::Arc;
 
 /// One decode bench shape: `seqs` sequences of `draft` tokens each (1: a decode step; more: a
@@ -68,10 +68,10 @@ pub struct DeviceDecodeInputs {
     pub k: CudaSlice<bf16>,
     /// `[rows, HV, V]` bf16.
     pub v: CudaSlice<bf16>,
-    /// `[rows, HV, gate width]` f32.
-    pub g: CudaSlice<f32>,
-    /// `[rows, HV]` f32.
-    pub beta: CudaSlice<f32>,
+    /// `[rows, HV, gate width]`, f32 or bf16.
+    pub g: FloatBuffer,
+    /// `[rows, HV]`, f32 or bf16.
+    pub beta: FloatBuffer,
     /// `[HV]` f32, with a raw gate.
     pub a_log: Option<CudaSlice<f32>>,
     /// `[HV, gate width]` f32, with a raw gate.
@@ -87,8 +87,8 @@ impl DeviceDecodeInputs {
             q: up_bf(&p.q)?,
             k: up_bf(&p.k)?,
             v: up_bf(&p.v)?,
-            g: up_f(&p.g)?,
-            beta: up_f(&p.beta)?,
+            g: FloatBuffer::upload(stream, &p.g, p.dtypes.g)?,
+            beta: FloatBuffer::upload(stream, &p.beta, p.dtypes.beta)?,
             a_log: p.a_log.as_deref().map(up_f).transpose()?,
             dt_bias: p.dt_bias.as_deref().map(up_f).transpose()?,
         })

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use kda::layer::{GateInput, LayerKind, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
-use kda::{Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, bf16};
+use kda::{FloatBuffer, Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, bf16};
 use std::sync::Arc;
 
 /// A [`LayerProblem`]'s tensors on the device, its plan, the intermediates and the outputs.
@@ -21,8 +21,8 @@ struct InputBuffers {
     q: CudaSlice<bf16>,
     k: CudaSlice<bf16>,
     v: CudaSlice<bf16>,
-    g: CudaSlice<f32>,
-    beta: CudaSlice<f32>,
+    g: FloatBuffer,
+    beta: FloatBuffer,
     a_log: Option<CudaSlice<f32>>,
     dt_bias: Option<CudaSlice<f32>>,
     h0: Option<CudaSlice<f32>>,
@@ -68,8 +68,8 @@ impl DeviceLayer {
                 q: up_bf(&p.q)?,
                 k: up_bf(&p.k)?,
                 v: up_bf(&p.v)?,
-                g: up_f(&p.g)?,
-                beta: up_f(&p.beta)?,
+                g: FloatBuffer::upload(stream, &p.g, p.dtypes.g)?,
+                beta: FloatBuffer::upload(stream, &p.beta, p.dtypes.beta)?,
                 a_log: p.a_log.as_deref().map(up_f).transpose()?,
                 dt_bias: p.dt_bias.as_deref().map(up_f).transpose()?,
                 h0: p.h0.as_deref().map(up_f).transpose()?,

@@ -37,12 +37,12 @@ use crate::arch::sm80::{
     smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
-use crate::layer::{L2NORM_EPS, activate, exp, sigmoid};
+use crate::layer::{L2NORM_EPS, activate, exp, load_float, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
     RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
 };
-use crate::layout::layer::{OPT_BETA_SIGMOID, OPT_L2NORM};
+use crate::layout::layer::{OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM};
 
 /// This thread's part of one head's state: `VEC` columns of each of its keys.
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
@@ -53,8 +53,9 @@ kernel_entry! {
     ///
     /// Each sequence has `draft` tokens (1 to `MAX_DRAFT`), token `t` of sequence `n` at row
     /// `n * draft + t` of `q`, `k` `[N * draft, H, K]`, `v` `[N * draft, HV, V]` (bf16), the gate
-    /// `g` `[N * draft, HV, gate_width]` and `beta` `[N * draft, HV]` (f32; `a_log`, `dt_bias` as
-    /// the prepare kernel takes them); `o` `[N * draft, HV, V]` (bf16) times
+    /// `g` `[N * draft, HV, gate_width]` and `beta` `[N * draft, HV]` (f32, or bf16 with
+    /// `OPT_GATE_BF16` / `OPT_BETA_BF16` in `options`; `a_log`, `dt_bias` as the prepare kernel
+    /// takes them); `o` `[N * draft, HV, V]` (bf16) times
     /// `f32::from_bits(scale_bits)`. `slots` `[N]` (i64, negative: padding) names the slot each
     /// sequence starts from, `fresh` `[N]` (u32, nonzero: from zeros instead). `parents`
     /// `[N * draft]` (i64; null: a chain) names the token each continues from (an earlier token of
@@ -443,6 +444,16 @@ fn stage_of(t: usize) -> u32 {
 }
 
 impl Token {
+    /// Whether the gate is given in bf16 (`OPT_GATE_BF16`; else f32).
+    fn gate_bf16(&self) -> bool {
+        self.options & OPT_GATE_BF16 != 0
+    }
+
+    /// Whether `beta` is given in bf16 (`OPT_BETA_BF16`; else f32).
+    fn beta_bf16(&self) -> bool {
+        self.options & OPT_BETA_BF16 != 0
+    }
+
     /// The gate's column of key `key`: the key's own with a gate per key, else the one.
     fn gate_column(&self, key: usize) -> usize {
         if self.gw == 1 { 0 } else { key }
@@ -603,7 +614,9 @@ impl Token {
         // Copies per token of each row, laid end to end over the threads.
         let q_end = kd * 2 / COPY_BYTES;
         let k_end = 2 * q_end;
-        let g_end = k_end + if gw == 1 { 1 } else { gw * 4 / COPY_BYTES };
+        let (gate_bf16, beta_bf16) = (self.gate_bf16(), self.beta_bf16());
+        let gate_bytes = if gate_bf16 { 2 } else { 4 };
+        let g_end = k_end + if gw == 1 { 1 } else { gw * gate_bytes / COPY_BYTES };
         let v_end = g_end + COLS * 2 / COPY_BYTES;
         // SAFETY (block): the kernel's contract; each destination lies in its token's raw slot.
         unsafe {
@@ -614,6 +627,8 @@ impl Token {
                     let raw = raw_slot(t);
                     let (head_row, value_row) = (row * self.h + self.j, row * self.hv + self.i);
                     // Copy `e` of a row: elements `8 e ..` of a bf16 row, `4 e ..` of an f32 one.
+                    // A per-head gate and `beta` are one element each: copied as f32, or, in
+                    // bf16 (2 bytes, below `cp.async`'s 4), loaded and stored converted.
                     if tid < q_end {
                         copy(raw + (RAW_Q + COPY_BYTES * tid) as u32, self.q.add(head_row * kd + 8 * tid) as *const u8);
                     } else if tid < k_end {
@@ -621,15 +636,20 @@ impl Token {
                         copy(raw + (RAW_K + COPY_BYTES * e) as u32, self.k.add(head_row * kd + 8 * e) as *const u8);
                     } else if tid < g_end {
                         let e = tid - k_end;
-                        if gw == 1 {
+                        if gw == 1 && gate_bf16 {
+                            st_shared_f32(raw + RAW_G as u32, load_float(self.g, value_row, true));
+                        } else if gw == 1 {
                             cp_async_4(raw + RAW_G as u32, self.g.add(value_row) as *const u8, 4);
                         } else {
-                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, self.g.add(value_row * gw + 4 * e) as *const u8);
+                            let src = self.g.cast::<u8>().add((value_row * gw) * gate_bytes + COPY_BYTES * e);
+                            copy(raw + (RAW_G + COPY_BYTES * e) as u32, src);
                         }
                     } else if tid < v_end {
                         let e = tid - g_end;
                         let src = self.v.add(value_row * self.vd + self.col0 + 8 * e);
                         copy(raw + (RAW_V + COPY_BYTES * e) as u32, src as *const u8);
+                    } else if tid == v_end && beta_bf16 {
+                        st_shared_f32(raw + RAW_BETA as u32, load_float(self.beta, value_row, true));
                     } else if tid == v_end {
                         cp_async_4(raw + RAW_BETA as u32, self.beta.add(value_row) as *const u8, 4);
                     }
@@ -657,7 +677,12 @@ impl Token {
                         let raw = raw_slot(t);
                         let q = bf16_to_f32(ld_shared_u16(raw + (RAW_Q + 2 * tid) as u32));
                         let k = bf16_to_f32(ld_shared_u16(raw + (RAW_K + 2 * tid) as u32));
-                        let g = ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32);
+                        // A per-key bf16 gate as copied; the others as f32.
+                        let g = if self.gw > 1 && self.gate_bf16() {
+                            bf16_to_f32(ld_shared_u16(raw + (RAW_G + 2 * tid) as u32))
+                        } else {
+                            ld_shared_f32(raw + (RAW_G + 4 * self.gate_column(tid)) as u32)
+                        };
                         self.stage_key(stage_of(t), tid, q, k, g, scalars);
                     }
                 }
@@ -741,11 +766,11 @@ impl Token {
                     if tid < kd {
                         let e = head_row * kd + tid;
                         let (q, k) = (bf16_to_f32(*self.q.add(e)), bf16_to_f32(*self.k.add(e)));
-                        let raw = *self.g.add(value_row * self.gw + self.gate_column(tid));
+                        let raw = load_float(self.g, value_row * self.gw + self.gate_column(tid), self.gate_bf16());
                         self.stage_key(stage, tid, q, k, raw, self.gate_scalars(tid));
                     }
                     let v = unpack4(ld_global_v2(self.v.add(value_row * vd + c) as *const u32));
-                    let loaded = Inputs::Loaded(v, *self.beta.add(value_row));
+                    let loaded = Inputs::Loaded(v, load_float(self.beta, value_row, self.beta_bf16()));
                     sync_threads();
                     (stage, loaded)
                 }

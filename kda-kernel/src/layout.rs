@@ -165,6 +165,10 @@ pub mod layer {
     pub const OPT_L2NORM: u32 = 1;
     /// Option bit: `beta` given as logits (the sigmoid inside the layer).
     pub const OPT_BETA_SIGMOID: u32 = 2;
+    /// Option bit: the gate `g` given in bf16 (else f32), as model code projects it.
+    pub const OPT_GATE_BF16: u32 = 4;
+    /// Option bit: `beta` given in bf16 (else f32).
+    pub const OPT_BETA_BF16: u32 = 8;
     /// Gate mode: the gate is the decay in natural log.
     pub const GATE_LOG: u32 = 0;
     /// Gate mode: `-exp(A_log) * softplus(g + dt_bias)`.

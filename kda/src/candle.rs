@@ -31,7 +31,7 @@
 //! ```
 
 use crate::layer::{GateInput, LayerKind};
-use crate::{DecodeInputs, DecodePlan, DevicePlan, Kda, KdaError, KdaInputs, KdaOutputs, Kernel};
+use crate::{DecodeInputs, DecodePlan, DevicePlan, FloatInput, Kda, KdaError, KdaInputs, KdaOutputs, Kernel};
 use crate::{LayerDeviceOutputs, LayerInputs};
 use crate::{LayerPlan, LayerWorkspace, Tensor as Contract};
 use candle_core::backend::BackendDevice;
@@ -71,9 +71,9 @@ pub struct RecurrenceOutputs {
 }
 
 /// The layer's inputs (`crate::layer::LayerProblem` has the same tensors): `q`, `k` `[T, H, K]`
-/// and `v` `[T, HV, V]` bf16; the gate `[T, HV, K]` (KDA) or `[T, HV]` (Gated DeltaNet), `beta`
-/// `[T, HV]`, `a_log` `[HV]` and `dt_bias` `[HV, K]` or `[HV]` (with a raw gate), `h0`
-/// `[N, HV, K, V]`, all f32.
+/// and `v` `[T, HV, V]` bf16; the gate `[T, HV, K]` (KDA) or `[T, HV]` (Gated DeltaNet) and
+/// `beta` `[T, HV]`, f32 or bf16 each (a model's projections go in as they come); `a_log` `[HV]`
+/// and `dt_bias` `[HV, K]` or `[HV]` (with a raw gate), `h0` `[N, HV, K, V]`, f32.
 pub struct LayerTensors<'a> {
     /// `[T, H, K]` bf16.
     pub q: &'a Tensor,
@@ -81,9 +81,9 @@ pub struct LayerTensors<'a> {
     pub k: &'a Tensor,
     /// `[T, HV, V]` bf16.
     pub v: &'a Tensor,
-    /// `[T, HV, K]` or `[T, HV]` f32.
+    /// `[T, HV, K]` or `[T, HV]`, f32 or bf16.
     pub g: &'a Tensor,
-    /// `[T, HV]` f32.
+    /// `[T, HV]`, f32 or bf16.
     pub beta: &'a Tensor,
     /// `[HV]` f32, exactly when the gate is raw.
     pub a_log: Option<&'a Tensor>,
@@ -180,8 +180,8 @@ pub fn layer(
     let q = Held::new(inputs.q, "q", DType::BF16, &[t, h, kd], device)?;
     let k = Held::new(inputs.k, "k", DType::BF16, &[t, h, kd], device)?;
     let v = Held::new(inputs.v, "v", DType::BF16, &[t, hv, vd], device)?;
-    let g = Held::new(inputs.g, "g", DType::F32, gate, device)?;
-    let beta = Held::new(inputs.beta, "beta", DType::F32, &[t, hv], device)?;
+    let g = Held::float(inputs.g, "g", gate, device)?;
+    let beta = Held::float(inputs.beta, "beta", &[t, hv], device)?;
     let a_log = inputs.a_log.map(|x| Held::new(x, "a_log", DType::F32, &[hv], device)).transpose()?;
     let dt_bias = inputs.dt_bias.map(|x| Held::new(x, "dt_bias", DType::F32, bias, device)).transpose()?;
     let h0 = inputs.h0.map(|x| Held::new(x, "h0", DType::F32, &state, device)).transpose()?;
@@ -193,8 +193,8 @@ pub fn layer(
         q: q.view()?,
         k: k.view()?,
         v: v.view()?,
-        g: g.view()?,
-        beta: beta.view()?,
+        g: g.float_view()?,
+        beta: beta.float_view()?,
         a_log: a_log.as_ref().map(Held::view).transpose()?,
         dt_bias: dt_bias.as_ref().map(Held::view).transpose()?,
         h0: h0.as_ref().map(Held::view).transpose()?,
@@ -205,7 +205,7 @@ pub fn layer(
 }
 
 /// A decode call's token inputs: `q`, `k` `[rows, H, K]` and `v` `[rows, HV, V]` bf16, the gate
-/// `[rows, HV, K]` (KDA) or `[rows, HV]` (Gated DeltaNet) and `beta` `[rows, HV]` f32, `a_log`
+/// `[rows, HV, K]` (KDA) or `[rows, HV]` (Gated DeltaNet) and `beta` `[rows, HV]` (f32 or bf16 each), `a_log`
 /// `[HV]` and `dt_bias` `[HV, K]` or `[HV]` f32 with a raw gate; `rows` = the plan's sequences x
 /// its tokens per sequence, sequence-major.
 pub struct DecodeTensors<'a> {
@@ -215,9 +215,9 @@ pub struct DecodeTensors<'a> {
     pub k: &'a Tensor,
     /// `[rows, HV, V]` bf16.
     pub v: &'a Tensor,
-    /// `[rows, HV, K]` or `[rows, HV]` f32.
+    /// `[rows, HV, K]` or `[rows, HV]`, f32 or bf16.
     pub g: &'a Tensor,
-    /// `[rows, HV]` f32.
+    /// `[rows, HV]`, f32 or bf16.
     pub beta: &'a Tensor,
     /// `[HV]` f32, exactly when the gate is raw.
     pub a_log: Option<&'a Tensor>,
@@ -251,16 +251,16 @@ pub fn decode(kda: &Kda, plan: &DecodePlan, inputs: &DecodeTensors<'_>, pool: &T
     let q = Held::new(inputs.q, "q", DType::BF16, &[rows, h, kd], device)?;
     let k = Held::new(inputs.k, "k", DType::BF16, &[rows, h, kd], device)?;
     let v = Held::new(inputs.v, "v", DType::BF16, &[rows, hv, vd], device)?;
-    let g = Held::new(inputs.g, "g", DType::F32, gate, device)?;
-    let beta = Held::new(inputs.beta, "beta", DType::F32, &[rows, hv], device)?;
+    let g = Held::float(inputs.g, "g", gate, device)?;
+    let beta = Held::float(inputs.beta, "beta", &[rows, hv], device)?;
     let a_log = inputs.a_log.map(|x| Held::new(x, "a_log", DType::F32, &[hv], device)).transpose()?;
     let dt_bias = inputs.dt_bias.map(|x| Held::new(x, "dt_bias", DType::F32, bias, device)).transpose()?;
     let views = DecodeInputs {
         q: q.view()?,
         k: k.view()?,
         v: v.view()?,
-        g: g.view()?,
-        beta: beta.view()?,
+        g: g.float_view()?,
+        beta: beta.float_view()?,
         a_log: a_log.as_ref().map(Held::view).transpose()?,
         dt_bias: dt_bias.as_ref().map(Held::view).transpose()?,
     };
@@ -335,6 +335,7 @@ fn cuda_device<'a>(device: &'a Device, tensor: &'static str) -> Result<&'a CudaD
 /// and contiguity.
 struct Held<'a> {
     name: &'static str,
+    dtype: DType,
     storage: StorageRef<'a>,
     /// The tensor's elements within its storage.
     range: std::ops::Range<usize>,
@@ -362,7 +363,20 @@ impl<'a> Held<'a> {
         let (storage, layout) = tensor.storage_and_layout();
         let (start, end) =
             layout.contiguous_offsets().ok_or_else(|| bad("not contiguous: call .contiguous() first".into()))?;
-        Ok(Self { name, storage, range: start..end })
+        Ok(Self { name, dtype, storage, range: start..end })
+    }
+
+    /// [`Held::new`] for the gate or `beta`, which the kernels take in f32 or bf16.
+    fn float(tensor: &'a Tensor, name: &'static str, shape: &[usize], device: &CudaDevice) -> Result<Self, KdaError> {
+        match tensor.dtype() {
+            dtype @ (DType::F32 | DType::BF16) => Self::new(tensor, name, dtype, shape, device),
+            other => Err(KdaError::Argument { name, reason: format!("{other:?}, expected F32 or BF16") }),
+        }
+    }
+
+    /// A [`Held::float`] tensor's elements as a device view in its dtype.
+    fn float_view(&self) -> Result<FloatInput<'_>, KdaError> {
+        Ok(if self.dtype == DType::BF16 { self.view::<bf16>()?.into() } else { self.view::<f32>()?.into() })
     }
 
     /// The tensor's elements as a device view.

@@ -277,6 +277,7 @@ pub fn random_layer_problem(
         a_log: raw.then(|| f(draw(hv, -1.0, 1.0))),
         dt_bias: raw.then(|| f(draw(hv * gw, -1.0, 1.0))),
         h0: with_h0.then(|| f(draw(n * hv * kd * vd, -1.0, 1.0))),
+        dtypes: Default::default(),
         plan,
         shape,
         options,

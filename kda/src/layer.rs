@@ -202,6 +202,65 @@ pub fn chunk_table(plan: &Plan) -> Result<Vec<u32>, KdaError> {
     Ok(table)
 }
 
+/// The element type of a float token input that model code gives either way: the gate `g` and
+/// `beta` (`../shared/LAYER.md`: f32 or bf16; a model's gate projection is bf16).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum InputDtype {
+    /// 4-byte floats.
+    #[default]
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
+impl InputDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            InputDtype::F32 => 4,
+            InputDtype::Bf16 => 2,
+        }
+    }
+
+    /// `x` as this dtype holds it (rounded to the nearest bf16, or unchanged).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            InputDtype::F32 => x,
+            InputDtype::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// The dtype's name in a safetensors file and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputDtype::F32 => "F32",
+            InputDtype::Bf16 => "BF16",
+        }
+    }
+}
+
+/// The dtypes of a layer problem's gate and `beta` (f32 both by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TokenDtypes {
+    /// The gate `g`'s.
+    pub g: InputDtype,
+    /// `beta`'s.
+    pub beta: InputDtype,
+}
+
+impl TokenDtypes {
+    /// Both in bf16: FlashKDA's benchmark configuration, and a model's projections as they come.
+    pub const BF16: TokenDtypes = TokenDtypes { g: InputDtype::Bf16, beta: InputDtype::Bf16 };
+
+    /// The option bits the layer and decode kernels take for these dtypes
+    /// (`kda_kernel::layout::layer::OPT_GATE_BF16`, `OPT_BETA_BF16`).
+    pub fn option_bits(self) -> u32 {
+        use kda_kernel::layout::layer::{OPT_BETA_BF16, OPT_GATE_BF16};
+        (if self.g == InputDtype::Bf16 { OPT_GATE_BF16 } else { 0 })
+            | (if self.beta == InputDtype::Bf16 { OPT_BETA_BF16 } else { 0 })
+    }
+}
+
 /// A layer problem on the host: packed token-major tensors (`[T, heads, size]`), key-first states.
 #[derive(Clone, Debug)]
 pub struct LayerProblem {
@@ -217,10 +276,13 @@ pub struct LayerProblem {
     pub k: Vec<bf16>,
     /// `[T, HV, V]`.
     pub v: Vec<bf16>,
-    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN): the gate, log-space or raw (`options.gate`).
+    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN): the gate, log-space or raw (`options.gate`); each
+    /// value exact in `dtypes.g`.
     pub g: Vec<f32>,
-    /// `[T, HV]`: `beta`, or its logits.
+    /// `[T, HV]`: `beta`, or its logits; each value exact in `dtypes.beta`.
     pub beta: Vec<f32>,
+    /// The dtypes the gate and `beta` go to the GPU in ([`LayerProblem::with_dtypes`]).
+    pub dtypes: TokenDtypes,
     /// `[HV]`, with a raw gate.
     pub a_log: Option<Vec<f32>>,
     /// `[HV, K]` (KDA) or `[HV]` (GDN), with a raw gate.
@@ -311,6 +373,15 @@ impl LayerProblem {
         Ok(())
     }
 
+    /// The same problem with its gate and `beta` given to the GPU in `dtypes`, their values
+    /// rounded to them (so that the reference computes on what the kernels read).
+    pub fn with_dtypes(mut self, dtypes: TokenDtypes) -> LayerProblem {
+        self.g.iter_mut().for_each(|x| *x = dtypes.g.round(*x));
+        self.beta.iter_mut().for_each(|x| *x = dtypes.beta.round(*x));
+        self.dtypes = dtypes;
+        self
+    }
+
     /// The problem of the token rows `spans` (sequence `n`, tokens `range` of it), one sequence per
     /// span in that order, with no initial states: a prompt's prefix, a decode step's tokens, the
     /// live sequences of a pooled call.
@@ -336,6 +407,7 @@ impl LayerProblem {
             v: take(&self.v, hv * s.value_dim, spans.iter().map(rows)),
             g: take(&self.g, hv * s.gate_width(), spans.iter().map(rows)),
             beta: take(&self.beta, hv, spans.iter().map(rows)),
+            dtypes: self.dtypes,
             h0: None,
             shape: s,
             options: self.options,
@@ -365,6 +437,7 @@ impl LayerProblem {
             v: heads_of(&self.v, t, s.value_heads, vd, &value_heads),
             g: heads_of(&self.g, t, s.value_heads, gw, &value_heads),
             beta: heads_of(&self.beta, t, s.value_heads, 1, &value_heads),
+            dtypes: self.dtypes,
             a_log: self.a_log.as_ref().map(|x| heads_of(x, 1, s.value_heads, 1, &value_heads)),
             dt_bias: self.dt_bias.as_ref().map(|x| heads_of(x, 1, s.value_heads, gw, &value_heads)),
             h0: self.h0.as_ref().map(|x| heads_of(x, n, s.value_heads, kd * vd, &value_heads)),
@@ -966,6 +1039,11 @@ pub fn read_layer_problem(path: &std::path::Path) -> Result<(LayerProblem, Optio
         Err(_) => Plan::try_dense(b, t)?,
     };
     let optional = |name: &'static str| file.tensor(name).ok().map(|_| values(name).map(|x| x.0)).transpose();
+    // The gate and `beta` go to the GPU in the file's dtype.
+    let dtype = |name: &'static str| match file.tensor(name).map(|t| t.dtype()) {
+        Ok(Dtype::BF16) => InputDtype::Bf16,
+        _ => InputDtype::F32,
+    };
     let problem = LayerProblem {
         plan,
         shape: LayerShape { kind, heads, value_heads, key_dim, value_dim },
@@ -980,6 +1058,7 @@ pub fn read_layer_problem(path: &std::path::Path) -> Result<(LayerProblem, Optio
         v: to_bf16(v),
         g,
         beta: values("beta")?.0,
+        dtypes: TokenDtypes { g: dtype("g"), beta: dtype("beta") },
         a_log: optional("A_log")?,
         dt_bias: optional("dt_bias")?,
         h0: optional("h0")?,

@@ -367,7 +367,14 @@ pub fn run_layer_guarded_with(
     let state = n * hv * p.shape.key_dim * vd;
     let (nan_bf, nan_f) = (bf16::NAN, f32::NAN);
     let (q, k, v) = (guarded(s, &p.q, nan_bf), guarded(s, &p.k, nan_bf), guarded(s, &p.v, nan_bf));
-    let (g, beta) = (guarded(s, &p.g, nan_f), guarded(s, &p.beta, nan_f));
+    // The gate and `beta` in the problem's dtypes.
+    let floats = |x: &[f32], dtype: kda::layer::InputDtype| match dtype {
+        kda::layer::InputDtype::F32 => kda::FloatBuffer::F32(guarded(s, x, nan_f)),
+        kda::layer::InputDtype::Bf16 => {
+            kda::FloatBuffer::Bf16(guarded(s, &x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), nan_bf))
+        }
+    };
+    let (g, beta) = (floats(&p.g, p.dtypes.g), floats(&p.beta, p.dtypes.beta));
     let a_log = p.a_log.as_ref().map(|x| guarded(s, x, nan_f));
     let dt_bias = p.dt_bias.as_ref().map(|x| guarded(s, x, nan_f));
     let h0 = h0_laid.as_ref().map(|x| guarded(s, x, nan_f));

@@ -30,7 +30,7 @@
 
 use crate::abi::StateLayoutCode;
 use crate::arch::sm80::{
-    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
+    bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v2, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
     shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
@@ -38,7 +38,7 @@ use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
-    OPT_BETA_SIGMOID, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
+    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
     SCALAR_GATE_COL, STAGED_ROW, SUB, SUBS, THREADS,
 };
 use crate::layout::portable::Place;
@@ -329,6 +329,28 @@ impl<const N: usize> Fetched<N> {
             if walk.r0 + j as u32 * walk.step < valid {
                 // SAFETY: see the function's contract (a valid row's elements).
                 unsafe { ld_global_v4(at.wrapping_add(j * walk.jump) as *const u32) }
+            } else {
+                [0; 4]
+            }
+        });
+        Self { words, walk, filled: filled as u32 }
+    }
+
+    /// [`Fetched::issue`] with 8-byte loads, into each vector's first two words (the last two
+    /// zeros): 4 bf16 elements a load, in the walk of 4 f32 elements (`vector`).
+    ///
+    /// # Safety
+    /// As [`Fetched::issue`], each row's elements 8-byte aligned.
+    #[inline(always)]
+    unsafe fn issue_half<T>(src: *const T, (filled, valid): (usize, usize), (cols, vector): (usize, usize), rows: RowsAt) -> Self {
+        let walk = rows.walk(cols, vector);
+        let at = src.wrapping_add(walk.first);
+        let valid = valid as u32;
+        let words = core::array::from_fn(|j| {
+            if walk.r0 + j as u32 * walk.step < valid {
+                // SAFETY: see the function's contract (a valid row's elements).
+                let [a, b] = unsafe { ld_global_v2(at.wrapping_add(j * walk.jump) as *const u32) };
+                [a, b, 0, 0]
             } else {
                 [0; 4]
             }
@@ -917,22 +939,41 @@ unsafe fn fetch_rows(src: *const u16, w: &Work, heads: usize, head: usize, kd: u
     unsafe { Fetched::bf16(src, (CHUNK, w.rows), kd, RowsAt::heads(w, heads, head, kd)) }
 }
 
-/// The chunk's rows of value head `w.i` of a `[T, HV, gate_width]` f32 gate, their loads issued:
-/// a per-key gate's rows 4 columns per thread (the layout its activation takes), a per-head
-/// gate's row `tid` in one register (zero past the valid rows; no rows fetched).
+/// Element `i` of a token input given in f32, or in bf16 when `bf16` (`g` and `beta`: the
+/// `OPT_GATE_BF16` and `OPT_BETA_BF16` options), as f32.
 ///
 /// # Safety
-/// The valid rows exist in `g`, 16-byte aligned for a per-key gate.
+/// Element `i` exists in `src` read as its dtype.
 #[inline(always)]
-unsafe fn fetch_gate(g: *const f32, w: &Work, d: &Dims) -> (Fetched<GATE_VECTORS>, f32) {
+pub(crate) unsafe fn load_float(src: *const f32, i: usize, bf16: bool) -> f32 {
+    // SAFETY: see the function's contract.
+    unsafe { if bf16 { bf16_to_f32(*src.cast::<u16>().add(i)) } else { *src.add(i) } }
+}
+
+/// The chunk's rows of value head `w.i` of a `[T, HV, gate_width]` gate (f32, or bf16 when
+/// `bf16`), their loads issued: a per-key gate's rows 4 columns per thread (the layout its
+/// activation takes; 16 bytes a row in f32, 8 in bf16, [`Gates::put`] converts them), a
+/// per-head gate's row `tid` in one register (zero past the valid rows; no rows fetched).
+///
+/// # Safety
+/// The valid rows exist in `g` read as its dtype, a per-key gate's 16-byte aligned in f32 and
+/// 8-byte aligned in bf16.
+#[inline(always)]
+unsafe fn fetch_gate(g: *const f32, w: &Work, d: &Dims, bf16: bool) -> (Fetched<GATE_VECTORS>, f32) {
     let (gw, tid) = (d.gate_width, thread_idx_x());
     let at = RowsAt::heads(w, d.value_heads, w.i, gw);
     // SAFETY: see the function's contract; `gw <= MAX_K`, so `GATE_VECTORS` cover the rows.
     unsafe {
         if d.per_key_gate() {
-            (Fetched::issue(g, (w.rows, w.rows), (gw, F32_VECTOR), at), 0.0)
+            let rows = (w.rows, w.rows);
+            let fetched = if bf16 {
+                Fetched::issue_half(g.cast::<u16>(), rows, (gw, F32_VECTOR), at)
+            } else {
+                Fetched::issue(g, rows, (gw, F32_VECTOR), at)
+            };
+            (fetched, 0.0)
         } else {
-            (Fetched::none(), if tid < w.rows { *g.add(at.at(tid)) } else { 0.0 })
+            (Fetched::none(), if tid < w.rows { load_float(g, at.at(tid), bf16) } else { 0.0 })
         }
     }
 }
@@ -1104,18 +1145,27 @@ impl Gates {
     }
 
     /// [`fetch_gate`]'s values into the tile as they were read: a per-key gate's rows (each
-    /// thread its own 4 columns of its rows, 16 bytes a row), or a per-head gate's row `tid`
-    /// (threads below `rows`). Each thread stores the elements [`fetch_gate`] gave it, so it may
-    /// read them back (to activate them) without a barrier.
+    /// thread its own 4 columns of its rows, converted from bf16 when `bf16`), or a per-head
+    /// gate's row `tid` (threads below `rows`). Each thread stores the elements [`fetch_gate`]
+    /// gave it, so it may read them back (to activate them) without a barrier.
     ///
     /// # Safety
-    /// `fetched` and `head` are this thread's from [`fetch_gate`] on a chunk of `rows` valid rows.
+    /// `fetched` and `head` are this thread's from [`fetch_gate`] (with the same `bf16`) on a
+    /// chunk of `rows` valid rows.
     #[inline(always)]
-    unsafe fn put(self, (fetched, head): &(Fetched<GATE_VECTORS>, f32), rows: usize) {
+    unsafe fn put(self, (fetched, head): &(Fetched<GATE_VECTORS>, f32), rows: usize, bf16: bool) {
         let tid = thread_idx_x();
         // SAFETY: see the function's contract; rows below `rows <= CHUNK`.
         unsafe {
-            fetched.store(|r, a, words| set_row4(self.tile, r, a, words.map(f32::from_bits)));
+            if bf16 {
+                // Four bf16 in the first two words, the first of each pair in the low half.
+                fetched.store(|r, a, w| {
+                    let x = [w[0] << 16, w[0] & 0xffff_0000, w[1] << 16, w[1] & 0xffff_0000];
+                    set_row4(self.tile, r, a, x.map(f32::from_bits))
+                });
+            } else {
+                fetched.store(|r, a, words| set_row4(self.tile, r, a, words.map(f32::from_bits)));
+            }
             if !self.per_key && tid < rows {
                 self.tile.add(tid * ROW_WORDS).st(*head);
             }

@@ -126,11 +126,11 @@ impl Attention {
             // thread, a per-head gate a row per thread).
             let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
             let query_rows = fetch_rows(q, &wk, d.heads, wk.j, kd);
-            let gate_values = fetch_gate(gate, &wk, d);
+            let gate_values = fetch_gate(gate, &wk, d, false);
 
             // The gate into its tile; the keys (normalised when asked) through the query tile into
             // their bf16 tile, then the queries.
-            gates.put(&gate_values, rows);
+            gates.put(&gate_values, rows, false);
             put_rows(queries, &key_rows, &wk, kd, l2norm);
             for e in strided(tid, CHUNK * kd / BF16_VECTOR) {
                 let (r, a) = split(e * BF16_VECTOR, kd);

@@ -289,8 +289,9 @@ unsafe fn prepare<const FUSED: bool, const SCALAR: bool>(t: PrepareTensors, fuse
         // activation takes, 4 columns per thread; a per-head gate a row per thread), `beta`
         // and the activation's scalars.
         let key_rows = fetch_rows(k, &wk, d.heads, wk.j, kd);
-        let gate_values = fetch_gate(g, &wk, &d);
-        let raw_beta = if tid < rows { *beta.add((t0 + tid) * hv + i) } else { 0.0 };
+        let gate_bf16 = options & OPT_GATE_BF16 != 0;
+        let gate_values = fetch_gate(g, &wk, &d, gate_bf16);
+        let raw_beta = if tid < rows { load_float(beta, (t0 + tid) * hv + i, options & OPT_BETA_BF16 != 0) } else { 0.0 };
         let strength = if a_log.is_null() { 1.0 } else { exp(*a_log.add(i)) };
         // The thread's gate columns (the same in every row it takes: `4 THREADS` is a
         // multiple of `K`), so their biases are read once.
@@ -313,7 +314,7 @@ unsafe fn prepare<const FUSED: bool, const SCALAR: bool>(t: PrepareTensors, fuse
         // The raw gate into the tile, then each thread activates its own elements in place
         // (`Gates::put`: no barrier between); the activation inside the store's loop would
         // index the fetched vectors at run time (a loop too long to unroll).
-        gates.put(&gate_values, rows);
+        gates.put(&gate_values, rows, gate_bf16);
         let activate_rows = |mode: u32| {
             let act = |raw: f32, bias: f32| activate_on(Sfu::Ftz, raw, mode, strength, bias, lower_bound) * LOG2_E;
             if per_key {
@@ -497,7 +498,8 @@ kernel_entry! {
     /// `layout::layer::PREPARE_SMEM_BYTES` of dynamic shared memory.
     ///
     /// Reads `k` `[T, H, K]`, `v` `[T, HV, V]` (bf16), the gate `g` `[T, HV, gate_width]`, `beta`
-    /// `[T, HV]` (f32) and, for a raw gate, `a_log` `[HV]` and `dt_bias` `[HV, gate_width]` (either
+    /// `[T, HV]` (f32, or bf16 with `OPT_GATE_BF16` / `OPT_BETA_BF16` in `options`) and, for a raw
+    /// gate, `a_log` `[HV]` and `dt_bias` `[HV, gate_width]` (either
     /// may be null: 0 and 1 in their place); writes `w` `[T, HV, K]`, `u` `[T, HV, V]` (bf16), the
     /// recurrence's keys `k_rec` (bf16; KDA `[T, HV, K]`; GDN `[T, H, K]`, only with `OPT_L2NORM`:
     /// without it they are `k`) and gate `gate_out` (f32 `[T, HV, gate_width]`, log2, cumulative

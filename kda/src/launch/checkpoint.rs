@@ -182,7 +182,7 @@ impl Kda {
                 word("key_dim", kd)?,
                 word("value_dim", vd)?,
                 word("key_dim", s.gate_width())?,
-                codes.options,
+                codes.options | tokens.dtypes().option_bits(),
                 codes.gate_mode,
                 codes.lower_bound_bits,
             ],

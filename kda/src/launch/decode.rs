@@ -8,10 +8,11 @@
 //! it in a CUDA graph.
 
 use super::args::{Address, ArgNames, NamedArgs};
+use super::float_input::{FloatInput, token_dtypes};
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
 use crate::KdaError;
-use crate::layer::{GateInput, LayerOptions, LayerShape};
+use crate::layer::{GateInput, LayerOptions, LayerShape, TokenDtypes};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
@@ -45,10 +46,10 @@ pub struct DecodeInputs<'a> {
     pub k: CudaView<'a, bf16>,
     /// `[N, HV, V]` bf16.
     pub v: CudaView<'a, bf16>,
-    /// `[N, HV, K]` (KDA) or `[N, HV]` (GDN) f32.
-    pub g: CudaView<'a, f32>,
-    /// `[N, HV]` f32.
-    pub beta: CudaView<'a, f32>,
+    /// `[N, HV, K]` (KDA) or `[N, HV]` (GDN), f32 or bf16.
+    pub g: FloatInput<'a>,
+    /// `[N, HV]`, f32 or bf16.
+    pub beta: FloatInput<'a>,
     /// `[HV]` f32, given exactly when the gate is raw.
     pub a_log: Option<CudaView<'a, f32>>,
     /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
@@ -87,6 +88,12 @@ impl<'a> DecodeInputs<'a> {
         ]
     }
 
+    /// The gate's and `beta`'s dtypes (the kernels' option bits for them:
+    /// [`crate::layer::TokenDtypes::option_bits`]).
+    pub fn dtypes(&self) -> TokenDtypes {
+        token_dtypes(&self.g, &self.beta)
+    }
+
     /// The token inputs' addresses in the kernels' order (`q`, `k`, `v`, `g`, `beta`, `a_log`,
     /// `dt_bias`; an absent one null), their stream records kept in `records` until the launch
     /// is enqueued.
@@ -102,8 +109,8 @@ impl<'a> DecodeInputs<'a> {
             keep(records, self.q.device_ptr(stream)),
             keep(records, self.k.device_ptr(stream)),
             keep(records, self.v.device_ptr(stream)),
-            keep(records, self.g.device_ptr(stream)),
-            keep(records, self.beta.device_ptr(stream)),
+            self.g.address(stream, records),
+            self.beta.address(stream, records),
             optional(&self.a_log, records),
             optional(&self.dt_bias, records),
         ]
@@ -376,13 +383,13 @@ impl Kda {
                 word("key_dim", kd)?,
                 word("value_dim", vd)?,
                 word("key_dim", s.gate_width())?,
-                codes.options,
+                codes.options | inputs.dtypes().option_bits(),
                 codes.gate_mode,
                 codes.lower_bound_bits,
                 codes.scale_bits,
             ],
         };
-        check_alignment(&args, plan.pool.dtype, s.gate_width())?;
+        check_alignment(&args, plan.pool.dtype, s.gate_width(), inputs.dtypes())?;
         // SAFETY: every length and alignment was checked above; the plan's slots and token slots were checked
         // against the pool (in range, none written twice, none written by one sequence and read
         // by another: no two CTAs of different sequences touch one state), its parents precede
@@ -395,15 +402,16 @@ impl Kda {
 
 /// The alignment in bytes each of the decode step's tensors needs (in `DecodeArgs::TENSORS`
 /// order): the kernel copies the rows of `q`, `k`, `v` and a gate per key to shared memory 16
-/// bytes at a time (`COPY_BYTES`; a gate per head one f32), writes `o` in vectors of `VEC`
+/// bytes at a time (`COPY_BYTES`; a gate per head one element), writes `o` in vectors of `VEC`
 /// bf16, reads and writes the pool in vectors of `VEC` states, everything else one element at a
-/// time.
-fn decode_alignments(pool: StateDtype, gate_width: usize) -> [usize; 13] {
+/// time (the gate and `beta` in their `dtypes`).
+fn decode_alignments(pool: StateDtype, gate_width: usize, dtypes: TokenDtypes) -> [usize; 13] {
     let (bf16, f32, index) = (2, 4, 8);
     let bf16_vector = VEC * bf16;
     let pool = VEC * if pool == StateDtype::Bf16 { bf16 } else { f32 };
-    let gate = if gate_width > 1 { COPY_BYTES } else { f32 };
-    [COPY_BYTES, COPY_BYTES, COPY_BYTES, gate, f32, f32, f32, index, 4, index, index, pool, bf16_vector]
+    let gate = if gate_width > 1 { COPY_BYTES } else { dtypes.g.bytes() };
+    let beta = dtypes.beta.bytes();
+    [COPY_BYTES, COPY_BYTES, COPY_BYTES, gate, beta, f32, f32, index, 4, index, index, pool, bf16_vector]
 }
 
 /// The alignment `v` needs: the kernels read it in vectors of `VEC` bf16.
@@ -412,16 +420,21 @@ pub(super) const V_ALIGNMENT: usize = VEC * 2;
 /// The alignment a pool of `dtype` needs: the kernels read and write it in vectors of `VEC`
 /// states.
 pub(super) fn pool_alignment(dtype: StateDtype) -> usize {
-    decode_alignments(dtype, 1)[11]
+    decode_alignments(dtype, 1, TokenDtypes::default())[11]
 }
 
 /// Every tensor of `args` at the alignment `decode_alignments` gives (absent ones are null).
-fn check_alignment(args: &DecodeArgs, pool: StateDtype, gate_width: usize) -> Result<(), KdaError> {
+fn check_alignment(
+    args: &DecodeArgs,
+    pool: StateDtype,
+    gate_width: usize,
+    dtypes: TokenDtypes,
+) -> Result<(), KdaError> {
     let named: Vec<_> = DECODE_NAMES
         .tensors
         .iter()
         .zip(&args.ptrs)
-        .zip(decode_alignments(pool, gate_width))
+        .zip(decode_alignments(pool, gate_width, dtypes))
         .map(|((&tensor, &address), required)| (tensor, address, required))
         .collect();
     super::validate::check_alignments(&named)
@@ -536,31 +549,51 @@ mod tests {
         let mut args = sample_args();
         args.ptrs = [0x1000; 13];
         let (f32_pool, bf16_pool, per_key, per_head) = (StateDtype::F32, StateDtype::Bf16, 128, 1);
-        check_alignment(&args, f32_pool, per_key).unwrap();
+        let (f32s, bf16s) = (TokenDtypes::default(), TokenDtypes::BF16);
+        check_alignment(&args, f32_pool, per_key, f32s).unwrap();
         // `q`, `k` and `v` are copied 16 bytes at a time.
         for (i, name) in [(0, "q"), (1, "k"), (2, "v")] {
             args.ptrs[i] = 0x1008;
-            let err = check_alignment(&args, f32_pool, per_key).unwrap_err();
+            let err = check_alignment(&args, f32_pool, per_key, f32s).unwrap_err();
             assert!(matches!(err, KdaError::Alignment { tensor, required: 16, .. } if tensor == name), "{err}");
             args.ptrs[i] = 0x1000;
         }
         // A gate per key likewise, a gate per head one f32 at a time.
         args.ptrs[3] = 0x1004;
         assert!(matches!(
-            check_alignment(&args, f32_pool, per_key),
+            check_alignment(&args, f32_pool, per_key, f32s),
             Err(KdaError::Alignment { tensor: "g", required: 16, .. })
         ));
-        check_alignment(&args, f32_pool, per_head).unwrap();
+        check_alignment(&args, f32_pool, per_head, f32s).unwrap();
+        // A gate per head and `beta` in bf16 one element (2 bytes) at a time, in f32 4 bytes;
+        // a bf16 gate per key is copied 16 bytes at a time as an f32 one is.
+        args.ptrs[3] = 0x1002;
+        args.ptrs[4] = 0x1002;
+        check_alignment(&args, f32_pool, per_head, bf16s).unwrap();
+        assert!(matches!(
+            check_alignment(&args, f32_pool, per_head, f32s),
+            Err(KdaError::Alignment { tensor: "g", required: 4, .. })
+        ));
+        assert!(matches!(
+            check_alignment(&args, f32_pool, per_key, bf16s),
+            Err(KdaError::Alignment { tensor: "g", required: 16, .. })
+        ));
+        args.ptrs[3] = 0x1000;
+        assert!(matches!(
+            check_alignment(&args, f32_pool, per_head, f32s),
+            Err(KdaError::Alignment { tensor: "beta", required: 4, .. })
+        ));
+        args.ptrs[4] = 0x1000;
         // An f32 pool 16 bytes at a time, a bf16 one 8; `o` written 8 bytes at a time.
         args.ptrs[11] = 0x1008;
         assert!(matches!(
-            check_alignment(&args, f32_pool, per_head),
+            check_alignment(&args, f32_pool, per_head, f32s),
             Err(KdaError::Alignment { tensor: "pool", required: 16, .. })
         ));
-        check_alignment(&args, bf16_pool, per_head).unwrap();
+        check_alignment(&args, bf16_pool, per_head, f32s).unwrap();
         args.ptrs[12] = 0x1004;
         assert!(matches!(
-            check_alignment(&args, bf16_pool, per_head),
+            check_alignment(&args, bf16_pool, per_head, f32s),
             Err(KdaError::Alignment { tensor: "o", required: 8, .. })
         ));
     }

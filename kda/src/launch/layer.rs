@@ -27,11 +27,12 @@
 
 use super::args::{Address, ArgSink, push_named};
 use super::device_plan::Table;
+use super::float_input::FloatInput;
 use super::{
     DecodeInputs, DevicePlan, FusedOutput, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, Loaded, Module, enqueue,
 };
 use crate::columns::{ColumnMode, Columns};
-use crate::layer::{GateInput, LayerKind, LayerOptions, LayerShape, chunk_table};
+use crate::layer::{GateInput, InputDtype, LayerKind, LayerOptions, LayerShape, chunk_table};
 use crate::model::StateLayout;
 use crate::{KdaError, Plan};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
@@ -277,10 +278,11 @@ pub struct LayerInputs<'a> {
     pub k: CudaView<'a, bf16>,
     /// `[T, HV, V]` bf16.
     pub v: CudaView<'a, bf16>,
-    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN) f32: the gate, log-space or raw as the options say.
-    pub g: CudaView<'a, f32>,
-    /// `[T, HV]` f32: `beta`, or its logits.
-    pub beta: CudaView<'a, f32>,
+    /// `[T, HV, K]` (KDA) or `[T, HV]` (GDN), f32 or bf16: the gate, log-space or raw as the
+    /// options say.
+    pub g: FloatInput<'a>,
+    /// `[T, HV]`, f32 or bf16: `beta`, or its logits.
+    pub beta: FloatInput<'a>,
     /// `[HV]` f32, given exactly when the gate is raw.
     pub a_log: Option<CudaView<'a, f32>>,
     /// `[HV, K]` (KDA) or `[HV]` (GDN) f32, given exactly when the gate is raw.
@@ -297,8 +299,8 @@ impl LayerInputs<'_> {
             q: self.q.slice(..),
             k: self.k.slice(..),
             v: self.v.slice(..),
-            g: self.g.slice(..),
-            beta: self.beta.slice(..),
+            g: self.g.view(),
+            beta: self.beta.view(),
             a_log: self.a_log.as_ref().map(|x| x.slice(..)),
             dt_bias: self.dt_bias.as_ref().map(|x| x.slice(..)),
         }
@@ -669,11 +671,12 @@ pub(super) fn keep<'a>(records: &mut Vec<SyncOnDrop<'a>>, (address, record): (u6
 const LAYER_VECTOR_BYTES: usize = 16;
 
 /// The caller's tensors the layer kernels read 16 bytes at a time start at a multiple of 16
-/// bytes: `q`, `k`, `v` (their addresses, in that order), and `g` when it has a column per key
-/// (a gate of one column per head is read one f32 at a time). Their rows then are too: `K` and
-/// `V` are multiples of 64.
-fn check_layer_alignment([q, k, v, g]: [Address; 4], gate_width: usize) -> Result<(), KdaError> {
-    let g_required = if gate_width > 1 { LAYER_VECTOR_BYTES } else { std::mem::size_of::<f32>() };
+/// bytes: `q`, `k`, `v` (their addresses, in that order); `g` with a column per key at a
+/// multiple of 4 elements (a gate of one column per head is read one element at a time). Their
+/// rows then are too: `K` and `V` are multiples of 64.
+fn check_layer_alignment([q, k, v, g]: [Address; 4], gate_width: usize, gate: InputDtype) -> Result<(), KdaError> {
+    // A per-key gate's rows are read 4 elements a load: 16 bytes in f32, 8 in bf16.
+    let g_required = if gate_width > 1 { LAYER_VECTOR_BYTES * gate.bytes() / 4 } else { gate.bytes() };
     super::validate::check_alignments(&[
         ("q", q, LAYER_VECTOR_BYTES),
         ("k", k, LAYER_VECTOR_BYTES),
@@ -759,7 +762,8 @@ impl Kda {
         let tokens = inputs.tokens();
         let mut token_records = Vec::new();
         let [q, k, v, g, beta, a_log, dt_bias] = tokens.addresses(stream, &mut token_records);
-        check_layer_alignment([q, k, v, g], s.gate_width())?;
+        let dtypes = tokens.dtypes();
+        check_layer_alignment([q, k, v, g], s.gate_width(), dtypes.g)?;
         let ctas = plan.num_chunks.checked_mul(hv).ok_or_else(overflow)?;
         let dims = LayerDims::of(&s)?;
         let codes = plan.options.codes();
@@ -784,7 +788,7 @@ impl Kda {
                 ],
                 attention: None,
                 dims,
-                options: codes.options,
+                options: codes.options | dtypes.option_bits(),
                 gate_mode: codes.gate_mode,
                 lower_bound_bits: codes.lower_bound_bits,
             };
