@@ -428,7 +428,7 @@ pub const LAYER_PEER_SPREAD: f64 = 5e-3;
 /// with partial chunks and empty sequences: the cases the GPU suite and the simulator run, each
 /// with its name.
 pub fn random_layer_cases() -> Vec<(String, LayerProblem)> {
-    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    use kda::layer::{GateInput, InputDtype, LayerKind, LayerOptions, LayerShape, TokenDtypes};
     let gates = [GateInput::Log, GateInput::Softplus, GateInput::LowerBound(-5.0)];
     let shapes = [
         (LayerKind::Kda, (2, 2), (128, 128)),
@@ -445,8 +445,16 @@ pub fn random_layer_cases() -> Vec<(String, LayerProblem)> {
             let options =
                 LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
             let lengths = [[300, 0, 64, 17], [1, 129, 64, 0]][(c + o) % 2];
-            let name = format!("{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?}");
-            cases.push((name, random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64)));
+            // The gate and `beta` in f32, both in bf16, or the gate alone in bf16.
+            let dtypes =
+                [TokenDtypes::default(), TokenDtypes::BF16, TokenDtypes { g: InputDtype::Bf16, ..Default::default() }]
+                    [(c + o) % 3];
+            let name = format!(
+                "{kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {options:?} {lengths:?} g {:?} beta {:?}",
+                dtypes.g, dtypes.beta
+            );
+            let p = random_layer_problem(&lengths, shape, options, flag, (10 * c + o) as u64).with_dtypes(dtypes);
+            cases.push((name, p));
         }
     }
     cases
@@ -811,13 +819,15 @@ pub fn decode_cases() -> Vec<DecodeCase> {
     for (c, (kind, heads, value_heads, key_dim, value_dim, gate, flag)) in cases.into_iter().enumerate() {
         let shape = LayerShape { kind, heads, value_heads, key_dim, value_dim };
         let options = LayerOptions { scale: (key_dim as f64).powf(-0.5), l2norm_qk: flag, beta_sigmoid: !flag, gate };
-        let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64);
+        // Every other case with the gate and `beta` in bf16.
+        let dtypes = if c % 2 == 1 { kda::layer::TokenDtypes::BF16 } else { Default::default() };
+        let p = random_layer_problem(&[1; 6], shape, options, false, 40 + c as u64).with_dtypes(dtypes);
         let pool_shape = PoolShape::for_layer(&shape, 8, StateLayout::KeyFirst, kda::pool::StateDtype::F32);
         let pool: Vec<f32> = kda::inputs::random_pool(&pool_shape, c as u64);
         let uses = slot_uses(&indices, &fresh, &pool_shape).unwrap();
         let mut want_pool = pool.clone();
         let want_o = layer_reference_pooled(&p, &mut want_pool, &pool_shape, &uses).unwrap();
-        let name = format!("case {c} {kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {gate:?}");
+        let name = format!("case {c} {kind:?} {heads}/{value_heads} K={key_dim} V={value_dim} {gate:?} {dtypes:?}");
         out.push(DecodeCase {
             name,
             p,

@@ -5,7 +5,7 @@
 use half::bf16;
 
 use kda::inputs::random_problem;
-use kda::layer::{LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
+use kda::layer::{InputDtype, LayerCodes, LayerKind, LayerOutputs, LayerProblem, chunk_table, layer_reference};
 use kda::model::{ModelShape, ModelView, StateLayout};
 use kda::pool::{
     CheckpointTables, DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, checkpoint_tables, draft_tables,
@@ -603,6 +603,23 @@ fn the_portable_kernel_reproduces_the_model_fixtures() {
     }
 }
 
+/// The gate or `beta` as the kernels read it in `dtype`: f32, or bf16 packed two to a word
+/// (the first in the low half), in 8-byte-aligned storage (a per-key bf16 gate is read 8 bytes
+/// at a time).
+fn float_words(x: &[f32], dtype: InputDtype) -> Vec<u64> {
+    let bits: Vec<u64> = match dtype {
+        InputDtype::F32 => x.iter().map(|v| u64::from(v.to_bits())).collect(),
+        InputDtype::Bf16 => x.iter().map(|&v| u64::from(bf16::from_f32(v).to_bits())).collect(),
+    };
+    let per_word = 8 / dtype.bytes();
+    bits.chunks(per_word).map(|c| c.iter().enumerate().fold(0, |w, (i, &b)| w | b << (64 / per_word * i))).collect()
+}
+
+/// [`float_words`]' storage as the kernels' `*const f32` parameter.
+fn float_ptr(words: &[u64]) -> sim::Ptr<f32> {
+    sim::Ptr(words.as_ptr() as *mut f32)
+}
+
 /// A launch of the layer kernels over `p`'s chunk table: one CTA per (chunk, value head).
 fn layer_launch(p: &LayerProblem, shared_bytes: usize) -> Launch {
     Launch { grid: p.plan.chunks() * p.shape.value_heads, block: layer::THREADS, shared_bytes }
@@ -683,7 +700,7 @@ fn run_layer_keeping_h(
     let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
     let rec = s.recurrence_shape(layout);
     let value_first = layout == StateLayout::ValueFirst;
-    let codes = p.options.codes();
+    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
     let dims = [s.heads, hv, kd, vd, gw].map(|x| x as u32);
     let table = chunk_table(&p.plan).unwrap();
     let poison_bf = bf16::from_bits(POISON_BF16);
@@ -691,7 +708,8 @@ fn run_layer_keeping_h(
         (vec![poison_bf; t * rec.heads * kd], vec![poison_bf; t * hv * kd], vec![poison_bf; t * hv * vd]);
     let mut gate = vec![f32::from_bits(POISON_F32); t * hv * gw];
     let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
-    let (q_in, k_in, v_in, g_in, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
+    let (g_words, beta_words) = (float_words(&p.g, p.dtypes.g), float_words(&p.beta, p.dtypes.beta));
+    let (q_in, k_in, v_in, g_in, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), float_ptr(&g_words), float_ptr(&beta_words));
     let (a_log, dt_bias, chunks) = (opt(&p.a_log), opt(&p.dt_bias), ptr(&table));
     let (k_out, w_out, u_out, gate_out) = (ptr_mut(&mut k_rec), ptr_mut(&mut w), ptr_mut(&mut u), ptr_mut(&mut gate));
     // Both the fused output and the prepared output kernel read the fused prepare kernel's
@@ -986,13 +1004,14 @@ fn sim_decode_in<P: PoolElement>(
 ) -> Vec<bf16> {
     use kda_kernel::layout::decode;
     let s = p.shape;
-    let codes = p.options.codes();
+    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
     let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
     let seqs = slots.len() - 1;
     let mut o = vec![bf16::from_bits(POISON_BF16); p.plan.tokens() * s.value_heads * s.value_dim];
     let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
     let table = |t: &Vec<i64>| if t.is_empty() { sim::Ptr::null() } else { ptr(t) };
-    let (q, k, v, g, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta));
+    let (g_words, beta_words) = (float_words(&p.g, p.dtypes.g), float_words(&p.beta, p.dtypes.beta));
+    let (q, k, v, g, beta) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), float_ptr(&g_words), float_ptr(&beta_words));
     let (a_log, dt_bias, slots_ptr, fresh_ptr) = (opt(&p.a_log), opt(&p.dt_bias), ptr(slots), ptr(fresh));
     let (parents, token_slots) = (table(&tables.parents), table(&tables.token_slots));
     let (pool_ptr, o_ptr) = (ptr_mut(pool), ptr_mut(&mut o));
@@ -1442,10 +1461,12 @@ fn sim_advance<P: PoolElement>(
 ) {
     use kda_kernel::layout::decode;
     let s = p.shape;
-    let codes = p.options.codes();
+    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
     let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
     let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
-    let (q, k, v, g, beta, h) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(&p.g), ptr(&p.beta), ptr(h));
+    let (g_words, beta_words) = (float_words(&p.g, p.dtypes.g), float_words(&p.beta, p.dtypes.beta));
+    let (q, k, v, h) = (ptr(&p.q), ptr(&p.k), ptr(&p.v), ptr(h));
+    let (g, beta) = (float_ptr(&g_words), float_ptr(&beta_words));
     let (a_log, dt_bias) = (opt(&p.a_log), opt(&p.dt_bias));
     let (sources, first_rows, counts, slots) =
         (ptr(&tables.sources), ptr(&tables.first_rows), ptr(&tables.counts), ptr(&tables.slots));
