@@ -2,7 +2,7 @@
 //! forward (`kda::Kda::launch_layer`) and downloads `o` and the final states.
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kda::layer::{GateInput, LayerKind, LayerOptions, LayerOutputs, LayerProblem, LayerShape};
+use kda::layer::{GateInput, LayerKind, LayerOptions, LayerOutputs, LayerProblem, LayerShape, TokenDtypes};
 use kda::{FloatBuffer, Kda, KdaError, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerStage, LayerWorkspace, bf16};
 use std::sync::Arc;
 
@@ -137,6 +137,8 @@ pub struct LayerBenchShape {
     pub shape: LayerShape,
     /// The configuration the peers were measured in.
     pub options: LayerOptions,
+    /// The gate's and `beta`'s dtypes in that configuration.
+    pub dtypes: TokenDtypes,
     /// Sequence lengths.
     pub lengths: Vec<usize>,
     /// Short prompts, where launches and planning dominate: timed from the host over
@@ -146,7 +148,8 @@ pub struct LayerBenchShape {
 }
 
 /// The layer shapes the peers are measured on (`../shared/LAYER.md`): KDA with the gate activated
-/// inside (lower bound -5), L2 norm and `beta`'s sigmoid inside (FlashKDA's configuration) on
+/// inside (lower bound -5), L2 norm and `beta`'s sigmoid inside, the gate and `beta` in bf16
+/// (FlashKDA's configuration: its benchmark passes the model's bf16 projections) on
 /// fixed_8192 and mixed_6's lengths at 64 heads and on one 131072-token prompt at 4 heads; Gated
 /// DeltaNet (`g` in log space, 16 key and 32 value heads: Qwen3-Next) on 8192 tokens and mixed_6's
 /// lengths, and its 2 / 4-head shard on 65536 tokens; and the short prompts (128 and 1000 tokens,
@@ -167,8 +170,10 @@ pub fn layer_bench_shapes() -> Vec<LayerBenchShape> {
     };
     let mixed = crate::bench_shapes().into_iter().find(|s| s.0 == "mixed_6").map(|s| s.1).unwrap_or_default();
     let of = |name, shape: LayerShape, lengths: Vec<usize>, host_timed| {
-        let options = if shape.kind == LayerKind::Kda { kda_options } else { gdn_options };
-        LayerBenchShape { name, shape, options, lengths, host_timed }
+        let kda = shape.kind == LayerKind::Kda;
+        let options = if kda { kda_options } else { gdn_options };
+        let dtypes = if kda { TokenDtypes::BF16 } else { TokenDtypes::default() };
+        LayerBenchShape { name, shape, options, dtypes, lengths, host_timed }
     };
     vec![
         of("kda_fixed_8192", kda(64), vec![8192], false),
@@ -182,6 +187,14 @@ pub fn layer_bench_shapes() -> Vec<LayerBenchShape> {
         of("gdn_short_128", gdn(16), vec![128], true),
         of("gdn_short_1000", gdn(16), vec![1000], true),
     ]
+}
+
+impl LayerBenchShape {
+    /// The shape's random problem from `seed` (`kda::inputs::random_layer_problem`, no initial
+    /// states), the gate and `beta` in the shape's dtypes.
+    pub fn problem(&self, seed: u64) -> LayerProblem {
+        kda::inputs::random_layer_problem(&self.lengths, self.shape, self.options, false, seed).with_dtypes(self.dtypes)
+    }
 }
 
 /// The largest relative errors of `o` and `ht` a bench shape may show against the f64 reference
@@ -208,9 +221,8 @@ pub fn layer_floor_bytes(p: &LayerProblem) -> usize {
     let s = p.shape;
     let (t, n) = (p.plan.tokens(), p.plan.num_seqs());
     let bf = 2 * (p.q.len() + p.k.len() + p.v.len() + t * s.value_heads * s.value_dim);
-    let f = 4
-        * (p.g.len() + p.beta.len() + p.h0.as_ref().map_or(0, Vec::len) + n * s.value_heads * s.key_dim * s.value_dim);
-    bf + f
+    let f = 4 * (p.h0.as_ref().map_or(0, Vec::len) + n * s.value_heads * s.key_dim * s.value_dim);
+    bf + f + p.g.len() * p.dtypes.g.bytes() + p.beta.len() * p.dtypes.beta.bytes()
 }
 
 /// One timed layer shape: its median time over `repeat` launches after a checked first run
@@ -396,6 +408,25 @@ pub fn time_layer_shape(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// KDA's shapes take the gate and `beta` in bf16 as FlashKDA's benchmark does, and their
+    /// floor is LAYER.md's: `kda_fixed_8192` 158.4 us at the H200's 4.27 TB/s (LAYER.md: 159).
+    #[test]
+    fn the_kda_shapes_read_bf16_gates_and_their_floor_is_the_peers() {
+        let shapes = layer_bench_shapes();
+        for s in &shapes {
+            let want = if s.shape.kind == LayerKind::Kda { TokenDtypes::BF16 } else { TokenDtypes::default() };
+            assert_eq!(s.dtypes, want, "{}", s.name);
+        }
+        let fixed = shapes.iter().find(|s| s.name == "kda_fixed_8192").unwrap();
+        let p = fixed.problem(1);
+        assert_eq!(p.dtypes, TokenDtypes::BF16);
+        let (t, h, k) = (8192, 64, 128);
+        // q, k, v, o and g in bf16, beta in bf16, the final states in f32.
+        let want = 5 * t * h * k * 2 + t * h * 2 + h * k * k * 4;
+        assert_eq!(layer_floor_bytes(&p), want);
+        assert_eq!((layer_floor_bytes(&p) as f64 / 4.27e12 * 1e6).round(), 158.0);
+    }
 
     #[test]
     fn the_layer_bench_has_every_shape_of_the_issue_once() {

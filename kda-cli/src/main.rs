@@ -398,7 +398,7 @@ fn layer_bench(args: &[String]) -> Result<(), CliError> {
     let bandwidth = copy_bandwidth(&stream, LAYER_BENCH_COPIES)?;
     say!("copy bandwidth {:.3} TB/s", bandwidth / 1e12);
     for s in shapes.iter().filter(|s| names.is_empty() || names.iter().any(|n| n == s.name)) {
-        let p = kda::inputs::random_layer_problem(&s.lengths, s.shape, s.options, false, LAYER_BENCH_SEED);
+        let p = s.problem(LAYER_BENCH_SEED);
         let t = kda_cli::time_layer_shape(&kda, &stream, (s, &p), repeat, bandwidth)?;
         let fields = json!({ "shape": s.name, "us": t.us, "floor_us": t.floor_us, "ratio": t.floor_us / t.us,
             "repeat": t.timed, "host_timed": s.host_timed, "plan_reused_us": t.plan_reused_us, "new_plan_us": t.new_plan_us, "planning_us": t.planning_us, "copy_bw_Bps": bandwidth,

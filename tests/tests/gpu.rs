@@ -704,7 +704,7 @@ fn layer_speed_on_the_peer_shapes() {
     let gpu = Gpu::open();
     let bandwidth = kda_cli::copy_bandwidth(&gpu.stream, 10).unwrap();
     for s in kda_cli::layer_bench_shapes() {
-        let p = kda_tests::random_layer_problem(&s.lengths, s.shape, s.options, false, 5);
+        let p = s.problem(5);
         kda_tests::run_layer_guarded(&gpu, &p).unwrap();
         let t = kda_cli::time_layer_shape(&gpu.kda, &gpu.stream, (&s, &p), 20, bandwidth).unwrap();
         let heads = kda_cli::reference_heads(&s.shape);

@@ -414,3 +414,38 @@ fn a_sample_of_key_heads_is_the_same_heads_of_the_whole_reference() {
     }
     assert!(checked >= 4, "{checked} samples");
 }
+
+/// The gate and `beta` in bf16: their values rounded once, the kernels told by one option bit
+/// each, a file's dtype kept.
+#[test]
+fn bf16_gates_and_betas_are_rounded_once_and_flagged() {
+    use kda::layer::{GateInput, InputDtype, LayerKind, LayerOptions, LayerShape, TokenDtypes};
+    use kda::layout::layer::{OPT_BETA_BF16, OPT_GATE_BF16};
+    assert_eq!(TokenDtypes::default().option_bits(), 0);
+    assert_eq!(TokenDtypes::BF16.option_bits(), OPT_GATE_BF16 | OPT_BETA_BF16);
+    assert_eq!(TokenDtypes { g: InputDtype::Bf16, beta: InputDtype::F32 }.option_bits(), OPT_GATE_BF16);
+    let shape = LayerShape { kind: LayerKind::Kda, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
+    let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::LowerBound(-5.0) };
+    let p = kda::inputs::random_layer_problem(&[70, 3], shape, options, false, 5);
+    let rounded = p.clone().with_dtypes(TokenDtypes::BF16);
+    let exact = |x: &[f32]| x.iter().all(|&v| kda::bf16::from_f32(v).to_f32() == v);
+    assert!(!exact(&p.g) && !exact(&p.beta), "random f32 inputs are not all bf16 values");
+    assert!(exact(&rounded.g) && exact(&rounded.beta));
+    assert!(rounded.g.iter().zip(&p.g).all(|(r, x)| (r - x).abs() <= x.abs() / 256.0));
+    assert_eq!(rounded.clone().with_dtypes(TokenDtypes::BF16).g, rounded.g, "rounding twice changes nothing");
+    // The reference runs on the rounded values, close to the f32 ones.
+    let [o, ht] = layer_reference(&rounded).unwrap().errors(&layer_reference(&p).unwrap());
+    assert!(o > 0.0 && o < 1e-2 && ht < 1e-2, "{o:e} {ht:e}");
+    // A fixture's bf16 tensors go to the GPU in bf16.
+    for name in LAYER_FIXTURES {
+        let path = fixture(name);
+        let (p, _) = read_layer_fixture(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let dtype = |t: &str| match file.tensor(t).unwrap().dtype() {
+            safetensors::Dtype::BF16 => InputDtype::Bf16,
+            _ => InputDtype::F32,
+        };
+        assert_eq!(p.dtypes, TokenDtypes { g: dtype("g"), beta: dtype("beta") }, "{name}");
+    }
+}

@@ -609,7 +609,7 @@ struct LayerCase {
 /// Every layer bench shape's [`LayerCase`].
 fn layer_cases() -> Result<Vec<LayerCase>, String> {
     let cases = kda_cli::layer_bench_shapes().into_iter().map(|shape| {
-        let problem = inputs::random_layer_problem(&shape.lengths, shape.shape, shape.options, false, SEED);
+        let problem = shape.problem(SEED);
         let heads = kda_cli::reference_heads(&shape.shape);
         let want = kda::layer::layer_reference(&problem.key_heads(&heads)).map_err(text)?;
         Ok(LayerCase { shape, problem, heads, want })

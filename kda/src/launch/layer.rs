@@ -1153,6 +1153,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bf16_gate_per_key_needs_8_bytes_and_per_head_2() {
+        let (at16, per_key, per_head) = (0x1000, 128, 1);
+        let check = |g, width, dtype| check_layer_alignment([at16, at16, at16, g], width, dtype);
+        // A per-key gate is read 4 elements a load: 16 bytes in f32, 8 in bf16.
+        check(0x1010, per_key, InputDtype::F32).unwrap();
+        check(0x1008, per_key, InputDtype::Bf16).unwrap();
+        let refused = |g, width, dtype| match check(g, width, dtype) {
+            Err(KdaError::Alignment { tensor: "g", required, .. }) => required,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(0x1008, per_key, InputDtype::F32), 16);
+        assert_eq!(refused(0x1004, per_key, InputDtype::Bf16), 8);
+        // A per-head gate one element at a time.
+        check(0x1004, per_head, InputDtype::F32).unwrap();
+        check(0x1002, per_head, InputDtype::Bf16).unwrap();
+        assert_eq!(refused(0x1002, per_head, InputDtype::F32), 4);
+        // `q`, `k` and `v` 16 bytes whatever the gate's dtype.
+        let err = check_layer_alignment([0x1008, at16, at16, at16], per_key, InputDtype::Bf16).unwrap_err();
+        assert!(matches!(err, KdaError::Alignment { tensor: "q", required: 16, .. }), "{err}");
+    }
+
+    #[test]
     fn auto_takes_the_portable_fused_pass_where_it_runs_two_groups() {
         let h100 = DeviceFit { sms: 132, optin: 227 * 1024 };
         let a100 = DeviceFit { sms: 108, optin: 163 * 1024 };
