@@ -669,6 +669,7 @@ fn layer_rows(
             "stages_us": t.stages.iter().map(|(stage, us)| (stage.name().to_string(), json!(us))).collect::<serde_json::Map<_, _>>(),
             "lengths": s.lengths, "heads": s.shape.heads, "value_heads": s.shape.value_heads,
             "key_dim": s.shape.key_dim, "value_dim": s.shape.value_dim, "options": format!("{:?}", s.options),
+            "g_dtype": s.dtypes.g.name(), "beta_dtype": s.dtypes.beta.name(),
         }));
     }
     progress.out(&format!("\nthe layer ({kernel}):\n\n{}", lines.join("\n")));
