@@ -955,6 +955,43 @@ fn the_layer_kernels_match_the_definition() {
     }
 }
 
+/// The gate and `beta` read in bf16 give bit for bit what the same values give read in f32 (a
+/// bf16 value widens exactly): the layer's prepare kernels (both fused entries and the plain
+/// one) and the decode step, on a KDA and a Gated DeltaNet case with a raw gate.
+#[test]
+fn bf16_gates_and_betas_read_as_the_same_values_in_f32() {
+    use kda::layer::TokenDtypes;
+    let cases = kda_tests::random_layer_cases();
+    let kinds = [LayerKind::Kda, LayerKind::Gdn];
+    for kind in kinds {
+        let (name, p) = cases
+            .iter()
+            .find(|(_, p)| p.shape.kind == kind && p.dtypes == TokenDtypes::BF16 && p.a_log.is_some())
+            .expect("a bf16 case of each kind with a raw gate");
+        // The same values, given in f32.
+        let f32s = p.clone().with_dtypes(TokenDtypes::default());
+        assert_eq!((&f32s.g, &f32s.beta), (&p.g, &p.beta));
+        for output in [LayerOutput::Kernel, LayerOutput::Fused] {
+            let run =
+                |p: &LayerProblem| run_layer_keeping_h(p, StateLayout::KeyFirst, LayerRecurrence::Reference, output);
+            let (bf, f) = (run(p), run(&f32s));
+            assert!(bf.0 == f.0 && bf.1 == f.1, "{name} {output:?}: bf16 inputs differ from the same values in f32");
+        }
+    }
+    for case in kda_tests::decode_cases().into_iter().filter(|c| c.p.dtypes == TokenDtypes::BF16) {
+        let (slots, fresh) = SlotUse::decode_tables(&case.uses);
+        let tables = draft_tables(&case.uses, 1, None, None, &case.pool_shape).unwrap();
+        let f32s = case.p.clone().with_dtypes(TokenDtypes::default());
+        let (mut bf_pool, mut f_pool) = (case.pool.clone(), case.pool.clone());
+        let bf_o = sim_decode(&case.p, &slots, &fresh, &tables, &mut bf_pool);
+        let f_o = sim_decode(&f32s, &slots, &fresh, &tables, &mut f_pool);
+        // Bits, not values: a padding sequence's rows of `o` stay poisoned (NaN).
+        let same = bf_o.iter().zip(&f_o).all(|(a, b)| a.to_bits() == b.to_bits())
+            && bf_pool.iter().zip(&f_pool).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{}: bf16 inputs differ from the same values in f32", case.name);
+    }
+}
+
 /// FLA's layer fixtures through the simulated layer kernels, within the GPU suite's bound over
 /// FLA's own error.
 #[test]
