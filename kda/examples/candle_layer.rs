@@ -1,5 +1,6 @@
 //! A KDA layer from candle tensors (feature `candle`): `q`, `k`, `v`, the raw gate and `beta` as a
-//! model's projections would give them, `o` and the final states back as candle tensors, checked
+//! model's projections would give them (all bf16; the gate and `beta` may be f32 as well), `o`
+//! and the final states back as candle tensors, checked
 //! against the f64 layer: within 1.5 times the error of a CPU model that rounds where the
 //! kernels round (`Rounding::Kernels`), or the contract's bound where that is larger.
 //!
@@ -10,7 +11,9 @@
 use candle_core::{Device, Tensor};
 use kda::LayerPlan;
 use kda::candle::{LayerTensors, kda_on, layer, stream_of};
-use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape, Rounding, layer_chunked, layer_reference};
+use kda::layer::{
+    GateInput, LayerKind, LayerOptions, LayerShape, Rounding, TokenDtypes, layer_chunked, layer_reference,
+};
 use kda::{Plan, inputs, precision, rel_error};
 
 /// Headroom over the rounding model's error: the kernels' f32 sums run in another order.
@@ -24,13 +27,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shape = LayerShape { kind: LayerKind::Kda, heads: h, value_heads: h, key_dim: kd, value_dim: kd };
     let options =
         LayerOptions { scale: (kd as f64).powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Softplus };
-    let p = inputs::random_layer_problem(&lengths, shape, options, false, 6);
+    // The gate and beta rounded to bf16, so that the reference sees what the GPU reads.
+    let p = inputs::random_layer_problem(&lengths, shape, options, false, 6).with_dtypes(TokenDtypes::BF16);
     let t = p.plan.tokens();
     let q = Tensor::from_slice(&p.q, (t, h, kd), &device)?;
     let k = Tensor::from_slice(&p.k, (t, h, kd), &device)?;
     let v = Tensor::from_slice(&p.v, (t, h, kd), &device)?;
-    let g = Tensor::from_slice(&p.g, (t, h, kd), &device)?;
-    let beta = Tensor::from_slice(&p.beta, (t, h), &device)?;
+    let g = Tensor::from_slice(&p.g, (t, h, kd), &device)?.to_dtype(candle_core::DType::BF16)?;
+    let beta = Tensor::from_slice(&p.beta, (t, h), &device)?.to_dtype(candle_core::DType::BF16)?;
     let a_log = Tensor::from_slice(p.a_log.as_deref().expect("a raw gate"), h, &device)?;
     let dt_bias = Tensor::from_slice(p.dt_bias.as_deref().expect("a raw gate"), (h, kd), &device)?;
 
