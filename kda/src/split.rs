@@ -94,16 +94,48 @@ impl Segment {
     }
 }
 
+/// `auto`, `off` or a number of chunks: what [`SplitMode::Auto`] stands for in a plan made on a
+/// device (for A/B runs of one build, the layer's recurrence included, which takes no split
+/// argument).
+pub const SPLIT_VAR: &str = "KDA_SPLIT";
+
 /// Whether to split, for [`SplitPlan::decide`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitMode {
-    /// The cost model decides.
+    /// The cost model decides, unless `KDA_SPLIT` ([`SPLIT_VAR`]) says otherwise.
     Auto,
     /// Never split.
     Off,
     /// Cut every sequence longer than this many chunks into segments of this many chunks (for
     /// tests and A/B runs; at least 1).
     Chunks(usize),
+}
+
+impl SplitMode {
+    /// The mode `value` of `KDA_SPLIT` names: unset, empty or `auto` [`SplitMode::Auto`], `off`
+    /// [`SplitMode::Off`], a positive number of chunks [`SplitMode::Chunks`]; anything else an
+    /// error naming the variable.
+    pub fn parse_env(value: Option<&str>) -> Result<Self, KdaError> {
+        match value.unwrap_or_default() {
+            "" | "auto" => Ok(SplitMode::Auto),
+            "off" => Ok(SplitMode::Off),
+            other => match other.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(SplitMode::Chunks(n)),
+                _ => Err(KdaError::Argument {
+                    name: SPLIT_VAR,
+                    reason: format!("`{other}`: one of auto, off, or a number of chunks (at least 1)"),
+                }),
+            },
+        }
+    }
+
+    /// `self`, with [`SplitMode::Auto`] replaced by the mode `KDA_SPLIT` names.
+    pub fn or_env(self) -> Result<Self, KdaError> {
+        match self {
+            SplitMode::Auto => Self::parse_env(std::env::var(SPLIT_VAR).ok().as_deref()),
+            forced => Ok(forced),
+        }
+    }
 }
 
 /// The head and size figures the cost model needs.
@@ -521,6 +553,20 @@ fn merge(entry: &[f32], maps: &[f32], p: &ModelView<'_>) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kda_split_names_a_mode_or_is_refused() {
+        assert_eq!(SplitMode::parse_env(None).unwrap(), SplitMode::Auto);
+        assert_eq!(SplitMode::parse_env(Some("auto")).unwrap(), SplitMode::Auto);
+        assert_eq!(SplitMode::parse_env(Some("off")).unwrap(), SplitMode::Off);
+        assert_eq!(SplitMode::parse_env(Some("64")).unwrap(), SplitMode::Chunks(64));
+        for bad in ["0", "-3", "wide"] {
+            let err = SplitMode::parse_env(Some(bad)).unwrap_err();
+            assert!(matches!(err, KdaError::Argument { name: SPLIT_VAR, .. }), "{bad}: {err}");
+        }
+        // A mode forced by the caller stays as it is.
+        assert_eq!(SplitMode::Off.or_env().unwrap(), SplitMode::Off);
+    }
     use kda_kernel::layout::hopper::BV;
 
     const H200_WORKERS: usize = 132;

@@ -227,7 +227,7 @@ impl DevicePlan {
             work: None,
             split: None,
             split_plan,
-            split_mode: SplitMode::Auto,
+            split_mode: SplitMode::Auto.or_env()?,
             column_mode: ColumnMode::Auto,
             columns: Columns::Wide,
             ordinal,
@@ -352,7 +352,7 @@ impl DevicePlan {
     /// This plan with long sequences split as `mode` says (docs/CONTRACT.md, "Splitting one
     /// sequence"): [`SplitMode::Auto`] (what [`DevicePlan::model`] does) lets the cost model
     /// decide, [`SplitMode::Off`] never splits, [`SplitMode::Chunks`] forces segments of that many
-    /// chunks. Only the Hopper kernel runs split plans (the baseline runs every sequence whole);
+    /// chunks (`KDA_SPLIT` stands in for `Auto`: [`crate::split::SPLIT_VAR`]). Only the Hopper kernel runs split plans (the baseline runs every sequence whole);
     /// a batch the Hopper kernel cannot schedule, or whose split tables would not fit its 32-bit
     /// records, stays unsplit. Uploads the split's tables and allocates its workspace on
     /// `stream`.
@@ -371,7 +371,7 @@ impl DevicePlan {
     /// Plans the split `mode` asks for (and the columns it implies), on the host; allocates a
     /// split's workspace.
     fn plan_split_mode(&mut self, stream: &Arc<CudaStream>, mode: SplitMode) -> Result<(), KdaError> {
-        self.split_mode = mode;
+        self.split_mode = mode.or_env()?;
         self.plan_portable(stream)?;
         if self.column_mode == ColumnMode::Auto {
             // The column choice depends on the split asked for (`Columns::choose`).
