@@ -312,28 +312,16 @@ struct Fetched<const N: usize> {
 
 impl<const N: usize> Fetched<N> {
     /// Rows `< filled` of `cols` elements, row `r` read from `rows.at(r)` of `src` when
-    /// `r < valid` (zeros past it).
+    /// `r < valid` (zeros past it), 16 bytes a load.
     ///
     /// # Safety
     /// Each valid row's `cols` elements exist in `src` from a 16-byte-aligned `rows.at(r)`; `N`
     /// vectors cover the thread's rows (`filled * cols <= N * vector * THREADS`: the `*_VECTORS`
     /// constants, checked against the largest tiles).
     #[inline(always)]
-    unsafe fn issue<T>(src: *const T, (filled, valid): (usize, usize), (cols, vector): (usize, usize), rows: RowsAt) -> Self {
-        let walk = rows.walk(cols, vector);
-        // The thread's element of its first row, then of each row it takes (formed, not read,
-        // past the valid rows).
-        let at = src.wrapping_add(walk.first);
-        let valid = valid as u32;
-        let words = core::array::from_fn(|j| {
-            if walk.r0 + j as u32 * walk.step < valid {
-                // SAFETY: see the function's contract (a valid row's elements).
-                unsafe { ld_global_v4(at.wrapping_add(j * walk.jump) as *const u32) }
-            } else {
-                [0; 4]
-            }
-        });
-        Self { words, walk, filled: filled as u32 }
+    unsafe fn issue<T>(src: *const T, filled_valid: (usize, usize), cols_vector: (usize, usize), rows: RowsAt) -> Self {
+        // SAFETY: the caller's contract (16-byte-aligned rows).
+        unsafe { Self::issue_with(src, filled_valid, cols_vector, rows, |at| ld_global_v4(at)) }
     }
 
     /// [`Fetched::issue`] with 8-byte loads, into each vector's first two words (the last two
@@ -342,15 +330,37 @@ impl<const N: usize> Fetched<N> {
     /// # Safety
     /// As [`Fetched::issue`], each row's elements 8-byte aligned.
     #[inline(always)]
-    unsafe fn issue_half<T>(src: *const T, (filled, valid): (usize, usize), (cols, vector): (usize, usize), rows: RowsAt) -> Self {
+    unsafe fn issue_half<T>(src: *const T, filled_valid: (usize, usize), cols_vector: (usize, usize), rows: RowsAt) -> Self {
+        // SAFETY: the caller's contract (8-byte-aligned rows).
+        unsafe {
+            Self::issue_with(src, filled_valid, cols_vector, rows, |at| {
+                let [a, b] = ld_global_v2(at);
+                [a, b, 0, 0]
+            })
+        }
+    }
+
+    /// The rows of [`Fetched::issue`], each of the thread's vectors read by `load` from its
+    /// address.
+    ///
+    /// # Safety
+    /// As [`Fetched::issue`], at the alignment `load` needs.
+    #[inline(always)]
+    unsafe fn issue_with<T>(
+        src: *const T,
+        (filled, valid): (usize, usize),
+        (cols, vector): (usize, usize),
+        rows: RowsAt,
+        load: impl Fn(*const u32) -> [u32; 4],
+    ) -> Self {
         let walk = rows.walk(cols, vector);
+        // The thread's element of its first row, then of each row it takes (formed, not read,
+        // past the valid rows).
         let at = src.wrapping_add(walk.first);
         let valid = valid as u32;
         let words = core::array::from_fn(|j| {
             if walk.r0 + j as u32 * walk.step < valid {
-                // SAFETY: see the function's contract (a valid row's elements).
-                let [a, b] = unsafe { ld_global_v2(at.wrapping_add(j * walk.jump) as *const u32) };
-                [a, b, 0, 0]
+                load(at.wrapping_add(j * walk.jump) as *const u32)
             } else {
                 [0; 4]
             }
