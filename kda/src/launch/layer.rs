@@ -76,8 +76,8 @@ const LAYER_SIZE_STEP: usize = 64;
 ///     q: q.slice(..),
 ///     k: k.slice(..),
 ///     v: v.slice(..),
-///     g: g.slice(..),
-///     beta: beta.slice(..),
+///     g: g.slice(..).into(), // an f32 or a bf16 view
+///     beta: beta.slice(..).into(),
 ///     a_log: None,
 ///     dt_bias: None,
 ///     h0: None,
