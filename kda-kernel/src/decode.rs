@@ -390,7 +390,7 @@ impl Place {
 }
 
 /// Four bf16 (8 bytes, the first in the low half of the first word) as f32.
-fn unpack4(w: [u32; 2]) -> [f32; 4] {
+pub(crate) fn unpack4(w: [u32; 2]) -> [f32; 4] {
     let half = |x: u32, hi: bool| bf16_to_f32(if hi { (x >> 16) as u16 } else { x as u16 });
     [half(w[0], false), half(w[0], true), half(w[1], false), half(w[1], true)]
 }

@@ -603,6 +603,13 @@ fn the_portable_kernel_reproduces_the_model_fixtures() {
     }
 }
 
+/// The option words the layer, decode and checkpoint kernels take for `p`: its options' and,
+/// as the launcher adds them, its gate's and `beta`'s dtype bits.
+fn kernel_codes(p: &LayerProblem) -> LayerCodes {
+    let codes = p.options.codes();
+    LayerCodes { options: codes.options | p.dtypes.option_bits(), ..codes }
+}
+
 /// The gate or `beta` as the kernels read it in `dtype`: f32, or bf16 packed two to a word
 /// (the first in the low half), in 8-byte-aligned storage (a per-key bf16 gate is read 8 bytes
 /// at a time).
@@ -700,7 +707,7 @@ fn run_layer_keeping_h(
     let (t, hv, kd, vd, gw) = (p.plan.tokens(), s.value_heads, s.key_dim, s.value_dim, s.gate_width());
     let rec = s.recurrence_shape(layout);
     let value_first = layout == StateLayout::ValueFirst;
-    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
+    let codes = kernel_codes(p);
     let dims = [s.heads, hv, kd, vd, gw].map(|x| x as u32);
     let table = chunk_table(&p.plan).unwrap();
     let poison_bf = bf16::from_bits(POISON_BF16);
@@ -1041,7 +1048,7 @@ fn sim_decode_in<P: PoolElement>(
 ) -> Vec<bf16> {
     use kda_kernel::layout::decode;
     let s = p.shape;
-    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
+    let codes = kernel_codes(p);
     let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
     let seqs = slots.len() - 1;
     let mut o = vec![bf16::from_bits(POISON_BF16); p.plan.tokens() * s.value_heads * s.value_dim];
@@ -1498,7 +1505,7 @@ fn sim_advance<P: PoolElement>(
 ) {
     use kda_kernel::layout::decode;
     let s = p.shape;
-    let codes = LayerCodes { options: p.options.codes().options | p.dtypes.option_bits(), ..p.options.codes() };
+    let codes = kernel_codes(p);
     let words = [s.heads, s.value_heads, s.key_dim, s.value_dim, s.gate_width()].map(|x| x as u32);
     let opt = |x: &Option<Vec<f32>>| x.as_deref().map_or(sim::Ptr::null(), ptr);
     let (g_words, beta_words) = (float_words(&p.g, p.dtypes.g), float_words(&p.beta, p.dtypes.beta));

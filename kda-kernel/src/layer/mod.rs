@@ -29,6 +29,7 @@
 //! nothing; only valid rows are read from or written to global memory.
 
 use crate::abi::StateLayoutCode;
+use crate::decode::unpack4;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v2, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
@@ -1168,11 +1169,8 @@ impl Gates {
         // SAFETY: see the function's contract; rows below `rows <= CHUNK`.
         unsafe {
             if bf16 {
-                // Four bf16 in the first two words, the first of each pair in the low half.
-                fetched.store(|r, a, w| {
-                    let x = [w[0] << 16, w[0] & 0xffff_0000, w[1] << 16, w[1] & 0xffff_0000];
-                    set_row4(self.tile, r, a, x.map(f32::from_bits))
-                });
+                // Four bf16 in the first two words (`Fetched::issue_half`).
+                fetched.store(|r, a, w| set_row4(self.tile, r, a, unpack4([w[0], w[1]])));
             } else {
                 fetched.store(|r, a, words| set_row4(self.tile, r, a, words.map(f32::from_bits)));
             }

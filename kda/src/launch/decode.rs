@@ -8,7 +8,7 @@
 //! it in a CUDA graph.
 
 use super::args::{Address, ArgNames, NamedArgs};
-use super::float_input::{FloatInput, token_dtypes};
+use super::float_input::FloatInput;
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
 use super::{Kda, enqueue};
 use crate::KdaError;
@@ -91,7 +91,7 @@ impl<'a> DecodeInputs<'a> {
     /// The gate's and `beta`'s dtypes (the kernels' option bits for them:
     /// [`crate::layer::TokenDtypes::option_bits`]).
     pub fn dtypes(&self) -> TokenDtypes {
-        token_dtypes(&self.g, &self.beta)
+        TokenDtypes { g: self.g.dtype(), beta: self.beta.dtype() }
     }
 
     /// The token inputs' addresses in the kernels' order (`q`, `k`, `v`, `g`, `beta`, `a_log`,

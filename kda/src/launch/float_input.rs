@@ -6,7 +6,7 @@
 use super::args::Address;
 use super::layer::keep;
 use crate::KdaError;
-use crate::layer::{InputDtype, TokenDtypes};
+use crate::layer::InputDtype;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DeviceSlice, SyncOnDrop};
 use half::bf16;
 use std::ops::RangeBounds;
@@ -74,11 +74,6 @@ impl FloatInput<'_> {
             FloatInput::Bf16(x) => keep(records, x.device_ptr(stream)),
         }
     }
-}
-
-/// The dtypes of a gate and `beta` given as `g` and `beta`.
-pub(super) fn token_dtypes(g: &FloatInput<'_>, beta: &FloatInput<'_>) -> TokenDtypes {
-    TokenDtypes { g: g.dtype(), beta: beta.dtype() }
 }
 
 impl<'a> From<CudaView<'a, f32>> for FloatInput<'a> {
