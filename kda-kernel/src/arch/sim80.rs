@@ -54,6 +54,9 @@ pub fn sync_warp() {
     with_thread(|cta, tid| cta.warp_barrier(tid));
 }
 
+/// The simulator's threads run one at a time: a pause changes nothing.
+pub fn nanosleep(_ns: u32) {}
+
 /// The shared-window address of the dynamic shared memory.
 pub fn smem_base_shared() -> u32 {
     crate::sim::SHARED_BASE

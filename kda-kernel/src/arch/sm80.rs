@@ -308,6 +308,14 @@ pub fn sync_warp() {
     unsafe { asm!("bar.warp.sync -1;", options(nostack)) }
 }
 
+/// `nanosleep.u32 ns;` (PTX 6.3, sm_70+): suspends the calling thread for about `ns`
+/// nanoseconds (the hardware may wake it anywhere in `[0, 2 ns]`).
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: a pause; no memory effect.
+    unsafe { asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nomem, nostack)) }
+}
+
 /// `%tid.x` (PTX 1.0), read by a non-pure `asm!` so the compiler cannot hoist what depends on it out of a
 /// loop: per-chunk shared addresses are recomputed from it instead of living in registers across
 /// the whole chunk loop (there are more of them than registers).

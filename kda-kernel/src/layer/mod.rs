@@ -33,14 +33,14 @@ use crate::decode::unpack4;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v2, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
-    shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
+    nanosleep, shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
-    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
-    SCALAR_GATE_COL, STAGED_ROW, SUB, SUBS, THREADS,
+    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_FIELD_MASK, OPT_GATE_BF16, OPT_L2NORM, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
+    SCALAR_GATE_COL, STAGED_ROW, STAGGER_UNIT_NS, SUB, SUBS, THREADS,
 };
 use crate::layout::portable::Place;
 

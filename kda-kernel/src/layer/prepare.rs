@@ -201,6 +201,31 @@ const _: () = assert!(MAX_K / (THREADS / LANES) == 2 * TILE_N && MAX_V <= MAX_K)
 /// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
 const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
+/// CTAs of the prepare kernel per SM on 9.x: two of the generic entries, three of the
+/// per-head gate's (`layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES`).
+const fn ctas_per_sm(scalar: bool) -> u32 {
+    if scalar { 3 } else { 2 }
+}
+
+/// Starts the first wave's CTAs that share an SM a `stagger` apart (`options`' stagger and SM
+/// fields, `layout::layer::OPT_STAGGER_SHIFT`): the block scheduler gives CTA `b` of the first
+/// wave slot `b / SMs` of its SM, so slot `s` sleeps `s` staggers. Every CTA of a wave runs the
+/// same steps, so without it an SM's CTAs load together and then compute together; offset,
+/// one's loads overlap another's products, and each later CTA takes the offset of the slot it
+/// fills. No field set (the default), nothing waits.
+#[inline(always)]
+fn stagger_start(options: u32, per_sm: u32) {
+    let units = (options >> OPT_STAGGER_SHIFT) & OPT_FIELD_MASK;
+    let sms = (options >> OPT_SMS_SHIFT) & OPT_FIELD_MASK;
+    if units == 0 || sms == 0 {
+        return;
+    }
+    let slot = block_idx_x() as u32 / sms;
+    if slot > 0 && slot < per_sm {
+        nanosleep(slot * units * STAGGER_UNIT_NS);
+    }
+}
+
 /// The prepare kernel's parameters past its tensors, as both entries take them.
 #[derive(Clone, Copy)]
 struct PrepareWords {
@@ -263,6 +288,7 @@ unsafe fn prepare<const FUSED: bool, const SCALAR: bool>(t: PrepareTensors, fuse
         return; // the launcher never launches so: a per-key gate needs the gate tile
     }
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
+    stagger_start(options, ctas_per_sm(SCALAR));
     let (tid, warp, l) = Lane::this_thread();
     // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
     // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.
