@@ -37,9 +37,9 @@ use crate::arch::sm80::{
     smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
-use crate::layer::{L2NORM_EPS, activate, exp, load_float, sigmoid};
+use crate::layer::{L2NORM_EPS, activate, exp, load_float, sigmoid, stagger_start};
 use crate::layout::decode::{
-    COL_LANES, COLS, COPY_BYTES, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
+    COL_LANES, COLS, COPY_BYTES, CTAS_PER_SM, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
     RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
 };
 use crate::layout::layer::{OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM};
@@ -123,6 +123,7 @@ kernel_entry! {
         {
             return; // the launcher never launches so; this proves the indices below safe
         }
+        stagger_start(options, CTAS_PER_SM as u32);
         let blocks = (vd / COLS) as u32;
         let per_seq = value_heads.wrapping_mul(blocks);
         let b = block_idx_x() as u32;

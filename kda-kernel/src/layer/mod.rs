@@ -47,6 +47,25 @@ use crate::layout::portable::Place;
 mod output;
 mod prepare;
 
+/// Starts the first wave's CTAs that share an SM a `stagger` apart (`options`' stagger and SM
+/// fields, `layout::layer::OPT_STAGGER_SHIFT`; `per_sm` CTAs share an SM): the block scheduler
+/// gives CTA `b` of the first wave slot `b / SMs` of its SM, so slot `s` sleeps `s` staggers.
+/// Every CTA of a wave of the prepare kernel or the decode step runs the same steps, so without it an SM's CTAs load together and then compute together; offset,
+/// one's loads overlap another's products, and each later CTA takes the offset of the slot it
+/// fills. No field set (the default), nothing waits.
+#[inline(always)]
+pub(crate) fn stagger_start(options: u32, per_sm: u32) {
+    let units = (options >> OPT_STAGGER_SHIFT) & OPT_FIELD_MASK;
+    let sms = (options >> OPT_SMS_SHIFT) & OPT_FIELD_MASK;
+    if units == 0 || sms == 0 {
+        return;
+    }
+    let slot = block_idx_x() as u32 / sms;
+    if slot > 0 && slot < per_sm {
+        nanosleep(slot * units * STAGGER_UNIT_NS);
+    }
+}
+
 // The entries by their paths for the simulator's tests (on the GPU they are exported by name).
 #[cfg(not(target_arch = "nvptx64"))]
 pub use output::{kda_layer_output, kda_layer_output_prepared};

@@ -534,27 +534,6 @@ impl LayerPlan {
     }
 }
 
-/// The environment variable that offsets the prepare kernel's CTAs sharing an SM
-/// (nanoseconds per slot, `kda_kernel::layout::layer::OPT_STAGGER_SHIFT`), a measurement option;
-/// unset or 0, they start together.
-pub const PREPARE_STAGGER_VAR: &str = "KDA_PREPARE_STAGGER_NS";
-
-impl Kda {
-    /// The prepare kernel's stagger and SM fields from [`PREPARE_STAGGER_VAR`].
-    fn prepare_stagger_bits(&self) -> Result<u32, KdaError> {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-        use kda_kernel::layout::layer::{OPT_FIELD_MASK, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, STAGGER_UNIT_NS};
-        let Ok(value) = std::env::var(PREPARE_STAGGER_VAR) else { return Ok(0) };
-        let ns: u32 = value.trim().parse().map_err(|_| KdaError::Argument {
-            name: PREPARE_STAGGER_VAR,
-            reason: format!("`{value}`: nanoseconds per slot (an integer)"),
-        })?;
-        let units = (ns / STAGGER_UNIT_NS).min(OPT_FIELD_MASK);
-        let sms = (self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32).min(OPT_FIELD_MASK);
-        Ok(units << OPT_STAGGER_SHIFT | sms << OPT_SMS_SHIFT)
-    }
-}
-
 /// What the portable kernel's choice of the fused pass depends on about a device.
 #[derive(Clone, Copy)]
 pub(super) struct DeviceFit {
@@ -809,7 +788,7 @@ impl Kda {
                 ],
                 attention: None,
                 dims,
-                options: codes.options | dtypes.option_bits() | self.prepare_stagger_bits()?,
+                options: codes.options | dtypes.option_bits() | self.stagger_bits(super::PREPARE_STAGGER_VAR)?,
                 gate_mode: codes.gate_mode,
                 lower_bound_bits: codes.lower_bound_bits,
             };

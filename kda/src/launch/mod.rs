@@ -950,3 +950,26 @@ mod thread_safety {
         send_sync::<LayerDeviceOutputs<'static>>();
     }
 }
+
+/// The environment variable that offsets the prepare kernel's CTAs sharing an SM in its first
+/// wave (nanoseconds per slot, `kda_kernel::layout::layer::OPT_STAGGER_SHIFT`), a measurement
+/// option; unset or 0, they start together.
+pub const PREPARE_STAGGER_VAR: &str = "KDA_PREPARE_STAGGER_NS";
+/// [`PREPARE_STAGGER_VAR`] for the decode step.
+pub const DECODE_STAGGER_VAR: &str = "KDA_DECODE_STAGGER_NS";
+
+impl Kda {
+    /// The stagger and SM fields of a kernel's options word from `var` (nanoseconds per slot).
+    fn stagger_bits(&self, var: &'static str) -> Result<u32, KdaError> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        use kda_kernel::layout::layer::{OPT_FIELD_MASK, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, STAGGER_UNIT_NS};
+        let Ok(value) = std::env::var(var) else { return Ok(0) };
+        let ns: u32 = value.trim().parse().map_err(|_| KdaError::Argument {
+            name: var,
+            reason: format!("`{value}`: nanoseconds per slot (an integer)"),
+        })?;
+        let units = (ns / STAGGER_UNIT_NS).min(OPT_FIELD_MASK);
+        let sms = (self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32).min(OPT_FIELD_MASK);
+        Ok(units << OPT_STAGGER_SHIFT | sms << OPT_SMS_SHIFT)
+    }
+}
