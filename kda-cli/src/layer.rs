@@ -102,6 +102,30 @@ impl DeviceLayer {
         kda.launch_layer_staged(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace, after)
     }
 
+    /// Enqueues the layer forward of this problem's inputs into its outputs under another plan
+    /// and workspace (a plan re-planned for this batch: `LayerPlan::replan`).
+    pub fn launch_with(
+        &mut self,
+        kda: &Kda,
+        stream: &Arc<CudaStream>,
+        plan: &LayerPlan,
+        workspace: &mut LayerWorkspace,
+    ) -> Result<(), KdaError> {
+        let s = plan.shape();
+        let (t, n) = (plan.batch().tokens(), plan.batch().num_seqs());
+        let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
+        let inputs = self.inputs.views(plan);
+        let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
+        kda.launch_layer(stream, plan, &inputs, &mut outputs, workspace)
+    }
+
+    /// Zeroes `o` and the final states on `stream` (before a launch whose writes are checked).
+    pub fn zero_outputs(&mut self, stream: &Arc<CudaStream>) -> Result<(), KdaError> {
+        stream.memset_zeros(&mut self.o)?;
+        stream.memset_zeros(&mut self.ht)?;
+        Ok(())
+    }
+
     /// Writes `checkpoints` into `pool` from the chunk states the last [`DeviceLayer::launch`]
     /// left (`Kda::launch_checkpoints`, on the same stream).
     pub fn launch_checkpoints<P: kda::pool::PoolElement>(

@@ -803,6 +803,62 @@ fn layer_replan_matches_fresh_plans() {
     }
 }
 
+/// Re-planning in place while the launches before it are still queued: behind a long launch,
+/// five batches each re-planned into one plan and launched with no synchronisation between
+/// them (more than the plan's two page-locked staging buffers, so the host waits on their
+/// copies), each into its own outputs; every launch ran its own batch, bit for bit a fresh
+/// plan's.
+#[test]
+fn queued_replans_run_their_own_batches() {
+    use kda::LayerPlan;
+    use kda::layer::{GateInput, LayerKind, LayerOptions, LayerShape};
+    use kda_cli::layer::DeviceLayer;
+    let gpu = Gpu::open();
+    let s = &gpu.stream;
+    let options = LayerOptions { scale: 128f64.powf(-0.5), l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
+    for kind in [LayerKind::Kda, LayerKind::Gdn] {
+        let shape = LayerShape { kind, heads: 2, value_heads: 4, key_dim: 128, value_dim: 128 };
+        // The first the longest: the workspace is sized by it.
+        let batches: [&[usize]; 5] = [&[300, 0, 64, 17], &[129, 40], &[1, 65, 3], &[200], &[64, 64, 1]];
+        let problems: Vec<_> = batches
+            .iter()
+            .enumerate()
+            .map(|(i, l)| kda_tests::random_layer_problem(l, shape, options, i % 2 == 0, 120 + i as u64))
+            .collect();
+        let mut layers: Vec<_> = problems.iter().map(|p| DeviceLayer::upload(&gpu.kda, s, p).unwrap()).collect();
+        let fresh: Vec<_> = layers
+            .iter_mut()
+            .map(|layer| {
+                layer.launch(&gpu.kda, s).unwrap();
+                layer.download(s).unwrap()
+            })
+            .collect();
+        let long = kda_tests::random_layer_problem(&[8192], shape, options, true, 130);
+        let mut long = DeviceLayer::upload(&gpu.kda, s, &long).unwrap();
+        let path = layers[0].plan.output_path();
+        let mut plan = LayerPlan::with_path(s, problems[0].plan.clone(), shape, options, path).unwrap();
+        let mut workspace = plan.workspace(s).unwrap();
+        for layer in &mut layers {
+            layer.zero_outputs(s).unwrap();
+        }
+        long.launch(&gpu.kda, s).unwrap();
+        for (layer, p) in layers.iter_mut().zip(&problems) {
+            plan.replan(s, p.plan.clone()).unwrap();
+            layer.launch_with(&gpu.kda, s, &plan, &mut workspace).unwrap();
+        }
+        s.synchronize().unwrap();
+        for (i, (layer, fresh)) in layers.iter().zip(&fresh).enumerate() {
+            let got = layer.download(s).unwrap();
+            assert!(
+                got.o == fresh.o && got.ht == fresh.ht,
+                "{kind:?} batch {i} ({:?}): a queued re-plan differs",
+                batches[i]
+            );
+        }
+        println!("{kind:?}: {} queued re-plans ran their own batches, bit for bit", batches.len());
+    }
+}
+
 /// The decode step (`Kda::launch_decode`) against the f64 layer over a pool
 /// (`kda_tests::decode_cases`): both kinds, grouped value heads, the gate forms and options;
 /// padding sequences (nothing read or written), a fresh sequence (from zeros).
