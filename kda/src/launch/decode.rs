@@ -189,8 +189,7 @@ impl DecodePlan {
     /// padding), which of them start fresh, and for a verify plan its tokens' parents and state
     /// slots, checked as
     /// [`DecodePlan::verify`] checks them and copied on `stream` into the buffers the plan
-    /// already holds (from page-locked memory: the call does not wait for the steps still
-    /// queued). A launch (or a CUDA graph captured from one) enqueued after this on
+    /// already holds. A launch (or a CUDA graph captured from one) enqueued after this on
     /// `stream` runs the new slots: a serving loop captures one step per batch size and replays
     /// it as requests come and go. The plan keeps its sequence count, `draft` and kind: an
     /// `indices` of another length, or `parents` / `token_slots` given where the plan has none

@@ -269,10 +269,8 @@ impl DevicePlan {
     /// when they fit it: no allocation and no free (a new plan per call measured 1 to 4 us more
     /// per call of a 128-token layer than re-planning, H100), and the buffer's address stays the
     /// same. The copy is ordered after every launch that read the old tables: on `stream` by the
-    /// stream itself, on other streams by cudarc's events. It is made from page-locked memory
-    /// (two buffers in turn, allocated at the first re-plan), so this call does not wait for the
-    /// launches still queued; it waits only when the host is two re-plans ahead of the copies. A
-    /// plan whose re-planning fails refuses to launch.
+    /// stream itself, on other streams by cudarc's events. A plan whose re-planning fails
+    /// refuses to launch.
     ///
     /// ```no_run
     /// # use kda::{DevicePlan, Plan, model::ModelShape};
