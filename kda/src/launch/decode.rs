@@ -10,7 +10,7 @@
 use super::args::{Address, ArgNames, NamedArgs};
 use super::float_input::FloatInput;
 use super::layer::{LenCheck, check_devices, check_lengths, keep};
-use super::{Kda, Staging, enqueue};
+use super::{Kda, enqueue};
 use crate::KdaError;
 use crate::layer::{GateInput, LayerOptions, LayerShape, TokenDtypes};
 use crate::pool::{DraftTables, PoolElement, PoolShape, SlotUse, StateDtype, draft_tables, slot_uses};
@@ -35,17 +35,6 @@ pub struct DecodePlan {
     /// `[N * draft]` i64: where each token's state goes.
     token_slots: Option<CudaSlice<i64>>,
     num_seqs: usize,
-    /// The page-locked buffers [`DecodePlan::rebind`] copies the tables through.
-    staging: DecodeStaging,
-}
-
-/// A decode plan's [`Staging`], one per table.
-#[derive(Default)]
-struct DecodeStaging {
-    slots: Staging<i64>,
-    fresh: Staging<u32>,
-    parents: Staging<i64>,
-    token_slots: Staging<i64>,
 }
 
 /// The decode step's token inputs on the device (one token per sequence; the shapes of a layer
@@ -181,7 +170,6 @@ impl DecodePlan {
             parents: upload(parents)?,
             token_slots: upload(token_slots)?,
             num_seqs: uses.len(),
-            staging: DecodeStaging::default(),
         })
     }
 
@@ -204,15 +192,13 @@ impl DecodePlan {
         token_slots: Option<&[i64]>,
     ) -> Result<(), KdaError> {
         let tables = rebound_tables(self.shape_of_tables(), &self.pool, indices, fresh, parents, token_slots)?;
-        // From page-locked memory: the host does not wait for the steps still queued.
-        let staging = &mut self.staging;
-        staging.slots.upload(stream, &tables.slots, &mut self.slots)?;
-        staging.fresh.upload(stream, &tables.fresh, &mut self.fresh)?;
+        stream.memcpy_htod(&tables.slots, &mut self.slots)?;
+        stream.memcpy_htod(&tables.fresh, &mut self.fresh)?;
         if let Some(buffer) = &mut self.parents {
-            staging.parents.upload(stream, &tables.parents, buffer)?;
+            stream.memcpy_htod(&tables.parents, buffer)?;
         }
         if let Some(buffer) = &mut self.token_slots {
-            staging.token_slots.upload(stream, &tables.token_slots, buffer)?;
+            stream.memcpy_htod(&tables.token_slots, buffer)?;
         }
         Ok(())
     }

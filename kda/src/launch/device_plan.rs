@@ -1,6 +1,5 @@
 //! A batch layout uploaded once, and the borrowed device tensors of one launch.
 
-use super::Staging;
 use crate::columns::{ColumnMode, Columns, PortableFit};
 use crate::layout::{hopper, portable};
 use crate::model::ModelShape;
@@ -23,8 +22,6 @@ pub struct DevicePlan {
     /// The plan's tables on the device, packed ([`Table`]): `None` only after a re-planning call
     /// failed, and then the plan refuses to launch.
     tables: Option<CudaSlice<u32>>,
-    /// The page-locked buffers a re-planning copies the tables through ([`Staging`]).
-    staging: Staging<u32>,
     /// The sequences' descriptors (`Plan::descriptors`, i64 as pairs of words).
     pub(super) descriptors: Table,
     /// The Hopper kernel's work records (`Schedule::table`), when the batch's offsets fit them.
@@ -226,7 +223,6 @@ impl DevicePlan {
             shape: *shape,
             strides: Strides::PACKED,
             tables: None,
-            staging: Staging::default(),
             descriptors,
             work: None,
             split: None,
@@ -531,13 +527,12 @@ impl DevicePlan {
     }
 
     /// [`DevicePlan::upload`] into `buffer` when the tables fit it (a copy ordered after every
-    /// launch that read it, by the stream or by cudarc's events, from page-locked memory so that
-    /// the host does not wait for those launches: [`Staging`]), else into a new allocation.
+    /// launch that read it, by the stream or by cudarc's events), else into a new allocation.
     fn upload_into(&mut self, stream: &Arc<CudaStream>, buffer: Option<CudaSlice<u32>>) -> Result<(), KdaError> {
         let words = pack(self.tables_mut());
         self.tables = Some(match buffer {
             Some(mut b) if b.len() >= words.len() => {
-                self.staging.upload(stream, &words, &mut b)?;
+                stream.memcpy_htod(&words, &mut b)?;
                 b
             }
             _ => stream.clone_htod(&words)?,

@@ -14,7 +14,6 @@ mod float_input;
 mod layer;
 mod options;
 mod pooled;
-mod staging;
 mod tensor_map;
 mod validate;
 
@@ -40,7 +39,6 @@ use kda_kernel::layout::K_DIM;
 use kda_kernel::layout::baseline::COL_BLOCKS as BASELINE_COL_BLOCKS;
 use kda_kernel::layout::hopper::BV;
 use kda_kernel::layout::portable::BV as PORTABLE_BV;
-use staging::Staging;
 use std::sync::Arc;
 use validate::{Launch, TensorArg, baseline_supports, check_launch, hopper_supports, portable_supports};
 
