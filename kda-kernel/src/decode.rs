@@ -33,19 +33,42 @@
 
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, cp_async_4, cp_async_16, cp_async_wait_all, f32_to_bf16, fma_f32, ld_global_v2,
-    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, pack_bf16x2, rsqrt_approx, shfl_xor,
+    ld_global_v4, ld_shared_f32, ld_shared_u16, ld_shared_v2_f32, ld_shared_v4, nanosleep, pack_bf16x2, rsqrt_approx, shfl_xor,
     smem_base_shared, st_global_v2, st_global_v4, st_shared_f32, sync_threads, thread_idx_x_fresh,
 };
 use crate::abi::{StateDtypeCode, StateLayoutCode};
-use crate::layer::{L2NORM_EPS, activate, exp, load_float, sigmoid, stagger_start};
+use crate::layer::{L2NORM_EPS, activate, exp, load_float, sigmoid};
 use crate::layout::decode::{
     COL_LANES, COLS, COPY_BYTES, CTAS_PER_SM, K_MULTIPLE, KEY_LANES, KEY_VECTOR, MAX_DRAFT, MAX_K, MAX_KEYS_PER_THREAD, RAW_AT,
     RAW_BETA, RAW_G, RAW_K, RAW_Q, RAW_TOKEN_BYTES, RAW_V, STAGE_WORDS, STAGES_AT, VEC,
 };
-use crate::layout::layer::{OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM};
+use crate::layout::layer::{
+    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_FIELD_MASK, OPT_GATE_BF16, OPT_L2NORM, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT,
+    STAGGER_UNIT_NS,
+};
 
 /// This thread's part of one head's state: `VEC` columns of each of its keys.
 type Keys = [[f32; VEC]; MAX_KEYS_PER_THREAD];
+
+/// Starts the first wave's CTAs that share an SM a `stagger` apart (`options`' stagger and SM
+/// fields, `layout::layer::OPT_STAGGER_SHIFT`; `per_sm` CTAs share an SM): the block scheduler
+/// gives CTA `b` of the first wave slot `b / SMs` of its SM, so slot `s` sleeps `s` staggers.
+/// Every CTA of a wave runs the same steps (its state's loads, then its tokens, then its
+/// stores), so without it an SM's CTAs load together and then compute together; offset, one's
+/// loads overlap another's tokens, and each later CTA takes the offset of the slot it fills. No
+/// field set (the default), nothing waits.
+#[inline(always)]
+fn stagger_start(options: u32, per_sm: u32) {
+    let units = (options >> OPT_STAGGER_SHIFT) & OPT_FIELD_MASK;
+    let sms = (options >> OPT_SMS_SHIFT) & OPT_FIELD_MASK;
+    if units == 0 || sms == 0 {
+        return;
+    }
+    let slot = block_idx_x() as u32 / sms;
+    if slot > 0 && slot < per_sm {
+        nanosleep(slot * units * STAGGER_UNIT_NS);
+    }
+}
 
 kernel_entry! {
     /// The decode step (`abi::DECODE`, parameters `abi::DECODE_PARAMS`). Grid: `N * HV * V / COLS`

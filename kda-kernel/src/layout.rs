@@ -169,7 +169,7 @@ pub mod layer {
     pub const OPT_GATE_BF16: u32 = 4;
     /// Option bit: `beta` given in bf16 (else f32).
     pub const OPT_BETA_BF16: u32 = 8;
-    /// Option field (bits 16 to 23): a start offset between the prepare kernel's CTAs that
+    /// Option field (bits 16 to 23) of the decode step: a start offset between its CTAs that
     /// share an SM in its first wave, in units of [`STAGGER_UNIT_NS`]; 0 starts them together.
     /// Bits 24 to 31 carry the SM count it divides the grid's first wave by.
     pub const OPT_STAGGER_SHIFT: u32 = 16;
@@ -177,8 +177,8 @@ pub mod layer {
     pub const OPT_SMS_SHIFT: u32 = 24;
     /// An 8-bit field's mask.
     pub const OPT_FIELD_MASK: u32 = 0xff;
-    /// Nanoseconds per unit of the stagger field: 255 units cover 65 us, three times the
-    /// longest CTA of the prepare kernel measured (about 22 us).
+    /// Nanoseconds per unit of the stagger field: 255 units cover 65 us, four times the longest
+    /// CTA of the decode step measured (verify's, about 15 us).
     pub const STAGGER_UNIT_NS: u32 = 256;
     /// Gate mode: the gate is the decay in natural log.
     pub const GATE_LOG: u32 = 0;

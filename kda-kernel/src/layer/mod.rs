@@ -33,38 +33,19 @@ use crate::decode::unpack4;
 use crate::arch::sm80::{
     bf16_to_f32, block_idx_x, exp2_approx, exp2_approx_ftz, fma_f32, ld_global_v2, ld_global_v4, ldmatrix_x4, ldmatrix_x4_trans,
     ld_shared_v2_f32, ld_shared_v4, st_shared_v2_f32, log2_approx, mma_m16n8k8_tf32, mma_m16n8k16_bf16, pack_bf16x2, rcp_approx, rcp_approx_ftz, rsqrt_approx,
-    nanosleep, shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
+    shfl_xor, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, vote_any,
 };
 use crate::layout::CHUNK;
 use crate::shared::Shared;
 use crate::layout::layer::{
     ATTENTION_ROW, CHUNK_WORDS, first_half, GATE_LOG, GATE_LOWER_BOUND, GATE_SOFTPLUS, INVERSE_ROW_WORDS, KEY_ROW, MATRIX_ROW_WORDS, MAX_K, MAX_V,
-    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_FIELD_MASK, OPT_GATE_BF16, OPT_L2NORM, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
-    SCALAR_GATE_COL, STAGED_ROW, STAGGER_UNIT_NS, SUB, SUBS, THREADS,
+    OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM, OUTPUT_ATTENTION_AT, OUTPUT_GATES_AT, OUTPUT_PREPARED_ATTENTION_AT, OUTPUT_PREPARED_STAGED_AT, OUTPUT_QUERIES_AT, OUTPUT_STAGED_AT, ROW_WORDS,
+    SCALAR_GATE_COL, STAGED_ROW, SUB, SUBS, THREADS,
 };
 use crate::layout::portable::Place;
 
 mod output;
 mod prepare;
-
-/// Starts the first wave's CTAs that share an SM a `stagger` apart (`options`' stagger and SM
-/// fields, `layout::layer::OPT_STAGGER_SHIFT`; `per_sm` CTAs share an SM): the block scheduler
-/// gives CTA `b` of the first wave slot `b / SMs` of its SM, so slot `s` sleeps `s` staggers.
-/// Every CTA of a wave of the prepare kernel or the decode step runs the same steps, so without it an SM's CTAs load together and then compute together; offset,
-/// one's loads overlap another's products, and each later CTA takes the offset of the slot it
-/// fills. No field set (the default), nothing waits.
-#[inline(always)]
-pub(crate) fn stagger_start(options: u32, per_sm: u32) {
-    let units = (options >> OPT_STAGGER_SHIFT) & OPT_FIELD_MASK;
-    let sms = (options >> OPT_SMS_SHIFT) & OPT_FIELD_MASK;
-    if units == 0 || sms == 0 {
-        return;
-    }
-    let slot = block_idx_x() as u32 / sms;
-    if slot > 0 && slot < per_sm {
-        nanosleep(slot * units * STAGGER_UNIT_NS);
-    }
-}
 
 // The entries by their paths for the simulator's tests (on the GPU they are exported by name).
 #[cfg(not(target_arch = "nvptx64"))]

@@ -201,12 +201,6 @@ const _: () = assert!(MAX_K / (THREADS / LANES) == 2 * TILE_N && MAX_V <= MAX_K)
 /// Words between an accumulator's two rows (`g` and `g + 8`) in a `ROW_WORDS` tile.
 const ACC_ROWS_APART: usize = TILE_N * ROW_WORDS;
 
-/// CTAs of the prepare kernel per SM on 9.x: two of the generic entries, three of the
-/// per-head gate's (`layout::layer::PREPARE_SCALAR_FUSED_SMEM_BYTES`).
-const fn ctas_per_sm(scalar: bool) -> u32 {
-    if scalar { 3 } else { 2 }
-}
-
 /// The prepare kernel's parameters past its tensors, as both entries take them.
 #[derive(Clone, Copy)]
 struct PrepareWords {
@@ -269,7 +263,6 @@ unsafe fn prepare<const FUSED: bool, const SCALAR: bool>(t: PrepareTensors, fuse
         return; // the launcher never launches so: a per-key gate needs the gate tile
     }
     let (hv, kd, vd, gw) = (d.value_heads, d.key_dim, d.value_dim, d.gate_width);
-    stagger_start(options, ctas_per_sm(SCALAR));
     let (tid, warp, l) = Lane::this_thread();
     // SAFETY (block): the kernel's contract; every tile index is below its `CHUNK` rows and its
     // columns (`Dims::valid`), every tensor index inside the chunk's valid rows.

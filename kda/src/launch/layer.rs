@@ -788,7 +788,7 @@ impl Kda {
                 ],
                 attention: None,
                 dims,
-                options: codes.options | dtypes.option_bits() | self.stagger_bits(super::PREPARE_STAGGER_VAR)?,
+                options: codes.options | dtypes.option_bits(),
                 gate_mode: codes.gate_mode,
                 lower_bound_bits: codes.lower_bound_bits,
             };
