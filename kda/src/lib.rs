@@ -29,9 +29,10 @@ pub mod ptx;
 pub use error::KdaError;
 pub use half::bf16;
 pub use launch::{
-    CODE_VAR, CheckpointPlan, Code, DecodeInputs, DecodePlan, DevicePlan, FloatBuffer, FloatInput, KERNEL_VAR, Kda,
-    KdaInputs, KdaOptions, KdaOutputs, Kernel, LayerDeviceOutputs, LayerInputs, LayerPlan, LayerPool, LayerStage,
-    LayerWorkspace, MODULE_VAR, Module, ModuleCode, OUTPUT_VAR, OutputPath, PooledStates, TENSOR_ALIGN,
+    CODE_VAR, CheckpointPlan, Code, DECODE_STAGGER_NS, DECODE_STAGGER_VAR, DecodeInputs, DecodePlan, DevicePlan,
+    FloatBuffer, FloatInput, KERNEL_VAR, Kda, KdaInputs, KdaOptions, KdaOutputs, Kernel, LayerDeviceOutputs,
+    LayerInputs, LayerPlan, LayerPool, LayerStage, LayerWorkspace, MODULE_VAR, Module, ModuleCode, OUTPUT_VAR,
+    OutputPath, PooledStates, TENSOR_ALIGN,
 };
 pub use model::{Gates, ModelShape, StateLayout};
 pub use plan::{Plan, SeqDesc};

@@ -383,7 +383,9 @@ impl Kda {
                 word("key_dim", kd)?,
                 word("value_dim", vd)?,
                 word("key_dim", s.gate_width())?,
-                codes.options | inputs.dtypes().option_bits() | self.stagger_bits(super::DECODE_STAGGER_VAR)?,
+                codes.options
+                    | inputs.dtypes().option_bits()
+                    | self.stagger_bits(super::DECODE_STAGGER_VAR, super::DECODE_STAGGER_NS)?,
                 codes.gate_mode,
                 codes.lower_bound_bits,
                 codes.scale_bits,

@@ -952,23 +952,64 @@ mod thread_safety {
 }
 
 /// The environment variable that offsets the decode step's CTAs sharing an SM in its first
-/// wave (nanoseconds per slot, `kda_kernel::layout::layer::OPT_STAGGER_SHIFT`), a measurement
-/// option; unset or 0, they start together. Measured on the H100 (bench/RESULTS.md, "Decode"):
-/// 2000 ns took verify_kda_64x4 from 120.6 to 115.9 us and left the one-token steps within 1.2%.
+/// wave (nanoseconds per slot, `kda_kernel::layout::layer::OPT_STAGGER_SHIFT`): unset, the step
+/// takes [`DECODE_STAGGER_NS`]; 0 starts them together.
 pub const DECODE_STAGGER_VAR: &str = "KDA_DECODE_STAGGER_NS";
+/// The decode step's offset between the first wave's CTAs of one SM, nanoseconds per slot, where
+/// [`DECODE_STAGGER_VAR`] names none. Measured on the H100 (bench/RESULTS.md, "Decode",
+/// 2026-12-08, two rounds): 2000 ns took verify_kda_64x4 from 120.6 to 115.9 us and
+/// decode_kda_64 from 99.8 to 98.7, the other one-token steps within 0.3%; 6000 ns made every
+/// shape slower. Off until a run of more rounds confirms the offset.
+pub const DECODE_STAGGER_NS: u32 = 0;
 
 impl Kda {
-    /// The stagger and SM fields of a kernel's options word from `var` (nanoseconds per slot).
-    fn stagger_bits(&self, var: &'static str) -> Result<u32, KdaError> {
+    /// The stagger and SM fields of a kernel's options word: `var`'s nanoseconds per slot, or
+    /// `default_ns` where it is unset.
+    fn stagger_bits(&self, var: &'static str, default_ns: u32) -> Result<u32, KdaError> {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-        use kda_kernel::layout::layer::{OPT_FIELD_MASK, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, STAGGER_UNIT_NS};
-        let Ok(value) = std::env::var(var) else { return Ok(0) };
-        let ns: u32 = value.trim().parse().map_err(|_| KdaError::Argument {
-            name: var,
-            reason: format!("`{value}`: nanoseconds per slot (an integer)"),
-        })?;
-        let units = (ns / STAGGER_UNIT_NS).min(OPT_FIELD_MASK);
-        let sms = (self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32).min(OPT_FIELD_MASK);
-        Ok(units << OPT_STAGGER_SHIFT | sms << OPT_SMS_SHIFT)
+        use kda_kernel::layout::layer::STAGGER_UNIT_NS;
+        let ns = match std::env::var(var) {
+            Ok(value) => value.trim().parse().map_err(|_| KdaError::Argument {
+                name: var,
+                reason: format!("`{value}`: nanoseconds per slot (an integer)"),
+            })?,
+            Err(_) => default_ns,
+        };
+        if ns < STAGGER_UNIT_NS {
+            return Ok(0);
+        }
+        Ok(stagger_field(ns, self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32))
+    }
+}
+
+/// The options word's stagger and SM fields for `ns` nanoseconds per slot on `sms` SMs: whole
+/// units of `STAGGER_UNIT_NS`, each field clamped to its 8 bits (0, the default, when `ns` is
+/// below one unit).
+fn stagger_field(ns: u32, sms: u32) -> u32 {
+    use kda_kernel::layout::layer::{OPT_FIELD_MASK, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, STAGGER_UNIT_NS};
+    let units = (ns / STAGGER_UNIT_NS).min(OPT_FIELD_MASK);
+    if units == 0 {
+        return 0;
+    }
+    units << OPT_STAGGER_SHIFT | sms.min(OPT_FIELD_MASK) << OPT_SMS_SHIFT
+}
+
+#[cfg(test)]
+mod stagger_tests {
+    use super::stagger_field;
+    use kda_kernel::layout::layer::{OPT_FIELD_MASK, OPT_SMS_SHIFT, OPT_STAGGER_SHIFT, STAGGER_UNIT_NS};
+
+    #[test]
+    fn the_stagger_fields_hold_whole_units_and_the_sm_count() {
+        let fields =
+            |word: u32| ((word >> OPT_STAGGER_SHIFT) & OPT_FIELD_MASK, (word >> OPT_SMS_SHIFT) & OPT_FIELD_MASK);
+        assert_eq!(stagger_field(0, 132), 0);
+        assert_eq!(stagger_field(STAGGER_UNIT_NS - 1, 132), 0, "below one unit: off");
+        assert_eq!(fields(stagger_field(2000, 132)), (2000 / STAGGER_UNIT_NS, 132));
+        assert_eq!(fields(stagger_field(u32::MAX, 1000)), (OPT_FIELD_MASK, OPT_FIELD_MASK), "clamped");
+        // The layer's option bits stay clear of both fields.
+        use kda_kernel::layout::layer::{OPT_BETA_BF16, OPT_BETA_SIGMOID, OPT_GATE_BF16, OPT_L2NORM};
+        let bits = OPT_L2NORM | OPT_BETA_SIGMOID | OPT_GATE_BF16 | OPT_BETA_BF16;
+        assert_eq!(bits & stagger_field(u32::MAX, u32::MAX), 0);
     }
 }
