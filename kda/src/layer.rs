@@ -1081,3 +1081,68 @@ pub fn read_layer_problem(path: &std::path::Path) -> Result<(LayerProblem, Optio
     };
     Ok((problem, Some(golden)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `T = (I + L)^-1`, `L` the chunk's strictly lower `diag(beta) (k Γ) (k / Γ)^T` (the matrix
+    /// [`Chunk::wy`] substitutes through), by forward substitution on the identity.
+    fn inverse(chunk: &Chunk) -> Vec<Vec<f64>> {
+        let l = chunk.tokens.len();
+        let mut t: Vec<Vec<f64>> = Vec::with_capacity(l);
+        for r in 0..l {
+            let x = &chunk.tokens[r];
+            let mut row: Vec<f64> = (0..l).map(|c| if c == r { 1.0 } else { 0.0 }).collect();
+            for (s, ts) in t.iter().enumerate() {
+                let coef = x.beta * chunk.gated_dot(&x.k, r, &chunk.tokens[s].k, s);
+                row.iter_mut().zip(ts).for_each(|(a, b)| *a -= coef * b);
+            }
+            t.push(row);
+        }
+        t
+    }
+
+    /// The identity a prepare kernel that writes only `T` (bench/RESULTS.md, "Where the layer can
+    /// go next") relies on: for any entry state `S`, `u - w S = T diag(beta) (v - (k Γ) S)`, so
+    /// the chain can form `v_new` from `k`, `v`, `beta`, the gate and `T` without `w` and `u`;
+    /// with a per-head gate `(k Γ) S` is `diag(Γ) (k S)`. Checked in f64 on every chunk of a
+    /// ragged batch of both kinds, `S` random.
+    #[test]
+    fn the_wy_form_factors_through_the_inverse() {
+        let options = LayerOptions { scale: 0.125, l2norm_qk: true, beta_sigmoid: true, gate: GateInput::Log };
+        for kind in [LayerKind::Kda, LayerKind::Gdn] {
+            let shape = LayerShape { kind, heads: 1, value_heads: 2, key_dim: 64, value_dim: 64 };
+            let p = crate::inputs::random_layer_problem(&[150, 64, 1], shape, options, false, 7);
+            let (kd, vd) = (shape.key_dim, shape.value_dim);
+            let mut worst = 0f64;
+            for (n, i) in items(&p) {
+                for (c, chunk) in chunks(&p, n, i).iter().enumerate() {
+                    let s: Vec<f64> =
+                        (0..kd * vd).map(|e| ((e * 7919 + c * 31 + n) % 1000) as f64 / 500.0 - 1.0).collect();
+                    let (w, u) = chunk.wy();
+                    let t = inverse(chunk);
+                    let l = chunk.tokens.len();
+                    // Y = diag(beta) (v - (k Γ) S), row by row.
+                    let y: Vec<Vec<f64>> = (0..l)
+                        .map(|r| {
+                            let x = &chunk.tokens[r];
+                            let kg: Vec<f64> = (0..kd).map(|a| x.k[a] * chunk.g(r, a).exp()).collect();
+                            (0..vd)
+                                .map(|col| x.beta * (x.v[col] - (0..kd).map(|a| kg[a] * s[a * vd + col]).sum::<f64>()))
+                                .collect()
+                        })
+                        .collect();
+                    for r in 0..l {
+                        for col in 0..vd {
+                            let want = u[r][col] - (0..kd).map(|a| w[r][a] * s[a * vd + col]).sum::<f64>();
+                            let got: f64 = (0..l).map(|j| t[r][j] * y[j][col]).sum();
+                            worst = worst.max((got - want).abs() / want.abs().max(1.0));
+                        }
+                    }
+                }
+            }
+            assert!(worst < 1e-12, "{kind:?}: u - w S and T Y differ by {worst:e}");
+        }
+    }
+}
