@@ -46,6 +46,24 @@ impl InputBuffers {
     }
 }
 
+/// The lengths of `o` and the final states of `plan`'s batch.
+fn output_lens(plan: &LayerPlan) -> (usize, usize) {
+    let s = plan.shape();
+    let (t, n) = (plan.batch().tokens(), plan.batch().num_seqs());
+    (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim)
+}
+
+/// A launch's views of `plan`'s lengths: the inputs and the outputs `o`, `ht`.
+fn views<'a>(
+    inputs: &'a InputBuffers,
+    o: &'a mut CudaSlice<bf16>,
+    ht: &'a mut CudaSlice<f32>,
+    plan: &LayerPlan,
+) -> (LayerInputs<'a>, LayerDeviceOutputs<'a>) {
+    let (o_len, ht_len) = output_lens(plan);
+    (inputs.views(plan), LayerDeviceOutputs { o: o.slice_mut(..o_len), ht: Some(ht.slice_mut(..ht_len)) })
+}
+
 impl DeviceLayer {
     /// Validates `p`, plans it for `kda` (the output path it runs: [`Kda::layer_output_path`])
     /// and copies it to the device on `stream`, with zeroed outputs.
@@ -94,11 +112,7 @@ impl DeviceLayer {
         stream: &Arc<CudaStream>,
         after: &mut dyn FnMut(LayerStage) -> Result<(), KdaError>,
     ) -> Result<(), KdaError> {
-        let s = self.plan.shape();
-        let (t, n) = (self.plan.batch().tokens(), self.plan.batch().num_seqs());
-        let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
-        let inputs = self.inputs.views(&self.plan);
-        let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
+        let (inputs, mut outputs) = views(&self.inputs, &mut self.o, &mut self.ht, &self.plan);
         kda.launch_layer_staged(stream, &self.plan, &inputs, &mut outputs, &mut self.workspace, after)
     }
 
@@ -111,11 +125,7 @@ impl DeviceLayer {
         plan: &LayerPlan,
         workspace: &mut LayerWorkspace,
     ) -> Result<(), KdaError> {
-        let s = plan.shape();
-        let (t, n) = (plan.batch().tokens(), plan.batch().num_seqs());
-        let (o_len, ht_len) = (t * s.value_heads * s.value_dim, n * s.value_heads * s.key_dim * s.value_dim);
-        let inputs = self.inputs.views(plan);
-        let mut outputs = LayerDeviceOutputs { o: self.o.slice_mut(..o_len), ht: Some(self.ht.slice_mut(..ht_len)) };
+        let (inputs, mut outputs) = views(&self.inputs, &mut self.o, &mut self.ht, plan);
         kda.launch_layer(stream, plan, &inputs, &mut outputs, workspace)
     }
 
@@ -141,14 +151,10 @@ impl DeviceLayer {
 
     /// Waits for `stream` and copies `o` (as f32) and the final states back.
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<LayerOutputs, KdaError> {
-        let s = self.plan.shape();
-        let (t, n) = (self.plan.batch().tokens(), self.plan.batch().num_seqs());
+        let (o_len, ht_len) = output_lens(&self.plan);
         let o = stream.clone_dtoh(&self.o)?;
         let ht = stream.clone_dtoh(&self.ht)?;
-        Ok(LayerOutputs {
-            o: o[..t * s.value_heads * s.value_dim].iter().map(|x| x.to_f32()).collect(),
-            ht: ht[..n * s.value_heads * s.key_dim * s.value_dim].to_vec(),
-        })
+        Ok(LayerOutputs { o: o[..o_len].iter().map(|x| x.to_f32()).collect(), ht: ht[..ht_len].to_vec() })
     }
 }
 

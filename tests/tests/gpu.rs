@@ -805,9 +805,8 @@ fn layer_replan_matches_fresh_plans() {
 
 /// Re-planning in place while the launches before it are still queued: behind a long launch,
 /// five batches each re-planned into one plan and launched with no synchronisation between
-/// them (more than the plan's two page-locked staging buffers, so the host waits on their
-/// copies), each into its own outputs; every launch ran its own batch, bit for bit a fresh
-/// plan's.
+/// them, each into its own outputs; every launch ran its own batch (each re-plan's table copy
+/// ordered after the launches that read the previous tables), bit for bit a fresh plan's.
 #[test]
 fn queued_replans_run_their_own_batches() {
     use kda::LayerPlan;
